@@ -1,0 +1,267 @@
+//! One error type for every C library the project calls.
+//!
+//! A failed call becomes [`Error::Call`], which names the API, the function, the result code's
+//! symbolic name and the library's own message, plus a hint for the codes users hit most.
+
+use crate::probe::{self, Library};
+use crate::{cuda, cudart, nccl, nvrtc};
+
+/// Which C API a failed call belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Api {
+    /// The CUDA driver API (`cu*`).
+    Driver,
+    /// The CUDA runtime API (`cuda*`).
+    Runtime,
+    /// The NVRTC run-time compiler (`nvrtc*`).
+    Nvrtc,
+    /// NCCL (`nccl*`).
+    Nccl,
+}
+
+impl std::fmt::Display for Api {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Api::Driver => "CUDA driver",
+            Api::Runtime => "CUDA runtime",
+            Api::Nvrtc => "NVRTC",
+            Api::Nccl => "NCCL",
+        })
+    }
+}
+
+/// An error from the FFI layer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A shared library could not be loaded under any of the names cudarc would try.
+    #[error(
+        "{library} was not found (searched: {}); install the NVIDIA driver or CUDA libraries, \
+         or add their directory to LD_LIBRARY_PATH",
+        searched.join(", ")
+    )]
+    LibraryNotFound {
+        /// The library, e.g. `libcuda`.
+        library: &'static str,
+        /// Every file name that was tried.
+        searched: Vec<String>,
+    },
+    /// A C call returned an error code.
+    #[error("{call} failed: {name} ({message}){}", hint_suffix(*api, name))]
+    Call {
+        /// The API the call belongs to.
+        api: Api,
+        /// The C function, e.g. `cuMemAlloc_v2`.
+        call: &'static str,
+        /// The numeric result code.
+        code: i64,
+        /// The code's symbolic name, e.g. `CUDA_ERROR_OUT_OF_MEMORY`.
+        name: String,
+        /// The library's description of the code.
+        message: String,
+    },
+}
+
+impl Error {
+    /// Whether this is a failed driver call that returned `code`.
+    pub fn is_driver(&self, code: cuda::CUresult) -> bool {
+        matches!(self, Error::Call { api: Api::Driver, code: c, .. } if *c == code as u32 as i64)
+    }
+
+    /// The C function that failed, if this is a failed call.
+    pub fn call(&self) -> Option<&'static str> {
+        match self {
+            Error::Call { call, .. } => Some(call),
+            Error::LibraryNotFound { .. } => None,
+        }
+    }
+
+    /// What to do about this error, where the project knows.
+    pub fn hint(&self) -> Option<&'static str> {
+        match self {
+            Error::Call { api, name, .. } => hint(*api, name),
+            Error::LibraryNotFound { .. } => None,
+        }
+    }
+}
+
+fn hint(api: Api, name: &str) -> Option<&'static str> {
+    if api != Api::Driver {
+        return None;
+    }
+    Some(match name {
+        "CUDA_ERROR_TOO_MANY_PEERS" => {
+            "a GPU can have peer access enabled to at most 8 others; disable one first"
+        }
+        "CUDA_ERROR_PEER_ACCESS_UNSUPPORTED" => {
+            "these two GPUs cannot map each other's memory; use a host-staged or relayed path"
+        }
+        "CUDA_ERROR_OUT_OF_MEMORY" => "free device memory or use smaller buffers",
+        "CUDA_ERROR_NO_DEVICE" | "CUDA_ERROR_INVALID_DEVICE" => {
+            "check nvidia-smi and CUDA_VISIBLE_DEVICES"
+        }
+        "CUDA_ERROR_NOT_PERMITTED" => {
+            "the driver refused the operation; fabric handles need an IMEX channel \
+             (/dev/nvidia-caps-imex-channels)"
+        }
+        "CUDA_ERROR_ILLEGAL_ADDRESS" => {
+            "a kernel or copy touched unmapped memory; the context is now unusable, restart the process"
+        }
+        "CUDA_ERROR_INVALID_HANDLE" => {
+            "the handle is stale or from another driver instance; re-export it"
+        }
+        _ => return None,
+    })
+}
+
+fn hint_suffix(api: Api, name: &str) -> String {
+    hint(api, name).map(|h| format!("; {h}")).unwrap_or_default()
+}
+
+/// Copies a C string the library owns into a `String`.
+fn owned(ptr: *const std::ffi::c_char) -> Option<String> {
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: the error-string functions return pointers to static, NUL-terminated strings.
+    Some(unsafe { std::ffi::CStr::from_ptr(ptr) }.to_string_lossy().into_owned())
+}
+
+const NOT_LOADED: &str = "no message: the library is not loaded";
+
+/// Turns a driver result into `Ok(())` or [`Error::Call`] naming `call`.
+pub fn check_cu(call: &'static str, result: cuda::CUresult) -> Result<(), Error> {
+    if result == cuda::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    let message = if probe::is_loaded(Library::Cuda) {
+        let mut ptr = std::ptr::null();
+        // SAFETY: libcuda is loaded (probed); cuGetErrorString writes a static string pointer.
+        let r = unsafe { cuda::cuGetErrorString(result, &mut ptr) };
+        if r == cuda::CUresult::CUDA_SUCCESS { owned(ptr) } else { None }
+    } else {
+        None
+    };
+    Err(Error::Call {
+        api: Api::Driver,
+        call,
+        code: result as u32 as i64,
+        name: format!("{result:?}"),
+        message: message.unwrap_or_else(|| NOT_LOADED.into()),
+    })
+}
+
+/// Turns a runtime result into `Ok(())` or [`Error::Call`] naming `call`.
+pub fn check_cudart(call: &'static str, result: cudart::cudaError_t) -> Result<(), Error> {
+    if result == cudart::cudaError_t::cudaSuccess {
+        return Ok(());
+    }
+    let message = if probe::is_loaded(Library::Cudart) {
+        // SAFETY: libcudart is loaded (probed); the returned string is static.
+        owned(unsafe { cudart::cudaGetErrorString(result) })
+    } else {
+        None
+    };
+    Err(Error::Call {
+        api: Api::Runtime,
+        call,
+        code: result as u32 as i64,
+        name: format!("{result:?}"),
+        message: message.unwrap_or_else(|| NOT_LOADED.into()),
+    })
+}
+
+/// Turns an NVRTC result into `Ok(())` or [`Error::Call`] naming `call`.
+pub fn check_nvrtc(call: &'static str, result: nvrtc::nvrtcResult) -> Result<(), Error> {
+    if result == nvrtc::nvrtcResult::NVRTC_SUCCESS {
+        return Ok(());
+    }
+    let message = if probe::is_loaded(Library::Nvrtc) {
+        // SAFETY: libnvrtc is loaded (probed); the returned string is static.
+        owned(unsafe { nvrtc::nvrtcGetErrorString(result) })
+    } else {
+        None
+    };
+    Err(Error::Call {
+        api: Api::Nvrtc,
+        call,
+        code: result as u32 as i64,
+        name: format!("{result:?}"),
+        message: message.unwrap_or_else(|| NOT_LOADED.into()),
+    })
+}
+
+/// Turns an NCCL result into `Ok(())` or [`Error::Call`] naming `call`.
+pub fn check_nccl(call: &'static str, result: nccl::ncclResult_t) -> Result<(), Error> {
+    if result == nccl::ncclResult_t::ncclSuccess {
+        return Ok(());
+    }
+    let message = if probe::is_loaded(Library::Nccl) {
+        // SAFETY: libnccl is loaded (probed); the returned string is static.
+        owned(unsafe { nccl::ncclGetErrorString(result) })
+    } else {
+        None
+    };
+    Err(Error::Call {
+        api: Api::Nccl,
+        call,
+        code: result as u32 as i64,
+        name: format!("{result:?}"),
+        message: message.unwrap_or_else(|| NOT_LOADED.into()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn success_is_ok_for_every_api() {
+        assert_eq!(check_cu("cuInit", cuda::CUresult::CUDA_SUCCESS), Ok(()));
+        assert_eq!(check_cudart("cudaFree", cudart::cudaError_t::cudaSuccess), Ok(()));
+        assert_eq!(check_nvrtc("nvrtcCompileProgram", nvrtc::nvrtcResult::NVRTC_SUCCESS), Ok(()));
+        assert_eq!(check_nccl("ncclAllReduce", nccl::ncclResult_t::ncclSuccess), Ok(()));
+    }
+
+    #[test]
+    fn driver_error_names_call_code_and_hint() {
+        let err = check_cu("cuCtxEnablePeerAccess", cuda::CUresult::CUDA_ERROR_TOO_MANY_PEERS)
+            .expect_err("an error code must map to Err");
+        assert!(err.is_driver(cuda::CUresult::CUDA_ERROR_TOO_MANY_PEERS));
+        assert!(!err.is_driver(cuda::CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+        assert_eq!(err.call(), Some("cuCtxEnablePeerAccess"));
+        let Error::Call { api, code, name, .. } = &err else {
+            panic!("expected Error::Call, got {err:?}");
+        };
+        assert_eq!(*api, Api::Driver);
+        assert_eq!(*code, 711);
+        assert_eq!(name, "CUDA_ERROR_TOO_MANY_PEERS");
+        let text = err.to_string();
+        assert!(text.starts_with("cuCtxEnablePeerAccess failed: CUDA_ERROR_TOO_MANY_PEERS"), "{text}");
+        assert!(text.contains("at most 8"), "{text}");
+    }
+
+    #[test]
+    fn runtime_nvrtc_and_nccl_codes_keep_their_names() {
+        let e = check_cudart("cudaMalloc", cudart::cudaError_t::cudaErrorMemoryAllocation)
+            .expect_err("error");
+        assert!(matches!(&e, Error::Call { api: Api::Runtime, code: 2, name, .. } if name == "cudaErrorMemoryAllocation"));
+        assert_eq!(e.hint(), None);
+        let e = check_nvrtc("nvrtcCompileProgram", nvrtc::nvrtcResult::NVRTC_ERROR_COMPILATION)
+            .expect_err("error");
+        assert!(matches!(&e, Error::Call { api: Api::Nvrtc, code: 6, name, .. } if name == "NVRTC_ERROR_COMPILATION"));
+        let e = check_nccl("ncclCommInitAll", nccl::ncclResult_t::ncclInvalidArgument)
+            .expect_err("error");
+        assert!(matches!(&e, Error::Call { api: Api::Nccl, code: 4, name, .. } if name == "ncclInvalidArgument"));
+        assert!(e.to_string().starts_with("ncclCommInitAll failed: ncclInvalidArgument"));
+    }
+
+    #[test]
+    fn library_not_found_lists_every_name() {
+        let e = Error::LibraryNotFound { library: "libcuda", searched: vec!["a.so".into(), "b.so".into()] };
+        let text = e.to_string();
+        assert!(text.contains("libcuda was not found (searched: a.so, b.so)"), "{text}");
+        assert_eq!(e.call(), None);
+    }
+}

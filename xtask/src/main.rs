@@ -1,0 +1,219 @@
+//! `cargo xtask`: the project's chores in one binary.
+//!
+//! - `cargo xtask bench [ARGS]`: builds the release `p2p-bench` and runs it (`list` by default).
+//! - `cargo xtask bundle`: builds every test executable and `p2p-bench` in release, stripped,
+//!   into `target/bundle` with `run.sh`, for a GPU machine that has no Rust toolchain.
+//! - `cargo xtask bindgen`: regenerates `p2p-sys/src/checkpoint.rs` from pinned CUDA headers.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+type Result<T> = std::result::Result<T, String>;
+
+/// The headers bindings are generated from: PyPI's `nvidia-cuda-runtime`, pinned.
+const CUDA_HEADERS_WHEEL: &str = "nvidia-cuda-runtime==13.0.96";
+/// What `cargo xtask bindgen` writes.
+const CHECKPOINT_RS: &str = "p2p-sys/src/checkpoint.rs";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("bench") => bench(&args[1..]),
+        Some("bundle") => bundle(),
+        Some("bindgen") => bindgen(),
+        Some("-h") | Some("--help") | None => {
+            println!("{}", usage());
+            Ok(())
+        }
+        Some(other) => Err(format!("unknown task `{other}`\n\n{}", usage())),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn usage() -> &'static str {
+    "usage: cargo xtask <task>\n\n\
+     tasks:\n  \
+     bench [ARGS]  build and run the release p2p-bench (default: `list`, the GPUs found)\n  \
+     bundle        build tests and p2p-bench into target/bundle with run.sh, for a GPU machine\n  \
+     bindgen       regenerate p2p-sys/src/checkpoint.rs from pinned CUDA headers (needs bindgen-cli, libclang, pip)"
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
+
+fn run(cmd: &mut Command) -> Result<()> {
+    eprintln!("xtask: running {cmd:?}");
+    let status = cmd.status().map_err(|e| format!("could not start {cmd:?}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("{cmd:?} failed with {status}"))
+    }
+}
+
+fn bench(args: &[String]) -> Result<()> {
+    let mut cmd = Command::new(cargo());
+    cmd.current_dir(root())
+        .args(["run", "--release", "--quiet", "--package", "p2p-benches", "--bin", "p2p-bench", "--"]);
+    if args.is_empty() {
+        cmd.arg("list");
+    } else {
+        cmd.args(args);
+    }
+    run(&mut cmd)
+}
+
+/// Builds everything a GPU machine needs into `target/bundle`.
+fn bundle() -> Result<()> {
+    let root = root();
+    let out = root.join("target/bundle");
+    if out.exists() {
+        std::fs::remove_dir_all(&out).map_err(|e| format!("clearing {}: {e}", out.display()))?;
+    }
+    std::fs::create_dir_all(out.join("tests")).map_err(|e| format!("creating {}: {e}", out.display()))?;
+
+    run(Command::new(cargo())
+        .current_dir(&root)
+        .args(["build", "--release", "--package", "p2p-benches", "--bin", "p2p-bench"]))?;
+    copy(&root.join("target/release/p2p-bench"), &out.join("p2p-bench"))?;
+
+    eprintln!("xtask: building test executables (release)");
+    let output = Command::new(cargo())
+        .current_dir(&root)
+        .args(["test", "--release", "--workspace", "--no-run", "--message-format=json-render-diagnostics"])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("could not start cargo test: {e}"))?;
+    if !output.status.success() {
+        return Err(format!("cargo test --no-run failed with {}", output.status));
+    }
+    let mut count = 0;
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        if msg["reason"] != "compiler-artifact" || msg["profile"]["test"] != true {
+            continue;
+        }
+        let Some(exe) = msg["executable"].as_str() else { continue };
+        let crate_name = msg["target"]["name"].as_str().unwrap_or("test");
+        let kind = msg["target"]["kind"][0].as_str().unwrap_or("test");
+        let package = msg["package_id"]
+            .as_str()
+            .and_then(package_name)
+            .unwrap_or_else(|| crate_name.to_string());
+        // Unit tests are named after the package, integration tests after package and file.
+        let name = if kind == "test" { format!("{package}--{crate_name}") } else { package };
+        copy(Path::new(exe), &out.join("tests").join(&name))?;
+        count += 1;
+    }
+    if count == 0 {
+        return Err("cargo produced no test executables".into());
+    }
+    let script = out.join("run.sh");
+    std::fs::write(&script, RUNNER).map_err(|e| format!("writing {}: {e}", script.display()))?;
+    make_executable(&script)?;
+    eprintln!("xtask: bundled p2p-bench and {count} test executables into {}", out.display());
+    eprintln!("xtask: on the GPU machine run `target/bundle/run.sh` (optionally a test-name filter)");
+    Ok(())
+}
+
+/// `path+file:///work/main/p2p-mem#p2p-mem@0.1.0` or `path+file:///x#0.1.0` -> the package name.
+fn package_name(id: &str) -> Option<String> {
+    let frag = id.rsplit('#').next()?;
+    match frag.split_once('@') {
+        Some((name, _)) => Some(name.to_string()),
+        None => id.split('#').next()?.rsplit('/').next().map(str::to_string),
+    }
+}
+
+fn copy(from: &Path, to: &Path) -> Result<()> {
+    std::fs::copy(from, to).map_err(|e| format!("copying {} to {}: {e}", from.display(), to.display()))?;
+    Ok(())
+}
+
+fn make_executable(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| format!("chmod {}: {e}", path.display()))
+}
+
+/// The script that runs the bundle on a GPU machine. It fails when no GPU is found, runs every
+/// test executable with the GPU tests included, and ends with `N passed, N failed`.
+const RUNNER: &str = include_str!("run.sh");
+
+/// Regenerates the committed bindings for what cudarc lacks.
+fn bindgen() -> Result<()> {
+    let root = root();
+    let work = root.join("target/bindgen");
+    std::fs::create_dir_all(&work).map_err(|e| format!("creating {}: {e}", work.display()))?;
+    let include = work.join("nvidia/cu13/include");
+    if !include.join("cuda.h").exists() {
+        run(Command::new("python3")
+            .args(["-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"])
+            .args(["--platform", "manylinux2014_x86_64", "-d"])
+            .arg(&work)
+            .arg(CUDA_HEADERS_WHEEL))?;
+        let wheel = std::fs::read_dir(&work)
+            .map_err(|e| format!("reading {}: {e}", work.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.extension().is_some_and(|x| x == "whl"))
+            .ok_or("pip downloaded no wheel")?;
+        run(Command::new("python3").args(["-m", "zipfile", "-e"]).arg(&wheel).arg(&work))?;
+    }
+    let header = include.join("cuda.h");
+    let output = Command::new("bindgen")
+        .arg(&header)
+        .args(["--dynamic-loading", "CudaCheckpoint"])
+        .args(["--allowlist-function", "cuCheckpointProcess.*"])
+        // The argument types already exist in cudarc's driver bindings: reuse them, so values
+        // pass between the two without casts.
+        .args(["--blocklist-type", ".*"])
+        .args(["--no-doc-comments", "--use-core", "--merge-extern-blocks"])
+        .args(["--raw-line", "#[allow(unused_imports)] use crate::cuda::*;"])
+        .arg("--")
+        .arg(format!("-I{}", include.display()))
+        .output()
+        .map_err(|e| format!("could not start bindgen (cargo install bindgen-cli; apt-get install libclang-dev): {e}"))?;
+    if !output.status.success() {
+        return Err(format!("bindgen failed:\n{}", String::from_utf8_lossy(&output.stderr)));
+    }
+    // bindgen 0.72 writes the libloading 0.8 bound; cudarc (and so this crate) uses 0.9.
+    let generated = String::from_utf8_lossy(&output.stdout)
+        .replace("P: AsRef<::std::ffi::OsStr>,", "P: ::libloading::AsFilename,");
+    let text = format!(
+        "//! The CUDA process checkpoint API (`cuCheckpointProcess*`), which cudarc 0.19.10 lacks.\n\
+         //!\n\
+         //! GENERATED by `cargo xtask bindgen` from `cuda.h` of PyPI `{CUDA_HEADERS_WHEEL}`; do not\n\
+         //! edit. Loaded at run time: use [`load`], which probes libcuda first.\n\
+         #![allow(non_camel_case_types, non_snake_case, missing_docs, dead_code, clippy::all)]\n\
+         #![allow(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]\n\n\
+         {generated}\n\
+         /// Loads the checkpoint entry points from libcuda, probing it first.\n\
+         pub fn load() -> Result<&'static CudaCheckpoint, crate::Error> {{\n    \
+             static API: std::sync::OnceLock<Result<CudaCheckpoint, String>> = std::sync::OnceLock::new();\n    \
+             let name = crate::probe::require(crate::Library::Cuda)?;\n    \
+             // SAFETY: libcuda is loadable (probed); loading resolves symbols without calling them.\n    \
+             API.get_or_init(|| unsafe {{ CudaCheckpoint::new(name) }}.map_err(|e| e.to_string()))\n        \
+                 .as_ref()\n        \
+                 .map_err(|e| crate::Error::LibraryNotFound {{ library: \"libcuda (checkpoint API)\", searched: vec![format!(\"{{name}}: {{e}}\")] }})\n\
+         }}\n"
+    );
+    let dest = root.join(CHECKPOINT_RS);
+    std::fs::write(&dest, text).map_err(|e| format!("writing {}: {e}", dest.display()))?;
+    run(Command::new("rustfmt").arg("--edition=2021").arg(&dest))?;
+    eprintln!("xtask: wrote {}", dest.display());
+    Ok(())
+}

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Runs the p2p bundle on a GPU machine: every test executable, GPU tests included.
+# Usage: run.sh [TEST-NAME-FILTER]   (e.g. `run.sh gpu1_` for the one-GPU tests only)
+# Logs go to $OUT/bundle-logs when OUT is set, else ./bundle-logs. Ends with `N passed, N failed`.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+filter=${1:-}
+logs=${OUT:-$here}/bundle-logs
+mkdir -p "$logs"
+
+# NVLink multicast is forbidden on the shared machines: keep it off for anything that runs NCCL.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export RUST_BACKTRACE=1
+
+if ! ls /dev/nvidia[0-9]* >/dev/null 2>&1 && ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "run.sh: no NVIDIA GPU found (no /dev/nvidiaN, nvidia-smi failed): this bundle needs a GPU machine" >&2
+  echo "0 passed, 1 failed"
+  exit 1
+fi
+nvidia-smi -L 2>/dev/null | sed 's/^/gpu: /'
+"$here/p2p-bench" list 2>&1 | tee "$logs/p2p-bench-list.log"
+
+passed=0 failed=0 broken=0
+for exe in "$here"/tests/*; do
+  name=$(basename "$exe")
+  log="$logs/$name.log"
+  echo "== $name"
+  # One test at a time: the GPU tests measure free memory and spawn helper processes.
+  if [ -n "$filter" ]; then
+    "$exe" --include-ignored --test-threads=1 "$filter" >"$log" 2>&1
+  else
+    "$exe" --include-ignored --test-threads=1 >"$log" 2>&1
+  fi
+  rc=$?
+  grep -E '^test .* \.\.\. (FAILED|ignored)' "$log" | sed 's/^/   /'
+  line=$(grep -E '^test result:' "$log" | tail -n 1)
+  if [ -z "$line" ]; then
+    echo "   no test summary (exit $rc): see $log"; tail -n 20 "$log" | sed 's/^/   | /'
+    broken=$((broken + 1)); failed=$((failed + 1)); continue
+  fi
+  p=$(sed -E 's/.* ([0-9]+) passed.*/\1/' <<<"$line"); f=$(sed -E 's/.* ([0-9]+) failed.*/\1/' <<<"$line")
+  passed=$((passed + p)); failed=$((failed + f))
+  echo "   $line"
+  if [ "$f" -gt 0 ]; then grep -E -A30 '^---- ' "$log" | head -n 80 | sed 's/^/   | /'; fi
+  if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then broken=$((broken + 1)); failed=$((failed + 1)); fi
+done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
