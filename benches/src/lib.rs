@@ -1,1 +1,119 @@
-//! x
+//! The p2p benchmark harness and the `p2p-bench` command-line tool.
+//!
+//! `p2p-bench list` reports the GPUs and CUDA libraries it finds. The transport and collective
+//! benchmarks (`cargo xtask bench p2p`, `cargo xtask bench coll`) are not built yet.
+
+#![forbid(unsafe_code)]
+
+use p2p_mem::Device;
+use p2p_sys::Library;
+
+/// One GPU as `p2p-bench list` reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuInfo {
+    /// CUDA ordinal.
+    pub ordinal: i32,
+    /// Marketing name.
+    pub name: String,
+    /// `major.minor`.
+    pub compute_capability: String,
+    /// PCI bus id.
+    pub pci_bus_id: String,
+    /// `GPU-...` UUID.
+    pub uuid: String,
+    /// Streaming multiprocessors.
+    pub sm_count: i32,
+    /// Total memory in MiB.
+    pub memory_mib: usize,
+}
+
+impl GpuInfo {
+    /// Reads what `list` shows from an open device.
+    pub fn of(d: &Device) -> GpuInfo {
+        let (major, minor) = d.compute_capability();
+        GpuInfo {
+            ordinal: d.ordinal(),
+            name: d.name().to_string(),
+            compute_capability: format!("{major}.{minor}"),
+            pci_bus_id: d.pci_bus_id().to_string(),
+            uuid: d.uuid_string(),
+            sm_count: d.sm_count(),
+            memory_mib: d.total_memory() >> 20,
+        }
+    }
+
+    /// As a JSON object.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "ordinal": self.ordinal, "name": self.name, "compute_capability": self.compute_capability,
+            "pci_bus_id": self.pci_bus_id, "uuid": self.uuid, "sm_count": self.sm_count,
+            "memory_mib": self.memory_mib,
+        })
+    }
+}
+
+/// Which CUDA libraries load here: `(library, Ok(file name) or Err(error text))`.
+pub fn libraries() -> Vec<(Library, Result<String, String>)> {
+    Library::ALL
+        .iter()
+        .map(|&l| {
+            (
+                l,
+                p2p_sys::probe::require(l)
+                    .map(str::to_string)
+                    .map_err(|e| e.to_string()),
+            )
+        })
+        .collect()
+}
+
+/// Renders GPUs as an aligned text table.
+pub fn gpu_table(gpus: &[GpuInfo]) -> String {
+    let mut out = format!(
+        "{:<4} {:<24} {:<5} {:<14} {:>4} {:>9}  {}\n",
+        "GPU", "name", "cc", "PCI bus", "SMs", "MiB", "UUID"
+    );
+    for g in gpus {
+        out += &format!(
+            "{:<4} {:<24} {:<5} {:<14} {:>4} {:>9}  {}\n",
+            g.ordinal, g.name, g.compute_capability, g.pci_bus_id, g.sm_count, g.memory_mib, g.uuid
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_has_a_row_per_gpu() {
+        let g = GpuInfo {
+            ordinal: 1,
+            name: "NVIDIA H200".into(),
+            compute_capability: "9.0".into(),
+            pci_bus_id: "0000:00:07.0".into(),
+            uuid: "GPU-1".into(),
+            sm_count: 132,
+            memory_mib: 143771,
+        };
+        let t = gpu_table(&[g.clone(), g.clone()]);
+        assert_eq!(t.lines().count(), 3);
+        assert!(t
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with("1    NVIDIA H200") && l.contains("143771")));
+        assert_eq!(g.to_json()["sm_count"], 132);
+    }
+
+    #[test]
+    fn every_library_gets_an_answer() {
+        let libs = libraries();
+        assert_eq!(libs.len(), Library::ALL.len());
+        for (lib, r) in libs {
+            if let Err(e) = r {
+                assert!(e.contains(lib.name()), "{e}");
+            }
+        }
+    }
+}

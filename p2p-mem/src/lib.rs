@@ -1,1 +1,49 @@
-//! p2p-mem
+//! Safe GPU memory for p2p: the second layer, above `p2p-sys`.
+//!
+//! Everything that owns a GPU resource here frees it on `Drop`, in the right order, also when
+//! construction fails half-way. Every error names the CUDA call, the device and (where there is
+//! one) the peer.
+//!
+//! | type | what it is |
+//! | --- | --- |
+//! | [`Device`] | a GPU and its primary context; name, compute capability, PCI bus id, UUID, SMs |
+//! | [`Stream`] | a non-blocking CUDA stream |
+//! | [`DeviceBuffer`] | typed `cuMemAlloc` memory with host copies, memset and checked views |
+//! | [`PinnedHostBuffer`] | page-locked host memory |
+//! | [`P2pAttributes`], [`Device::enable_peer_access`] | peer access within a process |
+//! | [`ipc::IpcMemHandle`], [`ipc::ImportedBuffer`], [`ipc::IpcEvent`] | legacy CUDA IPC |
+//! | [`vmm::VmmBuffer`] | cuMem allocations shared as POSIX fds or fabric handles |
+//! | [`fdpass`] | fds over a Unix socket (`SCM_RIGHTS`), uid-checked |
+//! | [`wire`] | the versioned byte format of every handle |
+//!
+//! ```no_run
+//! use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut};
+//! let (g0, g1) = (Device::new(0)?, Device::new(1)?);
+//! g1.enable_peer_access(&g0)?;
+//! let src = DeviceBuffer::from_host(&g0, &[1u32, 2, 3])?;
+//! let mut dst = DeviceBuffer::<u32>::new(&g1, 3)?;
+//! dst.copy_from_device(&src)?; // over NVLink where the GPUs have it
+//! assert_eq!(dst.to_host_vec::<u32>()?, [1, 2, 3]);
+//! # Ok::<(), p2p_mem::Error>(())
+//! ```
+//!
+//! # Threads
+//! `Device`, `Stream` and every buffer are `Send` and `Sync`: the driver API is thread-safe and
+//! each call binds the device's context to the calling thread first. Shared references only
+//! read; anything that writes device memory takes `&mut`.
+
+mod device;
+mod error;
+pub mod fdpass;
+pub mod ipc;
+mod memory;
+mod peer;
+pub mod vmm;
+pub mod wire;
+
+pub use device::{format_uuid, Device, DeviceCopy, Stream};
+pub use error::{Error, Result};
+pub use memory::{
+    DeviceBuffer, DeviceMemory, DeviceMemoryMut, DeviceView, DeviceViewMut, PinnedHostBuffer,
+};
+pub use peer::P2pAttributes;

@@ -116,7 +116,9 @@ fn hint(api: Api, name: &str) -> Option<&'static str> {
 }
 
 fn hint_suffix(api: Api, name: &str) -> String {
-    hint(api, name).map(|h| format!("; {h}")).unwrap_or_default()
+    hint(api, name)
+        .map(|h| format!("; {h}"))
+        .unwrap_or_default()
 }
 
 /// Copies a C string the library owns into a `String`.
@@ -125,7 +127,11 @@ fn owned(ptr: *const std::ffi::c_char) -> Option<String> {
         return None;
     }
     // SAFETY: the error-string functions return pointers to static, NUL-terminated strings.
-    Some(unsafe { std::ffi::CStr::from_ptr(ptr) }.to_string_lossy().into_owned())
+    Some(
+        unsafe { std::ffi::CStr::from_ptr(ptr) }
+            .to_string_lossy()
+            .into_owned(),
+    )
 }
 
 const NOT_LOADED: &str = "no message: the library is not loaded";
@@ -139,7 +145,11 @@ pub fn check_cu(call: &'static str, result: cuda::CUresult) -> Result<(), Error>
         let mut ptr = std::ptr::null();
         // SAFETY: libcuda is loaded (probed); cuGetErrorString writes a static string pointer.
         let r = unsafe { cuda::cuGetErrorString(result, &mut ptr) };
-        if r == cuda::CUresult::CUDA_SUCCESS { owned(ptr) } else { None }
+        if r == cuda::CUresult::CUDA_SUCCESS {
+            owned(ptr)
+        } else {
+            None
+        }
     } else {
         None
     };
@@ -219,26 +229,44 @@ mod tests {
     #[test]
     fn success_is_ok_for_every_api() {
         assert_eq!(check_cu("cuInit", cuda::CUresult::CUDA_SUCCESS), Ok(()));
-        assert_eq!(check_cudart("cudaFree", cudart::cudaError_t::cudaSuccess), Ok(()));
-        assert_eq!(check_nvrtc("nvrtcCompileProgram", nvrtc::nvrtcResult::NVRTC_SUCCESS), Ok(()));
-        assert_eq!(check_nccl("ncclAllReduce", nccl::ncclResult_t::ncclSuccess), Ok(()));
+        assert_eq!(
+            check_cudart("cudaFree", cudart::cudaError_t::cudaSuccess),
+            Ok(())
+        );
+        assert_eq!(
+            check_nvrtc("nvrtcCompileProgram", nvrtc::nvrtcResult::NVRTC_SUCCESS),
+            Ok(())
+        );
+        assert_eq!(
+            check_nccl("ncclAllReduce", nccl::ncclResult_t::ncclSuccess),
+            Ok(())
+        );
     }
 
     #[test]
     fn driver_error_names_call_code_and_hint() {
-        let err = check_cu("cuCtxEnablePeerAccess", cuda::CUresult::CUDA_ERROR_TOO_MANY_PEERS)
-            .expect_err("an error code must map to Err");
+        let err = check_cu(
+            "cuCtxEnablePeerAccess",
+            cuda::CUresult::CUDA_ERROR_TOO_MANY_PEERS,
+        )
+        .expect_err("an error code must map to Err");
         assert!(err.is_driver(cuda::CUresult::CUDA_ERROR_TOO_MANY_PEERS));
         assert!(!err.is_driver(cuda::CUresult::CUDA_ERROR_OUT_OF_MEMORY));
         assert_eq!(err.call(), Some("cuCtxEnablePeerAccess"));
-        let Error::Call { api, code, name, .. } = &err else {
+        let Error::Call {
+            api, code, name, ..
+        } = &err
+        else {
             panic!("expected Error::Call, got {err:?}");
         };
         assert_eq!(*api, Api::Driver);
         assert_eq!(*code, 711);
         assert_eq!(name, "CUDA_ERROR_TOO_MANY_PEERS");
         let text = err.to_string();
-        assert!(text.starts_with("cuCtxEnablePeerAccess failed: CUDA_ERROR_TOO_MANY_PEERS"), "{text}");
+        assert!(
+            text.starts_with("cuCtxEnablePeerAccess failed: CUDA_ERROR_TOO_MANY_PEERS"),
+            "{text}"
+        );
         assert!(text.contains("at most 8"), "{text}");
     }
 
@@ -246,22 +274,39 @@ mod tests {
     fn runtime_nvrtc_and_nccl_codes_keep_their_names() {
         let e = check_cudart("cudaMalloc", cudart::cudaError_t::cudaErrorMemoryAllocation)
             .expect_err("error");
-        assert!(matches!(&e, Error::Call { api: Api::Runtime, code: 2, name, .. } if name == "cudaErrorMemoryAllocation"));
+        assert!(
+            matches!(&e, Error::Call { api: Api::Runtime, code: 2, name, .. } if name == "cudaErrorMemoryAllocation")
+        );
         assert_eq!(e.hint(), None);
-        let e = check_nvrtc("nvrtcCompileProgram", nvrtc::nvrtcResult::NVRTC_ERROR_COMPILATION)
-            .expect_err("error");
-        assert!(matches!(&e, Error::Call { api: Api::Nvrtc, code: 6, name, .. } if name == "NVRTC_ERROR_COMPILATION"));
+        let e = check_nvrtc(
+            "nvrtcCompileProgram",
+            nvrtc::nvrtcResult::NVRTC_ERROR_COMPILATION,
+        )
+        .expect_err("error");
+        assert!(
+            matches!(&e, Error::Call { api: Api::Nvrtc, code: 6, name, .. } if name == "NVRTC_ERROR_COMPILATION")
+        );
         let e = check_nccl("ncclCommInitAll", nccl::ncclResult_t::ncclInvalidArgument)
             .expect_err("error");
-        assert!(matches!(&e, Error::Call { api: Api::Nccl, code: 4, name, .. } if name == "ncclInvalidArgument"));
-        assert!(e.to_string().starts_with("ncclCommInitAll failed: ncclInvalidArgument"));
+        assert!(
+            matches!(&e, Error::Call { api: Api::Nccl, code: 4, name, .. } if name == "ncclInvalidArgument")
+        );
+        assert!(e
+            .to_string()
+            .starts_with("ncclCommInitAll failed: ncclInvalidArgument"));
     }
 
     #[test]
     fn library_not_found_lists_every_name() {
-        let e = Error::LibraryNotFound { library: "libcuda", searched: vec!["a.so".into(), "b.so".into()] };
+        let e = Error::LibraryNotFound {
+            library: "libcuda",
+            searched: vec!["a.so".into(), "b.so".into()],
+        };
         let text = e.to_string();
-        assert!(text.contains("libcuda was not found (searched: a.so, b.so)"), "{text}");
+        assert!(
+            text.contains("libcuda was not found (searched: a.so, b.so)"),
+            "{text}"
+        );
         assert_eq!(e.call(), None);
     }
 }

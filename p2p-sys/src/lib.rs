@@ -87,16 +87,34 @@ mod tests {
 
     #[test]
     fn a_missing_library_is_an_error_value_listing_what_was_tried() {
-        let names = vec!["libp2p-definitely-missing.so".to_string(), "libp2p-missing.so.9".to_string()];
+        let names = vec![
+            "libp2p-definitely-missing.so".to_string(),
+            "libp2p-missing.so.9".to_string(),
+        ];
         let err = probe::probe_names("libp2p-missing", &names).expect_err("cannot load");
-        assert_eq!(err, Error::LibraryNotFound { library: "libp2p-missing", searched: names });
+        assert_eq!(
+            err,
+            Error::LibraryNotFound {
+                library: "libp2p-missing",
+                searched: names
+            }
+        );
     }
 
     #[test]
     fn candidates_are_cudarcs_and_include_the_soname() {
-        assert!(Library::Cuda.candidates().iter().any(|n| n == "libcuda.so.1"));
-        assert!(Library::Nvrtc.candidates().iter().any(|n| n == "libnvrtc.so.13"));
-        assert!(Library::Nvml.candidates().iter().any(|n| n == "libnvidia-ml.so.1"));
+        assert!(Library::Cuda
+            .candidates()
+            .iter()
+            .any(|n| n == "libcuda.so.1"));
+        assert!(Library::Nvrtc
+            .candidates()
+            .iter()
+            .any(|n| n == "libnvrtc.so.13"));
+        assert!(Library::Nvml
+            .candidates()
+            .iter()
+            .any(|n| n == "libnvidia-ml.so.1"));
     }
 
     /// The no-CUDA path: whether or not this machine has a driver, `init_driver` must agree with
@@ -115,7 +133,10 @@ mod tests {
                 assert!(!probe::is_loaded(Library::Cuda));
                 // A second call gives the same answer from the cache.
                 assert!(matches!(init_driver(), Err(Error::LibraryNotFound { .. })));
-                assert!(matches!(driver_version(), Err(Error::LibraryNotFound { .. })));
+                assert!(matches!(
+                    driver_version(),
+                    Err(Error::LibraryNotFound { .. })
+                ));
             }
             Ok(()) | Err(Error::Call { .. }) => {
                 assert!(loadable, "the probe loaded libcuda but dlopen cannot");

@@ -51,7 +51,12 @@ impl Library {
         match self {
             // cudarc has no NVML bindings; this is the name NVML ships under everywhere.
             Library::Nvml => vec!["libnvidia-ml.so.1".into(), "libnvidia-ml.so".into()],
-            _ => cudarc::get_lib_name_candidates(self.stem()),
+            _ => {
+                let mut names = cudarc::get_lib_name_candidates(self.stem());
+                let mut seen = std::collections::HashSet::new();
+                names.retain(|n| seen.insert(n.clone()));
+                names
+            }
         }
     }
 }

@@ -57,7 +57,9 @@ fn cargo() -> String {
 
 fn run(cmd: &mut Command) -> Result<()> {
     eprintln!("xtask: running {cmd:?}");
-    let status = cmd.status().map_err(|e| format!("could not start {cmd:?}: {e}"))?;
+    let status = cmd
+        .status()
+        .map_err(|e| format!("could not start {cmd:?}: {e}"))?;
     if status.success() {
         Ok(())
     } else {
@@ -67,8 +69,16 @@ fn run(cmd: &mut Command) -> Result<()> {
 
 fn bench(args: &[String]) -> Result<()> {
     let mut cmd = Command::new(cargo());
-    cmd.current_dir(root())
-        .args(["run", "--release", "--quiet", "--package", "p2p-benches", "--bin", "p2p-bench", "--"]);
+    cmd.current_dir(root()).args([
+        "run",
+        "--release",
+        "--quiet",
+        "--package",
+        "p2p-benches",
+        "--bin",
+        "p2p-bench",
+        "--",
+    ]);
     if args.is_empty() {
         cmd.arg("list");
     } else {
@@ -84,17 +94,32 @@ fn bundle() -> Result<()> {
     if out.exists() {
         std::fs::remove_dir_all(&out).map_err(|e| format!("clearing {}: {e}", out.display()))?;
     }
-    std::fs::create_dir_all(out.join("tests")).map_err(|e| format!("creating {}: {e}", out.display()))?;
+    std::fs::create_dir_all(out.join("tests"))
+        .map_err(|e| format!("creating {}: {e}", out.display()))?;
 
-    run(Command::new(cargo())
-        .current_dir(&root)
-        .args(["build", "--release", "--package", "p2p-benches", "--bin", "p2p-bench"]))?;
-    copy(&root.join("target/release/p2p-bench"), &out.join("p2p-bench"))?;
+    run(Command::new(cargo()).current_dir(&root).args([
+        "build",
+        "--release",
+        "--package",
+        "p2p-benches",
+        "--bin",
+        "p2p-bench",
+    ]))?;
+    copy(
+        &root.join("target/release/p2p-bench"),
+        &out.join("p2p-bench"),
+    )?;
 
     eprintln!("xtask: building test executables (release)");
     let output = Command::new(cargo())
         .current_dir(&root)
-        .args(["test", "--release", "--workspace", "--no-run", "--message-format=json-render-diagnostics"])
+        .args([
+            "test",
+            "--release",
+            "--workspace",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ])
         .stderr(std::process::Stdio::inherit())
         .output()
         .map_err(|e| format!("could not start cargo test: {e}"))?;
@@ -103,11 +128,15 @@ fn bundle() -> Result<()> {
     }
     let mut count = 0;
     for line in String::from_utf8_lossy(&output.stdout).lines() {
-        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
         if msg["reason"] != "compiler-artifact" || msg["profile"]["test"] != true {
             continue;
         }
-        let Some(exe) = msg["executable"].as_str() else { continue };
+        let Some(exe) = msg["executable"].as_str() else {
+            continue;
+        };
         let crate_name = msg["target"]["name"].as_str().unwrap_or("test");
         let kind = msg["target"]["kind"][0].as_str().unwrap_or("test");
         let package = msg["package_id"]
@@ -115,7 +144,11 @@ fn bundle() -> Result<()> {
             .and_then(package_name)
             .unwrap_or_else(|| crate_name.to_string());
         // Unit tests are named after the package, integration tests after package and file.
-        let name = if kind == "test" { format!("{package}--{crate_name}") } else { package };
+        let name = if kind == "test" {
+            format!("{package}--{crate_name}")
+        } else {
+            package
+        };
         copy(Path::new(exe), &out.join("tests").join(&name))?;
         count += 1;
     }
@@ -125,8 +158,13 @@ fn bundle() -> Result<()> {
     let script = out.join("run.sh");
     std::fs::write(&script, RUNNER).map_err(|e| format!("writing {}: {e}", script.display()))?;
     make_executable(&script)?;
-    eprintln!("xtask: bundled p2p-bench and {count} test executables into {}", out.display());
-    eprintln!("xtask: on the GPU machine run `target/bundle/run.sh` (optionally a test-name filter)");
+    eprintln!(
+        "xtask: bundled p2p-bench and {count} test executables into {}",
+        out.display()
+    );
+    eprintln!(
+        "xtask: on the GPU machine run `target/bundle/run.sh` (optionally a test-name filter)"
+    );
     Ok(())
 }
 
@@ -140,7 +178,8 @@ fn package_name(id: &str) -> Option<String> {
 }
 
 fn copy(from: &Path, to: &Path) -> Result<()> {
-    std::fs::copy(from, to).map_err(|e| format!("copying {} to {}: {e}", from.display(), to.display()))?;
+    std::fs::copy(from, to)
+        .map_err(|e| format!("copying {} to {}: {e}", from.display(), to.display()))?;
     Ok(())
 }
 
@@ -162,7 +201,14 @@ fn bindgen() -> Result<()> {
     let include = work.join("nvidia/cu13/include");
     if !include.join("cuda.h").exists() {
         run(Command::new("python3")
-            .args(["-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"])
+            .args([
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--only-binary=:all:",
+            ])
             .args(["--platform", "manylinux2014_x86_64", "-d"])
             .arg(&work)
             .arg(CUDA_HEADERS_WHEEL))?;
@@ -171,7 +217,10 @@ fn bindgen() -> Result<()> {
             .filter_map(|e| e.ok().map(|e| e.path()))
             .find(|p| p.extension().is_some_and(|x| x == "whl"))
             .ok_or("pip downloaded no wheel")?;
-        run(Command::new("python3").args(["-m", "zipfile", "-e"]).arg(&wheel).arg(&work))?;
+        run(Command::new("python3")
+            .args(["-m", "zipfile", "-e"])
+            .arg(&wheel)
+            .arg(&work))?;
     }
     let header = include.join("cuda.h");
     let output = Command::new("bindgen")
@@ -188,11 +237,16 @@ fn bindgen() -> Result<()> {
         .output()
         .map_err(|e| format!("could not start bindgen (cargo install bindgen-cli; apt-get install libclang-dev): {e}"))?;
     if !output.status.success() {
-        return Err(format!("bindgen failed:\n{}", String::from_utf8_lossy(&output.stderr)));
+        return Err(format!(
+            "bindgen failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
     }
     // bindgen 0.72 writes the libloading 0.8 bound; cudarc (and so this crate) uses 0.9.
-    let generated = String::from_utf8_lossy(&output.stdout)
-        .replace("P: AsRef<::std::ffi::OsStr>,", "P: ::libloading::AsFilename,");
+    let generated = String::from_utf8_lossy(&output.stdout).replace(
+        "P: AsRef<::std::ffi::OsStr>,",
+        "P: ::libloading::AsFilename,",
+    );
     let text = format!(
         "//! The CUDA process checkpoint API (`cuCheckpointProcess*`), which cudarc 0.19.10 lacks.\n\
          //!\n\

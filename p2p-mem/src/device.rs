@@ -1,0 +1,365 @@
+//! Devices, their primary contexts, and streams.
+//!
+//! A [`Device`] holds a reference on the device's *primary* context (the one the CUDA runtime,
+//! PyTorch and NCCL also use), so buffers made here interoperate with them. Every operation binds
+//! that context to the calling thread first, so a `Device` can be used from any thread.
+
+use std::sync::Arc;
+
+use p2p_sys::{cu, cuda};
+
+use crate::error::{Error, OnDevice, Result};
+
+/// One CUDA device, with a reference on its primary context. Cheap to clone.
+#[derive(Clone)]
+pub struct Device {
+    inner: Arc<DeviceInner>,
+}
+
+struct DeviceInner {
+    ordinal: i32,
+    cu: cuda::CUdevice,
+    ctx: cuda::CUcontext,
+    name: String,
+    compute_capability: (i32, i32),
+    pci_bus_id: String,
+    uuid: [u8; 16],
+    sm_count: i32,
+    total_memory: usize,
+}
+
+// SAFETY: a CUcontext handle may be used from any thread (the driver API is thread-safe and each
+// call binds it first); the other fields are plain data.
+unsafe impl Send for DeviceInner {}
+// SAFETY: as above; nothing in DeviceInner is mutated after construction.
+unsafe impl Sync for DeviceInner {}
+
+impl Drop for DeviceInner {
+    fn drop(&mut self) {
+        // SAFETY: we retained the primary context in `Device::new` and release it exactly once.
+        if let Err(e) = unsafe { cu!(cuDevicePrimaryCtxRelease_v2(self.cu)) } {
+            tracing::error!(device = self.ordinal, "releasing the primary context: {e}");
+        }
+    }
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("ordinal", &self.inner.ordinal)
+            .field("name", &self.inner.name)
+            .field("pci_bus_id", &self.inner.pci_bus_id)
+            .finish()
+    }
+}
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Self) -> bool {
+        self.inner.ordinal == other.inner.ordinal
+    }
+}
+impl Eq for Device {}
+
+impl Device {
+    /// How many CUDA devices this process sees.
+    ///
+    /// Returns [`p2p_sys::Error::LibraryNotFound`] (inside [`Error::Sys`]) on a machine with no
+    /// driver, never a panic.
+    pub fn count() -> Result<i32> {
+        p2p_sys::init_driver()?;
+        let mut n = 0;
+        // SAFETY: the driver is initialised and `n` is a valid out-pointer.
+        unsafe { cu!(cuDeviceGetCount(&mut n)) }?;
+        Ok(n)
+    }
+
+    /// Every visible device, in ordinal order.
+    pub fn all() -> Result<Vec<Device>> {
+        (0..Self::count()?).map(Device::new).collect()
+    }
+
+    /// Opens device `ordinal` and retains its primary context.
+    ///
+    /// ```no_run
+    /// let gpu = p2p_mem::Device::new(0)?;
+    /// println!("{} (sm_{}{})", gpu.name(), gpu.compute_capability().0, gpu.compute_capability().1);
+    /// # Ok::<(), p2p_mem::Error>(())
+    /// ```
+    pub fn new(ordinal: i32) -> Result<Device> {
+        let count = Self::count()?;
+        if ordinal < 0 || ordinal >= count {
+            return Err(Error::NoSuchDevice { ordinal, count });
+        }
+        let mut dev = 0;
+        // SAFETY: the driver is initialised, the ordinal is in range, `dev` is an out-pointer.
+        unsafe { cu!(cuDeviceGet(&mut dev, ordinal)) }.on(ordinal)?;
+        let attr = |a| -> Result<i32> {
+            let mut v = 0;
+            // SAFETY: `dev` is a valid device and `v` an out-pointer.
+            unsafe { cu!(cuDeviceGetAttribute(&mut v, a, dev)) }.on(ordinal)?;
+            Ok(v)
+        };
+        use cuda::CUdevice_attribute::*;
+        let compute_capability = (
+            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
+        let sm_count = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+
+        let mut name = [0 as std::ffi::c_char; 256];
+        // SAFETY: the buffer is 256 bytes and we pass its length.
+        unsafe { cu!(cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, dev)) }.on(ordinal)?;
+        let mut bus = [0 as std::ffi::c_char; 64];
+        // SAFETY: the buffer is 64 bytes and we pass its length.
+        unsafe { cu!(cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, dev)) }.on(ordinal)?;
+        let mut uuid = cuda::CUuuid { bytes: [0; 16] };
+        // SAFETY: `uuid` is a valid out-pointer.
+        unsafe { cu!(cuDeviceGetUuid_v2(&mut uuid, dev)) }.on(ordinal)?;
+        let mut total_memory = 0;
+        // SAFETY: `total_memory` is a valid out-pointer.
+        unsafe { cu!(cuDeviceTotalMem_v2(&mut total_memory, dev)) }.on(ordinal)?;
+
+        let mut ctx = std::ptr::null_mut();
+        // SAFETY: `dev` is valid; the reference taken here is released in DeviceInner::drop.
+        unsafe { cu!(cuDevicePrimaryCtxRetain(&mut ctx, dev)) }.on(ordinal)?;
+        let device = Device {
+            inner: Arc::new(DeviceInner {
+                ordinal,
+                cu: dev,
+                ctx,
+                name: c_chars_to_string(&name),
+                compute_capability,
+                pci_bus_id: c_chars_to_string(&bus),
+                uuid: uuid.bytes.map(|b| b as u8),
+                sm_count,
+                total_memory,
+            }),
+        };
+        tracing::debug!(
+            device = ordinal,
+            name = %device.inner.name,
+            bus = %device.inner.pci_bus_id,
+            "opened device"
+        );
+        Ok(device)
+    }
+
+    /// Finds the visible device with this UUID, if any.
+    pub fn by_uuid(uuid: &[u8; 16]) -> Result<Option<Device>> {
+        Ok(Self::all()?.into_iter().find(|d| d.uuid() == uuid))
+    }
+
+    /// The ordinal, as CUDA numbers devices in this process (after `CUDA_VISIBLE_DEVICES`).
+    pub fn ordinal(&self) -> i32 {
+        self.inner.ordinal
+    }
+    /// The marketing name, e.g. `NVIDIA H200`.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+    /// `(major, minor)`, e.g. `(9, 0)` for Hopper.
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.inner.compute_capability
+    }
+    /// The PCI bus id, e.g. `0000:00:06.0`.
+    pub fn pci_bus_id(&self) -> &str {
+        &self.inner.pci_bus_id
+    }
+    /// The 16-byte UUID, stable across processes and `CUDA_VISIBLE_DEVICES` orderings.
+    pub fn uuid(&self) -> &[u8; 16] {
+        &self.inner.uuid
+    }
+    /// The UUID as `nvidia-smi -L` prints it (`GPU-xxxxxxxx-xxxx-...`).
+    pub fn uuid_string(&self) -> String {
+        format_uuid(&self.inner.uuid)
+    }
+    /// The number of streaming multiprocessors.
+    pub fn sm_count(&self) -> i32 {
+        self.inner.sm_count
+    }
+    /// Total device memory in bytes.
+    pub fn total_memory(&self) -> usize {
+        self.inner.total_memory
+    }
+    /// The raw `CUdevice`, for FFI.
+    pub fn cu_device(&self) -> cuda::CUdevice {
+        self.inner.cu
+    }
+    /// The raw primary context, for FFI.
+    pub fn cu_context(&self) -> cuda::CUcontext {
+        self.inner.ctx
+    }
+
+    /// Makes this device's primary context current on the calling thread.
+    ///
+    /// Every method here does this itself; call it before raw FFI of your own.
+    pub fn bind_to_thread(&self) -> Result<()> {
+        // SAFETY: the context is retained for as long as `self` lives.
+        unsafe { cu!(cuCtxSetCurrent(self.inner.ctx)) }.on(self.inner.ordinal)
+    }
+
+    /// `(free, total)` device memory in bytes, as the driver reports it now.
+    pub fn memory_info(&self) -> Result<(usize, usize)> {
+        self.bind_to_thread()?;
+        let (mut free, mut total) = (0, 0);
+        // SAFETY: a context is current and both are valid out-pointers.
+        unsafe { cu!(cuMemGetInfo_v2(&mut free, &mut total)) }.on(self.ordinal())?;
+        Ok((free, total))
+    }
+
+    /// Waits until all work queued on this device has finished.
+    pub fn synchronize(&self) -> Result<()> {
+        self.bind_to_thread()?;
+        // SAFETY: a context is current.
+        unsafe { cu!(cuCtxSynchronize()) }.on(self.ordinal())
+    }
+
+    /// The value of a device attribute.
+    pub fn attribute(&self, attribute: cuda::CUdevice_attribute) -> Result<i32> {
+        let mut v = 0;
+        // SAFETY: the device handle is valid and `v` is an out-pointer.
+        unsafe { cu!(cuDeviceGetAttribute(&mut v, attribute, self.inner.cu)) }.on(self.ordinal())?;
+        Ok(v)
+    }
+}
+
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, as `nvidia-smi -L` prints a UUID.
+pub fn format_uuid(u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+fn c_chars_to_string(buf: &[std::ffi::c_char]) -> String {
+    let bytes: Vec<u8> = buf
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// A non-blocking CUDA stream on one device, destroyed on `Drop`.
+pub struct Stream {
+    device: Device,
+    raw: cuda::CUstream,
+}
+
+// SAFETY: a CUstream may be used from any thread; every use binds its device's context first.
+unsafe impl Send for Stream {}
+// SAFETY: as above; the handle is never mutated.
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    /// Creates a stream that does not synchronise with the legacy default stream.
+    pub fn new(device: &Device) -> Result<Stream> {
+        device.bind_to_thread()?;
+        let mut raw = std::ptr::null_mut();
+        let flags = cuda::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        // SAFETY: the device's context is current and `raw` is an out-pointer.
+        unsafe { cu!(cuStreamCreate(&mut raw, flags)) }.on(device.ordinal())?;
+        Ok(Stream {
+            device: device.clone(),
+            raw,
+        })
+    }
+    /// The device the stream belongs to.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+    /// The raw handle, for FFI.
+    pub fn cu_stream(&self) -> cuda::CUstream {
+        self.raw
+    }
+    /// Waits until all work queued on the stream has finished.
+    pub fn synchronize(&self) -> Result<()> {
+        self.device.bind_to_thread()?;
+        // SAFETY: the stream is alive.
+        unsafe { cu!(cuStreamSynchronize(self.raw)) }.on(self.device.ordinal())
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let _ = self.device.bind_to_thread();
+        // SAFETY: the stream was created by us and is destroyed once; pending work still completes.
+        if let Err(e) = unsafe { cu!(cuStreamDestroy_v2(self.raw)) } {
+            tracing::error!(device = self.device.ordinal(), "destroying a stream: {e}");
+        }
+    }
+}
+
+/// Plain data that may be copied to and from a GPU byte for byte.
+///
+/// # Safety
+/// Every bit pattern of `size_of::<Self>()` bytes must be a valid value (device memory can hold
+/// anything), and the type must have no padding and no pointers.
+pub unsafe trait DeviceCopy: Copy + Send + Sync + 'static {}
+
+macro_rules! device_copy {
+    ($($t:ty),*) => { $(
+        // SAFETY: a primitive number: any bit pattern is valid and there is no padding.
+        unsafe impl DeviceCopy for $t {}
+    )* };
+}
+device_copy!(u8, i8, u16, i16, u32, i32, u64, i64, u128, i128, usize, isize, f32, f64);
+// SAFETY: an array of DeviceCopy values has no padding and accepts any bits elementwise.
+unsafe impl<T: DeviceCopy, const N: usize> DeviceCopy for [T; N] {}
+
+/// Views a slice of plain data as bytes.
+pub(crate) fn as_bytes<T: DeviceCopy>(s: &[T]) -> &[u8] {
+    // SAFETY: DeviceCopy types have no padding, so every byte is initialised.
+    unsafe { std::slice::from_raw_parts(s.as_ptr().cast(), std::mem::size_of_val(s)) }
+}
+
+/// Views a mutable slice of plain data as bytes.
+pub(crate) fn as_bytes_mut<T: DeviceCopy>(s: &mut [T]) -> &mut [u8] {
+    // SAFETY: DeviceCopy accepts any bit pattern, so writing arbitrary bytes is sound.
+    unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast(), std::mem::size_of_val(s)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuids_print_like_nvidia_smi() {
+        let u = [
+            0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8,
+        ];
+        assert_eq!(format_uuid(&u), "GPU-12345678-9abc-def0-0102-030405060708");
+    }
+
+    #[test]
+    fn byte_views_cover_every_element() {
+        let mut v = [1u32, 2, 0xdead_beef];
+        assert_eq!(as_bytes(&v).len(), 12);
+        as_bytes_mut(&mut v)[0] = 9;
+        assert_eq!(v[0], 9);
+    }
+
+    #[test]
+    fn no_driver_means_an_error_value_not_a_panic() {
+        match Device::count() {
+            Ok(n) => assert!(n >= 0),
+            Err(Error::Sys(p2p_sys::Error::LibraryNotFound { library, searched })) => {
+                assert_eq!(library, "libcuda");
+                assert!(!searched.is_empty());
+                assert!(matches!(Device::new(0), Err(Error::Sys(_))));
+            }
+            Err(other) => {
+                // A driver without a usable GPU (CUDA_ERROR_NO_DEVICE) is also an error value.
+                assert!(
+                    matches!(other, Error::Sys(p2p_sys::Error::Call { .. })),
+                    "{other}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! The errors of `p2p-mem`: every variant names the device (and the peer, where there is one)
+//! and says what to do.
+
+use crate::wire::DecodeError;
+
+/// An error from `p2p-mem`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The FFI layer failed before any device was involved (a missing library, `cuInit`).
+    #[error(transparent)]
+    Sys(#[from] p2p_sys::Error),
+    /// A CUDA call failed on one device.
+    #[error("GPU {device}: {source}")]
+    Cuda {
+        /// The device ordinal.
+        device: i32,
+        /// The failed call.
+        #[source]
+        source: p2p_sys::Error,
+    },
+    /// A CUDA call between two devices failed.
+    #[error("GPU {device} -> GPU {peer}: {source}")]
+    Peer {
+        /// The device whose context made the call.
+        device: i32,
+        /// The other device.
+        peer: i32,
+        /// The failed call.
+        #[source]
+        source: p2p_sys::Error,
+    },
+    /// The ordinal is past the number of visible devices.
+    #[error(
+        "GPU {ordinal} does not exist: {count} visible (check nvidia-smi and CUDA_VISIBLE_DEVICES)"
+    )]
+    NoSuchDevice {
+        /// The ordinal asked for.
+        ordinal: i32,
+        /// How many devices are visible.
+        count: i32,
+    },
+    /// The two devices cannot map each other's memory.
+    #[error(
+        "GPU {device} -> GPU {peer}: peer access is not supported (cuDeviceCanAccessPeer = 0); \
+         move data host-staged or through an intermediate GPU"
+    )]
+    PeerUnsupported {
+        /// The device that would access.
+        device: i32,
+        /// The device whose memory would be accessed.
+        peer: i32,
+    },
+    /// The device already has peer access to as many devices as the driver allows (8).
+    #[error(
+        "GPU {device} -> GPU {peer}: GPU {device} already has peer access enabled to the driver's \
+         limit of 8 GPUs; disable peer access to one of them first"
+    )]
+    PeerSlotsExhausted {
+        /// The device out of slots.
+        device: i32,
+        /// The peer that did not fit.
+        peer: i32,
+    },
+    /// A range or view lies outside its buffer.
+    #[error("range {start}..{end} is out of bounds for a buffer of {len} elements")]
+    OutOfBounds {
+        /// First element asked for.
+        start: usize,
+        /// One past the last element asked for.
+        end: usize,
+        /// The buffer's length in elements.
+        len: usize,
+    },
+    /// Two sides of a copy differ in size.
+    #[error("size mismatch: {what} is {got} bytes, expected {expected}")]
+    SizeMismatch {
+        /// Which side is wrong.
+        what: &'static str,
+        /// The size required.
+        expected: usize,
+        /// The size given.
+        got: usize,
+    },
+    /// A handle was imported by the process that exported it, which CUDA does not allow.
+    #[error(
+        "this {kind} handle was exported by this very process (pid {pid}); CUDA cannot import it \
+         here: use the exporting buffer's device pointer instead"
+    )]
+    ImportInExporter {
+        /// `IPC memory` or `IPC event`.
+        kind: &'static str,
+        /// This process's id.
+        pid: u32,
+    },
+    /// The driver, the device or the system does not support the operation here.
+    #[error("{what} is not supported here: {reason}")]
+    Unsupported {
+        /// The operation.
+        what: &'static str,
+        /// Why, with the evidence.
+        reason: String,
+    },
+    /// Bytes that should have been a handle were not.
+    #[error("malformed handle: {0}")]
+    Decode(#[from] DecodeError),
+    /// An operating-system call failed.
+    #[error("{op}: {source}")]
+    Io {
+        /// What was being done, e.g. `connect to /run/user/0/p2p-1234/sock`.
+        op: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The process at the other end of a socket runs as another user.
+    #[error(
+        "the peer process runs as uid {got}, not {expected}: refusing to exchange file descriptors"
+    )]
+    PeerCredentials {
+        /// Our uid.
+        expected: u32,
+        /// The peer's uid.
+        got: u32,
+    },
+    /// A message on the fd socket broke the protocol (truncated, wrong number of fds, ...).
+    #[error("fd socket protocol: {0}")]
+    Protocol(String),
+    /// An argument is outside what the call accepts.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Attaches the device ordinal to a failed FFI call.
+pub(crate) trait OnDevice<T> {
+    /// The error happened on `device`.
+    fn on(self, device: i32) -> Result<T>;
+    /// The error happened between `device` and `peer`.
+    fn between(self, device: i32, peer: i32) -> Result<T>;
+}
+
+impl<T> OnDevice<T> for std::result::Result<T, p2p_sys::Error> {
+    fn on(self, device: i32) -> Result<T> {
+        self.map_err(|source| Error::Cuda { device, source })
+    }
+    fn between(self, device: i32, peer: i32) -> Result<T> {
+        self.map_err(|source| Error::Peer {
+            device,
+            peer,
+            source,
+        })
+    }
+}
+
+/// An `Io` error from `errno`.
+pub(crate) fn last_os_error(op: impl Into<String>) -> Error {
+    Error::Io {
+        op: op.into(),
+        source: std::io::Error::last_os_error(),
+    }
+}

@@ -1,0 +1,569 @@
+//! Passing file descriptors between processes of one host over a Unix domain socket.
+//!
+//! cuMem allocations are shared as POSIX fds, and an fd only crosses a process boundary
+//! through `SCM_RIGHTS`. This module does that with the care it needs:
+//!
+//! - the socket lives in a [`PrivateDir`]: a fresh directory of mode 0700, owner checked,
+//!   removed on `Drop`;
+//! - both ends check the other's uid with `SO_PEERCRED` and refuse a different user;
+//! - sockets are `SOCK_SEQPACKET`, so each message arrives whole or is rejected: a truncated
+//!   payload or truncated control data is an error, never a silent partial read;
+//! - [`FdChannel::recv_fd`] demands exactly one fd per message and closes any extra it was
+//!   sent; [`FdChannel::recv_msg`] demands none;
+//! - received fds are close-on-exec (`MSG_CMSG_CLOEXEC`), and every wait has a time limit.
+//!
+//! ```no_run
+//! use p2p_mem::fdpass::{FdChannel, FdListener, PrivateDir};
+//! use std::time::Duration;
+//! let dir = PrivateDir::new("example")?;
+//! let listener = FdListener::bind(&dir.path().join("sock"))?;
+//! // ... start the other process, which calls FdChannel::connect(path) ...
+//! let chan = listener.accept(Duration::from_secs(30))?;
+//! let (header, fd) = chan.recv_fd()?;
+//! # Ok::<(), p2p_mem::Error>(())
+//! ```
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::error::{last_os_error, Error, Result};
+
+/// The largest message payload this module sends or accepts.
+pub const MAX_MESSAGE: usize = 64 * 1024;
+/// The time limit of a blocking send or receive unless changed with [`FdChannel::set_timeout`].
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A directory only this user can enter (mode 0700), deleted with its contents on `Drop`.
+#[derive(Debug)]
+pub struct PrivateDir {
+    path: PathBuf,
+}
+
+impl PrivateDir {
+    /// Creates `p2p-<tag>-<pid>-<n>` under `$XDG_RUNTIME_DIR`, or the temp dir where unset.
+    pub fn new(tag: &str) -> Result<PrivateDir> {
+        let base = std::env::var_os("XDG_RUNTIME_DIR")
+            .map(PathBuf::from)
+            .filter(|p| p.is_dir())
+            .unwrap_or_else(std::env::temp_dir);
+        Self::new_in(&base, tag)
+    }
+
+    /// Creates the directory under `base`.
+    pub fn new_in(base: &Path, tag: &str) -> Result<PrivateDir> {
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let path = base.join(format!("p2p-{tag}-{}-{n}-{nanos:08x}", std::process::id()));
+        // `create` (not `create_all`) fails if the name exists: nobody can pre-plant it.
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .map_err(|source| Error::Io {
+                op: format!("creating {}", path.display()),
+                source,
+            })?;
+        let dir = PrivateDir { path };
+        let meta = std::fs::symlink_metadata(&dir.path).map_err(|source| Error::Io {
+            op: format!("checking {}", dir.path.display()),
+            source,
+        })?;
+        // SAFETY: getuid has no preconditions.
+        let uid = unsafe { libc::getuid() };
+        if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
+            return Err(Error::Protocol(format!(
+                "{} is not a private directory of uid {uid} (mode {:o})",
+                dir.path.display(),
+                meta.mode() & 0o777
+            )));
+        }
+        Ok(dir)
+    }
+
+    /// The directory's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+fn sockaddr(path: &Path) -> Result<(libc::sockaddr_un, libc::socklen_t)> {
+    // SAFETY: sockaddr_un is plain data; all-zero is valid.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(Error::InvalidArgument(format!(
+            "socket path {} must be under {} bytes with no NUL",
+            path.display(),
+            addr.sun_path.len()
+        )));
+    }
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
+    Ok((addr, len as libc::socklen_t))
+}
+
+fn seqpacket_socket() -> Result<OwnedFd> {
+    // SAFETY: socket() with constant arguments.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(last_os_error("creating a Unix socket"));
+    }
+    // SAFETY: socket() returned a new fd that we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The uid of the process at the other end of a connected Unix socket.
+pub fn peer_uid(fd: BorrowedFd<'_>) -> Result<u32> {
+    // SAFETY: ucred is plain data.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for getsockopt to write.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(last_os_error("reading SO_PEERCRED"));
+    }
+    Ok(cred.uid)
+}
+
+/// Accepts a peer only if it runs as the same user as this process.
+pub fn check_peer_uid(expected: u32, got: u32) -> Result<()> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(Error::PeerCredentials { expected, got })
+    }
+}
+
+fn wait_readable(fd: RawFd, timeout: Duration, what: &str) -> Result<()> {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    loop {
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if r > 0 {
+            return Ok(());
+        }
+        if r == 0 {
+            return Err(Error::Io {
+                op: format!("{what}: nothing arrived within {timeout:?}"),
+                source: std::io::ErrorKind::TimedOut.into(),
+            });
+        }
+        let err = std::io::Error::last_os_error();
+        if err.kind() != std::io::ErrorKind::Interrupted {
+            return Err(Error::Io {
+                op: what.to_string(),
+                source: err,
+            });
+        }
+    }
+}
+
+/// A listening socket that accepts [`FdChannel`]s from processes of the same user.
+#[derive(Debug)]
+pub struct FdListener {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+impl FdListener {
+    /// Listens at `path`, which should be inside a [`PrivateDir`].
+    pub fn bind(path: &Path) -> Result<FdListener> {
+        let (addr, len) = sockaddr(path)?;
+        let fd = seqpacket_socket()?;
+        // SAFETY: `addr` is an initialised sockaddr_un of `len` bytes.
+        if unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&addr as *const libc::sockaddr_un).cast(),
+                len,
+            )
+        } != 0
+        {
+            return Err(last_os_error(format!("binding {}", path.display())));
+        }
+        // SAFETY: listen on a bound socket we own.
+        if unsafe { libc::listen(fd.as_raw_fd(), 16) } != 0 {
+            return Err(last_os_error(format!("listening on {}", path.display())));
+        }
+        Ok(FdListener {
+            fd,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The socket's path, for the other process to connect to.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Waits up to `timeout` for a connection, and checks the peer's uid.
+    pub fn accept(&self, timeout: Duration) -> Result<FdChannel> {
+        wait_readable(
+            self.fd.as_raw_fd(),
+            timeout,
+            &format!("accepting on {}", self.path.display()),
+        )?;
+        // SAFETY: accept4 on our listening socket; we do not need the peer address.
+        let fd = unsafe {
+            libc::accept4(
+                self.fd.as_raw_fd(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(last_os_error(format!(
+                "accepting on {}",
+                self.path.display()
+            )));
+        }
+        // SAFETY: accept4 returned a new fd that we now own.
+        FdChannel::checked(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+}
+
+impl Drop for FdListener {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// One connected end of the fd-passing socket.
+#[derive(Debug)]
+pub struct FdChannel {
+    fd: OwnedFd,
+    timeout: Duration,
+}
+
+impl AsFd for FdChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl FdChannel {
+    /// Connects to a listener at `path` and checks the peer's uid.
+    pub fn connect(path: &Path) -> Result<FdChannel> {
+        let (addr, len) = sockaddr(path)?;
+        let fd = seqpacket_socket()?;
+        // SAFETY: `addr` is an initialised sockaddr_un of `len` bytes.
+        if unsafe {
+            libc::connect(
+                fd.as_raw_fd(),
+                (&addr as *const libc::sockaddr_un).cast(),
+                len,
+            )
+        } != 0
+        {
+            return Err(last_os_error(format!("connecting to {}", path.display())));
+        }
+        Self::checked(fd)
+    }
+
+    fn checked(fd: OwnedFd) -> Result<FdChannel> {
+        // SAFETY: getuid has no preconditions.
+        check_peer_uid(unsafe { libc::getuid() }, peer_uid(fd.as_fd())?)?;
+        Ok(FdChannel {
+            fd,
+            timeout: DEFAULT_TIMEOUT,
+        })
+    }
+
+    /// Changes the time limit of every later send and receive.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
+    }
+
+    /// Sends `payload` with exactly one fd.
+    pub fn send_fd(&self, payload: &[u8], fd: BorrowedFd<'_>) -> Result<()> {
+        self.send_with_fds(payload, &[fd])
+    }
+
+    /// Sends `payload` with no fd.
+    pub fn send_msg(&self, payload: &[u8]) -> Result<()> {
+        self.send_with_fds(payload, &[])
+    }
+
+    /// Sends `payload` with any number of fds (up to 4). The receiving calls of this module
+    /// accept exactly one ([`recv_fd`](Self::recv_fd)) or none ([`recv_msg`](Self::recv_msg));
+    /// this is the low-level call underneath, public for protocols of your own.
+    pub fn send_with_fds(&self, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
+        if payload.is_empty() || payload.len() > MAX_MESSAGE {
+            return Err(Error::InvalidArgument(format!(
+                "a message is 1 to {MAX_MESSAGE} bytes, not {}",
+                payload.len()
+            )));
+        }
+        if fds.len() > 4 {
+            return Err(Error::InvalidArgument("at most 4 fds per message".into()));
+        }
+        let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        let data_len = std::mem::size_of_val(raw.as_slice());
+        let mut control = vec![0u8; cmsg_space(4)];
+        let mut iov = libc::iovec {
+            iov_base: payload.as_ptr() as *mut libc::c_void,
+            iov_len: payload.len(),
+        };
+        // SAFETY: msghdr is plain data.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        if !raw.is_empty() {
+            // SAFETY: CMSG_SPACE is a pure size computation.
+            msg.msg_controllen = unsafe { libc::CMSG_SPACE(data_len as u32) } as _;
+            msg.msg_control = control.as_mut_ptr().cast();
+            // SAFETY: msg_control points to a buffer of msg_controllen bytes, so the first
+            // header and its data fit; we write exactly `data_len` bytes of fd values.
+            unsafe {
+                let cmsg = libc::CMSG_FIRSTHDR(&msg);
+                (*cmsg).cmsg_level = libc::SOL_SOCKET;
+                (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+                (*cmsg).cmsg_len = libc::CMSG_LEN(data_len as u32) as _;
+                std::ptr::copy_nonoverlapping(
+                    raw.as_ptr().cast::<u8>(),
+                    libc::CMSG_DATA(cmsg),
+                    data_len,
+                );
+            }
+        }
+        loop {
+            // SAFETY: `msg` describes valid buffers for the duration of the call.
+            let r = unsafe { libc::sendmsg(self.fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+            if r >= 0 {
+                return if r as usize == payload.len() {
+                    Ok(())
+                } else {
+                    Err(Error::Protocol(format!(
+                        "sent {r} of {} bytes",
+                        payload.len()
+                    )))
+                };
+            }
+            let err = std::io::Error::last_os_error();
+            if err.kind() != std::io::ErrorKind::Interrupted {
+                return Err(Error::Io {
+                    op: "sending on the fd socket".into(),
+                    source: err,
+                });
+            }
+        }
+    }
+
+    /// Receives one message that must carry exactly one fd.
+    pub fn recv_fd(&self) -> Result<(Vec<u8>, OwnedFd)> {
+        let (payload, mut fds) = self.recv_raw()?;
+        match fds.len() {
+            1 => Ok((payload, fds.remove(0))),
+            n => Err(Error::Protocol(format!(
+                "expected exactly one fd with the message, got {n} (closed)"
+            ))),
+        }
+    }
+
+    /// Receives one message that must carry no fd.
+    pub fn recv_msg(&self) -> Result<Vec<u8>> {
+        let (payload, fds) = self.recv_raw()?;
+        if !fds.is_empty() {
+            return Err(Error::Protocol(format!(
+                "expected no fd with the message, got {} (closed)",
+                fds.len()
+            )));
+        }
+        Ok(payload)
+    }
+
+    /// Receives one message and whatever fds came with it (all owned, so dropped on error).
+    fn recv_raw(&self) -> Result<(Vec<u8>, Vec<OwnedFd>)> {
+        wait_readable(
+            self.fd.as_raw_fd(),
+            self.timeout,
+            "receiving on the fd socket",
+        )?;
+        let mut buf = vec![0u8; MAX_MESSAGE];
+        // Room for more fds than any valid message carries, so extras are seen and closed
+        // rather than silently dropped by the kernel.
+        let mut control = vec![0u8; cmsg_space(8)];
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: msghdr is plain data.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = control.len() as _;
+        let n = loop {
+            // SAFETY: `msg` describes valid, writable buffers for the duration of the call.
+            let r = unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+            if r >= 0 {
+                break r as usize;
+            }
+            let err = std::io::Error::last_os_error();
+            if err.kind() != std::io::ErrorKind::Interrupted {
+                return Err(Error::Io {
+                    op: "receiving on the fd socket".into(),
+                    source: err,
+                });
+            }
+        };
+        let fds = collect_fds(&msg);
+        if n == 0 {
+            return Err(Error::Protocol("the peer closed the connection".into()));
+        }
+        if msg.msg_flags & libc::MSG_TRUNC != 0 {
+            return Err(Error::Protocol(format!(
+                "message longer than {MAX_MESSAGE} bytes was truncated (rejected)"
+            )));
+        }
+        if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+            return Err(Error::Protocol(
+                "control data was truncated: too many fds (rejected)".into(),
+            ));
+        }
+        buf.truncate(n);
+        Ok((buf, fds))
+    }
+}
+
+fn cmsg_space(fds: usize) -> usize {
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    unsafe { libc::CMSG_SPACE((fds * std::mem::size_of::<RawFd>()) as u32) as usize }
+}
+
+/// Takes ownership of every fd in the `SCM_RIGHTS` messages of `msg`.
+fn collect_fds(msg: &libc::msghdr) -> Vec<OwnedFd> {
+    let mut out = Vec::new();
+    // SAFETY: `msg` was filled by recvmsg; the CMSG macros walk its control buffer within
+    // msg_controllen, and each SCM_RIGHTS payload holds (cmsg_len - CMSG_LEN(0)) / 4 fds.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let bytes = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                let data = libc::CMSG_DATA(cmsg);
+                for i in 0..bytes / std::mem::size_of::<RawFd>() {
+                    let fd = std::ptr::read_unaligned(data.cast::<RawFd>().add(i));
+                    out.push(OwnedFd::from_raw_fd(fd));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(msg, cmsg);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn private_dirs_are_0700_and_removed() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = PrivateDir::new("unit").expect("create");
+        let mode = std::fs::metadata(dir.path())
+            .expect("stat")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+        let path = dir.path().to_path_buf();
+        drop(dir);
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn other_users_are_refused() {
+        assert!(check_peer_uid(1000, 1000).is_ok());
+        let e = check_peer_uid(1000, 0).expect_err("different uid");
+        assert!(matches!(
+            e,
+            Error::PeerCredentials {
+                expected: 1000,
+                got: 0
+            }
+        ));
+    }
+
+    #[test]
+    fn long_socket_paths_are_rejected() {
+        let long = PathBuf::from(format!("/tmp/{}", "x".repeat(200)));
+        assert!(matches!(sockaddr(&long), Err(Error::InvalidArgument(_))));
+    }
+
+    #[test]
+    fn in_process_round_trip_with_extras_rejected() {
+        let dir = PrivateDir::new("unit").expect("dir");
+        let listener = FdListener::bind(&dir.path().join("s")).expect("bind");
+        let client = FdChannel::connect(listener.path()).expect("connect");
+        let server = listener.accept(Duration::from_secs(5)).expect("accept");
+
+        let file = std::fs::File::open("/proc/self/exe").expect("open");
+        client.send_fd(b"hello", file.as_fd()).expect("send");
+        let (payload, fd) = server.recv_fd().expect("recv");
+        assert_eq!(payload, b"hello");
+        // SAFETY: fcntl with integer arguments on an fd we own.
+        let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFD) };
+        assert_eq!(
+            flags & libc::FD_CLOEXEC,
+            libc::FD_CLOEXEC,
+            "received fds must be close-on-exec"
+        );
+
+        client
+            .send_with_fds(b"two", &[file.as_fd(), file.as_fd()])
+            .expect("send");
+        assert!(matches!(server.recv_fd(), Err(Error::Protocol(m)) if m.contains("got 2")));
+        client.send_msg(b"none").expect("send");
+        assert!(matches!(server.recv_fd(), Err(Error::Protocol(m)) if m.contains("got 0")));
+        client.send_fd(b"one", file.as_fd()).expect("send");
+        assert!(matches!(server.recv_msg(), Err(Error::Protocol(m)) if m.contains("got 1")));
+        client.send_msg(b"plain").expect("send");
+        assert_eq!(server.recv_msg().expect("recv"), b"plain");
+        assert!(matches!(
+            client.send_msg(&[]),
+            Err(Error::InvalidArgument(_))
+        ));
+    }
+
+    #[test]
+    fn silence_times_out_instead_of_hanging() {
+        let dir = PrivateDir::new("unit").expect("dir");
+        let listener = FdListener::bind(&dir.path().join("s")).expect("bind");
+        let e = listener
+            .accept(Duration::from_millis(50))
+            .expect_err("nobody connects");
+        assert!(e.to_string().contains("nothing arrived"), "{e}");
+        let mut client = FdChannel::connect(listener.path()).expect("connect");
+        client.set_timeout(Duration::from_millis(50));
+        assert!(matches!(client.recv_msg(), Err(Error::Io { .. })));
+    }
+}

@@ -1,0 +1,479 @@
+//! Device memory: the [`DeviceMemory`] traits every buffer kind shares, [`DeviceBuffer`] from
+//! `cuMemAlloc`, bounds-checked views, and [`PinnedHostBuffer`].
+//!
+//! `DeviceBuffer` deliberately does not use the stream-ordered pool (`cuMemAllocAsync`, which
+//! cudarc's `CudaSlice` uses): pool memory cannot be exported through CUDA IPC, and peers fault
+//! on it unless the pool's access is set for them.
+
+use std::marker::PhantomData;
+use std::ops::{Bound, RangeBounds};
+
+use p2p_sys::{cu, cuda};
+
+use crate::device::{as_bytes, as_bytes_mut, Device, DeviceCopy, Stream};
+use crate::error::{Error, OnDevice, Result};
+
+/// A region of device memory that can be read: the common face of every buffer kind.
+pub trait DeviceMemory {
+    /// The device the memory lives on (or, for imported memory, is mapped into).
+    fn device(&self) -> &Device;
+    /// The device address of the first byte.
+    fn device_ptr(&self) -> cuda::CUdeviceptr;
+    /// The size in bytes.
+    fn byte_len(&self) -> usize;
+
+    /// Copies the whole region into `dst`, which must be exactly as large. Synchronous.
+    fn copy_to_host<T: DeviceCopy>(&self, dst: &mut [T]) -> Result<()>
+    where
+        Self: Sized,
+    {
+        let dst = as_bytes_mut(dst);
+        check_size("host destination", self.byte_len(), dst.len())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.device().bind_to_thread()?;
+        // SAFETY: both sides are `dst.len()` bytes long and alive for the synchronous copy.
+        unsafe {
+            cu!(cuMemcpyDtoH_v2(
+                dst.as_mut_ptr().cast(),
+                self.device_ptr(),
+                dst.len()
+            ))
+        }
+        .on(self.device().ordinal())
+    }
+
+    /// Copies the whole region into a new `Vec` (the length must divide evenly into `T`s).
+    fn to_host_vec<T: DeviceCopy + Default>(&self) -> Result<Vec<T>>
+    where
+        Self: Sized,
+    {
+        let size = std::mem::size_of::<T>().max(1);
+        if self.byte_len() % size != 0 {
+            return Err(Error::SizeMismatch {
+                what: "element type",
+                expected: size,
+                got: self.byte_len(),
+            });
+        }
+        let mut v = vec![T::default(); self.byte_len() / size];
+        self.copy_to_host(&mut v)?;
+        Ok(v)
+    }
+}
+
+/// A region of device memory that can also be written.
+pub trait DeviceMemoryMut: DeviceMemory {
+    /// Copies `src`, which must be exactly as large as the region, to the device. Synchronous.
+    fn copy_from_host<T: DeviceCopy>(&mut self, src: &[T]) -> Result<()>
+    where
+        Self: Sized,
+    {
+        let src = as_bytes(src);
+        check_size("host source", self.byte_len(), src.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.device().bind_to_thread()?;
+        // SAFETY: both sides are `src.len()` bytes long and alive for the synchronous copy.
+        unsafe {
+            cu!(cuMemcpyHtoD_v2(
+                self.device_ptr(),
+                src.as_ptr().cast(),
+                src.len()
+            ))
+        }
+        .on(self.device().ordinal())
+    }
+
+    /// Sets every byte to `value`. Synchronous.
+    fn memset_u8(&mut self, value: u8) -> Result<()>
+    where
+        Self: Sized,
+    {
+        if self.byte_len() == 0 {
+            return Ok(());
+        }
+        self.device().bind_to_thread()?;
+        // SAFETY: the region is `byte_len` bytes of live device memory.
+        unsafe { cu!(cuMemsetD8_v2(self.device_ptr(), value, self.byte_len())) }
+            .on(self.device().ordinal())?;
+        self.device().synchronize()
+    }
+
+    /// Queues a fill of every byte with `value` on `stream`.
+    ///
+    /// The region must stay alive until the stream has run it; every buffer kind here
+    /// synchronises before freeing, so dropping the buffer early is safe, only wasteful.
+    fn memset_u8_async(&mut self, value: u8, stream: &Stream) -> Result<()>
+    where
+        Self: Sized,
+    {
+        if self.byte_len() == 0 {
+            return Ok(());
+        }
+        stream.device().bind_to_thread()?;
+        // SAFETY: the region is live device memory of `byte_len` bytes; see the note above.
+        unsafe {
+            cu!(cuMemsetD8Async(
+                self.device_ptr(),
+                value,
+                self.byte_len(),
+                stream.cu_stream()
+            ))
+        }
+        .on(stream.device().ordinal())
+    }
+
+    /// Copies all of `src`, which must be as large, into this region, across devices if they
+    /// differ (through peer access where enabled, else staged by the driver). Synchronous.
+    fn copy_from_device<M: DeviceMemory>(&mut self, src: &M) -> Result<()>
+    where
+        Self: Sized,
+    {
+        check_size("device source", self.byte_len(), src.byte_len())?;
+        if src.byte_len() == 0 {
+            return Ok(());
+        }
+        let (dst_dev, src_dev) = (self.device().clone(), src.device().clone());
+        dst_dev.bind_to_thread()?;
+        // SAFETY: both regions are live and `byte_len` bytes long; the contexts are retained.
+        unsafe {
+            cu!(cuMemcpyPeer(
+                self.device_ptr(),
+                dst_dev.cu_context(),
+                src.device_ptr(),
+                src_dev.cu_context(),
+                src.byte_len()
+            ))
+        }
+        .between(dst_dev.ordinal(), src_dev.ordinal())
+    }
+}
+
+pub(crate) fn check_size(what: &'static str, expected: usize, got: usize) -> Result<()> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(Error::SizeMismatch {
+            what,
+            expected,
+            got,
+        })
+    }
+}
+
+/// Resolves a range against a length, checking bounds and overflow.
+pub(crate) fn resolve_range(range: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize)> {
+    let start = match range.start_bound() {
+        Bound::Included(&s) => Some(s),
+        Bound::Excluded(&s) => s.checked_add(1),
+        Bound::Unbounded => Some(0),
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e.checked_add(1),
+        Bound::Excluded(&e) => Some(e),
+        Bound::Unbounded => Some(len),
+    };
+    match (start, end) {
+        (Some(s), Some(e)) if s <= e && e <= len => Ok((s, e)),
+        (s, e) => Err(Error::OutOfBounds {
+            start: s.unwrap_or(usize::MAX),
+            end: e.unwrap_or(usize::MAX),
+            len,
+        }),
+    }
+}
+
+/// A typed buffer of `len` elements in device memory from `cuMemAlloc`, freed on `Drop`.
+///
+/// ```no_run
+/// use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut};
+/// let gpu = Device::new(0)?;
+/// let mut buf = DeviceBuffer::<f32>::from_host(&gpu, &[1.0, 2.0, 3.0])?;
+/// buf.slice_mut(1..)?.copy_from_host(&[5.0f32, 6.0])?;
+/// assert_eq!(buf.to_host_vec::<f32>()?, vec![1.0, 5.0, 6.0]);
+/// # Ok::<(), p2p_mem::Error>(())
+/// ```
+pub struct DeviceBuffer<T: DeviceCopy> {
+    device: Device,
+    ptr: cuda::CUdeviceptr,
+    len: usize,
+    _marker: PhantomData<T>,
+}
+
+impl<T: DeviceCopy> DeviceBuffer<T> {
+    /// Allocates `len` elements. The contents are whatever the memory held before.
+    pub fn new(device: &Device, len: usize) -> Result<Self> {
+        let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
+            Error::InvalidArgument(format!("{len} elements overflow the address space"))
+        })?;
+        let mut ptr = 0;
+        if bytes > 0 {
+            device.bind_to_thread()?;
+            // SAFETY: a context is current and `ptr` is an out-pointer.
+            unsafe { cu!(cuMemAlloc_v2(&mut ptr, bytes)) }.on(device.ordinal())?;
+        }
+        Ok(DeviceBuffer {
+            device: device.clone(),
+            ptr,
+            len,
+            _marker: PhantomData,
+        })
+    }
+
+    /// Allocates `len` elements set to zero bytes.
+    pub fn zeroed(device: &Device, len: usize) -> Result<Self> {
+        let mut b = Self::new(device, len)?;
+        b.memset_u8(0)?;
+        Ok(b)
+    }
+
+    /// Allocates a buffer holding a copy of `src`.
+    pub fn from_host(device: &Device, src: &[T]) -> Result<Self> {
+        let mut b = Self::new(device, src.len())?;
+        b.copy_from_host(src)?;
+        Ok(b)
+    }
+
+    /// The number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the buffer holds no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A read-only view of `range`, checked against the length.
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<DeviceView<'_, T>> {
+        let (s, e) = resolve_range(range, self.len)?;
+        Ok(DeviceView {
+            device: &self.device,
+            ptr: self.elem_ptr(s),
+            len: e - s,
+            _marker: PhantomData,
+        })
+    }
+
+    /// A writable view of `range`, checked against the length.
+    pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<DeviceViewMut<'_, T>> {
+        let (s, e) = resolve_range(range, self.len)?;
+        let ptr = self.elem_ptr(s);
+        Ok(DeviceViewMut {
+            device: &self.device,
+            ptr,
+            len: e - s,
+            _marker: PhantomData,
+        })
+    }
+
+    fn elem_ptr(&self, index: usize) -> cuda::CUdeviceptr {
+        self.ptr + (index * std::mem::size_of::<T>()) as u64
+    }
+}
+
+impl<T: DeviceCopy> DeviceMemory for DeviceBuffer<T> {
+    fn device(&self) -> &Device {
+        &self.device
+    }
+    fn device_ptr(&self) -> cuda::CUdeviceptr {
+        self.ptr
+    }
+    fn byte_len(&self) -> usize {
+        self.len * std::mem::size_of::<T>()
+    }
+}
+impl<T: DeviceCopy> DeviceMemoryMut for DeviceBuffer<T> {}
+
+impl<T: DeviceCopy> Drop for DeviceBuffer<T> {
+    fn drop(&mut self) {
+        if self.ptr == 0 {
+            return;
+        }
+        let _ = self.device.bind_to_thread();
+        // SAFETY: allocated by cuMemAlloc in `new` and freed once. cuMemFree waits for work
+        // still using the memory.
+        if let Err(e) = unsafe { cu!(cuMemFree_v2(self.ptr)) } {
+            tracing::error!(
+                device = self.device.ordinal(),
+                "freeing a device buffer: {e}"
+            );
+        }
+    }
+}
+
+// SAFETY: the buffer owns device memory, which any thread may use through the retained context.
+unsafe impl<T: DeviceCopy> Send for DeviceBuffer<T> {}
+// SAFETY: shared access only reads (copy_to_host); writes need `&mut`.
+unsafe impl<T: DeviceCopy> Sync for DeviceBuffer<T> {}
+
+/// A read-only, bounds-checked view into a [`DeviceBuffer`].
+pub struct DeviceView<'a, T> {
+    device: &'a Device,
+    ptr: cuda::CUdeviceptr,
+    len: usize,
+    _marker: PhantomData<&'a T>,
+}
+
+/// A writable, bounds-checked view into a [`DeviceBuffer`].
+pub struct DeviceViewMut<'a, T> {
+    device: &'a Device,
+    ptr: cuda::CUdeviceptr,
+    len: usize,
+    _marker: PhantomData<&'a mut T>,
+}
+
+macro_rules! view_memory {
+    ($view:ident) => {
+        impl<T: DeviceCopy> $view<'_, T> {
+            /// The number of elements in the view.
+            pub fn len(&self) -> usize {
+                self.len
+            }
+            /// Whether the view is empty.
+            pub fn is_empty(&self) -> bool {
+                self.len == 0
+            }
+        }
+        impl<T: DeviceCopy> DeviceMemory for $view<'_, T> {
+            fn device(&self) -> &Device {
+                self.device
+            }
+            fn device_ptr(&self) -> cuda::CUdeviceptr {
+                self.ptr
+            }
+            fn byte_len(&self) -> usize {
+                self.len * std::mem::size_of::<T>()
+            }
+        }
+    };
+}
+view_memory!(DeviceView);
+view_memory!(DeviceViewMut);
+impl<T: DeviceCopy> DeviceMemoryMut for DeviceViewMut<'_, T> {}
+
+/// Page-locked host memory from `cuMemHostAlloc` (portable: usable with every context), zeroed
+/// at allocation and freed on `Drop`. Dereferences to `[T]`.
+pub struct PinnedHostBuffer<T: DeviceCopy> {
+    device: Device,
+    ptr: *mut T,
+    len: usize,
+}
+
+impl<T: DeviceCopy> PinnedHostBuffer<T> {
+    /// Allocates `len` zeroed elements of pinned memory (`device` supplies the context).
+    pub fn new(device: &Device, len: usize) -> Result<Self> {
+        let bytes = len.checked_mul(std::mem::size_of::<T>()).ok_or_else(|| {
+            Error::InvalidArgument(format!("{len} elements overflow the address space"))
+        })?;
+        let mut ptr: *mut std::ffi::c_void = std::ptr::null_mut();
+        if bytes > 0 {
+            device.bind_to_thread()?;
+            // SAFETY: a context is current and `ptr` is an out-pointer.
+            unsafe {
+                cu!(cuMemHostAlloc(
+                    &mut ptr,
+                    bytes,
+                    cuda::CU_MEMHOSTALLOC_PORTABLE
+                ))
+            }
+            .on(device.ordinal())?;
+            // SAFETY: the allocation is `bytes` long; zero is a valid value of every DeviceCopy type.
+            unsafe { std::ptr::write_bytes(ptr.cast::<u8>(), 0, bytes) };
+        }
+        Ok(PinnedHostBuffer {
+            device: device.clone(),
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+}
+
+impl<T: DeviceCopy> std::ops::Deref for PinnedHostBuffer<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `ptr` points to `len` initialised elements we own.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl<T: DeviceCopy> std::ops::DerefMut for PinnedHostBuffer<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        if self.len == 0 {
+            return &mut [];
+        }
+        // SAFETY: `ptr` points to `len` initialised elements we own exclusively.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl<T: DeviceCopy> Drop for PinnedHostBuffer<T> {
+    fn drop(&mut self) {
+        if self.ptr.is_null() {
+            return;
+        }
+        let _ = self.device.bind_to_thread();
+        // SAFETY: allocated by cuMemHostAlloc and freed once.
+        if let Err(e) = unsafe { cu!(cuMemFreeHost(self.ptr.cast())) } {
+            tracing::error!(
+                device = self.device.ordinal(),
+                "freeing pinned host memory: {e}"
+            );
+        }
+    }
+}
+
+// SAFETY: the buffer owns its allocation exclusively, like a Vec<T>.
+unsafe impl<T: DeviceCopy> Send for PinnedHostBuffer<T> {}
+// SAFETY: shared access gives `&[T]` only, like a Vec<T>.
+unsafe impl<T: DeviceCopy> Sync for PinnedHostBuffer<T> {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_resolve_or_fail_cleanly() {
+        assert_eq!(resolve_range(.., 10).ok(), Some((0, 10)));
+        assert_eq!(resolve_range(2..5, 10).ok(), Some((2, 5)));
+        assert_eq!(resolve_range(2..=9, 10).ok(), Some((2, 10)));
+        assert_eq!(resolve_range(10.., 10).ok(), Some((10, 10)));
+        assert!(matches!(
+            resolve_range(5..11, 10),
+            Err(Error::OutOfBounds {
+                start: 5,
+                end: 11,
+                len: 10
+            })
+        ));
+        #[allow(clippy::reversed_empty_ranges)] // a reversed range is the case under test
+        let reversed = 6..5;
+        assert!(matches!(
+            resolve_range(reversed, 10),
+            Err(Error::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            resolve_range(0..=usize::MAX, 10),
+            Err(Error::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            resolve_range((Bound::Excluded(usize::MAX), Bound::Unbounded), 10),
+            Err(Error::OutOfBounds { .. })
+        ));
+    }
+
+    #[test]
+    fn sizes_must_match_exactly() {
+        assert!(check_size("x", 4, 4).is_ok());
+        let e = check_size("host source", 8, 4).expect_err("mismatch");
+        assert_eq!(
+            e.to_string(),
+            "size mismatch: host source is 4 bytes, expected 8"
+        );
+    }
+}

@@ -1,0 +1,101 @@
+//! Helpers shared by the integration tests: random data, GPU gating, and running a role of a
+//! test in a second process (the test executable re-runs itself with `P2P_TEST_ROLE` set).
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use p2p_mem::Device;
+
+/// Deterministic pseudo-random data (xorshift64*), different for every seed.
+pub fn random_u32(seed: u64, n: usize) -> Vec<u32> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
+            (s.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) as u32
+        })
+        .collect()
+}
+
+/// Random bytes.
+pub fn random_u8(seed: u64, n: usize) -> Vec<u8> {
+    random_u32(seed, n).into_iter().map(|v| v as u8).collect()
+}
+
+/// A seed that differs between runs, so every run checks fresh data (printed for replay).
+pub fn fresh_seed() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1);
+    let seed = t ^ (std::process::id() as u64) << 32;
+    eprintln!("seed = {seed}");
+    seed
+}
+
+/// The first `n` devices, or a panic that says how many the test needs: a GPU test that
+/// finds no GPU must fail, never pass vacuously.
+pub fn gpus(n: usize) -> Vec<Device> {
+    let all = Device::all().unwrap_or_else(|e| panic!("this test needs {n} GPU(s): {e}"));
+    assert!(
+        all.len() >= n,
+        "this test needs {n} GPU(s), found {}",
+        all.len()
+    );
+    all.into_iter().take(n).collect()
+}
+
+/// The role this process plays, when it is a child started by `spawn_role`.
+pub fn role() -> Option<String> {
+    std::env::var("P2P_TEST_ROLE").ok()
+}
+
+/// An environment variable a child was given.
+pub fn child_env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("child started without {name}"))
+}
+
+/// Runs test `test_name` of this executable in a new process with `role` and `env` set.
+pub fn spawn_role(test_name: &str, role: &str, socket: &Path, env: &[(&str, String)]) -> Child {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut cmd = Command::new(exe);
+    cmd.args([
+        test_name,
+        "--exact",
+        "--include-ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("P2P_TEST_ROLE", role)
+    .env("P2P_TEST_SOCKET", socket)
+    // The child's own `test result` line must not mix into the parent's summary;
+    // its panics and diagnostics go to stderr, which stays visible.
+    .stdout(std::process::Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("spawning the child process")
+}
+
+/// Waits for a child, killing it after `limit`; panics unless it exited successfully.
+pub fn join(mut child: Child, limit: Duration) {
+    let start = Instant::now();
+    loop {
+        match child.try_wait().expect("waiting for the child") {
+            Some(status) => {
+                assert!(status.success(), "the child process failed: {status}");
+                return;
+            }
+            None if start.elapsed() > limit => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the child process did not finish within {limit:?}");
+            }
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}

@@ -1,0 +1,520 @@
+//! GPU tests. Ignored in CI (no GPU); run on a GPU machine with `--include-ignored`, which the
+//! bundle's `run.sh` does. `gpu1_*` need one GPU, `gpu2_*` two with peer access. A GPU test
+//! that finds too few GPUs fails; it never passes vacuously.
+
+mod common;
+
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::{child_env, fresh_seed, gpus, join, random_u32, random_u8, role, spawn_role};
+use p2p_mem::fdpass::{FdChannel, FdListener, PrivateDir};
+use p2p_mem::ipc::{IpcEvent, IpcEventHandle, IpcMemHandle};
+use p2p_mem::vmm::{ShareableHandles, VmmBuffer, VmmHandle};
+use p2p_mem::{
+    Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Error, PinnedHostBuffer, Stream,
+};
+
+const CHILD_LIMIT: Duration = Duration::from_secs(120);
+const IO_LIMIT: Duration = Duration::from_secs(60);
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu1_device_properties() {
+    let d = &gpus(1)[0];
+    let count = Device::count().expect("count");
+    eprintln!(
+        "{count} GPU(s); GPU 0 = {} sm_{:?} {} {}",
+        d.name(),
+        d.compute_capability(),
+        d.pci_bus_id(),
+        d.uuid_string()
+    );
+    assert!(!d.name().is_empty());
+    assert!(d.compute_capability() >= (6, 0));
+    assert!(d.sm_count() > 0);
+    assert!(d.total_memory() > 1 << 30);
+    assert!(d.pci_bus_id().contains(':'), "{}", d.pci_bus_id());
+    assert_ne!(d.uuid(), &[0u8; 16]);
+    assert_eq!(
+        Device::by_uuid(d.uuid())
+            .expect("by_uuid")
+            .map(|x| x.ordinal()),
+        Some(0)
+    );
+    let err = Device::new(count).expect_err("past the last ordinal");
+    assert!(matches!(err, Error::NoSuchDevice { .. }), "{err}");
+    let (free, total) = d.memory_info().expect("memory info");
+    assert!(free <= total && total == d.total_memory());
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu1_alloc_copy_memset_round_trips() {
+    let d = &gpus(1)[0];
+    let seed = fresh_seed();
+    // Odd sizes: 1 byte, 4095 bytes, 1 MiB + 3 elements.
+    for (i, n) in [1usize, 4095].into_iter().enumerate() {
+        let data = random_u8(seed + i as u64, n);
+        let buf = DeviceBuffer::from_host(d, &data).expect("upload");
+        assert_eq!(
+            buf.to_host_vec::<u8>().expect("download"),
+            data,
+            "{n} bytes"
+        );
+    }
+    let n = (1 << 20) + 3;
+    let data = random_u32(seed, n);
+    let mut buf = DeviceBuffer::<u32>::new(d, n).expect("alloc");
+    buf.copy_from_host(&data).expect("upload");
+    let mut back = vec![0u32; n];
+    buf.copy_to_host(&mut back).expect("download");
+    assert_eq!(back, data);
+
+    // Views: write through a sub-range, read it back through another.
+    let patch = random_u32(seed + 7, 1000);
+    buf.slice_mut(12_345..13_345)
+        .expect("view")
+        .copy_from_host(&patch)
+        .expect("patch");
+    assert_eq!(
+        buf.slice(12_345..13_345)
+            .expect("view")
+            .to_host_vec::<u32>()
+            .expect("read"),
+        patch
+    );
+    let whole = buf.to_host_vec::<u32>().expect("download");
+    assert_eq!(
+        &whole[..12_345],
+        &data[..12_345],
+        "bytes before the view untouched"
+    );
+    assert_eq!(
+        &whole[13_345..],
+        &data[13_345..],
+        "bytes after the view untouched"
+    );
+    assert!(matches!(
+        buf.slice(n - 1..n + 1),
+        Err(Error::OutOfBounds { .. })
+    ));
+    assert!(matches!(
+        buf.copy_from_host(&data[1..]),
+        Err(Error::SizeMismatch { .. })
+    ));
+
+    // memset, sync and on a stream.
+    buf.memset_u8(0xab).expect("memset");
+    assert!(buf
+        .to_host_vec::<u32>()
+        .expect("read")
+        .iter()
+        .all(|&v| v == 0xabab_abab));
+    let stream = Stream::new(d).expect("stream");
+    buf.memset_u8_async(0x11, &stream).expect("memset async");
+    stream.synchronize().expect("sync");
+    assert!(buf
+        .to_host_vec::<u32>()
+        .expect("read")
+        .iter()
+        .all(|&v| v == 0x1111_1111));
+    assert!(DeviceBuffer::<u32>::zeroed(d, 77)
+        .expect("zeroed")
+        .to_host_vec::<u32>()
+        .expect("read")
+        .iter()
+        .all(|&v| v == 0));
+
+    // Empty buffers are fine and allocate nothing.
+    let empty = DeviceBuffer::<f64>::new(d, 0).expect("empty");
+    assert!(empty.is_empty());
+    assert_eq!(empty.to_host_vec::<f64>().expect("read"), Vec::<f64>::new());
+
+    // Pinned host memory as the source and destination.
+    let mut pinned = PinnedHostBuffer::<u32>::new(d, n).expect("pinned");
+    assert!(
+        pinned.iter().all(|&v| v == 0),
+        "pinned memory starts zeroed"
+    );
+    pinned.copy_from_slice(&data);
+    buf.copy_from_host(&pinned).expect("upload from pinned");
+    let mut pinned_back = PinnedHostBuffer::<u32>::new(d, n).expect("pinned");
+    buf.copy_to_host(&mut pinned_back)
+        .expect("download to pinned");
+    assert_eq!(&pinned_back[..], &data[..]);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu1_errors_name_the_call_and_the_device() {
+    let d = &gpus(1)[0];
+    let err = DeviceBuffer::<u8>::new(d, d.total_memory() * 4)
+        .err()
+        .expect("cannot allocate 4x the memory");
+    let text = err.to_string();
+    eprintln!("{text}");
+    assert!(
+        text.starts_with("GPU 0: cuMemAlloc_v2 failed: CUDA_ERROR_OUT_OF_MEMORY"),
+        "{text}"
+    );
+    assert!(
+        text.contains("out of memory"),
+        "the driver's own message is included: {text}"
+    );
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu1_no_leak_over_1000_alloc_free_cycles() {
+    let d = &gpus(1)[0];
+    let free_now = || d.memory_info().expect("memory info").0;
+    let check = |what: &str, before: usize, after: usize| {
+        let drift = before.abs_diff(after);
+        eprintln!("{what}: free before {before}, after {after}");
+        // The driver may round its own bookkeeping to 2 MiB pages; a leak of 1000 buffers would
+        // be at least 1000 x 64 KiB = 62.5 MiB.
+        assert!(
+            drift <= 4 << 20,
+            "{what}: free memory moved by {drift} bytes over 1000 cycles"
+        );
+    };
+    // Warm up each kind once so one-time driver allocations are not counted.
+    drop(DeviceBuffer::<u8>::new(d, 64 << 10).expect("warm-up"));
+    drop(PinnedHostBuffer::<u8>::new(d, 64 << 10).expect("warm-up"));
+    drop(VmmBuffer::new(d, 64 << 10, &[], ShareableHandles::POSIX_FD).expect("warm-up"));
+
+    let before = free_now();
+    for _ in 0..1000 {
+        drop(DeviceBuffer::<u8>::new(d, 64 << 10).expect("alloc"));
+    }
+    check("DeviceBuffer", before, free_now());
+
+    let before = free_now();
+    for _ in 0..1000 {
+        drop(PinnedHostBuffer::<u8>::new(d, 64 << 10).expect("alloc"));
+    }
+    check("PinnedHostBuffer", before, free_now());
+
+    let before = free_now();
+    for _ in 0..1000 {
+        let v = VmmBuffer::new(d, 64 << 10, &[], ShareableHandles::POSIX_FD).expect("alloc");
+        // Export and close an fd too: an exported handle must not pin the memory.
+        drop(v.export_fd().expect("export"));
+    }
+    check("VmmBuffer", before, free_now());
+
+    let before = free_now();
+    for _ in 0..1000 {
+        let buf = DeviceBuffer::<u8>::new(d, 64 << 10).expect("alloc");
+        IpcMemHandle::export(&buf).expect("export");
+        drop(buf);
+        drop(IpcEvent::new(d).expect("event"));
+    }
+    check("IPC export + event", before, free_now());
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu1_vmm_round_trip_and_granularity() {
+    let d = &gpus(1)[0];
+    let g = p2p_mem::vmm::granularity(d, ShareableHandles::POSIX_FD, false).expect("granularity");
+    eprintln!(
+        "granularity: {g} bytes (recommended {})",
+        p2p_mem::vmm::granularity(d, ShareableHandles::POSIX_FD, true).expect("rec")
+    );
+    assert!(g.is_power_of_two());
+    let mut v = VmmBuffer::new(d, g + 3, &[], ShareableHandles::POSIX_FD).expect("alloc");
+    assert_eq!(v.size(), 2 * g, "rounded up to the granularity");
+    let data = random_u8(fresh_seed(), v.size());
+    v.copy_from_host(&data).expect("upload");
+    assert_eq!(v.to_host_vec::<u8>().expect("download"), data);
+    // cuMem memory is not legacy-IPC exportable: a clear driver error, not a crash.
+    let err = IpcMemHandle::export(&v).expect_err("VMM memory cannot use legacy IPC");
+    assert!(err.to_string().contains("cuIpcGetMemHandle"), "{err}");
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu1_fabric_handles_work_or_say_why_not() {
+    let d = &gpus(1)[0];
+    match VmmBuffer::new(d, 1 << 20, &[], ShareableHandles::FABRIC) {
+        Ok(v) => match v.export_fabric() {
+            Ok(h) => {
+                eprintln!("fabric handles work here");
+                let parsed = p2p_mem::vmm::FabricHandle::from_bytes(&h.to_bytes()).expect("decode");
+                assert_eq!(parsed, h);
+                assert_eq!(h.size(), v.size() as u64);
+            }
+            Err(Error::Unsupported { reason, .. }) => eprintln!("fabric export refused: {reason}"),
+            Err(e) => panic!("fabric export failed with an unexpected error: {e}"),
+        },
+        Err(Error::Unsupported { what, reason }) => {
+            eprintln!("fabric handles unsupported: {what}: {reason}");
+            assert!(
+                reason.contains("IMEX") || reason.contains("FABRIC_SUPPORTED"),
+                "{reason}"
+            );
+        }
+        Err(e) => panic!("a fabric allocation failed with an unexpected error: {e}"),
+    }
+}
+
+// ---- Two processes: legacy IPC ------------------------------------------------------------
+
+/// Parent: exports a buffer and an event; the child (on `child_gpu`) imports both, checks the
+/// data, writes its own, and the parent sees it.
+fn ipc_parent(test: &str, child_gpu: i32) {
+    let d = Device::new(0).expect("GPU 0");
+    let seed = fresh_seed();
+    let n = (1 << 20) + 3;
+    let data = random_u32(seed, n);
+    let mut buf = DeviceBuffer::<u32>::new(&d, n + 16).expect("alloc");
+    buf.slice_mut(16..)
+        .expect("view")
+        .copy_from_host(&data)
+        .expect("upload");
+    // Export a view at an offset: the handle must carry base + offset.
+    let handle = IpcMemHandle::export(&buf.slice(16..).expect("view")).expect("export");
+    assert_eq!(handle.offset(), 64);
+    let err = handle
+        .open(&d)
+        .err()
+        .expect("importing in the exporter must be refused");
+    assert!(matches!(err, Error::ImportInExporter { .. }), "{err}");
+
+    let dir = PrivateDir::new("ipc").expect("dir");
+    let listener = FdListener::bind(&dir.path().join("s")).expect("bind");
+    let child = spawn_role(
+        test,
+        "ipc-child",
+        listener.path(),
+        &[
+            ("P2P_TEST_SEED", seed.to_string()),
+            ("P2P_TEST_GPU", child_gpu.to_string()),
+        ],
+    );
+    let mut chan = listener.accept(IO_LIMIT).expect("accept");
+    chan.set_timeout(IO_LIMIT);
+    chan.send_msg(&handle.to_bytes()).expect("send the handle");
+    assert_eq!(chan.recv_msg().expect("reply"), b"written");
+    let expect = random_u32(seed ^ 0xc41d, n);
+    assert_eq!(
+        buf.slice(16..)
+            .expect("view")
+            .to_host_vec::<u32>()
+            .expect("read"),
+        expect,
+        "the child's writes are visible"
+    );
+
+    // Event ordering: fill on a stream, record the IPC event, let the child wait on it.
+    let stream = Stream::new(&d).expect("stream");
+    let event = IpcEvent::new(&d).expect("event");
+    buf.memset_u8_async(0x5c, &stream).expect("memset");
+    event.record(&stream).expect("record");
+    chan.send_msg(&event.handle().expect("event handle").to_bytes())
+        .expect("send the event");
+    assert_eq!(chan.recv_msg().expect("reply"), b"event-ok");
+    join(child, CHILD_LIMIT);
+}
+
+fn ipc_child() {
+    let seed: u64 = child_env("P2P_TEST_SEED").parse().expect("seed");
+    let d = Device::new(child_env("P2P_TEST_GPU").parse().expect("gpu")).expect("device");
+    let chan = FdChannel::connect(&PathBuf::from(child_env("P2P_TEST_SOCKET"))).expect("connect");
+    let handle = IpcMemHandle::from_bytes(&chan.recv_msg().expect("handle")).expect("decode");
+    let n = (1 << 20) + 3;
+    let mut imported = handle.open(&d).expect("open the IPC handle");
+    assert_eq!(imported.byte_len(), n * 4);
+    assert_eq!(
+        imported.to_host_vec::<u32>().expect("read"),
+        random_u32(seed, n),
+        "sees the exporter's data"
+    );
+    // The same handle again: the cached mapping, not a second cuIpcOpenMemHandle.
+    let again = handle.open(&d).expect("open again");
+    assert!(again.shares_mapping_with(&imported));
+    drop(again);
+    imported
+        .copy_from_host(&random_u32(seed ^ 0xc41d, n))
+        .expect("write");
+    d.synchronize().expect("sync");
+    chan.send_msg(b"written").expect("reply");
+
+    let ev = IpcEventHandle::from_bytes(&chan.recv_msg().expect("event"))
+        .expect("decode")
+        .open(&d)
+        .expect("open event");
+    let stream = Stream::new(&d).expect("stream");
+    ev.wait_on(&stream).expect("wait on the event");
+    stream.synchronize().expect("sync");
+    assert!(
+        imported
+            .to_host_vec::<u32>()
+            .expect("read")
+            .iter()
+            .all(|&v| v == 0x5c5c_5c5c),
+        "ordered after the exporter's fill"
+    );
+    chan.send_msg(b"event-ok").expect("reply");
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu1_ipc_two_processes_one_gpu() {
+    if role().as_deref() == Some("ipc-child") {
+        return ipc_child();
+    }
+    gpus(1);
+    ipc_parent("gpu1_ipc_two_processes_one_gpu", 0);
+}
+
+#[test]
+#[ignore = "needs 2 GPUs"]
+fn gpu2_ipc_two_processes_two_gpus() {
+    if role().as_deref() == Some("ipc-child") {
+        return ipc_child();
+    }
+    gpus(2);
+    ipc_parent("gpu2_ipc_two_processes_two_gpus", 1);
+}
+
+// ---- Two processes: cuMem VMM over a POSIX fd ------------------------------------------------
+
+fn vmm_parent(test: &str, child_gpu: i32) {
+    let devs = Device::all().expect("devices");
+    let d = &devs[0];
+    let peers: Vec<&Device> = devs.iter().skip(1).take(child_gpu as usize).collect();
+    let seed = fresh_seed();
+    let mut v = VmmBuffer::new(d, 3 << 20, &peers, ShareableHandles::POSIX_FD).expect("alloc");
+    let data = random_u8(seed, v.size());
+    v.copy_from_host(&data).expect("upload");
+    let (desc, fd) = v.export_fd().expect("export");
+    assert_eq!(
+        VmmHandle::from_bytes(&desc.to_bytes()).expect("decode"),
+        desc
+    );
+
+    let dir = PrivateDir::new("vmm").expect("dir");
+    let listener = FdListener::bind(&dir.path().join("s")).expect("bind");
+    let child = spawn_role(
+        test,
+        "vmm-child",
+        listener.path(),
+        &[
+            ("P2P_TEST_SEED", seed.to_string()),
+            ("P2P_TEST_GPU", child_gpu.to_string()),
+        ],
+    );
+    let mut chan = listener.accept(IO_LIMIT).expect("accept");
+    chan.set_timeout(IO_LIMIT);
+    chan.send_fd(&desc.to_bytes(), fd.as_fd())
+        .expect("send the fd");
+    drop(fd);
+    assert_eq!(chan.recv_msg().expect("reply"), b"written");
+    assert_eq!(
+        v.to_host_vec::<u8>().expect("read"),
+        random_u8(seed ^ 0x7a11, v.size()),
+        "the child's writes are visible"
+    );
+    join(child, CHILD_LIMIT);
+}
+
+fn vmm_child() {
+    let seed: u64 = child_env("P2P_TEST_SEED").parse().expect("seed");
+    let d = Device::new(child_env("P2P_TEST_GPU").parse().expect("gpu")).expect("device");
+    let chan = FdChannel::connect(&PathBuf::from(child_env("P2P_TEST_SOCKET"))).expect("connect");
+    let (header, fd) = chan.recv_fd().expect("fd");
+    let desc = VmmHandle::from_bytes(&header).expect("decode");
+    let mut v = VmmBuffer::import_fd(&d, &desc, fd.as_fd(), &[]).expect("import the fd");
+    drop(fd); // the mapping keeps the memory alive
+    assert_eq!(
+        v.to_host_vec::<u8>().expect("read"),
+        random_u8(seed, v.size()),
+        "sees the exporter's data"
+    );
+    v.copy_from_host(&random_u8(seed ^ 0x7a11, v.size()))
+        .expect("write");
+    d.synchronize().expect("sync");
+    chan.send_msg(b"written").expect("reply");
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu1_vmm_fd_two_processes_one_gpu() {
+    if role().as_deref() == Some("vmm-child") {
+        return vmm_child();
+    }
+    gpus(1);
+    vmm_parent("gpu1_vmm_fd_two_processes_one_gpu", 0);
+}
+
+#[test]
+#[ignore = "needs 2 GPUs"]
+fn gpu2_vmm_fd_two_processes_two_gpus() {
+    if role().as_deref() == Some("vmm-child") {
+        return vmm_child();
+    }
+    gpus(2);
+    vmm_parent("gpu2_vmm_fd_two_processes_two_gpus", 1);
+}
+
+// ---- Two GPUs in one process -------------------------------------------------------------------
+
+#[test]
+#[ignore = "needs 2 GPUs"]
+fn gpu2_peer_access_and_peer_copy() {
+    let g = gpus(2);
+    let (a, b) = (&g[0], &g[1]);
+    assert!(
+        a.can_access_peer(b).expect("can access") && b.can_access_peer(a).expect("can access"),
+        "these GPUs have no P2P"
+    );
+    let attr = a.p2p_attributes(b).expect("attributes");
+    eprintln!("GPU0 -> GPU1: {attr:?}");
+    assert!(attr.access_supported);
+    for _ in 0..2 {
+        a.enable_peer_access(b).expect("enable 0 -> 1 (idempotent)");
+        b.enable_peer_access(a).expect("enable 1 -> 0 (idempotent)");
+    }
+    // Nothing sticky left behind for the runtime's next error check.
+    if p2p_sys::probe::require(p2p_sys::Library::Cudart).is_ok() {
+        // SAFETY: libcudart is loaded; cudaGetLastError has no preconditions.
+        let last = unsafe { p2p_sys::cudart::cudaGetLastError() };
+        assert_eq!(last, p2p_sys::cudart::cudaError_t::cudaSuccess);
+    }
+
+    let seed = fresh_seed();
+    let n = (64 << 20) / 4 + 3;
+    let data = random_u32(seed, n);
+    let src = DeviceBuffer::from_host(a, &data).expect("upload");
+    let mut dst = DeviceBuffer::<u32>::new(b, n).expect("alloc");
+    dst.copy_from_device(&src).expect("peer copy 0 -> 1");
+    assert_eq!(dst.to_host_vec::<u32>().expect("read"), data);
+    let back_data = random_u32(seed + 1, n);
+    dst.copy_from_host(&back_data).expect("upload");
+    let mut back = DeviceBuffer::<u32>::new(a, n).expect("alloc");
+    back.copy_from_device(&dst).expect("peer copy 1 -> 0");
+    assert_eq!(back.to_host_vec::<u32>().expect("read"), back_data);
+
+    a.disable_peer_access(b).expect("disable");
+    a.disable_peer_access(b).expect("disable again is fine");
+    a.enable_peer_access(b).expect("enable again");
+}
+
+#[test]
+#[ignore = "needs 2 GPUs"]
+fn gpu2_vmm_mapped_for_a_peer() {
+    let g = gpus(2);
+    let (a, b) = (&g[0], &g[1]);
+    let mut v = VmmBuffer::new(a, 5 << 20, &[b], ShareableHandles::NONE)
+        .expect("alloc with access for GPU 1");
+    let data = random_u32(fresh_seed(), v.size() / 4);
+    v.copy_from_host(&data).expect("upload");
+    let mut on_b = DeviceBuffer::<u32>::new(b, data.len()).expect("alloc");
+    on_b.copy_from_device(&v)
+        .expect("GPU 1 reads GPU 0's cuMem memory");
+    assert_eq!(on_b.to_host_vec::<u32>().expect("read"), data);
+}
