@@ -326,9 +326,14 @@ impl FdChannel {
         if fds.len() > 4 {
             return Err(Error::InvalidArgument("at most 4 fds per message".into()));
         }
+        self.send_unchecked(payload, fds)
+    }
+
+    /// `sendmsg` with no limits checked (the tests use it to break the protocol on purpose).
+    fn send_unchecked(&self, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
         let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
         let data_len = std::mem::size_of_val(raw.as_slice());
-        let mut control = vec![0u8; cmsg_space(4)];
+        let mut control = vec![0u8; cmsg_space(raw.len().max(1))];
         let mut iov = libc::iovec {
             iov_base: payload.as_ptr() as *mut libc::c_void,
             iov_len: payload.len(),
@@ -548,6 +553,19 @@ mod tests {
         assert!(matches!(server.recv_msg(), Err(Error::Protocol(m)) if m.contains("got 1")));
         client.send_msg(b"plain").expect("send");
         assert_eq!(server.recv_msg().expect("recv"), b"plain");
+        // More fds than the receiver has control space for: the kernel truncates the control
+        // data (MSG_CTRUNC) and the message is rejected, with the fds that did arrive closed.
+        let many: Vec<BorrowedFd<'_>> = (0..12).map(|_| file.as_fd()).collect();
+        client.send_unchecked(b"many", &many).expect("send");
+        let e = server.recv_fd().expect_err("control data truncated");
+        assert!(
+            matches!(&e, Error::Protocol(m) if m.contains("control data was truncated")),
+            "{e}"
+        );
+        assert!(matches!(
+            client.send_with_fds(b"x", &many),
+            Err(Error::InvalidArgument(_))
+        ));
         assert!(matches!(
             client.send_msg(&[]),
             Err(Error::InvalidArgument(_))

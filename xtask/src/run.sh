@@ -26,10 +26,11 @@ for exe in "$here"/tests/*; do
   log="$logs/$name.log"
   echo "== $name"
   # One test at a time: the GPU tests measure free memory and spawn helper processes.
+  # --nocapture keeps what passing tests print (figures, which fallback ran) in the log.
   if [ -n "$filter" ]; then
-    "$exe" --include-ignored --test-threads=1 "$filter" >"$log" 2>&1
+    "$exe" --include-ignored --test-threads=1 --nocapture "$filter" >"$log" 2>&1
   else
-    "$exe" --include-ignored --test-threads=1 >"$log" 2>&1
+    "$exe" --include-ignored --test-threads=1 --nocapture >"$log" 2>&1
   fi
   rc=$?
   grep -E '^test .* \.\.\. (FAILED|ignored)' "$log" | sed 's/^/   /'
