@@ -117,6 +117,28 @@ fn sockaddr(path: &Path) -> Result<(libc::sockaddr_un, libc::socklen_t)> {
     Ok((addr, len as libc::socklen_t))
 }
 
+/// A new SEQPACKET socket on which `op` (`bind` or `connect`) was called with `path`.
+fn socket_at(
+    path: &Path,
+    op: unsafe extern "C" fn(libc::c_int, *const libc::sockaddr, libc::socklen_t) -> libc::c_int,
+    what: &str,
+) -> Result<OwnedFd> {
+    let (addr, len) = sockaddr(path)?;
+    let fd = seqpacket_socket()?;
+    // SAFETY: `addr` is an initialised sockaddr_un of `len` bytes and `fd` is our socket.
+    if unsafe {
+        op(
+            fd.as_raw_fd(),
+            (&addr as *const libc::sockaddr_un).cast(),
+            len,
+        )
+    } != 0
+    {
+        return Err(last_os_error(format!("{what} {}", path.display())));
+    }
+    Ok(fd)
+}
+
 fn seqpacket_socket() -> Result<OwnedFd> {
     // SAFETY: socket() with constant arguments.
     let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
@@ -196,19 +218,7 @@ pub struct FdListener {
 impl FdListener {
     /// Listens at `path`, which should be inside a [`PrivateDir`].
     pub fn bind(path: &Path) -> Result<FdListener> {
-        let (addr, len) = sockaddr(path)?;
-        let fd = seqpacket_socket()?;
-        // SAFETY: `addr` is an initialised sockaddr_un of `len` bytes.
-        if unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&addr as *const libc::sockaddr_un).cast(),
-                len,
-            )
-        } != 0
-        {
-            return Err(last_os_error(format!("binding {}", path.display())));
-        }
+        let fd = socket_at(path, libc::bind, "binding")?;
         // SAFETY: listen on a bound socket we own.
         if unsafe { libc::listen(fd.as_raw_fd(), 16) } != 0 {
             return Err(last_os_error(format!("listening on {}", path.display())));
@@ -273,19 +283,7 @@ impl AsFd for FdChannel {
 impl FdChannel {
     /// Connects to a listener at `path` and checks the peer's uid.
     pub fn connect(path: &Path) -> Result<FdChannel> {
-        let (addr, len) = sockaddr(path)?;
-        let fd = seqpacket_socket()?;
-        // SAFETY: `addr` is an initialised sockaddr_un of `len` bytes.
-        if unsafe {
-            libc::connect(
-                fd.as_raw_fd(),
-                (&addr as *const libc::sockaddr_un).cast(),
-                len,
-            )
-        } != 0
-        {
-            return Err(last_os_error(format!("connecting to {}", path.display())));
-        }
+        let fd = socket_at(path, libc::connect, "connecting to")?;
         Self::checked(fd)
     }
 

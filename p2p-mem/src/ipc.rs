@@ -124,6 +124,14 @@ impl IpcMemHandle {
         }
         let key = (device.ordinal(), self.raw);
         let mut cache = lock_cache();
+        // A dead entry means the last buffer over that mapping is being dropped right now and
+        // its Drop is waiting for this lock to close the handle. Mapping the handle again
+        // before that close would race it: let the close finish first.
+        while cache.get(&key).is_some_and(|w| w.strong_count() == 0) {
+            drop(cache);
+            std::thread::yield_now();
+            cache = lock_cache();
+        }
         let mapping = match cache.get(&key).and_then(Weak::upgrade) {
             Some(m) => {
                 tracing::debug!(
@@ -194,6 +202,13 @@ impl Drop for IpcMapping {
             cache.remove(&self.key);
         }
         let _ = self.device.bind_to_thread();
+        // Work queued on this device may still use the mapping: let it finish first.
+        if let Err(e) = self.device.synchronize() {
+            tracing::error!(
+                device = self.device.ordinal(),
+                "before closing an IPC mapping: {e}"
+            );
+        }
         // SAFETY: `base` came from cuIpcOpenMemHandle and is closed exactly once.
         if let Err(e) = unsafe { cu!(cuIpcCloseMemHandle(self.base)) } {
             tracing::error!(

@@ -65,7 +65,8 @@ pub trait DeviceMemory {
 
 /// A region of device memory that can also be written.
 pub trait DeviceMemoryMut: DeviceMemory {
-    /// Copies `src`, which must be exactly as large as the region, to the device. Synchronous.
+    /// Copies `src`, which must be exactly as large as the region, to the device. Synchronous:
+    /// returns once the data is in device memory.
     fn copy_from_host<T: DeviceCopy>(&mut self, src: &[T]) -> Result<()>
     where
         Self: Sized,
@@ -84,7 +85,10 @@ pub trait DeviceMemoryMut: DeviceMemory {
                 src.len()
             ))
         }
-        .on(self.device().ordinal())
+        .on(self.device().ordinal())?;
+        // From pageable memory the driver returns once the data is staged, before it lands:
+        // wait, so that "synchronous" holds for every source.
+        self.device().synchronize()
     }
 
     /// Sets every byte to `value`. Synchronous.
@@ -127,7 +131,8 @@ pub trait DeviceMemoryMut: DeviceMemory {
     }
 
     /// Copies all of `src`, which must be as large, into this region, across devices if they
-    /// differ (through peer access where enabled, else staged by the driver). Synchronous.
+    /// differ (through peer access where enabled, else staged by the driver). Synchronous:
+    /// returns once the copy has finished.
     fn copy_from_device<M: DeviceMemory>(&mut self, src: &M) -> Result<()>
     where
         Self: Sized,
@@ -148,7 +153,10 @@ pub trait DeviceMemoryMut: DeviceMemory {
                 src.byte_len()
             ))
         }
-        .between(dst_dev.ordinal(), src_dev.ordinal())
+        .between(dst_dev.ordinal(), src_dev.ordinal())?;
+        // Device-to-device copies return before they finish; the copy runs in the current
+        // (destination) context, so synchronising it waits for the copy.
+        dst_dev.synchronize()
     }
 }
 

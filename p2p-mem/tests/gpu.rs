@@ -261,6 +261,16 @@ fn gpu1_fabric_handles_work_or_say_why_not() {
     }
 }
 
+/// The body of a two-process test: the child (started by the parent with `role` set) runs
+/// `child`; otherwise this is the parent, which needs `n_gpus` and runs `parent`.
+fn two_processes(role_name: &str, child: fn(), n_gpus: usize, parent: impl FnOnce()) {
+    if role().as_deref() == Some(role_name) {
+        return child();
+    }
+    gpus(n_gpus);
+    parent();
+}
+
 // ---- Two processes: legacy IPC ------------------------------------------------------------
 
 /// Parent: exports a buffer and an event; the child (on `child_gpu`) imports both, checks the
@@ -364,21 +374,17 @@ fn ipc_child() {
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu1_ipc_two_processes_one_gpu() {
-    if role().as_deref() == Some("ipc-child") {
-        return ipc_child();
-    }
-    gpus(1);
-    ipc_parent("gpu1_ipc_two_processes_one_gpu", 0);
+    two_processes("ipc-child", ipc_child, 1, || {
+        ipc_parent("gpu1_ipc_two_processes_one_gpu", 0)
+    });
 }
 
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn gpu2_ipc_two_processes_two_gpus() {
-    if role().as_deref() == Some("ipc-child") {
-        return ipc_child();
-    }
-    gpus(2);
-    ipc_parent("gpu2_ipc_two_processes_two_gpus", 1);
+    two_processes("ipc-child", ipc_child, 2, || {
+        ipc_parent("gpu2_ipc_two_processes_two_gpus", 1)
+    });
 }
 
 // ---- Two processes: cuMem VMM over a POSIX fd ------------------------------------------------
@@ -444,21 +450,17 @@ fn vmm_child() {
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu1_vmm_fd_two_processes_one_gpu() {
-    if role().as_deref() == Some("vmm-child") {
-        return vmm_child();
-    }
-    gpus(1);
-    vmm_parent("gpu1_vmm_fd_two_processes_one_gpu", 0);
+    two_processes("vmm-child", vmm_child, 1, || {
+        vmm_parent("gpu1_vmm_fd_two_processes_one_gpu", 0)
+    });
 }
 
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn gpu2_vmm_fd_two_processes_two_gpus() {
-    if role().as_deref() == Some("vmm-child") {
-        return vmm_child();
-    }
-    gpus(2);
-    vmm_parent("gpu2_vmm_fd_two_processes_two_gpus", 1);
+    two_processes("vmm-child", vmm_child, 2, || {
+        vmm_parent("gpu2_vmm_fd_two_processes_two_gpus", 1)
+    });
 }
 
 // ---- Two GPUs in one process -------------------------------------------------------------------
