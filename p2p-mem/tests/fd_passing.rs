@@ -26,7 +26,7 @@ fn a_file_descriptor_crosses_processes_and_bad_messages_are_rejected() {
         "a_file_descriptor_crosses_processes_and_bad_messages_are_rejected",
         "fd-sender",
         listener.path(),
-        &[("P2P_TEST_FILE", file_path.display().to_string())],
+        &[("P2PTEST_FILE", file_path.display().to_string())],
     );
     let chan = listener.accept(Duration::from_secs(30)).expect("accept");
     // SAFETY: getuid has no preconditions.
@@ -73,8 +73,8 @@ fn a_file_descriptor_crosses_processes_and_bad_messages_are_rejected() {
 }
 
 fn sender() {
-    let socket = PathBuf::from(child_env("P2P_TEST_SOCKET"));
-    let file = std::fs::File::open(child_env("P2P_TEST_FILE")).expect("open the file");
+    let socket = PathBuf::from(child_env("P2PTEST_SOCKET"));
+    let file = std::fs::File::open(child_env("P2PTEST_FILE")).expect("open the file");
     let len = file.metadata().expect("stat").len();
     let chan = FdChannel::connect(&socket).expect("connect");
     chan.send_fd(format!("file:{len}").as_bytes(), file.as_fd())

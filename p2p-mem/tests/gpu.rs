@@ -301,8 +301,8 @@ fn ipc_parent(test: &str, child_gpu: i32) {
         "ipc-child",
         listener.path(),
         &[
-            ("P2P_TEST_SEED", seed.to_string()),
-            ("P2P_TEST_GPU", child_gpu.to_string()),
+            ("P2PTEST_SEED", seed.to_string()),
+            ("P2PTEST_GPU", child_gpu.to_string()),
         ],
     );
     let mut chan = listener.accept(IO_LIMIT).expect("accept");
@@ -331,9 +331,9 @@ fn ipc_parent(test: &str, child_gpu: i32) {
 }
 
 fn ipc_child() {
-    let seed: u64 = child_env("P2P_TEST_SEED").parse().expect("seed");
-    let d = Device::new(child_env("P2P_TEST_GPU").parse().expect("gpu")).expect("device");
-    let chan = FdChannel::connect(&PathBuf::from(child_env("P2P_TEST_SOCKET"))).expect("connect");
+    let seed: u64 = child_env("P2PTEST_SEED").parse().expect("seed");
+    let d = Device::new(child_env("P2PTEST_GPU").parse().expect("gpu")).expect("device");
+    let chan = FdChannel::connect(&PathBuf::from(child_env("P2PTEST_SOCKET"))).expect("connect");
     let handle = IpcMemHandle::from_bytes(&chan.recv_msg().expect("handle")).expect("decode");
     let n = (1 << 20) + 3;
     let mut imported = handle.open(&d).expect("open the IPC handle");
@@ -410,8 +410,8 @@ fn vmm_parent(test: &str, child_gpu: i32) {
         "vmm-child",
         listener.path(),
         &[
-            ("P2P_TEST_SEED", seed.to_string()),
-            ("P2P_TEST_GPU", child_gpu.to_string()),
+            ("P2PTEST_SEED", seed.to_string()),
+            ("P2PTEST_GPU", child_gpu.to_string()),
         ],
     );
     let mut chan = listener.accept(IO_LIMIT).expect("accept");
@@ -429,9 +429,9 @@ fn vmm_parent(test: &str, child_gpu: i32) {
 }
 
 fn vmm_child() {
-    let seed: u64 = child_env("P2P_TEST_SEED").parse().expect("seed");
-    let d = Device::new(child_env("P2P_TEST_GPU").parse().expect("gpu")).expect("device");
-    let chan = FdChannel::connect(&PathBuf::from(child_env("P2P_TEST_SOCKET"))).expect("connect");
+    let seed: u64 = child_env("P2PTEST_SEED").parse().expect("seed");
+    let d = Device::new(child_env("P2PTEST_GPU").parse().expect("gpu")).expect("device");
+    let chan = FdChannel::connect(&PathBuf::from(child_env("P2PTEST_SOCKET"))).expect("connect");
     let (header, fd) = chan.recv_fd().expect("fd");
     let desc = VmmHandle::from_bytes(&header).expect("decode");
     let mut v = VmmBuffer::import_fd(&d, &desc, fd.as_fd(), &[]).expect("import the fd");

@@ -1,11 +1,22 @@
-//! Point-to-point transport between GPUs: topology, configuration, mode selection and send/recv.
+//! Point-to-point transport between GPUs: the third layer of p2p, above `p2p-mem`.
 //!
-//! **Status: not yet built.** This crate is the third layer of p2p and uses only `p2p-mem`
-//! below it. It will hold topology discovery (NVML, PCIe, P2P attributes), the typed `Config`,
-//! the choice between the direct-pointer, CUDA IPC, cuMem, intermediate-GPU and host-staged
-//! modes, the copy-engine and SM-kernel data paths, and `send` / `recv` between ranks.
-//! Nothing is exported yet; the memory it will move is already available from [`p2p_mem`].
+//! Built so far:
+//! - [`topo`]: how the GPUs of a machine are joined ([`topo::Topology`], serializable to JSON),
+//!   discovered from CUDA, NVML and sysfs, and the path model for every ordered pair.
+//! - [`config`]: the typed [`Config`](config::Config), in code or from `P2P_*` variables.
+//! - [`doctor`]: whether P2P works between each pair, why not, and what to do, with a
+//!   functional test through the peer mapping.
+//! - [`kernels`]: CUDA C++ sources compiled by NVRTC for the device's architecture at run time.
+//!
+//! Mode selection (direct pointer, IPC, cuMem, intermediate GPU, host-staged), the copy-engine
+//! and SM-kernel data paths, and `send` / `recv` between ranks are not built yet.
 
-#![forbid(unsafe_code)]
+pub mod config;
+pub mod doctor;
+mod error;
+pub mod kernels;
+pub mod topo;
+mod util;
 
-pub use p2p_mem;
+pub use error::{Error, Result};
+pub use util::{utc_from_unix, utc_now};

@@ -1,6 +1,7 @@
 //! `cargo xtask`: the project's chores in one binary.
 //!
 //! - `cargo xtask bench [ARGS]`: builds the release `p2p-bench` and runs it (`list` by default).
+//! - `cargo xtask topo [ARGS]`, `cargo xtask doctor [ARGS]`: the same for `p2p-bench topo|doctor`.
 //! - `cargo xtask bundle`: builds every test executable and `p2p-bench` in release, stripped,
 //!   into `target/bundle` with `run.sh`, for a GPU machine that has no Rust toolchain.
 //! - `cargo xtask bindgen`: regenerates `p2p-sys/src/checkpoint.rs` from pinned CUDA headers.
@@ -19,6 +20,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let result = match args.first().map(String::as_str) {
         Some("bench") => bench(&args[1..]),
+        Some(cmd @ ("topo" | "doctor")) => bench(&[&[cmd.to_string()], &args[1..]].concat()),
         Some("bundle") => bundle(),
         Some("bindgen") => bindgen(),
         Some("-h") | Some("--help") | None => {
@@ -40,6 +42,8 @@ fn usage() -> &'static str {
     "usage: cargo xtask <task>\n\n\
      tasks:\n  \
      bench [ARGS]  build and run the release p2p-bench (default: `list`, the GPUs found)\n  \
+     topo [ARGS]   p2p-bench topo: how the GPUs are joined (--json, --load FILE)\n  \
+     doctor [ARGS] p2p-bench doctor: does P2P work between each pair, why not, what to do\n  \
      bundle        build tests and p2p-bench into target/bundle with run.sh, for a GPU machine\n  \
      bindgen       regenerate p2p-sys/src/checkpoint.rs from pinned CUDA headers (needs bindgen-cli, libclang, pip)"
 }

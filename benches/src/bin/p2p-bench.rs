@@ -1,16 +1,23 @@
 //! `p2p-bench`: the p2p command-line tool.
 //!
-//! Today it has one subcommand, `list`, which shows the GPUs and CUDA libraries it finds and
-//! says so plainly where there are none. The transport and collective benchmarks come with
-//! their crates.
+//! - `list`: the GPUs and CUDA libraries found, and which pairs have peer access.
+//! - `topo`: the `nvidia-smi topo -m` style matrix, P2P matrices, links and the path model.
+//! - `doctor`: whether P2P works between each pair, why not, and what to do.
+//!
+//! The `P2P_*` configuration is validated first: a bad value exits with status 2 and a message
+//! naming the variable. `P2P_DEBUG` and `P2P_DEBUG_SUBSYS` set the log output (stderr).
 
 #![forbid(unsafe_code)]
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use p2p_benches::{gpu_table, libraries, GpuInfo};
 use p2p_mem::Device;
+use p2p_transport::config::Config;
+use p2p_transport::doctor::{self, Status};
+use p2p_transport::topo::{self, P2pMatrix, Topology};
 
 #[derive(Parser)]
 #[command(
@@ -31,15 +38,45 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Show how the GPUs are joined: connection matrix, P2P matrices, links, path model.
+    Topo {
+        /// Print the topology as JSON (loadable with --load).
+        #[arg(long)]
+        json: bool,
+        /// Show a topology saved with --json instead of this machine's.
+        #[arg(long, value_name = "FILE")]
+        load: Option<PathBuf>,
+    },
+    /// Check every GPU pair: does P2P work, why not, what to do. Exits 1 if any check fails.
+    Doctor {
+        /// Print the findings as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Skip the functional test (writing through the peer mapping with a kernel).
+        #[arg(long)]
+        no_functional: bool,
+    },
 }
 
 fn main() -> ExitCode {
+    let config = match Config::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("p2p-bench: {e}");
+            return ExitCode::from(2);
+        }
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("P2P_LOG"))
+        .with_env_filter(tracing_subscriber::EnvFilter::new(config.tracing_filter()))
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
         Command::List { json } => list(json),
+        Command::Topo { json, load } => topo_cmd(json, load),
+        Command::Doctor {
+            json,
+            no_functional,
+        } => doctor_cmd(json, !no_functional),
     }
 }
 
@@ -76,7 +113,9 @@ fn list(json: bool) -> ExitCode {
         }
         Err(e) => println!("\nno GPU found: {e}"),
     }
-    println!("\nThe transport and collective benchmarks are not built yet; `list` is all this version does.");
+    println!(
+        "\nThe transport and collective benchmarks are not built yet; see `topo` and `doctor`."
+    );
     ExitCode::SUCCESS
 }
 
@@ -107,5 +146,70 @@ fn print_peer_matrix() {
             print!("{cell:<6}");
         }
         println!();
+    }
+}
+
+fn topo_cmd(json: bool, load: Option<PathBuf>) -> ExitCode {
+    let t = match load {
+        Some(path) => match std::fs::read_to_string(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|s| Topology::from_json(&s))
+        {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("p2p-bench topo: {}: {e}", path.display());
+                return ExitCode::FAILURE;
+            }
+        },
+        None => match topo::discover() {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("p2p-bench topo: no topology to show: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    if json {
+        println!("{}", t.to_json());
+        return ExitCode::SUCCESS;
+    }
+    println!("{}\n", t.source);
+    println!("{}", topo::render_matrix(&t));
+    if t.gpus.len() > 1 {
+        for m in [
+            P2pMatrix::Read,
+            P2pMatrix::Write,
+            P2pMatrix::NvLink,
+            P2pMatrix::Atomics,
+            P2pMatrix::Cuda,
+        ] {
+            println!("{}", topo::render_p2p_matrix(&t, m));
+        }
+        println!("Legend: OK = supported; NS = not supported; CNS = chipset not supported; GNS = GPU not\n\
+                  supported; TNS = topology not supported; DR = disabled by regkey; - = unknown.\n");
+    }
+    println!("{}", topo::render_links(&t));
+    if t.gpus.len() > 1 {
+        println!("{}", topo::render_paths(&t));
+    } else {
+        println!("One GPU: no paths between GPUs.");
+    }
+    ExitCode::SUCCESS
+}
+
+fn doctor_cmd(json: bool, functional: bool) -> ExitCode {
+    let report = doctor::run(functional);
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        );
+    } else {
+        print!("{}", report.render());
+    }
+    if report.worst() == Status::Fail {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
     }
 }

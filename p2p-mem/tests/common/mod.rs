@@ -1,5 +1,5 @@
 //! Helpers shared by the integration tests: random data, GPU gating, and running a role of a
-//! test in a second process (the test executable re-runs itself with `P2P_TEST_ROLE` set).
+//! test in a second process (the test executable re-runs itself with `P2PTEST_ROLE` set).
 #![allow(dead_code)]
 
 use std::path::Path;
@@ -51,7 +51,7 @@ pub fn gpus(n: usize) -> Vec<Device> {
 
 /// The role this process plays, when it is a child started by `spawn_role`.
 pub fn role() -> Option<String> {
-    std::env::var("P2P_TEST_ROLE").ok()
+    std::env::var("P2PTEST_ROLE").ok()
 }
 
 /// An environment variable a child was given.
@@ -70,8 +70,8 @@ pub fn spawn_role(test_name: &str, role: &str, socket: &Path, env: &[(&str, Stri
         "--nocapture",
         "--test-threads=1",
     ])
-    .env("P2P_TEST_ROLE", role)
-    .env("P2P_TEST_SOCKET", socket)
+    .env("P2PTEST_ROLE", role)
+    .env("P2PTEST_SOCKET", socket)
     // The child's own `test result` line must not mix into the parent's summary;
     // its panics and diagnostics go to stderr, which stays visible.
     .stdout(std::process::Stdio::null());

@@ -1,0 +1,431 @@
+//! Configuration: built in code, or read from `P2P_*` environment variables.
+//!
+//! Every variable, its values and its default:
+//!
+//! | variable | values | default | effect |
+//! | --- | --- | --- | --- |
+//! | `P2P_DISABLE` | `0`/`1` (also `true`/`false`, `yes`/`no`, `on`/`off`) | `0` | never use direct P2P between GPUs; go host-staged |
+//! | `P2P_LEVEL` | `LOC`, `NVL`, `PIX`, `PXB`, `PHB`, `SYS` | `SYS` | the farthest path class over which P2P is used: `NVL` = NVLink only, `PIX` = one PCIe switch, ... `SYS` = any; `LOC` = never across GPUs |
+//! | `P2P_READ` | `on`, `off`, `auto` | `auto` | receiver pulls (read) instead of sender pushes (write); `auto` picks per path |
+//! | `P2P_DIRECT_DISABLE` | boolean | `0` | within one process, share memory through IPC handles instead of plain pointers |
+//! | `P2P_USE_COPY_ENGINE` | boolean | `0` | move bulk data with the copy engines instead of SM kernels |
+//! | `P2P_CUMEM` | boolean | `1` | between processes, share cuMem allocations (fds) rather than legacy IPC handles |
+//! | `P2P_INTERMEDIATE` | boolean | `1` | relay through a third GPU where two have no direct P2P |
+//! | `P2P_DEBUG` | `off`, `error`, `warn`, `info`, `debug`, `trace` | `warn` | how much `tracing` output the tools print |
+//! | `P2P_DEBUG_SUBSYS` | comma list of `all`, `mem`, `topo`, `config`, `transport`, `doctor`, `coll` | `all` | which parts log at `P2P_DEBUG` level |
+//!
+//! Nothing is silently ignored: a bad value is an error naming the variable, the value and what
+//! is accepted, and so is an unknown `P2P_*` variable (a typo such as `P2P_LEVLE` would otherwise
+//! do nothing).
+//!
+//! ```
+//! use p2p_transport::config::{Config, PathLevel};
+//! let vars = [("P2P_LEVEL", "NVL"), ("P2P_USE_COPY_ENGINE", "1")];
+//! let cfg = Config::from_vars(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())))?;
+//! assert_eq!(cfg.p2p_level, PathLevel::Nvl);
+//! assert!(cfg.use_copy_engine);
+//! # Ok::<(), p2p_transport::config::ConfigError>(())
+//! ```
+
+use serde::{Deserialize, Serialize};
+
+/// How far apart two GPUs may be for direct P2P, in the order NCCL uses (nearest first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum PathLevel {
+    /// The same GPU only: never P2P across GPUs.
+    Loc,
+    /// Over NVLink (directly or through NVSwitch).
+    Nvl,
+    /// Through at most one PCIe switch.
+    Pix,
+    /// Through several PCIe switches, without the host bridge.
+    Pxb,
+    /// Through a PCIe host bridge (the CPU's root complex).
+    Phb,
+    /// Between host bridges of one NUMA node.
+    Node,
+    /// Across NUMA nodes (the SMP interconnect).
+    Sys,
+}
+
+impl PathLevel {
+    /// The names `nvidia-smi topo -m` and `P2P_LEVEL` use.
+    pub const NAMES: [(&'static str, PathLevel); 7] = [
+        ("LOC", PathLevel::Loc),
+        ("NVL", PathLevel::Nvl),
+        ("PIX", PathLevel::Pix),
+        ("PXB", PathLevel::Pxb),
+        ("PHB", PathLevel::Phb),
+        ("NODE", PathLevel::Node),
+        ("SYS", PathLevel::Sys),
+    ];
+
+    /// The short name, e.g. `PHB`.
+    pub fn name(self) -> &'static str {
+        Self::NAMES
+            .iter()
+            .find(|(_, l)| *l == self)
+            .map(|(n, _)| *n)
+            .unwrap_or("?")
+    }
+}
+
+impl std::fmt::Display for PathLevel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// On, off, or chosen per path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Switch {
+    /// Always.
+    On,
+    /// Never.
+    Off,
+    /// Decided per path from the topology.
+    Auto,
+}
+
+/// Logging verbosity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum DebugLevel {
+    /// Nothing.
+    Off,
+    /// Errors only.
+    Error,
+    /// Warnings and errors.
+    Warn,
+    /// Mode decisions and other notable events.
+    Info,
+    /// Details of every step.
+    Debug,
+    /// Everything.
+    Trace,
+}
+
+impl DebugLevel {
+    fn name(self) -> &'static str {
+        match self {
+            DebugLevel::Off => "off",
+            DebugLevel::Error => "error",
+            DebugLevel::Warn => "warn",
+            DebugLevel::Info => "info",
+            DebugLevel::Debug => "debug",
+            DebugLevel::Trace => "trace",
+        }
+    }
+}
+
+/// The parts of p2p that log, as `P2P_DEBUG_SUBSYS` names them.
+pub const SUBSYSTEMS: [(&str, &str); 6] = [
+    ("mem", "p2p_mem"),
+    ("topo", "p2p_transport::topo"),
+    ("config", "p2p_transport::config"),
+    ("transport", "p2p_transport"),
+    ("doctor", "p2p_transport::doctor"),
+    ("coll", "p2p_collective"),
+];
+
+/// The p2p configuration. `Config::default()` is what an empty environment gives.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Config {
+    /// `P2P_DISABLE`: no direct P2P between GPUs at all.
+    pub p2p_disable: bool,
+    /// `P2P_LEVEL`: the farthest path class over which P2P is used.
+    pub p2p_level: PathLevel,
+    /// `P2P_READ`: read (pull) or write (push) mode.
+    pub read: Switch,
+    /// `P2P_DIRECT_DISABLE`: no plain-pointer sharing within a process.
+    pub direct_disable: bool,
+    /// `P2P_USE_COPY_ENGINE`: copy engines instead of SM kernels.
+    pub use_copy_engine: bool,
+    /// `P2P_CUMEM`: cuMem fd sharing between processes where supported.
+    pub cumem: bool,
+    /// `P2P_INTERMEDIATE`: relay through a third GPU where needed.
+    pub intermediate: bool,
+    /// `P2P_DEBUG`: log verbosity.
+    pub debug: DebugLevel,
+    /// `P2P_DEBUG_SUBSYS`: which subsystems log at `debug` level (empty = all).
+    pub debug_subsystems: Vec<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            p2p_disable: false,
+            p2p_level: PathLevel::Sys,
+            read: Switch::Auto,
+            direct_disable: false,
+            use_copy_engine: false,
+            cumem: true,
+            intermediate: true,
+            debug: DebugLevel::Warn,
+            debug_subsystems: Vec::new(),
+        }
+    }
+}
+
+/// A configuration variable that could not be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The value is not one of those accepted.
+    #[error("{variable}={value:?} is not valid: accepted values are {accepted}")]
+    Invalid {
+        /// The variable.
+        variable: String,
+        /// The value given.
+        value: String,
+        /// What would have been accepted.
+        accepted: String,
+    },
+    /// A `P2P_*` variable that p2p does not know.
+    #[error("{variable} is not a p2p setting (a typo?); the settings are: {known}")]
+    Unknown {
+        /// The variable.
+        variable: String,
+        /// Every known variable.
+        known: String,
+    },
+}
+
+/// Every variable `Config` reads.
+pub const VARIABLES: [&str; 9] = [
+    "P2P_DISABLE",
+    "P2P_LEVEL",
+    "P2P_READ",
+    "P2P_DIRECT_DISABLE",
+    "P2P_USE_COPY_ENGINE",
+    "P2P_CUMEM",
+    "P2P_INTERMEDIATE",
+    "P2P_DEBUG",
+    "P2P_DEBUG_SUBSYS",
+];
+
+fn invalid(variable: &str, value: &str, accepted: &str) -> ConfigError {
+    ConfigError::Invalid {
+        variable: variable.into(),
+        value: value.into(),
+        accepted: accepted.into(),
+    }
+}
+
+fn parse_bool(variable: &str, value: &str) -> Result<bool, ConfigError> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(invalid(
+            variable,
+            value,
+            "0, 1, true, false, yes, no, on, off",
+        )),
+    }
+}
+
+fn parse_choice<T: Copy>(
+    variable: &str,
+    value: &str,
+    choices: &[(&str, T)],
+) -> Result<T, ConfigError> {
+    let v = value.trim();
+    choices
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case(v))
+        .map(|(_, t)| *t)
+        .ok_or_else(|| {
+            invalid(
+                variable,
+                value,
+                &choices
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            )
+        })
+}
+
+impl Config {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        Self::from_vars(std::env::vars_os().filter_map(|(k, v)| {
+            Some((k.into_string().ok()?, v.into_string().unwrap_or_default()))
+        }))
+    }
+
+    /// Reads `(name, value)` pairs; names not starting with `P2P_` are ignored.
+    pub fn from_vars(
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let mut cfg = Config::default();
+        for (name, value) in vars {
+            if !name.starts_with("P2P_") {
+                continue;
+            }
+            match name.as_str() {
+                "P2P_DISABLE" => cfg.p2p_disable = parse_bool(&name, &value)?,
+                "P2P_LEVEL" => cfg.p2p_level = parse_choice(&name, &value, &PathLevel::NAMES)?,
+                "P2P_READ" => {
+                    cfg.read = parse_choice(
+                        &name,
+                        &value,
+                        &[
+                            ("on", Switch::On),
+                            ("off", Switch::Off),
+                            ("auto", Switch::Auto),
+                        ],
+                    )?
+                }
+                "P2P_DIRECT_DISABLE" => cfg.direct_disable = parse_bool(&name, &value)?,
+                "P2P_USE_COPY_ENGINE" => cfg.use_copy_engine = parse_bool(&name, &value)?,
+                "P2P_CUMEM" => cfg.cumem = parse_bool(&name, &value)?,
+                "P2P_INTERMEDIATE" => cfg.intermediate = parse_bool(&name, &value)?,
+                "P2P_DEBUG" => {
+                    let levels = [
+                        DebugLevel::Off,
+                        DebugLevel::Error,
+                        DebugLevel::Warn,
+                        DebugLevel::Info,
+                        DebugLevel::Debug,
+                        DebugLevel::Trace,
+                    ];
+                    let choices: Vec<(&str, DebugLevel)> =
+                        levels.iter().map(|l| (l.name(), *l)).collect();
+                    cfg.debug = parse_choice(&name, &value, &choices)?
+                }
+                "P2P_DEBUG_SUBSYS" => cfg.debug_subsystems = parse_subsystems(&name, &value)?,
+                _ => {
+                    return Err(ConfigError::Unknown {
+                        variable: name,
+                        known: VARIABLES.join(", "),
+                    })
+                }
+            }
+        }
+        Ok(cfg)
+    }
+
+    /// A `tracing` filter directive for this configuration, e.g. `warn,p2p_mem=debug`.
+    pub fn tracing_filter(&self) -> String {
+        let level = self.debug.name();
+        if self.debug_subsystems.is_empty() {
+            return format!(
+                "warn,p2p_sys={level},p2p_mem={level},p2p_transport={level},p2p_collective={level}"
+            );
+        }
+        let mut f = String::from("warn");
+        for s in &self.debug_subsystems {
+            if let Some((_, target)) = SUBSYSTEMS.iter().find(|(n, _)| n == s) {
+                f += &format!(",{target}={level}");
+            }
+        }
+        f
+    }
+}
+
+fn parse_subsystems(variable: &str, value: &str) -> Result<Vec<String>, ConfigError> {
+    let mut out = Vec::new();
+    for part in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let part = part.to_ascii_lowercase();
+        if part == "all" {
+            return Ok(Vec::new());
+        }
+        if !SUBSYSTEMS.iter().any(|(n, _)| *n == part) {
+            let accepted: Vec<&str> = std::iter::once("all")
+                .chain(SUBSYSTEMS.iter().map(|(n, _)| *n))
+                .collect();
+            return Err(invalid(
+                variable,
+                value,
+                &format!("a comma list of {}", accepted.join(", ")),
+            ));
+        }
+        out.push(part);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        Config::from_vars(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+    }
+
+    #[test]
+    fn an_empty_environment_gives_the_defaults() {
+        assert_eq!(
+            cfg(&[("PATH", "/bin"), ("NCCL_P2P_LEVEL", "NVL")]),
+            Ok(Config::default())
+        );
+    }
+
+    #[test]
+    fn every_variable_is_read() {
+        let c = cfg(&[
+            ("P2P_DISABLE", "yes"),
+            ("P2P_LEVEL", "pxb"),
+            ("P2P_READ", "ON"),
+            ("P2P_DIRECT_DISABLE", "1"),
+            ("P2P_USE_COPY_ENGINE", "true"),
+            ("P2P_CUMEM", "0"),
+            ("P2P_INTERMEDIATE", "off"),
+            ("P2P_DEBUG", "debug"),
+            ("P2P_DEBUG_SUBSYS", "mem, topo"),
+        ])
+        .expect("valid");
+        assert!(c.p2p_disable && c.direct_disable && c.use_copy_engine);
+        assert!(!c.cumem && !c.intermediate);
+        assert_eq!(
+            (c.p2p_level, c.read, c.debug),
+            (PathLevel::Pxb, Switch::On, DebugLevel::Debug)
+        );
+        assert_eq!(c.debug_subsystems, ["mem", "topo"]);
+        assert_eq!(
+            c.tracing_filter(),
+            "warn,p2p_mem=debug,p2p_transport::topo=debug"
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_variable_the_value_and_the_choices() {
+        let e = cfg(&[("P2P_LEVEL", "NVLINK")]).expect_err("invalid");
+        assert_eq!(e.to_string(), "P2P_LEVEL=\"NVLINK\" is not valid: accepted values are LOC, NVL, PIX, PXB, PHB, NODE, SYS");
+        let e = cfg(&[("P2P_DISABLE", "maybe")]).expect_err("invalid");
+        assert!(
+            e.to_string()
+                .starts_with("P2P_DISABLE=\"maybe\" is not valid: accepted values are 0, 1"),
+            "{e}"
+        );
+        let e = cfg(&[("P2P_READ", "")]).expect_err("invalid");
+        assert!(matches!(e, ConfigError::Invalid { ref variable, .. } if variable == "P2P_READ"));
+        let e = cfg(&[("P2P_DEBUG_SUBSYS", "mem,net")]).expect_err("invalid");
+        assert!(
+            e.to_string().contains("a comma list of all, mem, topo"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn unknown_p2p_variables_are_errors_not_ignored() {
+        let e = cfg(&[("P2P_LEVLE", "NVL")]).expect_err("typo");
+        assert!(matches!(&e, ConfigError::Unknown { variable, .. } if variable == "P2P_LEVLE"));
+        assert!(e.to_string().contains("P2P_LEVEL"), "{e}");
+    }
+
+    #[test]
+    fn levels_are_ordered_nearest_first() {
+        assert!(PathLevel::Loc < PathLevel::Nvl && PathLevel::Nvl < PathLevel::Pix);
+        assert!(PathLevel::Phb < PathLevel::Node && PathLevel::Node < PathLevel::Sys);
+        assert_eq!(PathLevel::Node.to_string(), "NODE");
+        assert_eq!(
+            cfg(&[("P2P_DEBUG_SUBSYS", "all")])
+                .map(|c| c.tracing_filter())
+                .ok()
+                .map(|f| f.contains("p2p_mem=warn")),
+            Some(true)
+        );
+    }
+}

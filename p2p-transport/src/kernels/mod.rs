@@ -1,0 +1,221 @@
+//! CUDA C++ kernels, compiled by NVRTC for the device's own architecture at run time.
+//!
+//! Sources live beside this file and are embedded with `include_str!`, so the crate needs no
+//! CUDA at build time. [`compile`] turns one into a cubin for an `sm_XY` target; [`Module`]
+//! loads a cubin into a device's context and launches its functions. There is no global cache:
+//! whoever launches kernels holds its `Module`s (one per device) and reuses them.
+//!
+//! Every source is compiled for sm_80 and sm_90 in CI with libnvrtc from PyPI, so a kernel that
+//! does not compile fails CI without a GPU (`tests/kernels.rs`).
+
+use std::ffi::{c_void, CString};
+
+use p2p_mem::Device;
+use p2p_sys::{check_nvrtc, cu, cuda, nvrtc, Library};
+
+use crate::error::{Error, Result};
+
+/// A kernel source: its name and CUDA C++ text.
+#[derive(Debug, Clone, Copy)]
+pub struct Source {
+    /// File name, used in error messages.
+    pub name: &'static str,
+    /// The CUDA C++ code.
+    pub code: &'static str,
+}
+
+/// The doctor's functional test: `p2p_fill` and `p2p_copy` with 16-byte vector accesses.
+pub const PROBE: Source = Source {
+    name: "probe.cu",
+    code: include_str!("probe.cu"),
+};
+
+/// Every kernel source in the crate (CI compiles each for sm_80 and sm_90).
+pub const SOURCES: [Source; 1] = [PROBE];
+
+/// `sm_90` for compute capability 9.0.
+pub fn arch_for(device: &Device) -> String {
+    let (major, minor) = device.compute_capability();
+    format!("sm_{major}{minor}")
+}
+
+/// Compiles `source` to a cubin for `arch` (e.g. `sm_90`). Needs libnvrtc, but no GPU.
+pub fn compile(source: &Source, arch: &str) -> Result<Vec<u8>> {
+    p2p_sys::probe::require(Library::Nvrtc)?;
+    let code = CString::new(source.code)
+        .map_err(|_| compile_error(source, arch, "source contains a NUL byte"))?;
+    let name = CString::new(source.name)
+        .map_err(|_| compile_error(source, arch, "name contains a NUL byte"))?;
+    let mut prog: nvrtc::nvrtcProgram = std::ptr::null_mut();
+    // SAFETY: libnvrtc is loaded; the strings are NUL-terminated and outlive the call.
+    check_nvrtc("nvrtcCreateProgram", unsafe {
+        nvrtc::nvrtcCreateProgram(
+            &mut prog,
+            code.as_ptr(),
+            name.as_ptr(),
+            0,
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    })?;
+    let program = Program(prog);
+    let opts: Vec<CString> = [
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".into(),
+        "-default-device".into(),
+    ]
+    .into_iter()
+    .filter_map(|o| CString::new(o).ok())
+    .collect();
+    let opt_ptrs: Vec<*const std::ffi::c_char> = opts.iter().map(|o| o.as_ptr()).collect();
+    // SAFETY: the program is live; `opt_ptrs` holds `len` NUL-terminated strings that outlive the call.
+    let compiled =
+        unsafe { nvrtc::nvrtcCompileProgram(program.0, opt_ptrs.len() as i32, opt_ptrs.as_ptr()) };
+    if compiled != nvrtc::nvrtcResult::NVRTC_SUCCESS {
+        return Err(compile_error(source, arch, &program.log()));
+    }
+    let mut size = 0;
+    // SAFETY: the program compiled; `size` is an out-pointer.
+    check_nvrtc("nvrtcGetCUBINSize", unsafe {
+        nvrtc::nvrtcGetCUBINSize(program.0, &mut size)
+    })?;
+    let mut cubin = vec![0u8; size];
+    // SAFETY: `cubin` has the size NVRTC reported.
+    check_nvrtc("nvrtcGetCUBIN", unsafe {
+        nvrtc::nvrtcGetCUBIN(program.0, cubin.as_mut_ptr().cast())
+    })?;
+    Ok(cubin)
+}
+
+fn compile_error(source: &Source, arch: &str, log: &str) -> Error {
+    Error::Compile {
+        kernel: source.name.into(),
+        arch: arch.into(),
+        log: log.into(),
+    }
+}
+
+/// An NVRTC program, destroyed on `Drop`.
+struct Program(nvrtc::nvrtcProgram);
+
+impl Program {
+    fn log(&self) -> String {
+        let mut size = 0;
+        // SAFETY: the program is live; `size` is an out-pointer.
+        if unsafe { nvrtc::nvrtcGetProgramLogSize(self.0, &mut size) }
+            != nvrtc::nvrtcResult::NVRTC_SUCCESS
+        {
+            return "(no log)".into();
+        }
+        let mut log = vec![0u8; size];
+        // SAFETY: `log` has the size NVRTC reported.
+        unsafe { nvrtc::nvrtcGetProgramLog(self.0, log.as_mut_ptr().cast()) };
+        String::from_utf8_lossy(&log)
+            .trim_end_matches('\0')
+            .trim()
+            .to_string()
+    }
+}
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        // SAFETY: created by nvrtcCreateProgram and destroyed once.
+        unsafe { nvrtc::nvrtcDestroyProgram(&mut self.0) };
+    }
+}
+
+/// A cubin loaded into one device's context; unloaded on `Drop`.
+pub struct Module {
+    device: Device,
+    raw: cuda::CUmodule,
+}
+
+// SAFETY: a CUmodule may be used from any thread; each use binds the device first.
+unsafe impl Send for Module {}
+// SAFETY: as above; the handle is never mutated.
+unsafe impl Sync for Module {}
+
+impl Module {
+    /// Compiles `source` for `device`'s architecture and loads it.
+    pub fn build(device: &Device, source: &Source) -> Result<Module> {
+        let arch = arch_for(device);
+        let cubin = compile(source, &arch)?;
+        tracing::debug!(device = device.ordinal(), kernel = source.name, %arch, bytes = cubin.len(), "compiled a kernel");
+        Self::load(device, &cubin)
+    }
+
+    /// Loads a cubin into `device`'s context.
+    pub fn load(device: &Device, cubin: &[u8]) -> Result<Module> {
+        device.bind_to_thread()?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: a context is current; `cubin` is a complete image that outlives the call.
+        unsafe { cu!(cuModuleLoadData(&mut raw, cubin.as_ptr().cast())) }
+            .map_err(|e| on(device, e))?;
+        Ok(Module {
+            device: device.clone(),
+            raw,
+        })
+    }
+
+    /// Launches `function` on the legacy default stream and waits for it.
+    ///
+    /// # Safety
+    /// `params` must match the kernel's parameters in number, order and type, and every device
+    /// pointer among them must be valid for what the kernel accesses.
+    pub unsafe fn launch_sync(
+        &self,
+        function: &str,
+        grid: u32,
+        block: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        self.device.bind_to_thread()?;
+        let name = CString::new(function)
+            .map_err(|_| p2p_mem::Error::InvalidArgument(format!("kernel name {function:?}")))?;
+        let mut f = std::ptr::null_mut();
+        // SAFETY: the module is loaded; `name` is NUL-terminated.
+        unsafe { cu!(cuModuleGetFunction(&mut f, self.raw, name.as_ptr())) }
+            .map_err(|e| on(&self.device, e))?;
+        // SAFETY: the caller guarantees `params`; dimensions are plain numbers.
+        unsafe {
+            cu!(cuLaunchKernel(
+                f,
+                grid,
+                1,
+                1,
+                block,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut()
+            ))
+        }
+        .map_err(|e| on(&self.device, e))?;
+        Ok(self.device.synchronize()?)
+    }
+}
+
+fn on(device: &Device, source: p2p_sys::Error) -> Error {
+    Error::Mem(p2p_mem::Error::Cuda {
+        device: device.ordinal(),
+        source,
+    })
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        let _ = self.device.bind_to_thread();
+        // SAFETY: loaded by cuModuleLoadData and unloaded once.
+        if let Err(e) = unsafe { cu!(cuModuleUnload(self.raw)) } {
+            tracing::error!(device = self.device.ordinal(), "unloading a module: {e}");
+        }
+    }
+}
+
+/// The host's copy of `p2p_pattern` in `probe.cu`, for checking what the kernel wrote.
+pub fn probe_pattern(i: u64, seed: u32) -> [u32; 4] {
+    let v = seed ^ (i.wrapping_mul(2_654_435_761) as u32);
+    [v, v.wrapping_add(1), v ^ 0x5a5a_5a5a, !v]
+}

@@ -1,0 +1,204 @@
+//! The path model on every recorded or modelled machine in `fixtures/`. Runs in CI (no GPU).
+
+use p2p_transport::topo::{
+    render_matrix, render_p2p_matrix, render_paths, Connection, P2pMatrix, PathLevel, Topology,
+};
+
+fn load(name: &str) -> Topology {
+    let path = format!("{}/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let t = Topology::from_json(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
+    // Every fixture survives a round trip unchanged.
+    assert_eq!(
+        Topology::from_json(&t.to_json()).as_ref(),
+        Ok(&t),
+        "{name} round trip"
+    );
+    t
+}
+
+#[test]
+fn h200_pair_recorded_on_the_machine() {
+    let t = load("h200x2-nv18.json");
+    assert_eq!(t.gpus.len(), 2);
+    assert!(
+        t.source.starts_with("recorded by p2p-bench"),
+        "{}",
+        t.source
+    );
+    for (a, b) in [(0, 1), (1, 0)] {
+        let p = t.path(a, b);
+        assert_eq!(
+            p.connection,
+            Connection::NvLink {
+                links: 18,
+                generation: 4
+            },
+            "{a} -> {b}"
+        );
+        assert_eq!(
+            (p.level, p.hops, p.p2p, p.via),
+            (PathLevel::Nvl, 1, true, None)
+        );
+        assert!((p.bandwidth_gbps - 478.125).abs() < 1e-9);
+    }
+    let m = render_matrix(&t);
+    assert!(
+        m.lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with("GPU0") && l.contains("NV18")),
+        "{m}"
+    );
+}
+
+#[test]
+fn dgx_h100_every_pair_through_nvswitch() {
+    let t = load("dgx-h100-8gpu-nvswitch.json");
+    let paths = t.paths();
+    assert_eq!(paths.len(), 56);
+    for p in &paths {
+        assert_eq!(
+            p.connection,
+            Connection::NvSwitch {
+                links: 18,
+                generation: 4
+            },
+            "{} -> {}",
+            p.from,
+            p.to
+        );
+        assert_eq!(
+            (p.level, p.hops, p.p2p, p.via),
+            (PathLevel::Nvl, 2, true, None)
+        );
+        assert!((p.bandwidth_gbps - 478.125).abs() < 1e-9);
+    }
+    // nvidia-smi prints NV18 for every pair on an NVSwitch system.
+    assert_eq!(render_matrix(&t).matches("NV18").count(), 56);
+}
+
+#[test]
+fn a100_pcie_p2p_within_a_socket_only() {
+    let t = load("a100-pcie-4gpu-2socket.json");
+    let p = t.path(0, 1);
+    assert_eq!(
+        (p.connection, p.p2p, p.via),
+        (Connection::Pcie(PathLevel::Pix), true, None)
+    );
+    assert!(
+        (p.bandwidth_gbps - 31.504).abs() < 0.01,
+        "{}",
+        p.bandwidth_gbps
+    );
+    assert_eq!(t.path(2, 3).level, PathLevel::Pix);
+    let p = t.path(0, 2);
+    assert_eq!(
+        (p.connection, p.p2p),
+        (Connection::Pcie(PathLevel::Sys), false)
+    );
+    // No GPU has P2P to both sides: host-staged, no intermediate.
+    assert_eq!(p.via, None);
+    assert!(
+        p.reason.contains("cuDeviceCanAccessPeer = 0"),
+        "{}",
+        p.reason
+    );
+    assert!(p.bandwidth_gbps < t.path(0, 1).bandwidth_gbps);
+    let m = render_matrix(&t);
+    assert!(m.contains("PIX") && m.contains("SYS"), "{m}");
+    let cuda = render_p2p_matrix(&t, P2pMatrix::Cuda);
+    assert_eq!(cuda.matches("OK").count(), 4, "{cuda}");
+    assert_eq!(
+        render_p2p_matrix(&t, P2pMatrix::Read)
+            .matches("CNS")
+            .count(),
+        8
+    );
+}
+
+#[test]
+fn nvlink_ring_relays_opposite_gpus_through_the_widest_neighbour() {
+    let t = load("ring-4gpu-nvlink.json");
+    let p = t.path(0, 1);
+    assert_eq!(
+        (p.connection, p.hops, p.p2p),
+        (
+            Connection::NvLink {
+                links: 6,
+                generation: 3
+            },
+            1,
+            true
+        )
+    );
+    assert_eq!(p.bandwidth_gbps, 150.0);
+    assert_eq!(
+        t.path(3, 0).connection,
+        Connection::NvLink {
+            links: 4,
+            generation: 3
+        }
+    );
+    // 0 and 2 share no link: via 1 (6 + 6 links) beats via 3 (4 + 4 links).
+    let p = t.path(0, 2);
+    assert_eq!(
+        (p.connection, p.p2p, p.via, p.hops),
+        (Connection::Pcie(PathLevel::Sys), false, Some(1), 2)
+    );
+    assert_eq!(p.bandwidth_gbps, 150.0);
+    assert_eq!(t.path(2, 0).via, Some(1));
+    // 1 -> 3: via 0 and via 2 are both limited by a 4-link leg: the tie goes to the lower index.
+    let p = t.path(1, 3);
+    assert_eq!((p.via, p.bandwidth_gbps), (Some(0), 100.0));
+    let text = render_paths(&t);
+    assert!(
+        text.contains(
+            "GPU0 -> GPU2   SYS       2      150.0  no          GPU1   cuDeviceCanAccessPeer = 0"
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn consumer_gpus_have_no_p2p_and_say_why() {
+    let t = load("consumer-2gpu-no-p2p.json");
+    let p = t.path(0, 1);
+    assert_eq!(
+        (p.connection, p.p2p, p.via, p.hops),
+        (Connection::Pcie(PathLevel::Phb), false, None, 4)
+    );
+    assert!(
+        p.reason.contains("consumer GPUs usually have P2P disabled"),
+        "{}",
+        p.reason
+    );
+}
+
+#[test]
+fn a_single_gpu_has_no_paths() {
+    let t = load("single-h100.json");
+    assert!(t.paths().is_empty());
+    let m = render_matrix(&t);
+    assert_eq!(m.lines().filter(|l| l.starts_with("GPU")).count(), 1, "{m}");
+    assert!(m.lines().nth(1).is_some_and(|l| l.contains(" X")), "{m}");
+}
+
+#[test]
+fn malformed_topologies_are_rejected() {
+    let t = load("single-h100.json");
+    let mut bad = t.clone();
+    bad.format = 99;
+    assert!(Topology::from_json(&bad.to_json()).is_err_and(|e| e.contains("format 99")));
+    let mut bad = t.clone();
+    bad.gpus[0].index = 3;
+    assert!(Topology::from_json(&bad.to_json()).is_err());
+    assert!(
+        Topology::from_json("{\"format\": 1}").is_err_and(|e| e.starts_with("not a p2p topology"))
+    );
+    let mut ring = load("ring-4gpu-nvlink.json");
+    ring.gpus.truncate(2);
+    assert!(
+        Topology::from_json(&ring.to_json()).is_err(),
+        "links to GPUs that are not there"
+    );
+}
