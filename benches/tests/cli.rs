@@ -3,7 +3,10 @@
 use std::process::Command;
 
 fn p2p_bench(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_p2p-bench"));
+    // The bundle's run.sh points these at its own copies (no build tree on GPU machines).
+    let exe = std::env::var("P2PTEST_BENCH_EXE")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_p2p-bench").into());
+    let mut cmd = Command::new(exe);
     cmd.args(args);
     for (k, v) in env {
         cmd.env(k, v);

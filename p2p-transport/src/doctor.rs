@@ -402,24 +402,32 @@ pub fn check_container(proc_status: &str, cgroup: &str, marker_file: bool) -> Fi
     }
 }
 
-/// The open-file limit: cuMem sharing uses one fd per allocation and peer.
+/// The open-file limit. cuMem sharing turns each allocation into an fd per peer while handles
+/// are exchanged (they are closed once imported), so a few thousand is plenty; 1024, a common
+/// default, runs out with many buffers and peers.
 pub fn check_fd_limit(soft: u64, hard: u64) -> Finding {
     let evidence = format!("open-file limit {soft} (hard {hard})");
-    if soft < 1024 {
+    let fix = if soft < hard {
+        format!("ulimit -n {}", hard.min(1_048_576))
+    } else {
+        "raise the hard limit (limits.conf, systemd LimitNOFILE, or docker --ulimit nofile=65536)"
+            .to_string()
+    };
+    if soft < 256 {
         finding(
             "fd-limit",
             "system",
             Status::Fail,
-            evidence,
-            format!("raise it: ulimit -n {}", hard.min(65_536)),
+            format!("{evidence}: too low to exchange cuMem handles"),
+            fix,
         )
-    } else if soft < 65_536 {
+    } else if soft < 4096 {
         finding(
             "fd-limit",
             "system",
             Status::Warn,
-            format!("{evidence}: low for many cuMem handles"),
-            format!("ulimit -n {}", hard.min(1_048_576).max(soft)),
+            format!("{evidence}: low for exchanging many cuMem handles"),
+            fix,
         )
     } else {
         finding("fd-limit", "system", Status::Ok, evidence, "")
@@ -842,11 +850,13 @@ mod tests {
 
     #[test]
     fn fd_limits_have_three_bands() {
-        assert_eq!(check_fd_limit(256, 4096).status, Status::Fail);
+        assert_eq!(check_fd_limit(100, 4096).status, Status::Fail);
         let f = check_fd_limit(1024, 1_048_576);
         assert_eq!(f.status, Status::Warn);
         assert_eq!(f.fix, "ulimit -n 1048576");
-        assert_eq!(check_fd_limit(1 << 20, 1 << 20).status, Status::Ok);
+        // When soft == hard, ulimit cannot help: say what can.
+        assert!(check_fd_limit(1024, 1024).fix.contains("hard limit"));
+        assert_eq!(check_fd_limit(20_000, 20_000).status, Status::Ok);
     }
 
     #[test]

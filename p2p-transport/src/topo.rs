@@ -113,6 +113,9 @@ pub enum Remote {
     NvSwitch,
     /// Something else (a CPU with NVLink-C2C, or unknown).
     Other,
+    /// NVML did not report the far end (some VMs mask it as `ffffffff:ff:ff.0`); the path
+    /// model infers it from NVML's per-pair NVLink P2P status.
+    Unresolved,
 }
 
 /// What CUDA and NVML say about one ordered pair.
@@ -382,7 +385,36 @@ impl Topology {
                 generation,
             };
         }
+        if let Some(links) = self.inferred_links(a, b) {
+            let generation = ga.nvlinks.iter().map(|l| l.generation).max().unwrap_or(0);
+            return Connection::NvLink { links, generation };
+        }
         Connection::Pcie(pcie_class(ga, gb).0)
+    }
+
+    /// Whether NVML says `a` and `b` can do P2P over NVLink.
+    fn nvml_nvlink_ok(&self, a: usize, b: usize) -> bool {
+        self.pair(a, b)
+            .and_then(|p| p.nvml.as_ref())
+            .is_some_and(|n| n.nvlink == "OK")
+    }
+
+    /// Links to `b` among `a`'s links whose far end NVML did not report: all of them when `b` is
+    /// `a`'s only NVLink peer by NVML's P2P status, otherwise an even share (an estimate).
+    fn inferred_links(&self, a: usize, b: usize) -> Option<u32> {
+        let unresolved = self.gpus[a]
+            .nvlinks
+            .iter()
+            .filter(|l| l.remote == Remote::Unresolved)
+            .count() as u32;
+        if unresolved == 0 || !self.nvml_nvlink_ok(a, b) {
+            return None;
+        }
+        let peers = (0..self.gpus.len())
+            .filter(|&c| c != a && self.nvml_nvlink_ok(a, c))
+            .count()
+            .max(1) as u32;
+        Some((unresolved / peers).max(1))
     }
 
     /// Estimated one-way bandwidth and hops of the direct connection between `a` and `b`.

@@ -5,7 +5,10 @@ use p2p_transport::topo::{
 };
 
 fn load(name: &str) -> Topology {
-    let path = format!("{}/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+    // The bundle's run.sh points here at its copy of the fixtures (no source tree on GPU machines).
+    let dir = std::env::var("P2PTEST_FIXTURES")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures").into());
+    let path = format!("{dir}/{name}");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let t = Topology::from_json(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
     // Every fixture survives a round trip unchanged.
@@ -201,4 +204,35 @@ fn malformed_topologies_are_rejected() {
         Topology::from_json(&ring.to_json()).is_err(),
         "links to GPUs that are not there"
     );
+}
+
+#[test]
+fn unreported_nvlink_ends_are_inferred_from_nvml() {
+    use p2p_transport::topo::Remote;
+    // The ring with every far end hidden, as some VMs report it: GPU0 has 10 links and NVML says
+    // NVLink P2P is OK to GPU1 and GPU3, so each gets an even share (an estimate).
+    let mut t = load("ring-4gpu-nvlink.json");
+    for g in &mut t.gpus {
+        for l in &mut g.nvlinks {
+            l.remote = Remote::Unresolved;
+            l.remote_bus_id = "ffffffff:ff:ff.0".into();
+        }
+    }
+    assert_eq!(
+        t.connection(0, 1),
+        Connection::NvLink {
+            links: 5,
+            generation: 3
+        }
+    );
+    assert_eq!(
+        t.connection(0, 3),
+        Connection::NvLink {
+            links: 5,
+            generation: 3
+        }
+    );
+    // NVML reports no NVLink P2P between opposite GPUs: still PCIe, still relayed.
+    assert_eq!(t.connection(0, 2), Connection::Pcie(PathLevel::Sys));
+    assert_eq!(t.path(0, 2).via, Some(1));
 }

@@ -159,6 +159,17 @@ fn bundle() -> Result<()> {
     if count == 0 {
         return Err("cargo produced no test executables".into());
     }
+    let fixtures = out.join("fixtures");
+    std::fs::create_dir_all(&fixtures)
+        .map_err(|e| format!("creating {}: {e}", fixtures.display()))?;
+    for entry in std::fs::read_dir(root.join("p2p-transport/fixtures"))
+        .map_err(|e| format!("reading fixtures: {e}"))?
+    {
+        let path = entry.map_err(|e| format!("reading fixtures: {e}"))?.path();
+        if path.extension().is_some_and(|x| x == "json") {
+            copy(&path, &fixtures.join(path.file_name().unwrap_or_default()))?;
+        }
+    }
     let script = out.join("run.sh");
     std::fs::write(&script, RUNNER).map_err(|e| format!("writing {}: {e}", script.display()))?;
     make_executable(&script)?;

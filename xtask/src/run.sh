@@ -11,6 +11,8 @@ mkdir -p "$logs"
 # NVLink multicast is forbidden on the shared machines: keep it off for anything that runs NCCL.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export RUST_BACKTRACE=1
+# The tests find the bundle's fixtures and p2p-bench here, not in a source tree.
+export P2PTEST_FIXTURES="${P2PTEST_FIXTURES:-$here/fixtures}" P2PTEST_BENCH_EXE="$here/p2p-bench"
 
 if ! ls /dev/nvidia[0-9]* >/dev/null 2>&1 && ! nvidia-smi -L >/dev/null 2>&1; then
   echo "run.sh: no NVIDIA GPU found (no /dev/nvidiaN, nvidia-smi failed): this bundle needs a GPU machine" >&2

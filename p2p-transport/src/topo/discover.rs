@@ -157,7 +157,9 @@ fn nvlinks(
         };
         let remote_bus_id = normalize_bus_id(&remote.bus_id);
         // nvml-wrapper 0.13's remote_device_type always answers Unknown, so classify by bus id.
-        let remote_kind = if let Some(i) = visible.iter().position(|b| *b == remote_bus_id) {
+        let remote_kind = if remote_bus_id.starts_with("ffff") {
+            Remote::Unresolved
+        } else if let Some(i) = visible.iter().position(|b| *b == remote_bus_id) {
             Remote::Gpu(i)
         } else if all.contains(&remote_bus_id) {
             Remote::HiddenGpu
@@ -199,9 +201,12 @@ pub(crate) fn sysfs(bus_id: &str) -> (Option<i32>, Option<String>, Vec<String>) 
             .ok()
             .map(|s| s.trim().to_string())
     };
+    // Platforms without NUMA information report -1; with one node, that node is 0 (as
+    // nvidia-smi shows it).
     let numa = read("numa_node")
         .and_then(|s| s.parse::<i32>().ok())
-        .filter(|n| *n >= 0);
+        .filter(|n| *n >= 0)
+        .or((count_numa_nodes() == 1).then_some(0));
     let cpus = read("local_cpulist").filter(|s| !s.is_empty());
     let path = std::fs::canonicalize(&dev)
         .map(|p| {
@@ -217,6 +222,20 @@ pub(crate) fn sysfs(bus_id: &str) -> (Option<i32>, Option<String>, Vec<String>) 
         })
         .unwrap_or_default();
     (numa, cpus, path)
+}
+
+fn count_numa_nodes() -> usize {
+    let is_node = |name: &str| {
+        name.strip_prefix("node")
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    std::fs::read_dir("/sys/devices/system/node")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| is_node(&e.file_name().to_string_lossy()))
+                .count()
+        })
+        .unwrap_or(0)
 }
 
 fn hostname() -> String {

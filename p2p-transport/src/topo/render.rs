@@ -121,6 +121,19 @@ pub fn render_links(t: &Topology) -> String {
                 Remote::HiddenGpu => format!("hidden GPU {}", l.remote_bus_id),
                 Remote::NvSwitch => "NVSwitch".into(),
                 Remote::Other => format!("{} (other)", l.remote_bus_id),
+                Remote::Unresolved => {
+                    let peers: Vec<String> = (0..t.gpus.len())
+                        .filter(|&b| {
+                            b != g.index
+                                && matches!(t.connection(g.index, b), Connection::NvLink { .. })
+                        })
+                        .map(|b| format!("GPU{b}"))
+                        .collect();
+                    format!(
+                        "{} (far end not reported; NVML: NVLink P2P OK)",
+                        peers.join(", ")
+                    )
+                }
             };
             match groups
                 .iter_mut()
