@@ -8,7 +8,7 @@
 //!
 //! [`Topology::path`] turns it into a [`PathInfo`] per ordered pair: the connection type, hops,
 //! an estimated bandwidth, whether direct P2P is possible and, where it is not, the best
-//! intermediate GPU. [`discover`](crate::topo::discover) builds a `Topology` from the live machine.
+//! intermediate GPU. [`discover`] builds a `Topology` from the live machine.
 
 use serde::{Deserialize, Serialize};
 
