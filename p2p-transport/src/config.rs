@@ -11,6 +11,7 @@
 //! | `P2P_USE_COPY_ENGINE` | boolean | `0` | move bulk data with the copy engines instead of SM kernels |
 //! | `P2P_CUMEM` | boolean | `1` | between processes, share cuMem allocations (fds) rather than legacy IPC handles |
 //! | `P2P_INTERMEDIATE` | boolean | `1` | relay through a third GPU where two have no direct P2P |
+//! | `P2P_MODE` | `auto`, `direct`, `ipc`, `cumem`, `intermediate`, `host` | `auto` | force one mode for every pair; impossible on a pair is an error |
 //! | `P2P_DEBUG` | `off`, `error`, `warn`, `info`, `debug`, `trace` | `warn` | how much `tracing` output the tools print |
 //! | `P2P_DEBUG_SUBSYS` | comma list of `all`, `mem`, `topo`, `config`, `transport`, `doctor`, `coll` | `all` | which parts log at `P2P_DEBUG` level |
 //!
@@ -87,6 +88,21 @@ pub enum Switch {
     Auto,
 }
 
+/// A transport mode forced for every pair with `P2P_MODE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ForcedMode {
+    /// Plain device pointers within one process.
+    Direct,
+    /// Legacy CUDA IPC handles.
+    Ipc,
+    /// cuMem allocations shared as POSIX fds.
+    CuMem,
+    /// Relay through a third GPU.
+    Intermediate,
+    /// Through pinned host memory.
+    HostStaged,
+}
+
 /// Logging verbosity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum DebugLevel {
@@ -144,6 +160,8 @@ pub struct Config {
     pub cumem: bool,
     /// `P2P_INTERMEDIATE`: relay through a third GPU where needed.
     pub intermediate: bool,
+    /// `P2P_MODE`: force one transport mode for every pair (`None`: choose per pair).
+    pub force_mode: Option<ForcedMode>,
     /// `P2P_DEBUG`: log verbosity.
     pub debug: DebugLevel,
     /// `P2P_DEBUG_SUBSYS`: which subsystems log at `debug` level (empty = all).
@@ -160,6 +178,7 @@ impl Default for Config {
             use_copy_engine: false,
             cumem: true,
             intermediate: true,
+            force_mode: None,
             debug: DebugLevel::Warn,
             debug_subsystems: Vec::new(),
         }
@@ -191,7 +210,7 @@ pub enum ConfigError {
 }
 
 /// Every variable `Config` reads.
-pub const VARIABLES: [&str; 9] = [
+pub const VARIABLES: [&str; 10] = [
     "P2P_DISABLE",
     "P2P_LEVEL",
     "P2P_READ",
@@ -199,6 +218,7 @@ pub const VARIABLES: [&str; 9] = [
     "P2P_USE_COPY_ENGINE",
     "P2P_CUMEM",
     "P2P_INTERMEDIATE",
+    "P2P_MODE",
     "P2P_DEBUG",
     "P2P_DEBUG_SUBSYS",
 ];
@@ -281,6 +301,17 @@ impl Config {
                 "P2P_USE_COPY_ENGINE" => cfg.use_copy_engine = parse_bool(&name, &value)?,
                 "P2P_CUMEM" => cfg.cumem = parse_bool(&name, &value)?,
                 "P2P_INTERMEDIATE" => cfg.intermediate = parse_bool(&name, &value)?,
+                "P2P_MODE" => {
+                    let choices = [
+                        ("auto", None),
+                        ("direct", Some(ForcedMode::Direct)),
+                        ("ipc", Some(ForcedMode::Ipc)),
+                        ("cumem", Some(ForcedMode::CuMem)),
+                        ("intermediate", Some(ForcedMode::Intermediate)),
+                        ("host", Some(ForcedMode::HostStaged)),
+                    ];
+                    cfg.force_mode = parse_choice(&name, &value, &choices)?
+                }
                 "P2P_DEBUG" => {
                     let levels = [
                         DebugLevel::Off,
@@ -372,12 +403,14 @@ mod tests {
             ("P2P_USE_COPY_ENGINE", "true"),
             ("P2P_CUMEM", "0"),
             ("P2P_INTERMEDIATE", "off"),
+            ("P2P_MODE", "host"),
             ("P2P_DEBUG", "debug"),
             ("P2P_DEBUG_SUBSYS", "mem, topo"),
         ])
         .expect("valid");
         assert!(c.p2p_disable && c.direct_disable && c.use_copy_engine);
         assert!(!c.cumem && !c.intermediate);
+        assert_eq!(c.force_mode, Some(ForcedMode::HostStaged));
         assert_eq!(
             (c.p2p_level, c.read, c.debug),
             (PathLevel::Pxb, Switch::On, DebugLevel::Debug)

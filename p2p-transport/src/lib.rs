@@ -15,6 +15,7 @@ pub mod config;
 pub mod doctor;
 mod error;
 pub mod kernels;
+pub mod mode;
 pub mod topo;
 mod util;
 

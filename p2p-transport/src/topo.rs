@@ -74,6 +74,10 @@ pub struct Gpu {
     /// Active NVLinks.
     #[serde(default)]
     pub nvlinks: Vec<NvLink>,
+    /// Whether cuMem allocations can be shared as POSIX fds (VMM and the handle type
+    /// supported); `None` where not recorded.
+    #[serde(default)]
+    pub cumem_posix_fd: Option<bool>,
 }
 
 /// A GPU's PCIe link.
@@ -499,9 +503,20 @@ impl Topology {
     /// The GPU with direct P2P to both `a` and `b` that gives the most bandwidth (the narrower of
     /// its two legs); ties go to the lowest index.
     pub fn best_intermediate(&self, a: usize, b: usize) -> Option<usize> {
+        self.best_intermediate_where(a, b, |x, y| self.direct_p2p(x, y).0)
+    }
+
+    /// Like [`best_intermediate`](Self::best_intermediate), with `usable(x, y)` deciding which
+    /// direct legs may be used (mode selection passes the configuration's limits).
+    pub fn best_intermediate_where(
+        &self,
+        a: usize,
+        b: usize,
+        usable: impl Fn(usize, usize) -> bool,
+    ) -> Option<usize> {
         let mut best: Option<(usize, f64)> = None;
         for c in 0..self.gpus.len() {
-            if c == a || c == b || !self.direct_p2p(a, c).0 || !self.direct_p2p(c, b).0 {
+            if c == a || c == b || !usable(a, c) || !usable(c, b) {
                 continue;
             }
             let bw = self.direct_cost(a, c).2.min(self.direct_cost(c, b).2);
@@ -510,6 +525,11 @@ impl Topology {
             }
         }
         best.map(|(c, _)| c)
+    }
+
+    /// Estimated one-way GB/s of the direct connection between `a` and `b`.
+    pub fn bandwidth(&self, a: usize, b: usize) -> f64 {
+        self.direct_cost(a, b).2
     }
 
     /// The path model for every ordered pair of distinct GPUs.
@@ -540,6 +560,7 @@ mod tests {
             pcie: None,
             pci_path: path.iter().map(|s| s.to_string()).collect(),
             nvlinks: vec![],
+            cumem_posix_fd: None,
         }
     }
 

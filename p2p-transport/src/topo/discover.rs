@@ -77,6 +77,7 @@ pub fn discover() -> Result<Topology, p2p_mem::Error> {
             pcie,
             pci_path,
             nvlinks,
+            cumem_posix_fd: Some(cumem_posix_fd(d)),
         });
     }
 
@@ -123,6 +124,16 @@ pub fn discover() -> Result<Topology, p2p_mem::Error> {
         all_gpu_bus_ids,
         cuda_visible_devices: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
     })
+}
+
+fn cumem_posix_fd(d: &Device) -> bool {
+    use p2p_sys::cuda::CUdevice_attribute::*;
+    [
+        CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED,
+        CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+    ]
+    .into_iter()
+    .all(|a| d.attribute(a).unwrap_or(0) != 0)
 }
 
 fn all_bus_ids(nvml: &Nvml) -> Vec<String> {
