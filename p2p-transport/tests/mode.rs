@@ -13,7 +13,7 @@ fn load(name: &str) -> Topology {
         .expect("valid")
 }
 
-fn route<'a>(routes: &'a [Route], from: usize, to: usize) -> &'a Route {
+fn route(routes: &[Route], from: usize, to: usize) -> &Route {
     routes
         .iter()
         .find(|r| r.from.rank == from && r.to.rank == to)
