@@ -1,9 +1,11 @@
 //! The p2p benchmark harness and the `p2p-bench` command-line tool.
 //!
-//! `p2p-bench list` reports the GPUs and CUDA libraries it finds. The transport and collective
-//! benchmarks (`cargo xtask bench p2p`, `cargo xtask bench coll`) are not built yet.
+//! `p2p-bench list` reports the GPUs and CUDA libraries it finds; [`p2p`] is the bandwidth and
+//! latency benchmark (`cargo xtask bench p2p`). The collective benchmark is not built yet.
 
 #![forbid(unsafe_code)]
+
+pub mod p2p;
 
 use p2p_mem::Device;
 use p2p_sys::Library;

@@ -17,6 +17,7 @@ use p2p_sys::{cu, cuda};
 
 use crate::device::{Device, Stream};
 use crate::error::{Error, OnDevice, Result};
+use crate::event::Event;
 use crate::memory::{DeviceMemory, DeviceMemoryMut};
 use crate::wire::{self, DecodeError, HandleKind, Reader};
 
@@ -254,86 +255,42 @@ unsafe impl Sync for IpcMapping {}
 
 /// An event that other processes can wait on (created with `CU_EVENT_INTERPROCESS`).
 pub struct IpcEvent {
-    device: Device,
-    raw: cuda::CUevent,
-}
-
-// SAFETY: CUevent handles may be used from any thread; each use binds the device first.
-unsafe impl Send for IpcEvent {}
-// SAFETY: as above; the handle is never mutated.
-unsafe impl Sync for IpcEvent {}
-
-fn create_ipc_event(device: &Device) -> Result<cuda::CUevent> {
-    device.bind_to_thread()?;
-    let mut raw = std::ptr::null_mut();
-    // Interprocess events must disable timing.
-    let flags = cuda::CUevent_flags::CU_EVENT_INTERPROCESS as u32
-        | cuda::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-    // SAFETY: a context is current and `raw` is an out-pointer.
-    unsafe { cu!(cuEventCreate(&mut raw, flags)) }.on(device.ordinal())?;
-    Ok(raw)
-}
-
-fn destroy_event(device: &Device, raw: cuda::CUevent) {
-    let _ = device.bind_to_thread();
-    // SAFETY: the event is ours and destroyed once.
-    if let Err(e) = unsafe { cu!(cuEventDestroy_v2(raw)) } {
-        tracing::error!(device = device.ordinal(), "destroying an event: {e}");
-    }
-}
-
-fn event_sync(device: &Device, raw: cuda::CUevent) -> Result<()> {
-    device.bind_to_thread()?;
-    // SAFETY: the event is alive.
-    unsafe { cu!(cuEventSynchronize(raw)) }.on(device.ordinal())
-}
-
-fn event_wait(device: &Device, raw: cuda::CUevent, stream: &Stream) -> Result<()> {
-    stream.device().bind_to_thread()?;
-    // SAFETY: both the stream and the event are alive.
-    unsafe { cu!(cuStreamWaitEvent(stream.cu_stream(), raw, 0)) }
-        .between(stream.device().ordinal(), device.ordinal())
+    event: Event,
 }
 
 impl IpcEvent {
-    /// Creates an interprocess event on `device`.
+    /// Creates an interprocess event on `device` (interprocess events cannot record time).
     pub fn new(device: &Device) -> Result<IpcEvent> {
+        let flags = cuda::CUevent_flags::CU_EVENT_INTERPROCESS as u32
+            | cuda::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
         Ok(IpcEvent {
-            device: device.clone(),
-            raw: create_ipc_event(device)?,
+            event: Event::with_flags(device, flags)?,
         })
     }
     /// Records the event at the current end of `stream`.
     pub fn record(&self, stream: &Stream) -> Result<()> {
-        stream.device().bind_to_thread()?;
-        // SAFETY: both the event and the stream are alive.
-        unsafe { cu!(cuEventRecord(self.raw, stream.cu_stream())) }.on(self.device.ordinal())
+        self.event.record(stream)
     }
     /// Blocks until the last recorded work has finished.
     pub fn synchronize(&self) -> Result<()> {
-        event_sync(&self.device, self.raw)
+        self.event.synchronize()
     }
     /// Makes `stream` wait for the last recorded work.
     pub fn wait_on(&self, stream: &Stream) -> Result<()> {
-        event_wait(&self.device, self.raw, stream)
+        self.event.wait_on(stream)
     }
     /// The handle to send to other processes.
     pub fn handle(&self) -> Result<IpcEventHandle> {
-        self.device.bind_to_thread()?;
+        let device = self.event.device();
+        device.bind_to_thread()?;
         let mut h = cuda::CUipcEventHandle { reserved: [0; 64] };
         // SAFETY: the event was created with CU_EVENT_INTERPROCESS; `h` is an out-pointer.
-        unsafe { cu!(cuIpcGetEventHandle(&mut h, self.raw)) }.on(self.device.ordinal())?;
+        unsafe { cu!(cuIpcGetEventHandle(&mut h, self.event.cu_event())) }.on(device.ordinal())?;
         Ok(IpcEventHandle {
             raw: h.reserved.map(|c| c as u8),
-            device_uuid: *self.device.uuid(),
+            device_uuid: *device.uuid(),
             exporter_pid: std::process::id(),
         })
-    }
-}
-
-impl Drop for IpcEvent {
-    fn drop(&mut self) {
-        destroy_event(&self.device, self.raw);
     }
 }
 
@@ -387,37 +344,24 @@ impl IpcEventHandle {
         // SAFETY: a context is current; a forged handle makes the driver return an error.
         unsafe { cu!(cuIpcOpenEventHandle(&mut raw, h)) }.on(device.ordinal())?;
         Ok(ImportedEvent {
-            device: device.clone(),
-            raw,
+            event: Event::from_raw(device, raw),
         })
     }
 }
 
 /// Another process's [`IpcEvent`], opened here. Destroyed on `Drop`.
 pub struct ImportedEvent {
-    device: Device,
-    raw: cuda::CUevent,
+    event: Event,
 }
-
-// SAFETY: CUevent handles may be used from any thread; each use binds the device first.
-unsafe impl Send for ImportedEvent {}
-// SAFETY: as above; the handle is never mutated.
-unsafe impl Sync for ImportedEvent {}
 
 impl ImportedEvent {
     /// Makes `stream` wait for the work the exporter last recorded.
     pub fn wait_on(&self, stream: &Stream) -> Result<()> {
-        event_wait(&self.device, self.raw, stream)
+        self.event.wait_on(stream)
     }
     /// Blocks until the work the exporter last recorded has finished.
     pub fn synchronize(&self) -> Result<()> {
-        event_sync(&self.device, self.raw)
-    }
-}
-
-impl Drop for ImportedEvent {
-    fn drop(&mut self) {
-        destroy_event(&self.device, self.raw);
+        self.event.synchronize()
     }
 }
 

@@ -8,6 +8,7 @@
 //! | --- | --- |
 //! | [`Device`] | a GPU and its primary context; name, compute capability, PCI bus id, UUID, SMs |
 //! | [`Stream`] | a non-blocking CUDA stream |
+//! | [`Event`] | a CUDA event, for ordering across streams and timing |
 //! | [`DeviceBuffer`] | typed `cuMemAlloc` memory with host copies, memset and checked views |
 //! | [`PinnedHostBuffer`] | page-locked host memory |
 //! | [`P2pAttributes`], [`Device::enable_peer_access`] | peer access within a process |
@@ -34,6 +35,7 @@
 
 mod device;
 mod error;
+mod event;
 pub mod fdpass;
 pub mod ipc;
 mod memory;
@@ -43,6 +45,7 @@ pub mod wire;
 
 pub use device::{format_uuid, Device, DeviceCopy, Stream};
 pub use error::{Error, Result};
+pub use event::Event;
 pub use memory::{
     DeviceBuffer, DeviceMemory, DeviceMemoryMut, DeviceView, DeviceViewMut, PinnedHostBuffer,
 };

@@ -12,9 +12,11 @@
 //! and SM-kernel data paths, and `send` / `recv` between ranks are not built yet.
 
 pub mod config;
+pub mod copy;
 pub mod doctor;
 mod error;
 pub mod kernels;
+pub mod latency;
 pub mod mode;
 pub mod topo;
 mod util;

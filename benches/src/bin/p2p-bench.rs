@@ -47,6 +47,22 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         load: Option<PathBuf>,
     },
+    /// Bandwidth and latency between every GPU pair (like p2pBandwidthLatencyTest), with plain
+    /// cudaMemcpyPeerAsync in the same run; writes JSON and Markdown.
+    P2p {
+        /// Directory for the results (created if missing).
+        #[arg(long, default_value = "docs/results")]
+        out: PathBuf,
+        /// Size of the matrix measurements, MiB.
+        #[arg(long, default_value_t = 256)]
+        matrix_mib: usize,
+        /// Largest size of the 4 B.. sweep, MiB.
+        #[arg(long, default_value_t = 1024)]
+        max_mib: usize,
+        /// Timed samples per figure (the median is reported).
+        #[arg(long, default_value_t = 20)]
+        samples: usize,
+    },
     /// Check every GPU pair: does P2P work, why not, what to do. Exits 1 if any check fails.
     Doctor {
         /// Print the findings as JSON.
@@ -77,6 +93,12 @@ fn main() -> ExitCode {
             json,
             no_functional,
         } => doctor_cmd(json, !no_functional),
+        Command::P2p {
+            out,
+            matrix_mib,
+            max_mib,
+            samples,
+        } => p2p_cmd(out, matrix_mib, max_mib, samples),
     }
 }
 
@@ -195,6 +217,55 @@ fn topo_cmd(json: bool, load: Option<PathBuf>) -> ExitCode {
         println!("One GPU: no paths between GPUs.");
     }
     ExitCode::SUCCESS
+}
+
+fn p2p_cmd(out: PathBuf, matrix_mib: usize, max_mib: usize, samples: usize) -> ExitCode {
+    let opts = p2p_benches::p2p::Options {
+        matrix_bytes: matrix_mib << 20,
+        max_bytes: max_mib << 20,
+        samples: samples.max(1),
+    };
+    let results = match p2p_benches::p2p::run(&opts) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("p2p-bench p2p: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let report = p2p_benches::p2p::render(&results);
+    println!("{report}");
+    let n = results["gpus"].as_array().map_or(0, Vec::len);
+    let gpu = results["gpus"][0]["name"]
+        .as_str()
+        .unwrap_or("gpu")
+        .to_lowercase()
+        .replace("nvidia ", "")
+        .replace(' ', "-");
+    let date: String = results["date"]
+        .as_str()
+        .unwrap_or("date")
+        .chars()
+        .take(10)
+        .collect();
+    let stem = out.join(format!("p2p-{date}-{n}x{gpu}"));
+    let written = std::fs::create_dir_all(&out)
+        .and_then(|_| {
+            std::fs::write(
+                stem.with_extension("json"),
+                serde_json::to_string_pretty(&results).unwrap_or_default(),
+            )
+        })
+        .and_then(|_| std::fs::write(stem.with_extension("md"), &report));
+    match written {
+        Ok(()) => {
+            eprintln!("wrote {}.json and .md", stem.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("p2p-bench p2p: writing {}: {e}", stem.display());
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn doctor_cmd(json: bool, functional: bool) -> ExitCode {

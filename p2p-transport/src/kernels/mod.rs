@@ -30,8 +30,20 @@ pub const PROBE: Source = Source {
     code: include_str!("probe.cu"),
 };
 
+/// The SM data path: `p2p_copy_bytes`, 16-byte vectors with a byte tail.
+pub const COPY: Source = Source {
+    name: "copy.cu",
+    code: include_str!("copy.cu"),
+};
+
+/// The latency ping-pong: `p2p_pingpong`, flag stores through the peer mapping.
+pub const LATENCY: Source = Source {
+    name: "latency.cu",
+    code: include_str!("latency.cu"),
+};
+
 /// Every kernel source in the crate (CI compiles each for sm_80 and sm_90).
-pub const SOURCES: [Source; 1] = [PROBE];
+pub const SOURCES: [Source; 3] = [PROBE, COPY, LATENCY];
 
 /// `sm_90` for compute capability 9.0.
 pub fn arch_for(device: &Device) -> String {
@@ -124,6 +136,18 @@ impl Drop for Program {
     }
 }
 
+/// A kernel in a loaded [`Module`]; valid while the module is.
+#[derive(Debug, Clone, Copy)]
+pub struct Function {
+    raw: cuda::CUfunction,
+    device: i32,
+}
+
+// SAFETY: a CUfunction is an immutable handle usable from any thread.
+unsafe impl Send for Function {}
+// SAFETY: as above.
+unsafe impl Sync for Function {}
+
 /// A cubin loaded into one device's context; unloaded on `Drop`.
 pub struct Module {
     device: Device,
@@ -155,6 +179,61 @@ impl Module {
             device: device.clone(),
             raw,
         })
+    }
+
+    /// Looks up a kernel by name, for [`launch`](Self::launch).
+    pub fn function(&self, name: &str) -> Result<Function> {
+        self.device.bind_to_thread()?;
+        let cname = CString::new(name)
+            .map_err(|_| p2p_mem::Error::InvalidArgument(format!("kernel name {name:?}")))?;
+        let mut f = std::ptr::null_mut();
+        // SAFETY: the module is loaded; `cname` is NUL-terminated.
+        unsafe { cu!(cuModuleGetFunction(&mut f, self.raw, cname.as_ptr())) }
+            .map_err(|e| on(&self.device, e))?;
+        Ok(Function {
+            raw: f,
+            device: self.device.ordinal(),
+        })
+    }
+
+    /// Queues `function` on `stream` (which must be on this module's device).
+    ///
+    /// # Safety
+    /// As for [`launch_sync`](Self::launch_sync); in addition every buffer the kernel touches
+    /// must stay allocated until the stream has run it.
+    pub unsafe fn launch(
+        &self,
+        function: Function,
+        grid: u32,
+        block: u32,
+        params: &mut [*mut c_void],
+        stream: &p2p_mem::Stream,
+    ) -> Result<()> {
+        if stream.device() != &self.device || function.device != self.device.ordinal() {
+            return Err(Error::Mem(p2p_mem::Error::InvalidArgument(format!(
+                "a kernel of GPU {} launched on a stream of GPU {}",
+                self.device.ordinal(),
+                stream.device().ordinal()
+            ))));
+        }
+        self.device.bind_to_thread()?;
+        // SAFETY: the caller guarantees `params`; the function belongs to this loaded module.
+        unsafe {
+            cu!(cuLaunchKernel(
+                function.raw,
+                grid,
+                1,
+                1,
+                block,
+                1,
+                1,
+                0,
+                stream.cu_stream(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut()
+            ))
+        }
+        .map_err(|e| on(&self.device, e))
     }
 
     /// Launches `function` on the legacy default stream and waits for it.

@@ -1,0 +1,670 @@
+//! `p2p-bench p2p`: the equivalent of CUDA's p2pBandwidthLatencyTest for every GPU pair.
+//!
+//! Unidirectional and bidirectional bandwidth matrices for each path (host-staged, copy engine,
+//! SM write, SM read, and plain `cudaMemcpyPeerAsync` in the same run), GPU and CPU latency
+//! matrices, and a size sweep from 4 B to 1 GiB per path and ordered pair. Each figure is the
+//! median of `samples` CUDA-event timings of many back-to-back copies after a warm-up; buffers
+//! rotate through 1 GiB so small copies are not served from L2. Results go out as JSON plus a
+//! Markdown table.
+
+use std::io::{IsTerminal, Write};
+use std::time::Instant;
+
+use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Event, Stream};
+use p2p_transport::copy::{runtime_memcpy_peer, Path, Transport};
+use serde_json::{json, Value};
+
+/// One way of moving the bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// Our pinned double-buffer pipeline (P2P disabled).
+    HostStaged,
+    /// Our chunked `cuMemcpyPeerAsync`.
+    CopyEngine,
+    /// Our SM kernel on the source GPU, storing into the peer.
+    SmWrite,
+    /// Our SM kernel on the destination GPU, loading from the peer.
+    SmRead,
+    /// Plain `cudaMemcpyPeerAsync`, the reference.
+    CudaMemcpyPeer,
+}
+
+impl Method {
+    /// All methods, in table order.
+    pub const ALL: [Method; 5] = [
+        Method::HostStaged,
+        Method::CopyEngine,
+        Method::SmWrite,
+        Method::SmRead,
+        Method::CudaMemcpyPeer,
+    ];
+
+    /// The name in tables and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::HostStaged => "host-staged",
+            Method::CopyEngine => "copy engine",
+            Method::SmWrite => "SM write",
+            Method::SmRead => "SM read",
+            Method::CudaMemcpyPeer => "cudaMemcpyPeerAsync",
+        }
+    }
+}
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Size of the matrix measurements (256 MiB).
+    pub matrix_bytes: usize,
+    /// Largest size of the sweep (1 GiB).
+    pub max_bytes: usize,
+    /// Timed samples per figure (at least 20).
+    pub samples: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            matrix_bytes: 256 << 20,
+            max_bytes: 1 << 30,
+            samples: 20,
+        }
+    }
+}
+
+/// Median, minimum and maximum of a figure over its samples.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Stat {
+    /// The median.
+    pub median: f64,
+    /// The lowest sample.
+    pub min: f64,
+    /// The highest sample.
+    pub max: f64,
+}
+
+impl Stat {
+    /// Summarises samples (which must not be empty).
+    pub fn of(mut v: Vec<f64>) -> Stat {
+        v.sort_by(|a, b| a.total_cmp(b));
+        let n = v.len();
+        let median = if n == 0 {
+            0.0
+        } else if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        Stat {
+            median,
+            min: v.first().copied().unwrap_or(0.0),
+            max: v.last().copied().unwrap_or(0.0),
+        }
+    }
+
+    fn json(&self) -> Value {
+        json!({"median": self.median, "min": self.min, "max": self.max})
+    }
+}
+
+/// Prints progress on one line when stderr is a terminal, else one line per step.
+pub struct Progress {
+    done: usize,
+    total: usize,
+    tty: bool,
+    started: Instant,
+}
+
+impl Progress {
+    /// A bar for `total` steps.
+    pub fn new(total: usize) -> Progress {
+        Progress {
+            done: 0,
+            total,
+            tty: std::io::stderr().is_terminal(),
+            started: Instant::now(),
+        }
+    }
+    /// Marks one step done, labelled `what`.
+    pub fn step(&mut self, what: &str) {
+        self.done += 1;
+        let width = 30;
+        let filled = width * self.done / self.total.max(1);
+        let line = format!(
+            "[{}{}] {:>4}/{} {:>5.1}s {what}",
+            "#".repeat(filled),
+            " ".repeat(width - filled),
+            self.done,
+            self.total,
+            self.started.elapsed().as_secs_f64()
+        );
+        let mut err = std::io::stderr();
+        if self.tty {
+            let _ = write!(err, "\r{line:<110}");
+            if self.done == self.total {
+                let _ = writeln!(err);
+            }
+        } else {
+            let _ = writeln!(err, "{line}");
+        }
+    }
+}
+
+/// Sizes of the sweep: 4 B, 16 B, ... up to `max`, by factors of 4.
+pub fn sweep_sizes(max: usize) -> Vec<usize> {
+    std::iter::successors(Some(4usize), |s| s.checked_mul(4))
+        .take_while(|s| *s <= max)
+        .collect()
+}
+
+/// Human-readable size: 4 B, 16 KiB, 1 GiB.
+pub fn size_name(bytes: usize) -> String {
+    match bytes {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
+
+struct Bench<'a> {
+    t: &'a Transport,
+    devices: &'a [Device],
+    src: Vec<DeviceBuffer<u8>>,
+    dst: Vec<DeviceBuffer<u8>>,
+    samples: usize,
+}
+
+/// Copies per timed sample: enough to cover ~64 MiB or 200 copies, whichever is fewer.
+fn iters_for(bytes: usize) -> usize {
+    ((64usize << 20) / bytes.max(1)).clamp(1, 200)
+}
+
+impl Bench<'_> {
+    fn runner(&self, m: Method, a: usize, b: usize) -> &Device {
+        if m == Method::SmRead {
+            &self.devices[b]
+        } else {
+            &self.devices[a]
+        }
+    }
+
+    /// Queues `iters` copies a -> b of `bytes`, rotating through the buffers.
+    fn enqueue(
+        &self,
+        m: Method,
+        (a, b): (usize, usize),
+        bytes: usize,
+        iters: usize,
+        first: usize,
+        stream: &Stream,
+    ) -> p2p_transport::Result<()> {
+        let room = self.src[a].len().min(self.dst[b].len());
+        let stride = bytes.next_multiple_of(256);
+        let positions = ((room - bytes) / stride + 1).max(1);
+        for i in 0..iters {
+            let off = ((first + i) % positions) * stride;
+            let src = self.src[a].slice(off..off + bytes)?;
+            // A shared buffer cannot be borrowed mutably twice; copy into a view of our own dst.
+            let dst_ptr = self.dst[b].device_ptr() + off as u64;
+            match m {
+                Method::CudaMemcpyPeer => runtime_memcpy_peer(
+                    dst_ptr,
+                    &self.devices[b],
+                    src.device_ptr(),
+                    &self.devices[a],
+                    bytes,
+                    stream,
+                )?,
+                _ => {
+                    let path = match m {
+                        Method::HostStaged => Path::HostStaged,
+                        Method::CopyEngine => Path::CopyEngine,
+                        Method::SmWrite => Path::SmWrite,
+                        _ => Path::SmRead,
+                    };
+                    let mut dst = RawRegion {
+                        device: &self.devices[b],
+                        ptr: dst_ptr,
+                        bytes,
+                    };
+                    self.t.copy(&mut dst, &src, path, stream)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// GB/s of a -> b, and with `both` of b -> a at the same time (bytes of both counted).
+    fn bandwidth(
+        &self,
+        m: Method,
+        a: usize,
+        b: usize,
+        bytes: usize,
+        both: bool,
+    ) -> p2p_transport::Result<Stat> {
+        let iters = iters_for(bytes);
+        let s1 = Stream::new(self.runner(m, a, b))?;
+        let s2 = Stream::new(self.runner(m, b, a))?;
+        let (start, end) = (Event::timing(s1.device())?, Event::timing(s1.device())?);
+        let joined = Event::new(s2.device())?;
+        let mut samples = Vec::with_capacity(self.samples);
+        for k in 0..self.samples + 2 {
+            start.record(&s1)?;
+            self.enqueue(m, (a, b), bytes, iters, k * iters, &s1)?;
+            if both {
+                start.wait_on(&s2)?;
+                self.enqueue(m, (b, a), bytes, iters, k * iters + 1, &s2)?;
+                joined.record(&s2)?;
+                joined.wait_on(&s1)?;
+            }
+            end.record(&s1)?;
+            end.synchronize()?;
+            let ms = start.elapsed_ms(&end)? as f64;
+            if k >= 2 {
+                // The first two are warm-up: kernel compilation, pipelines, first touch.
+                let moved = (bytes * iters * if both { 2 } else { 1 }) as f64;
+                samples.push(moved / (ms * 1e-3) / 1e9);
+            }
+        }
+        Ok(Stat::of(samples))
+    }
+}
+
+/// Device memory named by pointer, for the benchmark's rotating views of its own buffers.
+struct RawRegion<'a> {
+    device: &'a Device,
+    ptr: u64,
+    bytes: usize,
+}
+
+impl DeviceMemory for RawRegion<'_> {
+    fn device(&self) -> &Device {
+        self.device
+    }
+    fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+    fn byte_len(&self) -> usize {
+        self.bytes
+    }
+}
+impl DeviceMemoryMut for RawRegion<'_> {}
+
+/// CPU-side latency: a 4-byte `cuMemcpyPeerAsync` plus stream synchronisation, timed on the host.
+fn cpu_latency_us(t: &Transport, a: &Device, b: &Device) -> p2p_transport::Result<Stat> {
+    let src = DeviceBuffer::<u32>::zeroed(a, 1)?;
+    let mut dst = DeviceBuffer::<u32>::zeroed(b, 1)?;
+    let s = Stream::new(a)?;
+    let mut samples = Vec::new();
+    for k in 0..22 {
+        let t0 = Instant::now();
+        for _ in 0..100 {
+            t.copy(&mut dst, &src, Path::CopyEngine, &s)?;
+            s.synchronize()?;
+        }
+        if k >= 2 {
+            samples.push(t0.elapsed().as_secs_f64() * 1e6 / 100.0);
+        }
+    }
+    Ok(Stat::of(samples))
+}
+
+/// Runs the whole benchmark and returns its results as JSON.
+pub fn run(opts: &Options) -> p2p_transport::Result<Value> {
+    let devices = Device::all()?;
+    let n = devices.len();
+    let t = Transport::new(devices.clone());
+    let buf = opts.max_bytes.max(opts.matrix_bytes);
+    eprintln!("allocating {} x 2 per GPU on {n} GPU(s)", size_name(buf));
+    let mut src = Vec::new();
+    let mut dst = Vec::new();
+    for d in &devices {
+        let mut s = DeviceBuffer::<u8>::new(d, buf)?;
+        // Real bytes, not zeros (idle memory can be faster to read on some parts).
+        s.memset_u8(0x5a)?;
+        src.push(s);
+        dst.push(DeviceBuffer::<u8>::zeroed(d, buf)?);
+    }
+    let bench = Bench {
+        t: &t,
+        devices: &devices,
+        src,
+        dst,
+        samples: opts.samples.max(1),
+    };
+    let pairs: Vec<(usize, usize)> = (0..n)
+        .flat_map(|a| (0..n).filter(move |&b| b != a).map(move |b| (a, b)))
+        .collect();
+    let sizes = sweep_sizes(opts.max_bytes);
+    let total = Method::ALL.len() * (n * n + pairs.len())
+        + 2 * pairs.len()
+        + Method::ALL.len() * sizes.len() * pairs.len();
+    let mut progress = Progress::new(total);
+
+    let mut uni = serde_json::Map::new();
+    let mut bi = serde_json::Map::new();
+    for m in Method::ALL {
+        let mut um = vec![vec![Value::Null; n]; n];
+        let mut bm = vec![vec![Value::Null; n]; n];
+        for a in 0..n {
+            for b in 0..n {
+                um[a][b] = bench.bandwidth(m, a, b, opts.matrix_bytes, false)?.json();
+                progress.step(&format!(
+                    "{} GPU{a}->GPU{b} {}",
+                    m.name(),
+                    size_name(opts.matrix_bytes)
+                ));
+                if a != b {
+                    bm[a][b] = bench.bandwidth(m, a, b, opts.matrix_bytes, true)?.json();
+                    progress.step(&format!(
+                        "{} GPU{a}<->GPU{b} {}",
+                        m.name(),
+                        size_name(opts.matrix_bytes)
+                    ));
+                }
+            }
+        }
+        uni.insert(m.name().into(), json!(um));
+        bi.insert(m.name().into(), json!(bm));
+    }
+
+    let mut gpu_lat = vec![vec![Value::Null; n]; n];
+    let mut cpu_lat = vec![vec![Value::Null; n]; n];
+    for &(a, b) in &pairs {
+        let samples: Vec<f64> = (0..5)
+            .map(|_| {
+                p2p_transport::latency::one_way_ns(&devices[a], &devices[b], 1000, 10_000)
+                    .map(|ns| ns / 1000.0)
+            })
+            .collect::<p2p_transport::Result<_>>()?;
+        gpu_lat[a][b] = Stat::of(samples).json();
+        progress.step(&format!("GPU latency GPU{a}<->GPU{b}"));
+        cpu_lat[a][b] = cpu_latency_us(&t, &devices[a], &devices[b])?.json();
+        progress.step(&format!("CPU latency GPU{a}->GPU{b}"));
+    }
+
+    let mut sweep = Vec::new();
+    for &(a, b) in &pairs {
+        for m in Method::ALL {
+            for &s in &sizes {
+                let st = bench.bandwidth(m, a, b, s, false)?;
+                // Time per copy, from the median bandwidth.
+                let us = s as f64 / (st.median * 1e9) * 1e6;
+                sweep.push(json!({"from": a, "to": b, "method": m.name(), "bytes": s, "gbps": st.json(), "us_per_copy": us}));
+                progress.step(&format!(
+                    "sweep GPU{a}->GPU{b} {} {}",
+                    m.name(),
+                    size_name(s)
+                ));
+            }
+        }
+    }
+
+    let driver = p2p_sys::driver_version().unwrap_or(0);
+    Ok(json!({
+        "benchmark": "p2p",
+        "date": p2p_transport::utc_now(),
+        "commit": env!("P2PBUILD_COMMIT"),
+        "host": std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_default(),
+        "gpus": devices.iter().map(|d| json!({"ordinal": d.ordinal(), "name": d.name(), "pci_bus_id": d.pci_bus_id(), "uuid": d.uuid_string()})).collect::<Vec<_>>(),
+        "cuda_driver": format!("{}.{}", driver / 1000, driver % 1000 / 10),
+        "options": {"matrix_bytes": opts.matrix_bytes, "max_bytes": opts.max_bytes, "samples": opts.samples},
+        "method": "CUDA events around back-to-back copies on one stream (two for bidirectional), after 2 warm-up samples; median of the samples; buffers rotate through the allocation",
+        "bandwidth_gbps": {"unidirectional": uni, "bidirectional": bi},
+        "latency_us": {"gpu_one_way": gpu_lat, "cpu_memcpy_4B": cpu_lat},
+        "sweep": sweep,
+    }))
+}
+
+fn median_of(v: &Value) -> Option<f64> {
+    v.get("median").and_then(Value::as_f64)
+}
+
+/// The readable report: targets beside measured figures, matrices, and the sweep.
+pub fn render(r: &Value) -> String {
+    let gpus = r["gpus"].as_array().cloned().unwrap_or_default();
+    let n = gpus.len();
+    let names: Vec<String> = gpus
+        .iter()
+        .map(|g| g["name"].as_str().unwrap_or("?").to_string())
+        .collect();
+    let mut out = format!(
+        "# p2p bandwidth and latency\n\n{} x {} | CUDA driver {} | commit {} | {}\n\n{}\n\n",
+        n,
+        names.first().cloned().unwrap_or_default(),
+        r["cuda_driver"].as_str().unwrap_or("?"),
+        r["commit"].as_str().unwrap_or("?"),
+        r["date"].as_str().unwrap_or("?"),
+        r["method"].as_str().unwrap_or("")
+    );
+    let mb = r["options"]["matrix_bytes"].as_u64().unwrap_or(0) as usize;
+    // Targets (TARGETS.md, nvidia-h200-x2): the worst pair counts.
+    let worst = |kind: &str, m: &str| -> Option<f64> {
+        let mat = &r["bandwidth_gbps"][kind][m];
+        (0..n)
+            .flat_map(|a| (0..n).filter(move |&b| b != a).map(move |b| (a, b)))
+            .filter_map(|(a, b)| median_of(&mat[a][b]))
+            .reduce(f64::min)
+    };
+    let lat = (0..n)
+        .flat_map(|a| (0..n).map(move |b| (a, b)))
+        .filter_map(|(a, b)| median_of(&r["latency_us"]["gpu_one_way"][a][b]))
+        .reduce(f64::max);
+    out += &format!("## Targets at {} (worst pair)\n\n| target | goal | measured | met |\n| --- | --- | --- | --- |\n", size_name(mb));
+    let row = |name: &str, goal: &str, v: Option<f64>, ok: bool| {
+        format!(
+            "| {name} | {goal} | {} | {} |\n",
+            v.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into()),
+            if v.is_none() {
+                "-"
+            } else if ok {
+                "yes"
+            } else {
+                "**no**"
+            }
+        )
+    };
+    let ge = |v: Option<f64>, g: f64| v.is_some_and(|v| v >= g);
+    for (name, goal, v, ok) in [
+        (
+            "copy engine, one way (GB/s)",
+            ">= 390",
+            worst("unidirectional", "copy engine"),
+            390.0,
+        ),
+        (
+            "copy engine, both ways (GB/s)",
+            ">= 740",
+            worst("bidirectional", "copy engine"),
+            740.0,
+        ),
+        (
+            "SM write (GB/s)",
+            ">= 370",
+            worst("unidirectional", "SM write"),
+            370.0,
+        ),
+        (
+            "SM read (GB/s)",
+            ">= 370",
+            worst("unidirectional", "SM read"),
+            370.0,
+        ),
+        (
+            "host-staged (GB/s)",
+            ">= 40",
+            worst("unidirectional", "host-staged"),
+            40.0,
+        ),
+    ] {
+        out += &row(name, goal, v, ge(v, ok));
+    }
+    out += &row(
+        "one-way latency, SM store + flag (us)",
+        "<= 1.5",
+        lat,
+        lat.is_some_and(|v| v <= 1.5),
+    );
+    out += &format!(
+        "| (reference) cudaMemcpyPeerAsync one way (GB/s) | - | {} | - |\n\n",
+        worst("unidirectional", "cudaMemcpyPeerAsync")
+            .map(|v| format!("{v:.1}"))
+            .unwrap_or_else(|| "-".into())
+    );
+
+    let matrix = |title: &str, mat: &Value, unit: &str| -> String {
+        let mut s = format!(
+            "**{title}** ({unit}; median, [min-max])\n\n| | {} |\n|{}\n",
+            (0..n)
+                .map(|b| format!("GPU{b}"))
+                .collect::<Vec<_>>()
+                .join(" | "),
+            " --- |".repeat(n + 1)
+        );
+        for a in 0..n {
+            s += &format!("| GPU{a} |");
+            for b in 0..n {
+                let c = &mat[a][b];
+                s += &match median_of(c) {
+                    Some(m) => format!(
+                        " {m:.1} [{:.1}-{:.1}] |",
+                        c["min"].as_f64().unwrap_or(0.0),
+                        c["max"].as_f64().unwrap_or(0.0)
+                    ),
+                    None => " - |".into(),
+                };
+            }
+            s += "\n";
+        }
+        s + "\n"
+    };
+    out += &format!(
+        "## Bandwidth matrices at {} (row = source, column = destination)\n\n",
+        size_name(mb)
+    );
+    for m in Method::ALL {
+        out += &matrix(
+            &format!("{} unidirectional", m.name()),
+            &r["bandwidth_gbps"]["unidirectional"][m.name()],
+            "GB/s",
+        );
+        out += &matrix(
+            &format!("{} bidirectional (both directions summed)", m.name()),
+            &r["bandwidth_gbps"]["bidirectional"][m.name()],
+            "GB/s",
+        );
+    }
+    out += "## Latency matrices\n\n";
+    out += &matrix(
+        "GPU one-way latency, SM store + flag (half a ping-pong)",
+        &r["latency_us"]["gpu_one_way"],
+        "us",
+    );
+    out += &matrix(
+        "CPU latency, 4-byte cuMemcpyPeerAsync + stream sync",
+        &r["latency_us"]["cpu_memcpy_4B"],
+        "us",
+    );
+
+    out += "## Size sweep (GB/s, median; row = size)\n\n";
+    let sweep = r["sweep"].as_array().cloned().unwrap_or_default();
+    let mut pairs: Vec<(u64, u64)> = sweep
+        .iter()
+        .map(|e| {
+            (
+                e["from"].as_u64().unwrap_or(0),
+                e["to"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    pairs.dedup();
+    for (a, b) in pairs {
+        out += &format!(
+            "**GPU{a} -> GPU{b}**\n\n| size | {} |\n|{}\n",
+            Method::ALL.map(|m| m.name()).join(" | "),
+            " --- |".repeat(Method::ALL.len() + 1)
+        );
+        let sizes: Vec<u64> = {
+            let mut s: Vec<u64> = sweep.iter().filter_map(|e| e["bytes"].as_u64()).collect();
+            s.sort();
+            s.dedup();
+            s
+        };
+        for s in sizes {
+            out += &format!("| {} |", size_name(s as usize));
+            for m in Method::ALL {
+                let cell = sweep.iter().find(|e| {
+                    e["from"] == a && e["to"] == b && e["bytes"] == s && e["method"] == m.name()
+                });
+                out += &match cell.and_then(|c| median_of(&c["gbps"])) {
+                    Some(v) if v >= 1.0 => format!(" {v:.1} |"),
+                    Some(v) => format!(" {v:.3} |"),
+                    None => " - |".into(),
+                };
+            }
+            out += "\n";
+        }
+        out += "\n";
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians_and_sizes() {
+        assert_eq!(Stat::of(vec![3.0, 1.0, 2.0]).median, 2.0);
+        assert_eq!(
+            Stat::of(vec![4.0, 1.0, 2.0, 3.0]),
+            Stat {
+                median: 2.5,
+                min: 1.0,
+                max: 4.0
+            }
+        );
+        let s = sweep_sizes(1 << 30);
+        assert_eq!((s.len(), s[0], *s.last().unwrap_or(&0)), (15, 4, 1 << 30));
+        assert_eq!(size_name(4), "4 B");
+        assert_eq!(size_name(256 << 20), "256 MiB");
+        assert_eq!(size_name(1 << 30), "1 GiB");
+        assert_eq!(iters_for(4), 200);
+        assert_eq!(iters_for(1 << 30), 1);
+    }
+
+    #[test]
+    fn the_report_marks_missed_targets() {
+        let cell = |v: f64| json!({"median": v, "min": v, "max": v});
+        let mat = |v: f64| json!([[Value::Null, cell(v)], [cell(v), Value::Null]]);
+        let mut uni = serde_json::Map::new();
+        let mut bi = serde_json::Map::new();
+        for m in Method::ALL {
+            uni.insert(m.name().into(), mat(380.0));
+            bi.insert(m.name().into(), mat(750.0));
+        }
+        let r = json!({
+            "gpus": [{"name": "NVIDIA H200"}, {"name": "NVIDIA H200"}], "cuda_driver": "13.0", "commit": "abc", "date": "d", "method": "m",
+            "options": {"matrix_bytes": 256 << 20},
+            "bandwidth_gbps": {"unidirectional": uni, "bidirectional": bi},
+            "latency_us": {"gpu_one_way": mat(1.2), "cpu_memcpy_4B": mat(8.0)},
+            "sweep": [{"from": 0, "to": 1, "method": "SM write", "bytes": 4, "gbps": cell(0.002)}],
+        });
+        let text = render(&r);
+        assert!(
+            text.contains("| copy engine, one way (GB/s) | >= 390 | 380.0 | **no** |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| copy engine, both ways (GB/s) | >= 740 | 750.0 | yes |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| one-way latency, SM store + flag (us) | <= 1.5 | 1.2 | yes |"),
+            "{text}"
+        );
+        assert!(text.contains("| 4 B | - | - | 0.002 | - | - |"), "{text}");
+    }
+}

@@ -1,0 +1,474 @@
+//! Moving bytes between GPUs of one process: the data paths.
+//!
+//! [`Transport`] holds what the paths need per process: one compiled copy kernel per device,
+//! the peer access it has enabled, and the staging pipelines. [`Transport::copy`] queues one
+//! copy on a stream by a chosen [`Path`]; [`Transport::copy_route`] runs the path a
+//! [`Route`] from mode selection calls for. Every path is stream-ordered and asynchronous: it
+//! starts after the work already queued on `stream` and the stream's later work waits for it.
+//!
+//! | path | what moves the bytes | which stream |
+//! | --- | --- | --- |
+//! | [`Path::CopyEngine`] | `cuMemcpyPeerAsync`, in chunks | any |
+//! | [`Path::SmWrite`] | a kernel on the source GPU storing into the destination | the source GPU's |
+//! | [`Path::SmRead`] | a kernel on the destination GPU loading from the source | the destination GPU's |
+//! | [`Path::HostStaged`] | device-to-host and host-to-device copies through pinned double buffers, overlapped on two streams | any |
+//! | [`Path::Relay`] | two copy-engine legs through buffers on a third GPU, overlapped | any |
+//!
+//! As with every asynchronous CUDA call, `src` and `dst` must stay allocated until the stream
+//! has run the copy.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use p2p_mem::{
+    Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Event, PinnedHostBuffer, Stream,
+};
+use p2p_sys::cu;
+
+use crate::error::{Error, Result};
+use crate::kernels::{self, Function, Module};
+use crate::mode::{Direction, Engine, Mode, Route};
+
+/// How one copy moves its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Path {
+    /// The copy engines.
+    CopyEngine,
+    /// SM stores from the source GPU into the destination's memory.
+    SmWrite,
+    /// SM loads on the destination GPU from the source's memory.
+    SmRead,
+    /// Through pinned host memory.
+    HostStaged,
+    /// Through a third GPU (by ordinal), with the copy engines.
+    Relay {
+        /// The relaying GPU.
+        via: i32,
+    },
+}
+
+/// Copy-engine calls are split into chunks of this size, so a long copy does not hold a copy
+/// engine against other streams for its whole length.
+pub const CE_CHUNK: usize = 64 << 20;
+/// Chunk size of the staged pipelines (host and relay).
+pub const STAGE_CHUNK: usize = 4 << 20;
+/// Staging buffers per pipeline: four chunks in flight.
+pub const STAGE_SLOTS: usize = 4;
+/// Threads per block of the SM copy kernel.
+pub const SM_THREADS: u32 = 512;
+/// Blocks per SM of the SM copy kernel (the grid is capped by the data size).
+pub const SM_BLOCKS_PER_SM: u32 = 2;
+
+/// (source GPU, destination GPU, relay GPU or -1 for host-staged).
+type PipelineKey = (i32, i32, i32);
+
+struct Kernels {
+    module: Module,
+    copy: Function,
+}
+
+/// What one process needs to move data between its GPUs. Cheap to share across threads.
+pub struct Transport {
+    devices: Vec<Device>,
+    kernels: Vec<OnceLock<std::result::Result<Kernels, String>>>,
+    peers: Mutex<HashSet<(i32, i32)>>,
+    pipelines: Mutex<HashMap<PipelineKey, Arc<Mutex<Pipeline>>>>,
+}
+
+impl Transport {
+    /// A transport over `devices` (usually [`Device::all`]); kernels compile on first use.
+    pub fn new(devices: Vec<Device>) -> Transport {
+        let kernels = devices.iter().map(|_| OnceLock::new()).collect();
+        Transport {
+            devices,
+            kernels,
+            peers: Mutex::new(HashSet::new()),
+            pipelines: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The device with this ordinal.
+    pub fn device(&self, ordinal: i32) -> Result<&Device> {
+        self.devices
+            .iter()
+            .find(|d| d.ordinal() == ordinal)
+            .ok_or(Error::Mem(p2p_mem::Error::NoSuchDevice {
+                ordinal,
+                count: self.devices.len() as i32,
+            }))
+    }
+
+    fn kernels(&self, device: &Device) -> Result<&Kernels> {
+        let i = self
+            .devices
+            .iter()
+            .position(|d| d == device)
+            .ok_or_else(|| {
+                Error::Mem(p2p_mem::Error::InvalidArgument(format!(
+                    "GPU {} is not part of this transport",
+                    device.ordinal()
+                )))
+            })?;
+        self.kernels[i]
+            .get_or_init(|| {
+                let module = Module::build(device, &kernels::COPY).map_err(|e| e.to_string())?;
+                let copy = module
+                    .function("p2p_copy_bytes")
+                    .map_err(|e| e.to_string())?;
+                Ok(Kernels { module, copy })
+            })
+            .as_ref()
+            .map_err(|e| {
+                Error::Mem(p2p_mem::Error::Unsupported {
+                    what: "the SM copy kernel",
+                    reason: e.clone(),
+                })
+            })
+    }
+
+    /// Enables `device` to access `peer`'s memory, once per pair.
+    pub fn ensure_peer_access(&self, device: &Device, peer: &Device) -> Result<()> {
+        let key = (device.ordinal(), peer.ordinal());
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        if device != peer && !peers.contains(&key) {
+            device.enable_peer_access(peer)?;
+            peers.insert(key);
+        }
+        Ok(())
+    }
+
+    /// Queues a copy of all of `src` into `dst` (the same size) on `stream` by `path`.
+    pub fn copy<D: DeviceMemoryMut, S: DeviceMemory>(
+        &self,
+        dst: &mut D,
+        src: &S,
+        path: Path,
+        stream: &Stream,
+    ) -> Result<()> {
+        let bytes = src.byte_len();
+        if dst.byte_len() != bytes {
+            return Err(Error::Mem(p2p_mem::Error::SizeMismatch {
+                what: "copy destination",
+                expected: bytes,
+                got: dst.byte_len(),
+            }));
+        }
+        if bytes == 0 {
+            return Ok(());
+        }
+        let (sd, dd) = (src.device().clone(), dst.device().clone());
+        match path {
+            Path::CopyEngine => {
+                copy_engine(dst.device_ptr(), &dd, src.device_ptr(), &sd, bytes, stream)
+            }
+            Path::SmWrite | Path::SmRead => {
+                let (runner, other) = if path == Path::SmWrite {
+                    (&sd, &dd)
+                } else {
+                    (&dd, &sd)
+                };
+                if stream.device() != runner {
+                    let who = if path == Path::SmWrite {
+                        "source"
+                    } else {
+                        "destination"
+                    };
+                    return Err(Error::Mem(p2p_mem::Error::InvalidArgument(format!(
+                        "{path:?} runs on the {who} GPU {}, but the stream is on GPU {}",
+                        runner.ordinal(),
+                        stream.device().ordinal()
+                    ))));
+                }
+                self.ensure_peer_access(runner, other)?;
+                self.sm_copy(runner, dst.device_ptr(), src.device_ptr(), bytes, stream)
+            }
+            Path::HostStaged | Path::Relay { .. } => {
+                let via = if let Path::Relay { via } = path {
+                    Some(self.device(via)?.clone())
+                } else {
+                    None
+                };
+                let key = (
+                    sd.ordinal(),
+                    dd.ordinal(),
+                    via.as_ref().map_or(-1, |v| v.ordinal()),
+                );
+                let pipeline = {
+                    let mut map = self.pipelines.lock().unwrap_or_else(|p| p.into_inner());
+                    match map.get(&key) {
+                        Some(p) => p.clone(),
+                        None => {
+                            let p = Arc::new(Mutex::new(Pipeline::new(&sd, &dd, via.as_ref())?));
+                            map.insert(key, p.clone());
+                            p
+                        }
+                    }
+                };
+                let mut p = pipeline.lock().unwrap_or_else(|p| p.into_inner());
+                p.run(dst.device_ptr(), src.device_ptr(), bytes, stream)
+            }
+        }
+    }
+
+    /// Queues the copy `route` calls for, for ranks within this process.
+    pub fn copy_route<D: DeviceMemoryMut, S: DeviceMemory>(
+        &self,
+        route: &Route,
+        dst: &mut D,
+        src: &S,
+        stream: &Stream,
+    ) -> Result<()> {
+        let path = match (route.mode, route.engine, route.direction) {
+            (Mode::Local, _, _) | (Mode::DirectPointer, Engine::CopyEngine, _) => Path::CopyEngine,
+            (Mode::DirectPointer, Engine::SmKernel, Direction::Write) => Path::SmWrite,
+            (Mode::DirectPointer, Engine::SmKernel, Direction::Read) => Path::SmRead,
+            (Mode::HostStaged, _, _) => Path::HostStaged,
+            (Mode::Intermediate { via }, _, _) => Path::Relay { via: via as i32 },
+            (Mode::LegacyIpc | Mode::CuMem, _, _) => {
+                return Err(Error::Mem(p2p_mem::Error::InvalidArgument(format!(
+                    "{route} is between processes: it needs a connection, not an in-process copy"
+                ))))
+            }
+        };
+        tracing::debug!(target: "p2p_transport::copy", "{route}: {path:?}, {} bytes", src.byte_len());
+        self.copy(dst, src, path, stream)
+    }
+
+    fn sm_copy(
+        &self,
+        runner: &Device,
+        dst: u64,
+        src: u64,
+        bytes: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let k = self.kernels(runner)?;
+        let vectors = bytes.div_ceil(16).div_ceil(4) as u64;
+        let max_blocks = runner.sm_count().max(1) as u64 * SM_BLOCKS_PER_SM as u64;
+        let blocks = vectors.div_ceil(SM_THREADS as u64).clamp(1, max_blocks) as u32;
+        let (mut d, mut s, mut n) = (dst, src, bytes as u64);
+        let mut params = [
+            (&mut d as *mut u64).cast::<c_void>(),
+            (&mut s as *mut u64).cast(),
+            (&mut n as *mut u64).cast(),
+        ];
+        // SAFETY: p2p_copy_bytes(unsigned char*, const unsigned char*, unsigned long long) matches
+        // the three parameters; both ranges are `bytes` long and the runner can access both
+        // (its own memory, and the peer's with access enabled above).
+        unsafe {
+            k.module
+                .launch(k.copy, blocks, SM_THREADS, &mut params, stream)
+        }
+    }
+}
+
+/// `cuMemcpyPeerAsync` in [`CE_CHUNK`] pieces on `stream`.
+fn copy_engine(
+    dst: u64,
+    dd: &Device,
+    src: u64,
+    sd: &Device,
+    bytes: usize,
+    stream: &Stream,
+) -> Result<()> {
+    stream.device().bind_to_thread()?;
+    let mut off = 0;
+    while off < bytes {
+        let len = CE_CHUNK.min(bytes - off);
+        // SAFETY: both ranges lie inside live allocations of `bytes` bytes; the contexts are retained.
+        unsafe {
+            cu!(cuMemcpyPeerAsync(
+                dst + off as u64,
+                dd.cu_context(),
+                src + off as u64,
+                sd.cu_context(),
+                len,
+                stream.cu_stream()
+            ))
+        }
+        .map_err(|source| {
+            Error::Mem(p2p_mem::Error::Peer {
+                device: sd.ordinal(),
+                peer: dd.ordinal(),
+                source,
+            })
+        })?;
+        off += len;
+    }
+    Ok(())
+}
+
+enum Staging {
+    Host(PinnedHostBuffer<u8>),
+    Device(DeviceBuffer<u8>),
+}
+
+impl Staging {
+    fn ptr(&self) -> u64 {
+        match self {
+            Staging::Host(b) => b.as_ptr() as u64,
+            Staging::Device(b) => b.device_ptr(),
+        }
+    }
+}
+
+/// Two legs overlapped through [`STAGE_SLOTS`] buffers: leg one fills a slot on stream one, leg
+/// two drains it on stream two, and a slot is refilled only after it was drained.
+struct Pipeline {
+    src_dev: Device,
+    dst_dev: Device,
+    mid: Option<Device>,
+    slots: Vec<Staging>,
+    s1: Stream,
+    s2: Stream,
+    filled: Vec<Event>,
+    drained: Vec<Event>,
+    used: Vec<bool>,
+    done: Event,
+}
+
+impl Pipeline {
+    fn new(src: &Device, dst: &Device, via: Option<&Device>) -> Result<Pipeline> {
+        let (leg2_dev, slots) = match via {
+            // Relay: leg one copies into the relay GPU, leg two out of it, both on copy engines.
+            Some(v) => (
+                v.clone(),
+                (0..STAGE_SLOTS)
+                    .map(|_| DeviceBuffer::<u8>::new(v, STAGE_CHUNK).map(Staging::Device))
+                    .collect::<p2p_mem::Result<Vec<_>>>()?,
+            ),
+            // Host-staged: device-to-host on the source, host-to-device on the destination.
+            None => (
+                dst.clone(),
+                (0..STAGE_SLOTS)
+                    .map(|_| PinnedHostBuffer::<u8>::new(src, STAGE_CHUNK).map(Staging::Host))
+                    .collect::<p2p_mem::Result<Vec<_>>>()?,
+            ),
+        };
+        let s1 = Stream::new(src)?;
+        let s2 = Stream::new(&leg2_dev)?;
+        let filled = (0..STAGE_SLOTS)
+            .map(|_| Event::new(src))
+            .collect::<p2p_mem::Result<Vec<_>>>()?;
+        let drained = (0..STAGE_SLOTS)
+            .map(|_| Event::new(&leg2_dev))
+            .collect::<p2p_mem::Result<Vec<_>>>()?;
+        let done = Event::new(&leg2_dev)?;
+        Ok(Pipeline {
+            src_dev: src.clone(),
+            dst_dev: dst.clone(),
+            mid: via.cloned(),
+            slots,
+            s1,
+            s2,
+            filled,
+            drained,
+            used: vec![false; STAGE_SLOTS],
+            done,
+        })
+    }
+
+    fn run(&mut self, dst: u64, src: u64, bytes: usize, caller: &Stream) -> Result<()> {
+        let start = Event::new(caller.device())?;
+        start.record(caller)?;
+        start.wait_on(&self.s1)?;
+        let mut off = 0;
+        let mut k = 0;
+        while off < bytes {
+            let len = STAGE_CHUNK.min(bytes - off);
+            let slot = k % STAGE_SLOTS;
+            if self.used[slot] {
+                self.drained[slot].wait_on(&self.s1)?;
+            }
+            let buf = self.slots[slot].ptr();
+            self.leg1(buf, src + off as u64, len)?;
+            self.filled[slot].record(&self.s1)?;
+            self.filled[slot].wait_on(&self.s2)?;
+            self.leg2(dst + off as u64, buf, len)?;
+            self.drained[slot].record(&self.s2)?;
+            self.used[slot] = true;
+            off += len;
+            k += 1;
+        }
+        self.done.record(&self.s2)?;
+        Ok(self.done.wait_on(caller)?)
+    }
+
+    fn leg1(&self, buf: u64, src: u64, len: usize) -> Result<()> {
+        let (sd, s) = (&self.src_dev, &self.s1);
+        match &self.mid {
+            Some(mid) => copy_engine(buf, mid, src, sd, len, s),
+            None => {
+                sd.bind_to_thread()?;
+                // SAFETY: `buf` is a pinned staging buffer of STAGE_CHUNK >= len bytes owned by the
+                // pipeline; `src` lies in a live allocation.
+                unsafe {
+                    cu!(cuMemcpyDtoHAsync_v2(
+                        buf as *mut c_void,
+                        src,
+                        len,
+                        s.cu_stream()
+                    ))
+                }
+                .map_err(|source| {
+                    Error::Mem(p2p_mem::Error::Cuda {
+                        device: sd.ordinal(),
+                        source,
+                    })
+                })
+            }
+        }
+    }
+
+    fn leg2(&self, dst: u64, buf: u64, len: usize) -> Result<()> {
+        let (dd, s) = (&self.dst_dev, &self.s2);
+        match &self.mid {
+            Some(mid) => copy_engine(dst, dd, buf, mid, len, s),
+            None => {
+                dd.bind_to_thread()?;
+                // SAFETY: as in leg1, in the other direction.
+                unsafe {
+                    cu!(cuMemcpyHtoDAsync_v2(
+                        dst,
+                        buf as *const c_void,
+                        len,
+                        s.cu_stream()
+                    ))
+                }
+                .map_err(|source| {
+                    Error::Mem(p2p_mem::Error::Cuda {
+                        device: dd.ordinal(),
+                        source,
+                    })
+                })
+            }
+        }
+    }
+}
+
+/// `cudaMemcpyPeerAsync` through the runtime API, for comparison in the benchmark.
+pub fn runtime_memcpy_peer(
+    dst: u64,
+    dst_dev: &Device,
+    src: u64,
+    src_dev: &Device,
+    bytes: usize,
+    stream: &Stream,
+) -> Result<()> {
+    p2p_sys::probe::require(p2p_sys::Library::Cudart)?;
+    stream.device().bind_to_thread()?;
+    // SAFETY: libcudart is loaded; both ranges lie in live allocations; the runtime uses the
+    // primary contexts our Devices retain, so the stream is valid for it.
+    let r = unsafe {
+        p2p_sys::cudart::cudaMemcpyPeerAsync(
+            dst as *mut c_void,
+            dst_dev.ordinal(),
+            src as *const c_void,
+            src_dev.ordinal(),
+            bytes,
+            stream.cu_stream() as p2p_sys::cudart::cudaStream_t,
+        )
+    };
+    Ok(p2p_sys::check_cudart("cudaMemcpyPeerAsync", r)?)
+}
