@@ -11,8 +11,21 @@ use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Event, Stream};
-use p2p_transport::copy::{runtime_memcpy_peer, Path, Transport};
+use p2p_transport::copy::{runtime_memcpy_peer, Path, SmGrid, Transport};
 use serde_json::{json, Value};
+
+/// SM kernel launch shapes tried by the grid sweep: (blocks per SM, threads per block).
+pub const SM_GRIDS: [(u32, u32); 9] = [
+    (1, 256),
+    (1, 512),
+    (1, 1024),
+    (2, 256),
+    (2, 512),
+    (2, 1024),
+    (4, 256),
+    (4, 512),
+    (8, 256),
+];
 
 /// One way of moving the bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -327,6 +340,15 @@ pub fn run(opts: &Options) -> p2p_transport::Result<Value> {
         src.push(s);
         dst.push(DeviceBuffer::<u8>::zeroed(d, buf)?);
     }
+    // P2P enabled for every pair before anything is timed: without it, peer copies (ours and
+    // cudaMemcpyPeerAsync alike) are silently staged through the host by the driver.
+    for a in &devices {
+        for b in &devices {
+            if a != b && a.can_access_peer(b)? {
+                t.ensure_peer_access(a, b)?;
+            }
+        }
+    }
     let bench = Bench {
         t: &t,
         devices: &devices,
@@ -338,10 +360,31 @@ pub fn run(opts: &Options) -> p2p_transport::Result<Value> {
         .flat_map(|a| (0..n).filter(move |&b| b != a).map(move |b| (a, b)))
         .collect();
     let sizes = sweep_sizes(opts.max_bytes);
-    let total = Method::ALL.len() * (n * n + pairs.len())
+    let total = SM_GRIDS.len() * 2 * pairs.len().min(1)
+        + Method::ALL.len() * (n * n + pairs.len())
         + 2 * pairs.len()
         + Method::ALL.len() * sizes.len() * pairs.len();
     let mut progress = Progress::new(total);
+
+    // The SM kernel's launch shape, on the first pair, before the matrices use the default.
+    let mut grid_sweep = Vec::new();
+    if let Some(&(a, b)) = pairs.first() {
+        for &(blocks_per_sm, threads) in &SM_GRIDS {
+            t.set_sm_grid(SmGrid {
+                blocks_per_sm,
+                threads,
+            });
+            for m in [Method::SmWrite, Method::SmRead] {
+                let st = bench.bandwidth(m, a, b, opts.matrix_bytes, false)?;
+                grid_sweep.push(json!({"from": a, "to": b, "method": m.name(), "blocks_per_sm": blocks_per_sm, "threads": threads, "gbps": st.json()}));
+                progress.step(&format!(
+                    "SM grid {blocks_per_sm}x{threads} {} GPU{a}->GPU{b}",
+                    m.name()
+                ));
+            }
+        }
+        t.set_sm_grid(SmGrid::DEFAULT);
+    }
 
     let mut uni = serde_json::Map::new();
     let mut bi = serde_json::Map::new();
@@ -415,6 +458,7 @@ pub fn run(opts: &Options) -> p2p_transport::Result<Value> {
         "bandwidth_gbps": {"unidirectional": uni, "bidirectional": bi},
         "latency_us": {"gpu_one_way": gpu_lat, "cpu_memcpy_4B": cpu_lat},
         "sweep": sweep,
+        "sm_grid": {"default": {"blocks_per_sm": SmGrid::DEFAULT.blocks_per_sm, "threads": SmGrid::DEFAULT.threads}, "sweep": grid_sweep},
     }))
 }
 
@@ -568,6 +612,37 @@ pub fn render(r: &Value) -> String {
         "us",
     );
 
+    let grid = r["sm_grid"]["sweep"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if !grid.is_empty() {
+        out += &format!(
+            "## SM kernel launch shape at {} (GB/s, median; GPU{} -> GPU{}; default {}x{})\n\n| blocks/SM x threads | SM write | SM read |\n| --- | --- | --- |\n",
+            size_name(mb),
+            grid[0]["from"],
+            grid[0]["to"],
+            r["sm_grid"]["default"]["blocks_per_sm"],
+            r["sm_grid"]["default"]["threads"]
+        );
+        for &(b, th) in &SM_GRIDS {
+            let cell = |m: Method| {
+                grid.iter()
+                    .find(|e| {
+                        e["blocks_per_sm"] == b && e["threads"] == th && e["method"] == m.name()
+                    })
+                    .and_then(|e| median_of(&e["gbps"]))
+                    .map(|v| format!("{v:.1}"))
+                    .unwrap_or_else(|| "-".into())
+            };
+            out += &format!(
+                "| {b} x {th} | {} | {} |\n",
+                cell(Method::SmWrite),
+                cell(Method::SmRead)
+            );
+        }
+        out += "\n";
+    }
     out += "## Size sweep (GB/s, median; row = size)\n\n";
     let sweep = r["sweep"].as_array().cloned().unwrap_or_default();
     let mut pairs: Vec<(u64, u64)> = sweep

@@ -48,9 +48,10 @@ pub enum Path {
     },
 }
 
-/// Copy-engine calls are split into chunks of this size, so a long copy does not hold a copy
-/// engine against other streams for its whole length.
-pub const CE_CHUNK: usize = 64 << 20;
+/// Copy-engine calls are split into chunks of this size, so a very long copy does not hold a
+/// copy engine against other streams for its whole length. Each chunk costs a little: 64 MiB
+/// chunks lost 1.5% at 256 MiB against one call (docs/perf-notes.md), so chunks are large.
+pub const CE_CHUNK: usize = 1 << 30;
 /// Chunk size of the staged pipelines (host and relay).
 pub const STAGE_CHUNK: usize = 4 << 20;
 /// Staging buffers per pipeline: four chunks in flight.
@@ -74,6 +75,25 @@ pub struct Transport {
     kernels: Vec<OnceLock<std::result::Result<Kernels, String>>>,
     peers: Mutex<HashSet<(i32, i32)>>,
     pipelines: Mutex<HashMap<PipelineKey, Arc<Mutex<Pipeline>>>>,
+    sm_grid: Mutex<SmGrid>,
+}
+
+/// The launch shape of the SM copy kernel: blocks per SM (capped by the data) and threads per
+/// block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SmGrid {
+    /// Blocks per streaming multiprocessor.
+    pub blocks_per_sm: u32,
+    /// Threads per block (a multiple of 32, at most 1024).
+    pub threads: u32,
+}
+
+impl SmGrid {
+    /// The default shape.
+    pub const DEFAULT: SmGrid = SmGrid {
+        blocks_per_sm: SM_BLOCKS_PER_SM,
+        threads: SM_THREADS,
+    };
 }
 
 impl Transport {
@@ -85,6 +105,7 @@ impl Transport {
             kernels,
             peers: Mutex::new(HashSet::new()),
             pipelines: Mutex::new(HashMap::new()),
+            sm_grid: Mutex::new(SmGrid::DEFAULT),
         }
     }
 
@@ -138,6 +159,22 @@ impl Transport {
         Ok(())
     }
 
+    /// Enables peer access in both directions between `a` and `b`.
+    pub fn ensure_peer_access_both(&self, a: &Device, b: &Device) -> Result<()> {
+        self.ensure_peer_access(a, b)?;
+        self.ensure_peer_access(b, a)
+    }
+
+    /// The SM copy kernel's launch shape.
+    pub fn sm_grid(&self) -> SmGrid {
+        *self.sm_grid.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Changes the SM copy kernel's launch shape (for tuning; the default is [`SmGrid::DEFAULT`]).
+    pub fn set_sm_grid(&self, grid: SmGrid) {
+        *self.sm_grid.lock().unwrap_or_else(|p| p.into_inner()) = grid;
+    }
+
     /// Queues a copy of all of `src` into `dst` (the same size) on `stream` by `path`.
     pub fn copy<D: DeviceMemoryMut, S: DeviceMemory>(
         &self,
@@ -160,6 +197,9 @@ impl Transport {
         let (sd, dd) = (src.device().clone(), dst.device().clone());
         match path {
             Path::CopyEngine => {
+                // Without peer access the driver stages peer copies through host memory
+                // (measured: 38 GB/s instead of 393 on NV18).
+                self.ensure_peer_access_both(&sd, &dd)?;
                 copy_engine(dst.device_ptr(), &dd, src.device_ptr(), &sd, bytes, stream)
             }
             Path::SmWrite | Path::SmRead => {
@@ -199,6 +239,11 @@ impl Transport {
                     match map.get(&key) {
                         Some(p) => p.clone(),
                         None => {
+                            if let Some(v) = &via {
+                                // The relay legs are peer copies: direct only with peer access.
+                                self.ensure_peer_access_both(&sd, v)?;
+                                self.ensure_peer_access_both(v, &dd)?;
+                            }
                             let p = Arc::new(Mutex::new(Pipeline::new(&sd, &dd, via.as_ref())?));
                             map.insert(key, p.clone());
                             p
@@ -245,8 +290,9 @@ impl Transport {
     ) -> Result<()> {
         let k = self.kernels(runner)?;
         let vectors = bytes.div_ceil(16).div_ceil(4) as u64;
-        let max_blocks = runner.sm_count().max(1) as u64 * SM_BLOCKS_PER_SM as u64;
-        let blocks = vectors.div_ceil(SM_THREADS as u64).clamp(1, max_blocks) as u32;
+        let grid = self.sm_grid();
+        let max_blocks = runner.sm_count().max(1) as u64 * grid.blocks_per_sm as u64;
+        let blocks = vectors.div_ceil(grid.threads as u64).clamp(1, max_blocks) as u32;
         let (mut d, mut s, mut n) = (dst, src, bytes as u64);
         let mut params = [
             (&mut d as *mut u64).cast::<c_void>(),
@@ -258,7 +304,7 @@ impl Transport {
         // (its own memory, and the peer's with access enabled above).
         unsafe {
             k.module
-                .launch(k.copy, blocks, SM_THREADS, &mut params, stream)
+                .launch(k.copy, blocks, grid.threads, &mut params, stream)
         }
     }
 }
