@@ -188,9 +188,10 @@ struct Bench<'a> {
     samples: usize,
 }
 
-/// Copies per timed sample: enough to cover ~64 MiB or 200 copies, whichever is fewer.
+/// Copies per timed sample: ~1 GiB worth, at least 2 (so the host's launch gap after the start
+/// event is amortised) and at most 200.
 fn iters_for(bytes: usize) -> usize {
-    ((64usize << 20) / bytes.max(1)).clamp(1, 200)
+    ((1usize << 30) / bytes.max(1)).clamp(2, 200)
 }
 
 impl Bench<'_> {
@@ -707,7 +708,8 @@ mod tests {
         assert_eq!(size_name(256 << 20), "256 MiB");
         assert_eq!(size_name(1 << 30), "1 GiB");
         assert_eq!(iters_for(4), 200);
-        assert_eq!(iters_for(1 << 30), 1);
+        assert_eq!(iters_for(256 << 20), 4);
+        assert_eq!(iters_for(1 << 30), 2);
     }
 
     #[test]
