@@ -7,10 +7,13 @@
 //! rotate through 1 GiB so small copies are not served from L2. Results go out as JSON plus a
 //! Markdown table.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Event, Stream};
+use p2p_transport::conn::{connect_in_process, ConnOptions, RecvConn, SendConn};
 use p2p_transport::copy::{runtime_memcpy_peer, Path, SmGrid, Transport};
 use serde_json::{json, Value};
 
@@ -40,16 +43,19 @@ pub enum Method {
     SmRead,
     /// Plain `cudaMemcpyPeerAsync`, the reference.
     CudaMemcpyPeer,
+    /// Our send/recv kernels through a connection's slot ring (one process).
+    SendRecv,
 }
 
 impl Method {
     /// All methods, in table order.
-    pub const ALL: [Method; 5] = [
+    pub const ALL: [Method; 6] = [
         Method::HostStaged,
         Method::CopyEngine,
         Method::SmWrite,
         Method::SmRead,
         Method::CudaMemcpyPeer,
+        Method::SendRecv,
     ];
 
     /// The name in tables and JSON.
@@ -60,6 +66,7 @@ impl Method {
             Method::SmWrite => "SM write",
             Method::SmRead => "SM read",
             Method::CudaMemcpyPeer => "cudaMemcpyPeerAsync",
+            Method::SendRecv => "send/recv",
         }
     }
 }
@@ -186,6 +193,7 @@ struct Bench<'a> {
     src: Vec<DeviceBuffer<u8>>,
     dst: Vec<DeviceBuffer<u8>>,
     samples: usize,
+    conns: RefCell<HashMap<(usize, usize), (SendConn, RecvConn)>>,
 }
 
 /// Copies per timed sample: ~1 GiB worth, at least 2 (so the host's launch gap after the start
@@ -249,6 +257,60 @@ impl Bench<'_> {
         Ok(())
     }
 
+    /// GB/s of send/recv a -> b: the receiver's kernel on b's stream, the sender's on a's.
+    fn sendrecv_bandwidth(&self, a: usize, b: usize, bytes: usize) -> p2p_transport::Result<Stat> {
+        let mut conns = self.conns.borrow_mut();
+        let (tx, rx) = match conns.entry((a, b)) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(connect_in_process(
+                self.t,
+                &self.devices[a],
+                &self.devices[b],
+                (a, b),
+                ConnOptions::default(),
+            )?),
+        };
+        let iters = iters_for(bytes);
+        let (s1, s2) = (
+            Stream::new(&self.devices[a])?,
+            Stream::new(&self.devices[b])?,
+        );
+        let (start, end) = (
+            Event::timing(&self.devices[a])?,
+            Event::timing(&self.devices[a])?,
+        );
+        let joined = Event::new(&self.devices[b])?;
+        let room = self.src[a].len().min(self.dst[b].len());
+        let stride = bytes.next_multiple_of(256);
+        let positions = ((room - bytes) / stride + 1).max(1);
+        let mut samples = Vec::with_capacity(self.samples);
+        for k in 0..self.samples + 2 {
+            start.record(&s1)?;
+            start.wait_on(&s2)?;
+            for i in 0..iters {
+                let off = ((k * iters + i) % positions) * stride;
+                let mut dst = RawRegion {
+                    device: &self.devices[b],
+                    ptr: self.dst[b].device_ptr() + off as u64,
+                    bytes,
+                };
+                rx.recv(&mut dst, &s2)?;
+                tx.send(&self.src[a].slice(off..off + bytes)?, &s1)?;
+            }
+            joined.record(&s2)?;
+            joined.wait_on(&s1)?;
+            end.record(&s1)?;
+            end.synchronize()?;
+            tx.wait(&s1)?;
+            rx.wait(&s2)?;
+            let ms = start.elapsed_ms(&end)? as f64;
+            if k >= 2 {
+                samples.push((bytes * iters) as f64 / (ms * 1e-3) / 1e9);
+            }
+        }
+        Ok(Stat::of(samples))
+    }
+
     /// GB/s of a -> b, and with `both` of b -> a at the same time (bytes of both counted).
     fn bandwidth(
         &self,
@@ -258,6 +320,9 @@ impl Bench<'_> {
         bytes: usize,
         both: bool,
     ) -> p2p_transport::Result<Stat> {
+        if m == Method::SendRecv {
+            return self.sendrecv_bandwidth(a, b, bytes);
+        }
         let iters = iters_for(bytes);
         let s1 = Stream::new(self.runner(m, a, b))?;
         let s2 = Stream::new(self.runner(m, b, a))?;
@@ -356,13 +421,15 @@ pub fn run(opts: &Options) -> p2p_transport::Result<Value> {
         src,
         dst,
         samples: opts.samples.max(1),
+        conns: RefCell::new(HashMap::new()),
     };
     let pairs: Vec<(usize, usize)> = (0..n)
         .flat_map(|a| (0..n).filter(move |&b| b != a).map(move |b| (a, b)))
         .collect();
     let sizes = sweep_sizes(opts.max_bytes);
     let total = SM_GRIDS.len() * 2 * pairs.len().min(1)
-        + Method::ALL.len() * (n * n + pairs.len())
+        + Method::ALL.len() * n * n
+        + (Method::ALL.len() - 1) * pairs.len()
         + 2 * pairs.len()
         + Method::ALL.len() * sizes.len() * pairs.len();
     let mut progress = Progress::new(total);
@@ -400,7 +467,8 @@ pub fn run(opts: &Options) -> p2p_transport::Result<Value> {
                     m.name(),
                     size_name(opts.matrix_bytes)
                 ));
-                if a != b {
+                // Bidirectional send/recv would need two connections at once: not measured.
+                if a != b && m != Method::SendRecv {
                     bm[a][b] = bench.bandwidth(m, a, b, opts.matrix_bytes, true)?.json();
                     progress.step(&format!(
                         "{} GPU{a}<->GPU{b} {}",
@@ -742,6 +810,9 @@ mod tests {
             text.contains("| one-way latency, SM store + flag (us) | <= 1.5 | 1.2 | yes |"),
             "{text}"
         );
-        assert!(text.contains("| 4 B | - | - | 0.002 | - | - |"), "{text}");
+        assert!(
+            text.contains("| 4 B | - | - | 0.002 | - | - | - |"),
+            "{text}"
+        );
     }
 }

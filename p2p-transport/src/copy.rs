@@ -76,6 +76,7 @@ pub struct Transport {
     peers: Mutex<HashSet<(i32, i32)>>,
     pipelines: Mutex<HashMap<PipelineKey, Arc<Mutex<Pipeline>>>>,
     sm_grid: Mutex<SmGrid>,
+    sendrecv: Vec<OnceLock<std::result::Result<Arc<crate::conn::SrKernels>, String>>>,
 }
 
 /// The launch shape of the SM copy kernel: blocks per SM (capped by the data) and threads per
@@ -100,12 +101,14 @@ impl Transport {
     /// A transport over `devices` (usually [`Device::all`]); kernels compile on first use.
     pub fn new(devices: Vec<Device>) -> Transport {
         let kernels = devices.iter().map(|_| OnceLock::new()).collect();
+        let n = devices.len();
         Transport {
             devices,
             kernels,
             peers: Mutex::new(HashSet::new()),
             pipelines: Mutex::new(HashMap::new()),
             sm_grid: Mutex::new(SmGrid::DEFAULT),
+            sendrecv: (0..n).map(|_| OnceLock::new()).collect(),
         }
     }
 
@@ -144,6 +147,33 @@ impl Transport {
                 Error::Mem(p2p_mem::Error::Unsupported {
                     what: "the SM copy kernel",
                     reason: e.clone(),
+                })
+            })
+    }
+
+    /// The send/recv kernels of `device`, compiled on first use.
+    pub(crate) fn sendrecv_kernels(&self, device: &Device) -> Result<Arc<crate::conn::SrKernels>> {
+        let i = self
+            .devices
+            .iter()
+            .position(|d| d == device)
+            .ok_or_else(|| {
+                Error::Mem(p2p_mem::Error::InvalidArgument(format!(
+                    "GPU {} is not part of this transport",
+                    device.ordinal()
+                )))
+            })?;
+        self.sendrecv[i]
+            .get_or_init(|| {
+                crate::conn::SrKernels::build(device)
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string())
+            })
+            .clone()
+            .map_err(|e| {
+                Error::Mem(p2p_mem::Error::Unsupported {
+                    what: "the send/recv kernels",
+                    reason: e,
                 })
             })
     }

@@ -10,6 +10,42 @@ pub enum Error {
     /// From the FFI layer (a missing library, a failed NVRTC call).
     #[error(transparent)]
     Sys(#[from] p2p_sys::Error),
+    /// A send or recv waited for its peer past the time limit, or was aborted.
+    #[error("{op} on rank {rank} (GPU {device}) stalled waiting for rank {peer} at chunk {chunk}: {why}; the connection is now unusable")]
+    Stalled {
+        /// `send` or `recv`.
+        op: &'static str,
+        /// This rank.
+        rank: usize,
+        /// This rank's GPU.
+        device: i32,
+        /// The rank it waited for.
+        peer: usize,
+        /// The chunk it was waiting on.
+        chunk: i64,
+        /// Timed out or aborted.
+        why: String,
+    },
+    /// A connection that already failed or was aborted.
+    #[error("{op} on rank {rank}: the connection to rank {peer} is unusable ({why})")]
+    Broken {
+        /// The refused operation.
+        op: String,
+        /// This rank.
+        rank: usize,
+        /// The peer rank.
+        peer: usize,
+        /// Why.
+        why: String,
+    },
+    /// Setting up a connection between processes failed.
+    #[error("connecting to rank {peer}: {why}")]
+    Handshake {
+        /// The peer rank.
+        peer: usize,
+        /// What went wrong.
+        why: String,
+    },
     /// NVRTC rejected a kernel: the log says why.
     #[error("NVRTC could not compile {kernel} for {arch}:\n{log}")]
     Compile {

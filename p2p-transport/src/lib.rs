@@ -12,6 +12,7 @@
 //! and SM-kernel data paths, and `send` / `recv` between ranks are not built yet.
 
 pub mod config;
+pub mod conn;
 pub mod copy;
 pub mod doctor;
 mod error;

@@ -42,8 +42,14 @@ pub const LATENCY: Source = Source {
     code: include_str!("latency.cu"),
 };
 
+/// Send/recv through slot buffers with ready/freed flags: `p2p_send`, `p2p_recv`.
+pub const SENDRECV: Source = Source {
+    name: "sendrecv.cu",
+    code: include_str!("sendrecv.cu"),
+};
+
 /// Every kernel source in the crate (CI compiles each for sm_80 and sm_90).
-pub const SOURCES: [Source; 3] = [PROBE, COPY, LATENCY];
+pub const SOURCES: [Source; 4] = [PROBE, COPY, LATENCY, SENDRECV];
 
 /// `sm_90` for compute capability 9.0.
 pub fn arch_for(device: &Device) -> String {

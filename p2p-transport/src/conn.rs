@@ -1,0 +1,465 @@
+//! Point-to-point connections: `send` on one rank, `recv` on another, through slot buffers.
+//!
+//! The receiver owns a ring of `slots` buffers of `slot_bytes` each, plus one `ready` sequence
+//! number per slot; the sender owns one `freed` number per slot. Each side maps the other's
+//! memory: by plain pointer within a process ([`connect_in_process`]), or across processes
+//! ([`connect_sender`] / [`connect_receiver`] over an [`FdChannel`]) by legacy IPC handle or by
+//! cuMem fd, as mode selection chose. Sending and receiving are kernels (`sendrecv.cu`) that
+//! pipeline a message of any size through the ring, chunk by chunk, with the flags as ready/done
+//! signals; they are stream-ordered and asynchronous.
+//!
+//! No hangs: every wait in the kernels has a time limit and watches an abort flag (pinned host
+//! memory, so [`AbortHandle::abort`] from any thread reaches a spinning kernel at once). A stall
+//! is reported by [`SendConn::wait`] / [`RecvConn::wait`] as [`Error::Stalled`] naming the
+//! operation, the rank and the peer; the connection then refuses further work.
+
+use std::ffi::c_void;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use p2p_mem::fdpass::FdChannel;
+use p2p_mem::ipc::IpcMemHandle;
+use p2p_mem::vmm::{ShareableHandles, VmmBuffer, VmmHandle};
+use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, PinnedHostBuffer, Stream};
+
+use crate::copy::Transport;
+use crate::error::{Error, Result};
+use crate::kernels::{Function, Module};
+
+/// The shape and limits of a connection. Both sides must use the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnOptions {
+    /// Slots in the receiver's ring; also the number of blocks of the send and recv kernels.
+    pub slots: u32,
+    /// Bytes per slot.
+    pub slot_bytes: usize,
+    /// How long a kernel waits for the peer before giving up.
+    pub timeout: Duration,
+}
+
+impl Default for ConnOptions {
+    fn default() -> Self {
+        ConnOptions {
+            slots: 128,
+            slot_bytes: 256 << 10,
+            timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl ConnOptions {
+    fn ring_bytes(&self) -> usize {
+        self.slots as usize * self.slot_bytes + self.flags_bytes()
+    }
+    fn flags_bytes(&self) -> usize {
+        (self.slots as usize * 8).next_multiple_of(256)
+    }
+    fn check(&self) -> Result<()> {
+        if self.slots == 0
+            || self.slots > 1024
+            || self.slot_bytes == 0
+            || self.slot_bytes % 256 != 0
+        {
+            return Err(invalid(format!("connection shape {} slots x {} bytes: need 1-1024 slots of a non-zero multiple of 256 bytes", self.slots, self.slot_bytes)));
+        }
+        Ok(())
+    }
+}
+
+fn invalid(msg: String) -> Error {
+    Error::Mem(p2p_mem::Error::InvalidArgument(msg))
+}
+
+/// How the two processes share the connection's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sharing {
+    /// Legacy CUDA IPC handles.
+    LegacyIpc,
+    /// cuMem allocations passed as POSIX fds.
+    CuMem,
+}
+
+type Shared = Arc<dyn DeviceMemory + Send + Sync>;
+
+/// The compiled send/recv kernels of one device.
+pub(crate) struct SrKernels {
+    module: Module,
+    send: Function,
+    recv: Function,
+}
+
+impl SrKernels {
+    pub(crate) fn build(device: &Device) -> Result<SrKernels> {
+        let module = Module::build(device, &crate::kernels::SENDRECV)?;
+        let send = module.function("p2p_send")?;
+        let recv = module.function("p2p_recv")?;
+        Ok(SrKernels { module, send, recv })
+    }
+}
+
+/// Lets any thread stop a connection's kernels: their waits see it and end.
+#[derive(Clone)]
+pub struct AbortHandle {
+    flag: Arc<PinnedHostBuffer<i32>>,
+}
+
+impl AbortHandle {
+    fn new(device: &Device) -> Result<AbortHandle> {
+        Ok(AbortHandle {
+            flag: Arc::new(PinnedHostBuffer::<i32>::new(device, 1)?),
+        })
+    }
+    /// Makes every wait of the connection's kernels give up now, and later calls fail at once.
+    pub fn abort(&self) {
+        // SAFETY: the pinned buffer holds one i32 and lives as long as `self`; kernels read it
+        // with volatile loads, so the host writes it atomically.
+        unsafe { AtomicI32::from_ptr(self.flag.as_ptr() as *mut i32) }.store(1, Ordering::SeqCst);
+    }
+    /// Whether [`abort`](Self::abort) was called.
+    pub fn is_aborted(&self) -> bool {
+        // SAFETY: as above.
+        unsafe { AtomicI32::from_ptr(self.flag.as_ptr() as *mut i32) }.load(Ordering::SeqCst) != 0
+    }
+    fn device_ptr(&self) -> u64 {
+        // Pinned host memory is addressable from the device at the same address (UVA).
+        self.flag.as_ptr() as u64
+    }
+}
+
+/// One side's state shared by send and recv.
+struct Side {
+    device: Device,
+    rank: usize,
+    peer: usize,
+    opts: ConnOptions,
+    kernels: Arc<SrKernels>,
+    ring: Shared,
+    flags: Shared,
+    status: DeviceBuffer<i32>,
+    abort: AbortHandle,
+    next_chunk: u64,
+    failed: Option<String>,
+}
+
+impl Side {
+    fn new(
+        t: &Transport,
+        device: &Device,
+        ranks: (usize, usize),
+        opts: ConnOptions,
+        ring: Shared,
+        flags: Shared,
+    ) -> Result<Side> {
+        if ring.byte_len() < opts.ring_bytes() || flags.byte_len() < opts.flags_bytes() {
+            return Err(invalid(format!(
+                "the peer's connection buffers are {} + {} bytes, this side needs {} + {}: both sides must use the same ConnOptions",
+                ring.byte_len(),
+                flags.byte_len(),
+                opts.ring_bytes(),
+                opts.flags_bytes()
+            )));
+        }
+        Ok(Side {
+            device: device.clone(),
+            rank: ranks.0,
+            peer: ranks.1,
+            opts,
+            kernels: t.sendrecv_kernels(device)?,
+            ring,
+            flags,
+            status: DeviceBuffer::<i32>::zeroed(device, 2)?,
+            abort: AbortHandle::new(device)?,
+            next_chunk: 0,
+            failed: None,
+        })
+    }
+
+    fn usable(&self, op: &str) -> Result<()> {
+        if let Some(why) = &self.failed {
+            return Err(Error::Broken {
+                op: op.to_string(),
+                rank: self.rank,
+                peer: self.peer,
+                why: why.clone(),
+            });
+        }
+        if self.abort.is_aborted() {
+            return Err(Error::Broken {
+                op: op.to_string(),
+                rank: self.rank,
+                peer: self.peer,
+                why: "aborted".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Launches `send` or `recv` over `buf` on `stream`.
+    fn launch(&mut self, sending: bool, buf: u64, bytes: usize, stream: &Stream) -> Result<()> {
+        let op = if sending { "send" } else { "recv" };
+        self.usable(op)?;
+        if stream.device() != &self.device {
+            return Err(invalid(format!(
+                "{op} on rank {} runs on GPU {}, but the stream is on GPU {}",
+                self.rank,
+                self.device.ordinal(),
+                stream.device().ordinal()
+            )));
+        }
+        if bytes == 0 {
+            return Ok(());
+        }
+        let chunks = bytes.div_ceil(self.opts.slot_bytes) as u64;
+        let grid = (chunks.min(self.opts.slots as u64)) as u32;
+        let ready = self.ring.device_ptr() + (self.opts.slots as u64 * self.opts.slot_bytes as u64);
+        let (mut buf, mut n, mut slots, mut slot_bytes, mut nslots) = (
+            buf,
+            bytes as u64,
+            self.ring.device_ptr(),
+            self.opts.slot_bytes as u64,
+            self.opts.slots,
+        );
+        let (mut ready, mut freed, mut base) = (ready, self.flags.device_ptr(), self.next_chunk);
+        let (mut timeout, mut abort, mut status) = (
+            self.opts.timeout.as_nanos() as u64,
+            self.abort.device_ptr(),
+            self.status.device_ptr(),
+        );
+        let mut params = [
+            (&mut buf as *mut u64).cast::<c_void>(),
+            (&mut n as *mut u64).cast(),
+            (&mut slots as *mut u64).cast(),
+            (&mut slot_bytes as *mut u64).cast(),
+            (&mut nslots as *mut u32).cast(),
+            (&mut ready as *mut u64).cast(),
+            (&mut freed as *mut u64).cast(),
+            (&mut base as *mut u64).cast(),
+            (&mut timeout as *mut u64).cast(),
+            (&mut abort as *mut u64).cast(),
+            (&mut status as *mut u64).cast(),
+        ];
+        let f = if sending {
+            self.kernels.send
+        } else {
+            self.kernels.recv
+        };
+        // SAFETY: the parameters match p2p_send / p2p_recv; `buf` holds `bytes` on this GPU; the
+        // ring (slots + ready) and the flags are at least as large as the options require
+        // (checked in Side::new) and mapped for this GPU; the abort flag is pinned host memory
+        // and the status two ints here, all owned by this connection, which outlives the launch
+        // as long as the caller waits before dropping it (documented on wait()).
+        unsafe {
+            self.kernels
+                .module
+                .launch(f, grid, 512, &mut params, stream)
+        }?;
+        self.next_chunk += chunks;
+        Ok(())
+    }
+
+    fn wait(&mut self, op: &'static str, stream: &Stream) -> Result<()> {
+        stream.synchronize()?;
+        let st = self.status.to_host_vec::<i32>()?;
+        if st[0] == 0 {
+            return Ok(());
+        }
+        let why = match st[0] {
+            1 => format!(
+                "timed out after {:?} waiting for the peer",
+                self.opts.timeout
+            ),
+            2 => "aborted".to_string(),
+            c => format!("kernel status {c}"),
+        };
+        self.failed = Some(why.clone());
+        Err(Error::Stalled {
+            op,
+            rank: self.rank,
+            device: self.device.ordinal(),
+            peer: self.peer,
+            chunk: st[1] as i64,
+            why,
+        })
+    }
+}
+
+/// The sending end of a connection.
+pub struct SendConn {
+    side: Side,
+}
+
+/// The receiving end of a connection.
+pub struct RecvConn {
+    side: Side,
+}
+
+impl SendConn {
+    /// Queues sending all of `src` (on this side's GPU) on `stream`. The receiver must call
+    /// [`RecvConn::recv`] with a buffer of the same size; messages match in order.
+    pub fn send(&mut self, src: &impl DeviceMemory, stream: &Stream) -> Result<()> {
+        if src.device() != &self.side.device {
+            return Err(invalid(format!(
+                "send on rank {}: the source is on GPU {}, the connection on GPU {}",
+                self.side.rank,
+                src.device().ordinal(),
+                self.side.device.ordinal()
+            )));
+        }
+        self.side
+            .launch(true, src.device_ptr(), src.byte_len(), stream)
+    }
+    /// Waits for the sends queued on `stream`, and reports a stall. Wait before dropping the
+    /// connection or the source buffers.
+    pub fn wait(&mut self, stream: &Stream) -> Result<()> {
+        self.side.wait("send", stream)
+    }
+    /// A handle that aborts this end from any thread.
+    pub fn abort_handle(&self) -> AbortHandle {
+        self.side.abort.clone()
+    }
+}
+
+impl RecvConn {
+    /// Queues receiving into all of `dst` (on this side's GPU) on `stream`.
+    pub fn recv(&mut self, dst: &mut impl DeviceMemoryMut, stream: &Stream) -> Result<()> {
+        if dst.device() != &self.side.device {
+            return Err(invalid(format!(
+                "recv on rank {}: the destination is on GPU {}, the connection on GPU {}",
+                self.side.rank,
+                dst.device().ordinal(),
+                self.side.device.ordinal()
+            )));
+        }
+        self.side
+            .launch(false, dst.device_ptr(), dst.byte_len(), stream)
+    }
+    /// Waits for the receives queued on `stream`, and reports a stall.
+    pub fn wait(&mut self, stream: &Stream) -> Result<()> {
+        self.side.wait("recv", stream)
+    }
+    /// A handle that aborts this end from any thread.
+    pub fn abort_handle(&self) -> AbortHandle {
+        self.side.abort.clone()
+    }
+}
+
+/// Connects rank `ranks.0` on `sender` to rank `ranks.1` on `receiver`, in one process
+/// (direct pointers, peer access enabled both ways).
+pub fn connect_in_process(
+    t: &Transport,
+    sender: &Device,
+    receiver: &Device,
+    ranks: (usize, usize),
+    opts: ConnOptions,
+) -> Result<(SendConn, RecvConn)> {
+    opts.check()?;
+    t.ensure_peer_access_both(sender, receiver)?;
+    let ring: Shared = Arc::new(DeviceBuffer::<u8>::zeroed(receiver, opts.ring_bytes())?);
+    let flags: Shared = Arc::new(DeviceBuffer::<u8>::zeroed(sender, opts.flags_bytes())?);
+    let s = Side::new(t, sender, ranks, opts, ring.clone(), flags.clone())?;
+    let r = Side::new(t, receiver, (ranks.1, ranks.0), opts, ring, flags)?;
+    tracing::debug!(
+        sender = sender.ordinal(),
+        receiver = receiver.ordinal(),
+        "connected in one process"
+    );
+    Ok((SendConn { side: s }, RecvConn { side: r }))
+}
+
+const HELLO: &[u8; 4] = b"P2PC";
+
+fn hello(opts: &ConnOptions, sharing: Sharing) -> Vec<u8> {
+    let mut m = HELLO.to_vec();
+    m.extend_from_slice(&opts.slots.to_le_bytes());
+    m.extend_from_slice(&(opts.slot_bytes as u64).to_le_bytes());
+    m.push(sharing as u8);
+    m
+}
+
+/// Allocates zeroed memory to share with the peer and sends its handle.
+fn export(chan: &FdChannel, device: &Device, bytes: usize, sharing: Sharing) -> Result<Shared> {
+    match sharing {
+        Sharing::LegacyIpc => {
+            let buf = DeviceBuffer::<u8>::zeroed(device, bytes)?;
+            chan.send_msg(&IpcMemHandle::export(&buf)?.to_bytes())?;
+            Ok(Arc::new(buf))
+        }
+        Sharing::CuMem => {
+            let mut buf = VmmBuffer::new(device, bytes, &[], ShareableHandles::POSIX_FD)?;
+            buf.memset_u8(0)?;
+            let (desc, fd) = buf.export_fd()?;
+            chan.send_fd(&desc.to_bytes(), fd.as_fd())?;
+            Ok(Arc::new(buf))
+        }
+    }
+}
+
+/// Receives the peer's handle and maps its memory on `device`.
+fn import(chan: &FdChannel, device: &Device, sharing: Sharing) -> Result<Shared> {
+    match sharing {
+        Sharing::LegacyIpc => {
+            let h = IpcMemHandle::from_bytes(&chan.recv_msg()?).map_err(p2p_mem::Error::from)?;
+            Ok(Arc::new(h.open(device)?))
+        }
+        Sharing::CuMem => {
+            let (header, fd) = chan.recv_fd()?;
+            let desc = VmmHandle::from_bytes(&header).map_err(p2p_mem::Error::from)?;
+            Ok(Arc::new(VmmBuffer::import_fd(
+                device,
+                &desc,
+                fd.as_fd(),
+                &[],
+            )?))
+        }
+    }
+}
+
+/// The receiving side of a connection between processes: allocates the ring, sends its handle,
+/// maps the sender's flags.
+pub fn connect_receiver(
+    t: &Transport,
+    device: &Device,
+    chan: &FdChannel,
+    sharing: Sharing,
+    ranks: (usize, usize),
+    opts: ConnOptions,
+) -> Result<RecvConn> {
+    opts.check()?;
+    chan.send_msg(&hello(&opts, sharing))?;
+    let ring = export(chan, device, opts.ring_bytes(), sharing)?;
+    let flags = import(chan, device, sharing)?;
+    tracing::debug!(
+        rank = ranks.0,
+        peer = ranks.1,
+        ?sharing,
+        "receiver connected"
+    );
+    Ok(RecvConn {
+        side: Side::new(t, device, ranks, opts, ring, flags)?,
+    })
+}
+
+/// The sending side of a connection between processes: checks the receiver's shape, maps its
+/// ring, sends the handle of its own flags.
+pub fn connect_sender(
+    t: &Transport,
+    device: &Device,
+    chan: &FdChannel,
+    sharing: Sharing,
+    ranks: (usize, usize),
+    opts: ConnOptions,
+) -> Result<SendConn> {
+    opts.check()?;
+    let theirs = chan.recv_msg()?;
+    if theirs != hello(&opts, sharing) {
+        return Err(Error::Handshake { peer: ranks.1, why: format!("the receiver's connection shape or sharing differs from ours ({opts:?}, {sharing:?})") });
+    }
+    let ring = import(chan, device, sharing)?;
+    let flags = export(chan, device, opts.flags_bytes(), sharing)?;
+    tracing::debug!(rank = ranks.0, peer = ranks.1, ?sharing, "sender connected");
+    Ok(SendConn {
+        side: Side::new(t, device, ranks, opts, ring, flags)?,
+    })
+}

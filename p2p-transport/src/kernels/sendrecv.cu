@@ -1,0 +1,114 @@
+// Point-to-point send/recv through a ring of slots in the receiver's memory.
+//
+// Flags are 64-bit sequence numbers, one per slot, never reset: the chunk with global index g
+// uses slot g % nslots with sequence number g + 1, so counters keep advancing across calls.
+// ready[s] lives in the receiver's memory (the sender stores it, the receiver polls it);
+// freed[s] lives in the sender's memory (the receiver stores it, the sender polls it). Each side
+// polls only its own memory. Both kernels run with one block per slot, so the successive uses of
+// a slot are handled in order by one block on each side.
+//
+// Every wait has a deadline and watches an abort flag; on either the kernel records why in
+// status[0] (1 = timed out, 2 = aborted) and the chunk in status[1], and returns.
+
+__device__ __forceinline__ unsigned long long sr_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ int sr_wait_ge(volatile unsigned long long* flag, unsigned long long want,
+                                          unsigned long long timeout_ns, volatile int* abort_flag) {
+    const unsigned long long deadline = sr_now() + timeout_ns;
+    while (*flag < want) {
+        if (*abort_flag) return 2;
+        if (sr_now() > deadline) return 1;
+    }
+    return 0;
+}
+
+__device__ __forceinline__ void sr_fail(int* status, int code, unsigned long long chunk) {
+    if (atomicCAS(status, 0, code) == 0) {
+        status[1] = (int)chunk;
+    }
+}
+
+// Block-wide copy; `cg` loads bypass L1 (the source was written by another GPU).
+template <bool cg>
+__device__ __forceinline__ void sr_block_copy(unsigned char* dst, const unsigned char* src, unsigned long long n) {
+    if (((reinterpret_cast<unsigned long long>(dst) | reinterpret_cast<unsigned long long>(src)) & 15ull) == 0) {
+        const unsigned long long nv = n >> 4;
+        uint4* d = reinterpret_cast<uint4*>(dst);
+        const uint4* s = reinterpret_cast<const uint4*>(src);
+        for (unsigned long long i = threadIdx.x; i < nv; i += blockDim.x) {
+            d[i] = cg ? __ldcg(s + i) : s[i];
+        }
+        for (unsigned long long j = (nv << 4) + threadIdx.x; j < n; j += blockDim.x) {
+            dst[j] = cg ? __ldcg(src + j) : src[j];
+        }
+    } else {
+        for (unsigned long long j = threadIdx.x; j < n; j += blockDim.x) {
+            dst[j] = cg ? __ldcg(src + j) : src[j];
+        }
+    }
+}
+
+extern "C" __global__ void p2p_send(const unsigned char* src, unsigned long long bytes, unsigned char* slots,
+                                    unsigned long long slot_bytes, unsigned nslots,
+                                    volatile unsigned long long* ready, volatile unsigned long long* freed,
+                                    unsigned long long base, unsigned long long timeout_ns,
+                                    volatile int* abort_flag, int* status) {
+    __shared__ int err;
+    const unsigned long long nchunks = (bytes + slot_bytes - 1) / slot_bytes;
+    for (unsigned long long k = blockIdx.x; k < nchunks; k += gridDim.x) {
+        const unsigned long long g = base + k;
+        const unsigned s = (unsigned)(g % nslots);
+        const unsigned long long seq = g + 1;
+        if (threadIdx.x == 0) {
+            err = seq > nslots ? sr_wait_ge(&freed[s], seq - nslots, timeout_ns, abort_flag) : 0;
+        }
+        __syncthreads();
+        if (err) {
+            if (threadIdx.x == 0) sr_fail(status, err, k);
+            return;
+        }
+        const unsigned long long off = k * slot_bytes;
+        const unsigned long long len = bytes - off < slot_bytes ? bytes - off : slot_bytes;
+        sr_block_copy<false>(slots + (unsigned long long)s * slot_bytes, src + off, len);
+        __threadfence_system();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            ready[s] = seq;
+        }
+    }
+}
+
+extern "C" __global__ void p2p_recv(unsigned char* dst, unsigned long long bytes, const unsigned char* slots,
+                                    unsigned long long slot_bytes, unsigned nslots,
+                                    volatile unsigned long long* ready, volatile unsigned long long* freed,
+                                    unsigned long long base, unsigned long long timeout_ns,
+                                    volatile int* abort_flag, int* status) {
+    __shared__ int err;
+    const unsigned long long nchunks = (bytes + slot_bytes - 1) / slot_bytes;
+    for (unsigned long long k = blockIdx.x; k < nchunks; k += gridDim.x) {
+        const unsigned long long g = base + k;
+        const unsigned s = (unsigned)(g % nslots);
+        const unsigned long long seq = g + 1;
+        if (threadIdx.x == 0) {
+            err = sr_wait_ge(&ready[s], seq, timeout_ns, abort_flag);
+            __threadfence();
+        }
+        __syncthreads();
+        if (err) {
+            if (threadIdx.x == 0) sr_fail(status, err, k);
+            return;
+        }
+        const unsigned long long off = k * slot_bytes;
+        const unsigned long long len = bytes - off < slot_bytes ? bytes - off : slot_bytes;
+        sr_block_copy<true>(dst + off, slots + (unsigned long long)s * slot_bytes, len);
+        __threadfence_system();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            freed[s] = seq;
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! send / recv through connections, on real GPUs: in one process and between two processes
+//! (legacy IPC and cuMem fds). Ignored in CI; the bundle's run.sh runs them. `gpu1_*` need one
+//! GPU, `gpu2_*` two with P2P. Two-process tests re-run this executable with P2PTEST_ROLE set.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use p2p_mem::fdpass::{FdChannel, FdListener, PrivateDir};
+use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
+use p2p_transport::conn::{
+    connect_in_process, connect_receiver, connect_sender, ConnOptions, Sharing,
+};
+use p2p_transport::copy::Transport;
+use p2p_transport::Error;
+
+const SIZES: [usize; 4] = [1, 4095, (1 << 20) + 3, 256 << 20];
+
+fn gpus(n: usize) -> Vec<Device> {
+    let all = Device::all().unwrap_or_else(|e| panic!("this test needs {n} GPU(s): {e}"));
+    assert!(
+        all.len() >= n,
+        "this test needs {n} GPU(s), found {}",
+        all.len()
+    );
+    all
+}
+
+fn data(seed: u64, n: usize) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut out = Vec::with_capacity(n + 8);
+    while out.len() < n {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        out.extend_from_slice(&s.to_le_bytes());
+    }
+    out.truncate(n);
+    out
+}
+
+fn seed() -> u64 {
+    let s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(7);
+    eprintln!("seed = {s}");
+    s
+}
+
+/// Sends every size from `a` to `b` in one process, checking each message.
+fn in_process(t: &Transport, a: &Device, b: &Device) {
+    let (mut tx, mut rx) = connect_in_process(
+        t,
+        a,
+        b,
+        (a.ordinal() as usize, b.ordinal() as usize),
+        ConnOptions::default(),
+    )
+    .expect("connect");
+    let (sa, sb) = (
+        Stream::new(a).expect("stream"),
+        Stream::new(b).expect("stream"),
+    );
+    let s = seed();
+    for (i, &n) in SIZES.iter().enumerate() {
+        let msg = data(s + i as u64, n);
+        let src = DeviceBuffer::from_host(a, &msg).expect("upload");
+        let mut dst = DeviceBuffer::<u8>::new(b, n).expect("alloc");
+        dst.memset_u8(0xee).expect("poison");
+        rx.recv(&mut dst, &sb).expect("recv");
+        tx.send(&src, &sa).expect("send");
+        tx.wait(&sa).expect("send finished");
+        rx.wait(&sb).expect("recv finished");
+        let got = dst.to_host_vec::<u8>().expect("download");
+        let wrong = got.iter().zip(&msg).filter(|(x, y)| x != y).count();
+        assert_eq!(
+            wrong,
+            0,
+            "GPU{} -> GPU{} message {i} of {n} bytes: {wrong} wrong",
+            a.ordinal(),
+            b.ordinal()
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs 2 GPUs"]
+fn gpu2_send_recv_in_process_odd_sizes_both_ways() {
+    let g = gpus(2);
+    let t = Transport::new(g.clone());
+    in_process(&t, &g[0], &g[1]);
+    in_process(&t, &g[1], &g[0]);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu1_send_recv_on_one_gpu() {
+    let g = gpus(1);
+    let t = Transport::new(g.clone());
+    in_process(&t, &g[0], &g[0]);
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu1_a_missing_peer_times_out_and_abort_stops_a_wait() {
+    let g = gpus(1);
+    let t = Transport::new(g.clone());
+    let opts = ConnOptions {
+        timeout: Duration::from_millis(300),
+        ..ConnOptions::default()
+    };
+    let (_tx, mut rx) = connect_in_process(&t, &g[0], &g[0], (0, 1), opts).expect("connect");
+    let s = Stream::new(&g[0]).expect("stream");
+    let mut dst = DeviceBuffer::<u8>::new(&g[0], 1000).expect("alloc");
+    rx.recv(&mut dst, &s).expect("queue recv");
+    let e = rx.wait(&s).expect_err("nobody sends");
+    assert!(
+        matches!(
+            e,
+            Error::Stalled {
+                op: "recv",
+                rank: 0,
+                peer: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string()
+            .contains("timed out after 300ms waiting for the peer"),
+        "{e}"
+    );
+    let e = rx
+        .recv(&mut dst, &s)
+        .expect_err("a failed connection refuses work");
+    assert!(matches!(e, Error::Broken { .. }), "{e}");
+
+    // Abort from another thread: a 30 s wait ends at once.
+    let (_tx, mut rx) =
+        connect_in_process(&t, &g[0], &g[0], (0, 1), ConnOptions::default()).expect("connect");
+    let abort = rx.abort_handle();
+    rx.recv(&mut dst, &s).expect("queue recv");
+    let t0 = Instant::now();
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        abort.abort();
+    });
+    let e = rx.wait(&s).expect_err("aborted");
+    killer.join().expect("thread");
+    assert!(e.to_string().contains("aborted"), "{e}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "abort took {:?}",
+        t0.elapsed()
+    );
+}
+
+// ---- two processes ----------------------------------------------------------------------------
+
+fn role() -> Option<String> {
+    std::env::var("P2PTEST_ROLE").ok()
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("child started without {name}"))
+}
+
+fn spawn(test: &str, role: &str, socket: &std::path::Path, vars: &[(&str, String)]) -> Child {
+    let mut cmd = Command::new(std::env::current_exe().expect("current_exe"));
+    cmd.args([
+        test,
+        "--exact",
+        "--include-ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env("P2PTEST_ROLE", role)
+    .env("P2PTEST_SOCKET", socket)
+    .stdout(Stdio::null());
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("spawn the child")
+}
+
+fn sharing_from(s: &str) -> Sharing {
+    if s == "cumem" {
+        Sharing::CuMem
+    } else {
+        Sharing::LegacyIpc
+    }
+}
+
+/// Parent: rank 0 on GPU 0 sends every size; the child, rank 1 on `child_gpu`, receives and checks.
+fn sender_parent(test: &str, sharing: &str, child_gpu: i32) {
+    let g = gpus(child_gpu as usize + 1);
+    let t = Transport::new(g.clone());
+    let dir = PrivateDir::new("conn").expect("dir");
+    let listener = FdListener::bind(&dir.path().join("s")).expect("bind");
+    let s = seed();
+    let mut child = spawn(
+        test,
+        "receiver",
+        listener.path(),
+        &[
+            ("P2PTEST_SEED", s.to_string()),
+            ("P2PTEST_GPU", child_gpu.to_string()),
+            ("P2PTEST_SHARING", sharing.into()),
+        ],
+    );
+    let chan = listener.accept(Duration::from_secs(60)).expect("accept");
+    let mut tx = connect_sender(
+        &t,
+        &g[0],
+        &chan,
+        sharing_from(sharing),
+        (0, 1),
+        ConnOptions::default(),
+    )
+    .expect("connect");
+    let stream = Stream::new(&g[0]).expect("stream");
+    for (i, &n) in SIZES.iter().enumerate() {
+        let src = DeviceBuffer::from_host(&g[0], &data(s + i as u64, n)).expect("upload");
+        tx.send(&src, &stream).expect("send");
+        tx.wait(&stream).expect("send finished");
+    }
+    assert_eq!(
+        chan.recv_msg().expect("the receiver's verdict"),
+        b"all correct"
+    );
+    let status = child.wait().expect("wait for the child");
+    assert!(status.success(), "the receiving process failed: {status}");
+}
+
+fn receiver_child() {
+    let s: u64 = env("P2PTEST_SEED").parse().expect("seed");
+    let d = Device::new(env("P2PTEST_GPU").parse().expect("gpu")).expect("device");
+    let t = Transport::new(vec![d.clone()]);
+    let chan = FdChannel::connect(&PathBuf::from(env("P2PTEST_SOCKET"))).expect("connect");
+    let mut rx = connect_receiver(
+        &t,
+        &d,
+        &chan,
+        sharing_from(&env("P2PTEST_SHARING")),
+        (1, 0),
+        ConnOptions::default(),
+    )
+    .expect("connect");
+    let stream = Stream::new(&d).expect("stream");
+    for (i, &n) in SIZES.iter().enumerate() {
+        let mut dst = DeviceBuffer::<u8>::new(&d, n).expect("alloc");
+        dst.memset_u8(0xee).expect("poison");
+        rx.recv(&mut dst, &stream).expect("recv");
+        rx.wait(&stream).expect("recv finished");
+        assert_eq!(
+            dst.to_host_vec::<u8>().expect("download"),
+            data(s + i as u64, n),
+            "message {i} of {n} bytes"
+        );
+    }
+    chan.send_msg(b"all correct").expect("reply");
+}
+
+macro_rules! two_process_test {
+    ($name:ident, $ignore:literal, $sharing:literal, $gpu:literal) => {
+        #[test]
+        #[ignore = $ignore]
+        fn $name() {
+            if role().as_deref() == Some("receiver") {
+                return receiver_child();
+            }
+            sender_parent(stringify!($name), $sharing, $gpu);
+        }
+    };
+}
+
+two_process_test!(
+    gpu1_send_recv_two_processes_one_gpu_ipc,
+    "needs a GPU",
+    "ipc",
+    0
+);
+two_process_test!(
+    gpu1_send_recv_two_processes_one_gpu_cumem,
+    "needs a GPU",
+    "cumem",
+    0
+);
+two_process_test!(
+    gpu2_send_recv_two_processes_two_gpus_ipc,
+    "needs 2 GPUs",
+    "ipc",
+    1
+);
+two_process_test!(
+    gpu2_send_recv_two_processes_two_gpus_cumem,
+    "needs 2 GPUs",
+    "cumem",
+    1
+);
