@@ -26,6 +26,13 @@ __device__ __forceinline__ int sr_wait_ge(volatile unsigned long long* flag, uns
     return 0;
 }
 
+// Release/acquire at system scope, by the one thread that stores or polls a flag. The block
+// barrier orders the other threads' copies before it (fences are cumulative in the PTX memory
+// model), so no thread but that one needs a fence.
+__device__ __forceinline__ void sr_fence() {
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
+}
+
 __device__ __forceinline__ void sr_fail(int* status, int code, unsigned long long chunk) {
     if (atomicCAS(status, 0, code) == 0) {
         status[1] = (int)chunk;
@@ -65,6 +72,7 @@ extern "C" __global__ void p2p_send(const unsigned char* src, unsigned long long
         const unsigned long long seq = g + 1;
         if (threadIdx.x == 0) {
             err = seq > nslots ? sr_wait_ge(&freed[s], seq - nslots, timeout_ns, abort_flag) : 0;
+            sr_fence();
         }
         __syncthreads();
         if (err) {
@@ -74,9 +82,9 @@ extern "C" __global__ void p2p_send(const unsigned char* src, unsigned long long
         const unsigned long long off = k * slot_bytes;
         const unsigned long long len = bytes - off < slot_bytes ? bytes - off : slot_bytes;
         sr_block_copy<false>(slots + (unsigned long long)s * slot_bytes, src + off, len);
-        __threadfence_system();
         __syncthreads();
         if (threadIdx.x == 0) {
+            sr_fence();
             ready[s] = seq;
         }
     }
@@ -95,7 +103,7 @@ extern "C" __global__ void p2p_recv(unsigned char* dst, unsigned long long bytes
         const unsigned long long seq = g + 1;
         if (threadIdx.x == 0) {
             err = sr_wait_ge(&ready[s], seq, timeout_ns, abort_flag);
-            __threadfence();
+            sr_fence();
         }
         __syncthreads();
         if (err) {
@@ -105,9 +113,9 @@ extern "C" __global__ void p2p_recv(unsigned char* dst, unsigned long long bytes
         const unsigned long long off = k * slot_bytes;
         const unsigned long long len = bytes - off < slot_bytes ? bytes - off : slot_bytes;
         sr_block_copy<true>(dst + off, slots + (unsigned long long)s * slot_bytes, len);
-        __threadfence_system();
         __syncthreads();
         if (threadIdx.x == 0) {
+            sr_fence();
             freed[s] = seq;
         }
     }
