@@ -118,10 +118,11 @@ fn gpu1_a_missing_peer_times_out_and_abort_stops_a_wait() {
     assert!(
         matches!(
             e,
+            // The receiving end of the pair (0, 1) is rank 1, waiting for rank 0.
             Error::Stalled {
                 op: "recv",
-                rank: 0,
-                peer: 1,
+                rank: 1,
+                peer: 0,
                 ..
             }
         ),
