@@ -30,6 +30,9 @@ pub const SM_GRIDS: [(u32, u32); 9] = [
     (8, 256),
 ];
 
+/// send/recv ring shapes tried at the matrix size: (slots, KiB per slot).
+pub const RING_SHAPES: [(u32, usize); 4] = [(128, 256), (128, 1024), (64, 2048), (32, 4096)];
+
 /// One way of moving the bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Method {
@@ -187,13 +190,16 @@ pub fn size_name(bytes: usize) -> String {
     }
 }
 
+/// (source GPU, destination GPU, slots, slot bytes).
+type ConnKey = (usize, usize, u32, usize);
+
 struct Bench<'a> {
     t: &'a Transport,
     devices: &'a [Device],
     src: Vec<DeviceBuffer<u8>>,
     dst: Vec<DeviceBuffer<u8>>,
     samples: usize,
-    conns: RefCell<HashMap<(usize, usize), (SendConn, RecvConn)>>,
+    conns: RefCell<HashMap<ConnKey, (SendConn, RecvConn)>>,
 }
 
 /// Copies per timed sample: ~1 GiB worth, at least 2 (so the host's launch gap after the start
@@ -258,16 +264,22 @@ impl Bench<'_> {
     }
 
     /// GB/s of send/recv a -> b: the receiver's kernel on b's stream, the sender's on a's.
-    fn sendrecv_bandwidth(&self, a: usize, b: usize, bytes: usize) -> p2p_transport::Result<Stat> {
+    fn sendrecv_bandwidth(
+        &self,
+        a: usize,
+        b: usize,
+        bytes: usize,
+        shape: ConnOptions,
+    ) -> p2p_transport::Result<Stat> {
         let mut conns = self.conns.borrow_mut();
-        let (tx, rx) = match conns.entry((a, b)) {
+        let (tx, rx) = match conns.entry((a, b, shape.slots, shape.slot_bytes)) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => e.insert(connect_in_process(
                 self.t,
                 &self.devices[a],
                 &self.devices[b],
                 (a, b),
-                ConnOptions::default(),
+                shape,
             )?),
         };
         let iters = iters_for(bytes);
@@ -321,7 +333,7 @@ impl Bench<'_> {
         both: bool,
     ) -> p2p_transport::Result<Stat> {
         if m == Method::SendRecv {
-            return self.sendrecv_bandwidth(a, b, bytes);
+            return self.sendrecv_bandwidth(a, b, bytes, ConnOptions::default());
         }
         let iters = iters_for(bytes);
         let s1 = Stream::new(self.runner(m, a, b))?;
@@ -427,7 +439,7 @@ pub fn run(opts: &Options) -> p2p_transport::Result<Value> {
         .flat_map(|a| (0..n).filter(move |&b| b != a).map(move |b| (a, b)))
         .collect();
     let sizes = sweep_sizes(opts.max_bytes);
-    let total = SM_GRIDS.len() * 2 * pairs.len().min(1)
+    let total = (SM_GRIDS.len() * 2 + RING_SHAPES.len()) * pairs.len().min(1)
         + Method::ALL.len() * n * n
         + (Method::ALL.len() - 1) * pairs.len()
         + 2 * pairs.len()
@@ -452,6 +464,23 @@ pub fn run(opts: &Options) -> p2p_transport::Result<Value> {
             }
         }
         t.set_sm_grid(SmGrid::DEFAULT);
+    }
+
+    // send/recv ring shapes on the first pair: is the cost per round (slot reuse) or per byte?
+    let mut ring_sweep = Vec::new();
+    if let Some(&(a, b)) = pairs.first() {
+        for &(slots, slot_kib) in &RING_SHAPES {
+            let shape = ConnOptions {
+                slots,
+                slot_bytes: slot_kib << 10,
+                ..ConnOptions::default()
+            };
+            let st = bench.sendrecv_bandwidth(a, b, opts.matrix_bytes, shape)?;
+            ring_sweep.push(json!({"from": a, "to": b, "slots": slots, "slot_kib": slot_kib, "gbps": st.json()}));
+            progress.step(&format!(
+                "send/recv ring {slots} x {slot_kib} KiB GPU{a}->GPU{b}"
+            ));
+        }
     }
 
     let mut uni = serde_json::Map::new();
@@ -527,6 +556,7 @@ pub fn run(opts: &Options) -> p2p_transport::Result<Value> {
         "bandwidth_gbps": {"unidirectional": uni, "bidirectional": bi},
         "latency_us": {"gpu_one_way": gpu_lat, "cpu_memcpy_4B": cpu_lat},
         "sweep": sweep,
+        "sendrecv_ring": ring_sweep,
         "sm_grid": {"default": {"blocks_per_sm": SmGrid::DEFAULT.blocks_per_sm, "threads": SmGrid::DEFAULT.threads}, "sweep": grid_sweep},
     }))
 }
@@ -708,6 +738,20 @@ pub fn render(r: &Value) -> String {
                 "| {b} x {th} | {} | {} |\n",
                 cell(Method::SmWrite),
                 cell(Method::SmRead)
+            );
+        }
+        out += "\n";
+    }
+    if let Some(ring) = r["sendrecv_ring"].as_array().filter(|v| !v.is_empty()) {
+        out += &format!("## send/recv ring shape at {} (GB/s, median)\n\n| slots x slot size | GB/s |\n| --- | --- |\n", size_name(mb));
+        for e in ring {
+            out += &format!(
+                "| {} x {} KiB | {} |\n",
+                e["slots"],
+                e["slot_kib"],
+                median_of(&e["gbps"])
+                    .map(|v| format!("{v:.1}"))
+                    .unwrap_or_else(|| "-".into())
             );
         }
         out += "\n";
