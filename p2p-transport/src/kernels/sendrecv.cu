@@ -16,12 +16,22 @@ __device__ __forceinline__ unsigned long long sr_now() {
     return t;
 }
 
+// The flag is polled every iteration; the abort flag (pinned host memory: a PCIe read) and the
+// clock only every 1024, so many polling blocks do not flood the host link or the timer.
 __device__ __forceinline__ int sr_wait_ge(volatile unsigned long long* flag, unsigned long long want,
                                           unsigned long long timeout_ns, volatile int* abort_flag) {
-    const unsigned long long deadline = sr_now() + timeout_ns;
+    unsigned long long deadline = 0;
+    unsigned spins = 0;
     while (*flag < want) {
-        if (*abort_flag) return 2;
-        if (sr_now() > deadline) return 1;
+        if ((++spins & 1023u) == 0) {
+            if (*abort_flag) return 2;
+            const unsigned long long now = sr_now();
+            if (deadline == 0) {
+                deadline = now + timeout_ns;
+            } else if (now > deadline) {
+                return 1;
+            }
+        }
     }
     return 0;
 }
