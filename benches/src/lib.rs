@@ -119,3 +119,9 @@ mod tests {
         }
     }
 }
+
+/// The README's examples, compiled as doctests so they cannot drift from the API (this crate
+/// depends on every layer the README shows).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeExamples;

@@ -50,8 +50,3 @@ pub use memory::{
     DeviceBuffer, DeviceMemory, DeviceMemoryMut, DeviceView, DeviceViewMut, PinnedHostBuffer,
 };
 pub use peer::P2pAttributes;
-
-/// The README's examples, compiled as doctests so they cannot drift from the API.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-struct ReadmeExamples;

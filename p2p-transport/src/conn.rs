@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use p2p_mem::fdpass::FdChannel;
 use p2p_mem::ipc::IpcMemHandle;
-use p2p_mem::vmm::{ShareableHandles, VmmBuffer, VmmHandle};
+use p2p_mem::vmm::{FabricHandle, ShareableHandles, VmmBuffer, VmmHandle};
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, PinnedHostBuffer, Stream};
 
 use crate::copy::Transport;
@@ -79,6 +79,9 @@ pub enum Sharing {
     LegacyIpc,
     /// cuMem allocations passed as POSIX fds.
     CuMem,
+    /// cuMem fabric handles (plain bytes; need an IMEX channel, so across hosts of one NVLink
+    /// fabric). Where the driver refuses them the handshake fails with `Unsupported`.
+    Fabric,
 }
 
 type Shared = Arc<dyn DeviceMemory + Send + Sync>;
@@ -386,6 +389,12 @@ fn export(chan: &FdChannel, device: &Device, bytes: usize, sharing: Sharing) -> 
             chan.send_msg(&IpcMemHandle::export(&buf)?.to_bytes())?;
             Ok(Arc::new(buf))
         }
+        Sharing::Fabric => {
+            let mut buf = VmmBuffer::new(device, bytes, &[], ShareableHandles::FABRIC)?;
+            buf.memset_u8(0)?;
+            chan.send_msg(&buf.export_fabric()?.to_bytes())?;
+            Ok(Arc::new(buf))
+        }
         Sharing::CuMem => {
             let mut buf = VmmBuffer::new(device, bytes, &[], ShareableHandles::POSIX_FD)?;
             buf.memset_u8(0)?;
@@ -402,6 +411,10 @@ fn import(chan: &FdChannel, device: &Device, sharing: Sharing) -> Result<Shared>
         Sharing::LegacyIpc => {
             let h = IpcMemHandle::from_bytes(&chan.recv_msg()?).map_err(p2p_mem::Error::from)?;
             Ok(Arc::new(h.open(device)?))
+        }
+        Sharing::Fabric => {
+            let h = FabricHandle::from_bytes(&chan.recv_msg()?).map_err(p2p_mem::Error::from)?;
+            Ok(Arc::new(VmmBuffer::import_fabric(device, &h, &[])?))
         }
         Sharing::CuMem => {
             let (header, fd) = chan.recv_fd()?;

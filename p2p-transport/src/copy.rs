@@ -26,9 +26,11 @@ use p2p_mem::{
 };
 use p2p_sys::cu;
 
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::kernels::{self, Function, Module};
-use crate::mode::{Direction, Engine, Mode, Route};
+use crate::mode::{select, Direction, Endpoint, Engine, Mode, Route};
+use crate::topo::Topology;
 
 /// How one copy moves its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -76,6 +78,9 @@ pub struct Transport {
     peers: Mutex<HashSet<(i32, i32)>>,
     pipelines: Mutex<HashMap<PipelineKey, Arc<Mutex<Pipeline>>>>,
     sm_grid: Mutex<SmGrid>,
+    config: Mutex<Option<Config>>,
+    topology: OnceLock<std::result::Result<Topology, String>>,
+    bridges: Vec<OnceLock<std::result::Result<Stream, String>>>,
     sendrecv: Vec<OnceLock<std::result::Result<Arc<crate::conn::SrKernels>, String>>>,
 }
 
@@ -109,7 +114,145 @@ impl Transport {
             pipelines: Mutex::new(HashMap::new()),
             sm_grid: Mutex::new(SmGrid::DEFAULT),
             sendrecv: (0..n).map(|_| OnceLock::new()).collect(),
+            config: Mutex::new(None),
+            topology: OnceLock::new(),
+            bridges: (0..n).map(|_| OnceLock::new()).collect(),
         }
+    }
+
+    /// Uses `config` for [`copy_peer`](Self::copy_peer)'s mode selection instead of the
+    /// `P2P_*` environment.
+    pub fn set_config(&self, config: Config) {
+        *self.config.lock().unwrap_or_else(|p| p.into_inner()) = Some(config);
+    }
+
+    fn config(&self) -> Result<Config> {
+        if let Some(c) = self
+            .config
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
+            return Ok(c);
+        }
+        Config::from_env().map_err(|e| Error::Mem(p2p_mem::Error::InvalidArgument(e.to_string())))
+    }
+
+    fn topology(&self) -> Result<&Topology> {
+        self.topology
+            .get_or_init(|| crate::topo::discover().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| {
+                Error::Mem(p2p_mem::Error::Unsupported {
+                    what: "topology discovery",
+                    reason: e.clone(),
+                })
+            })
+    }
+
+    /// Copies all of `src` into `dst` (on any GPUs of this process) the way mode selection
+    /// decides for the pair (topology discovered once; configuration from the `P2P_*`
+    /// variables or [`set_config`](Self::set_config)), queued on `stream`. Returns the route.
+    ///
+    /// The path may have to run on the other GPU (an SM read runs on the destination): the copy
+    /// is then bridged to that GPU's stream with events, still ordered after `stream`'s earlier
+    /// work and before its later work.
+    ///
+    /// ```no_run
+    /// use p2p_mem::{Device, DeviceBuffer, Stream};
+    /// use p2p_transport::copy::Transport;
+    /// let t = Transport::new(Device::all()?);
+    /// let (g0, g1) = (t.device(0)?.clone(), t.device(1)?.clone());
+    /// let src = DeviceBuffer::<f32>::zeroed(&g0, 1 << 20)?;
+    /// let mut dst = DeviceBuffer::<f32>::new(&g1, 1 << 20)?;
+    /// let stream = Stream::new(&g0)?;
+    /// let route = t.copy_peer(&mut dst, &src, &stream)?; // e.g. "0[0] -> 1[1] via P2P/direct pointer/read (NVLink x18)"
+    /// stream.synchronize()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn copy_peer<D: DeviceMemoryMut, S: DeviceMemory>(
+        &self,
+        dst: &mut D,
+        src: &S,
+        stream: &Stream,
+    ) -> Result<Route> {
+        let (a, b) = (
+            src.device().ordinal() as usize,
+            dst.device().ordinal() as usize,
+        );
+        let topo = self.topology()?;
+        let cfg = self.config()?;
+        let ends = [
+            Endpoint {
+                rank: a,
+                gpu: a,
+                process: 0,
+            },
+            Endpoint {
+                rank: b,
+                gpu: b,
+                process: 0,
+            },
+        ];
+        let route = if a == b {
+            Route {
+                from: ends[0],
+                to: ends[0],
+                mode: Mode::Local,
+                direction: Direction::Write,
+                engine: Engine::CopyEngine,
+                link: "same GPU".into(),
+                reason: "both buffers on one GPU".into(),
+            }
+        } else {
+            select(topo, &ends, &cfg)?
+                .into_iter()
+                .find(|r| r.from.gpu == a && r.to.gpu == b)
+                .ok_or_else(|| {
+                    Error::Mem(p2p_mem::Error::InvalidArgument(format!(
+                        "no route from GPU {a} to GPU {b}"
+                    )))
+                })?
+        };
+        let runner = match (route.mode, route.engine, route.direction) {
+            (Mode::DirectPointer, Engine::SmKernel, Direction::Read) => dst.device().clone(),
+            _ => src.device().clone(),
+        };
+        if stream.device() == &runner
+            || !matches!(route.mode, Mode::DirectPointer)
+            || route.engine == Engine::CopyEngine
+        {
+            self.copy_route(&route, dst, src, stream)?;
+        } else {
+            // Bridge: the runner's stream waits for `stream`, runs the copy, and `stream` waits back.
+            let i = self
+                .devices
+                .iter()
+                .position(|d| *d == runner)
+                .ok_or_else(|| {
+                    Error::Mem(p2p_mem::Error::NoSuchDevice {
+                        ordinal: runner.ordinal(),
+                        count: self.devices.len() as i32,
+                    })
+                })?;
+            let bridge = self.bridges[i]
+                .get_or_init(|| Stream::new(&runner).map_err(|e| e.to_string()))
+                .as_ref()
+                .map_err(|e| {
+                    Error::Mem(p2p_mem::Error::Unsupported {
+                        what: "a bridge stream",
+                        reason: e.clone(),
+                    })
+                })?;
+            let before = Event::new(stream.device())?;
+            before.record(stream)?;
+            before.wait_on(bridge)?;
+            self.copy_route(&route, dst, src, bridge)?;
+            let after = Event::new(&runner)?;
+            after.record(bridge)?;
+            after.wait_on(stream)?;
+        }
+        Ok(route)
     }
 
     /// The device with this ordinal.

@@ -46,6 +46,9 @@ pub enum Error {
         /// What went wrong.
         why: String,
     },
+    /// Mode selection refused the pair (a forced mode that cannot work).
+    #[error(transparent)]
+    Mode(#[from] crate::mode::ModeError),
     /// NVRTC rejected a kernel: the log says why.
     #[error("NVRTC could not compile {kernel} for {arch}:\n{log}")]
     Compile {

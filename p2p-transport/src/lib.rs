@@ -1,15 +1,17 @@
 //! Point-to-point transport between GPUs: the third layer of p2p, above `p2p-mem`.
 //!
-//! Built so far:
 //! - [`topo`]: how the GPUs of a machine are joined ([`topo::Topology`], serializable to JSON),
 //!   discovered from CUDA, NVML and sysfs, and the path model for every ordered pair.
 //! - [`config`]: the typed [`Config`](config::Config), in code or from `P2P_*` variables.
-//! - [`doctor`]: whether P2P works between each pair, why not, and what to do, with a
-//!   functional test through the peer mapping.
+//! - [`doctor`]: whether P2P works between each pair, why not, and what to do.
+//! - [`mode`]: the route (mode, read or write, engine) for every ordered pair of ranks, each
+//!   choice logged with its reason.
+//! - [`copy`]: the data paths within a process (copy engine, SM write and read, host-staged,
+//!   relay) and [`copy::Transport::copy_peer`], which follows mode selection.
+//! - [`conn`]: send / recv between ranks through slot buffers, in one process or between
+//!   processes (legacy IPC, cuMem fds, fabric handles), with no hangs.
+//! - [`latency`]: the small-message one-way latency probe.
 //! - [`kernels`]: CUDA C++ sources compiled by NVRTC for the device's architecture at run time.
-//!
-//! Mode selection (direct pointer, IPC, cuMem, intermediate GPU, host-staged), the copy-engine
-//! and SM-kernel data paths, and `send` / `recv` between ranks are not built yet.
 
 pub mod config;
 pub mod conn;

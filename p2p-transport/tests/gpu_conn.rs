@@ -301,3 +301,54 @@ two_process_test!(
     "cumem",
     1
 );
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu1_fabric_sharing_connects_or_is_refused_cleanly() {
+    let g = gpus(1);
+    let t = std::sync::Arc::new(Transport::new(g.clone()));
+    let dir = PrivateDir::new("fabric").expect("dir");
+    let listener = FdListener::bind(&dir.path().join("s")).expect("bind");
+    let client = FdChannel::connect(listener.path()).expect("connect");
+    let server = listener.accept(Duration::from_secs(10)).expect("accept");
+    let (t2, d2) = (t.clone(), g[0].clone());
+    let sender = std::thread::spawn(move || {
+        connect_sender(
+            &t2,
+            &d2,
+            &client,
+            Sharing::Fabric,
+            (0, 1),
+            ConnOptions::default(),
+        )
+        .map(|_| ())
+    });
+    let received = connect_receiver(
+        &t,
+        &g[0],
+        &server,
+        Sharing::Fabric,
+        (1, 0),
+        ConnOptions::default(),
+    );
+    drop(server); // a refused receiver closes its end, so the sender's wait ends at once
+    let sent = sender.join().expect("sender thread");
+    match received {
+        Ok(_) => {
+            sent.expect("the sender connects when the receiver did");
+            eprintln!("fabric handles work here");
+        }
+        Err(Error::Mem(p2p_mem::Error::Unsupported { reason, .. })) => {
+            eprintln!("fabric refused: {reason}");
+            assert!(
+                reason.contains("IMEX") || reason.contains("FABRIC_SUPPORTED"),
+                "{reason}"
+            );
+            assert!(
+                sent.is_err(),
+                "the sender cannot connect to a refused receiver"
+            );
+        }
+        Err(e) => panic!("fabric sharing failed with an unexpected error: {e}"),
+    }
+}

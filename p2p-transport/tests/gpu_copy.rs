@@ -211,3 +211,63 @@ fn gpu2_routes_from_mode_selection_move_data() {
         }
     }
 }
+
+#[test]
+#[ignore = "needs 2 GPUs"]
+fn gpu2_copy_peer_follows_mode_selection_from_either_stream() {
+    let g = gpus(2);
+    let s = seed();
+    let host = Config {
+        force_mode: Some(ForcedMode::HostStaged),
+        ..Config::default()
+    };
+    let write = Config {
+        read: p2p_transport::config::Switch::Off,
+        ..Config::default()
+    };
+    let ce = Config {
+        use_copy_engine: true,
+        ..Config::default()
+    };
+    for (cfg, want) in [
+        (Config::default(), Mode::DirectPointer),
+        (write, Mode::DirectPointer),
+        (ce, Mode::DirectPointer),
+        (host, Mode::HostStaged),
+    ] {
+        let t = Transport::new(g.clone());
+        t.set_config(cfg.clone());
+        for (a, b) in [(0, 1), (1, 0)] {
+            for on in [a, b] {
+                let n = (4 << 20) + 5;
+                let data = random_bytes(s ^ (a * 2 + on) as u64, n);
+                let src = DeviceBuffer::from_host(&g[a], &data).expect("upload");
+                let mut dst = DeviceBuffer::<u8>::zeroed(&g[b], n).expect("alloc");
+                let stream = Stream::new(&g[on]).expect("stream");
+                let route = t.copy_peer(&mut dst, &src, &stream).expect("copy_peer");
+                stream.synchronize().expect("ran");
+                assert_eq!(route.mode, want, "{route}");
+                assert_eq!(
+                    dst.to_host_vec::<u8>().expect("download"),
+                    data,
+                    "{route} with the stream on GPU {on}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu1_copy_peer_on_one_gpu_is_a_local_copy() {
+    let g = gpus(1);
+    let t = Transport::new(g.clone());
+    let data = random_bytes(seed(), 4095);
+    let src = DeviceBuffer::from_host(&g[0], &data).expect("upload");
+    let mut dst = DeviceBuffer::<u8>::zeroed(&g[0], 4095).expect("alloc");
+    let stream = Stream::new(&g[0]).expect("stream");
+    let route = t.copy_peer(&mut dst, &src, &stream).expect("copy_peer");
+    stream.synchronize().expect("ran");
+    assert_eq!(route.mode, Mode::Local);
+    assert_eq!(dst.to_host_vec::<u8>().expect("download"), data);
+}
