@@ -27,6 +27,7 @@ use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, PinnedHostBuf
 use crate::copy::Transport;
 use crate::error::{Error, Result};
 use crate::kernels::{Function, Module};
+use crate::mode::Engine;
 
 /// The shape and limits of a connection. Both sides must use the same.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +38,9 @@ pub struct ConnOptions {
     pub slot_bytes: usize,
     /// How long a kernel waits for the peer before giving up.
     pub timeout: Duration,
+    /// What moves the bytes: SM kernels (one block per slot) or the copy engines (one
+    /// `cuMemcpyAsync` per chunk between flag waits and `cuStreamWriteValue64` flags).
+    pub engine: Engine,
 }
 
 impl Default for ConnOptions {
@@ -45,6 +49,7 @@ impl Default for ConnOptions {
             slots: 128,
             slot_bytes: 256 << 10,
             timeout: Duration::from_secs(30),
+            engine: Engine::SmKernel,
         }
     }
 }
@@ -91,6 +96,7 @@ pub(crate) struct SrKernels {
     module: Module,
     send: Function,
     recv: Function,
+    wait: Function,
 }
 
 impl SrKernels {
@@ -98,7 +104,13 @@ impl SrKernels {
         let module = Module::build(device, &crate::kernels::SENDRECV)?;
         let send = module.function("p2p_send")?;
         let recv = module.function("p2p_recv")?;
-        Ok(SrKernels { module, send, recv })
+        let wait = module.function("p2p_wait_flag")?;
+        Ok(SrKernels {
+            module,
+            send,
+            recv,
+            wait,
+        })
     }
 }
 
@@ -215,6 +227,11 @@ impl Side {
             return Ok(());
         }
         let chunks = bytes.div_ceil(self.opts.slot_bytes) as u64;
+        if self.opts.engine == Engine::CopyEngine {
+            self.launch_ce(sending, buf, bytes, chunks, stream)?;
+            self.next_chunk += chunks;
+            return Ok(());
+        }
         let grid = (chunks.min(self.opts.slots as u64)) as u32;
         let ready = self.ring.device_ptr() + (self.opts.slots as u64 * self.opts.slot_bytes as u64);
         let (mut buf, mut n, mut slots, mut slot_bytes, mut nslots) = (
@@ -259,6 +276,80 @@ impl Side {
                 .launch(f, grid, 512, &mut params, stream)
         }?;
         self.next_chunk += chunks;
+        Ok(())
+    }
+
+    /// The copy-engine transfer: per chunk, wait for the slot's flag (kernel, with limits), copy
+    /// (copy engine), publish the flag (stream memory operation, fenced before the write).
+    fn launch_ce(
+        &self,
+        sending: bool,
+        buf: u64,
+        bytes: usize,
+        chunks: u64,
+        stream: &Stream,
+    ) -> Result<()> {
+        let slots = self.opts.slots as u64;
+        let slot_bytes = self.opts.slot_bytes as u64;
+        let ready = self.ring.device_ptr() + slots * slot_bytes;
+        let freed = self.flags.device_ptr();
+        self.device.bind_to_thread()?;
+        for k in 0..chunks {
+            let g = self.next_chunk + k;
+            let (s, seq) = (g % slots, g + 1);
+            let off = k * slot_bytes;
+            let len = (bytes as u64 - off).min(slot_bytes) as usize;
+            let slot = self.ring.device_ptr() + s * slot_bytes;
+            let (wait_on, want, publish) = if sending {
+                (freed + s * 8, seq.saturating_sub(slots), ready + s * 8)
+            } else {
+                (ready + s * 8, seq, freed + s * 8)
+            };
+            if want > 0 {
+                let (mut f, mut w, mut t, mut a, mut st, mut c) = (
+                    wait_on,
+                    want,
+                    self.opts.timeout.as_nanos() as u64,
+                    self.abort.device_ptr(),
+                    self.status.device_ptr(),
+                    k,
+                );
+                let mut params = [
+                    (&mut f as *mut u64).cast::<c_void>(),
+                    (&mut w as *mut u64).cast(),
+                    (&mut t as *mut u64).cast(),
+                    (&mut a as *mut u64).cast(),
+                    (&mut st as *mut u64).cast(),
+                    (&mut c as *mut u64).cast(),
+                ];
+                // SAFETY: the parameters match p2p_wait_flag; the flag lies in this connection's
+                // mapped flags or ring, the abort flag is pinned host memory, status two ints here.
+                unsafe {
+                    self.kernels
+                        .module
+                        .launch(self.kernels.wait, 1, 32, &mut params, stream)
+                }?;
+            }
+            let (dst, src) = if sending {
+                (slot, buf + off)
+            } else {
+                (buf + off, slot)
+            };
+            let on = |source| {
+                Error::Mem(p2p_mem::Error::Cuda {
+                    device: self.device.ordinal(),
+                    source,
+                })
+            };
+            // SAFETY: `src` and `dst` are `len` bytes inside the caller's buffer and the ring, both
+            // mapped in this context (UVA); the stream orders this after the wait above.
+            unsafe { p2p_sys::cu!(cuMemcpyAsync(dst, src, len, stream.cu_stream())) }
+                .map_err(on)?;
+            // SAFETY: `publish` is an 8-byte flag in memory mapped here; the default flags put a
+            // memory barrier before the write, so the copied chunk is visible before the flag.
+            unsafe { p2p_sys::cu!(cuStreamWriteValue64_v2(stream.cu_stream(), publish, seq, 0)) }
+                .map_err(on)?;
+        }
         Ok(())
     }
 
@@ -378,6 +469,7 @@ fn hello(opts: &ConnOptions, sharing: Sharing) -> Vec<u8> {
     m.extend_from_slice(&opts.slots.to_le_bytes());
     m.extend_from_slice(&(opts.slot_bytes as u64).to_le_bytes());
     m.push(sharing as u8);
+    m.push(opts.engine as u8);
     m
 }
 

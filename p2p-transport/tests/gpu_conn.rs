@@ -12,6 +12,7 @@ use p2p_transport::conn::{
     connect_in_process, connect_receiver, connect_sender, ConnOptions, Sharing,
 };
 use p2p_transport::copy::Transport;
+use p2p_transport::mode::Engine;
 use p2p_transport::Error;
 
 const SIZES: [usize; 4] = [1, 4095, (1 << 20) + 3, 256 << 20];
@@ -49,15 +50,28 @@ fn seed() -> u64 {
 }
 
 /// Sends every size from `a` to `b` in one process, checking each message.
-fn in_process(t: &Transport, a: &Device, b: &Device) {
-    let (mut tx, mut rx) = connect_in_process(
-        t,
-        a,
-        b,
-        (a.ordinal() as usize, b.ordinal() as usize),
-        ConnOptions::default(),
-    )
-    .expect("connect");
+/// The copy-engine shape: fewer, larger chunks, since each costs a wait and a flag write.
+fn ce_options() -> ConnOptions {
+    ConnOptions {
+        engine: Engine::CopyEngine,
+        slots: 32,
+        slot_bytes: 4 << 20,
+        ..ConnOptions::default()
+    }
+}
+
+fn options_for(engine: &str) -> ConnOptions {
+    if engine == "ce" {
+        ce_options()
+    } else {
+        ConnOptions::default()
+    }
+}
+
+fn in_process(t: &Transport, a: &Device, b: &Device, opts: ConnOptions) {
+    let (mut tx, mut rx) =
+        connect_in_process(t, a, b, (a.ordinal() as usize, b.ordinal() as usize), opts)
+            .expect("connect");
     let (sa, sb) = (
         Stream::new(a).expect("stream"),
         Stream::new(b).expect("stream"),
@@ -89,8 +103,10 @@ fn in_process(t: &Transport, a: &Device, b: &Device) {
 fn gpu2_send_recv_in_process_odd_sizes_both_ways() {
     let g = gpus(2);
     let t = Transport::new(g.clone());
-    in_process(&t, &g[0], &g[1]);
-    in_process(&t, &g[1], &g[0]);
+    for opts in [ConnOptions::default(), ce_options()] {
+        in_process(&t, &g[0], &g[1], opts);
+        in_process(&t, &g[1], &g[0], opts);
+    }
 }
 
 #[test]
@@ -98,7 +114,8 @@ fn gpu2_send_recv_in_process_odd_sizes_both_ways() {
 fn gpu1_send_recv_on_one_gpu() {
     let g = gpus(1);
     let t = Transport::new(g.clone());
-    in_process(&t, &g[0], &g[0]);
+    in_process(&t, &g[0], &g[0], ConnOptions::default());
+    in_process(&t, &g[0], &g[0], ce_options());
 }
 
 #[test]
@@ -195,7 +212,7 @@ fn sharing_from(s: &str) -> Sharing {
 }
 
 /// Parent: rank 0 on GPU 0 sends every size; the child, rank 1 on `child_gpu`, receives and checks.
-fn sender_parent(test: &str, sharing: &str, child_gpu: i32) {
+fn sender_parent(test: &str, sharing: &str, child_gpu: i32, engine: &str) {
     let g = gpus(child_gpu as usize + 1);
     let t = Transport::new(g.clone());
     let dir = PrivateDir::new("conn").expect("dir");
@@ -209,6 +226,7 @@ fn sender_parent(test: &str, sharing: &str, child_gpu: i32) {
             ("P2PTEST_SEED", s.to_string()),
             ("P2PTEST_GPU", child_gpu.to_string()),
             ("P2PTEST_SHARING", sharing.into()),
+            ("P2PTEST_ENGINE", engine.into()),
         ],
     );
     let chan = listener.accept(Duration::from_secs(60)).expect("accept");
@@ -218,7 +236,7 @@ fn sender_parent(test: &str, sharing: &str, child_gpu: i32) {
         &chan,
         sharing_from(sharing),
         (0, 1),
-        ConnOptions::default(),
+        options_for(engine),
     )
     .expect("connect");
     let stream = Stream::new(&g[0]).expect("stream");
@@ -246,7 +264,7 @@ fn receiver_child() {
         &chan,
         sharing_from(&env("P2PTEST_SHARING")),
         (1, 0),
-        ConnOptions::default(),
+        options_for(&env("P2PTEST_ENGINE")),
     )
     .expect("connect");
     let stream = Stream::new(&d).expect("stream");
@@ -265,14 +283,14 @@ fn receiver_child() {
 }
 
 macro_rules! two_process_test {
-    ($name:ident, $ignore:literal, $sharing:literal, $gpu:literal) => {
+    ($name:ident, $ignore:literal, $sharing:literal, $gpu:literal, $engine:literal) => {
         #[test]
         #[ignore = $ignore]
         fn $name() {
             if role().as_deref() == Some("receiver") {
                 return receiver_child();
             }
-            sender_parent(stringify!($name), $sharing, $gpu);
+            sender_parent(stringify!($name), $sharing, $gpu, $engine);
         }
     };
 }
@@ -281,25 +299,57 @@ two_process_test!(
     gpu1_send_recv_two_processes_one_gpu_ipc,
     "needs a GPU",
     "ipc",
-    0
+    0,
+    "sm"
 );
 two_process_test!(
     gpu1_send_recv_two_processes_one_gpu_cumem,
     "needs a GPU",
     "cumem",
-    0
+    0,
+    "sm"
+);
+two_process_test!(
+    gpu1_send_recv_two_processes_one_gpu_ipc_ce,
+    "needs a GPU",
+    "ipc",
+    0,
+    "ce"
+);
+two_process_test!(
+    gpu1_send_recv_two_processes_one_gpu_cumem_ce,
+    "needs a GPU",
+    "cumem",
+    0,
+    "ce"
 );
 two_process_test!(
     gpu2_send_recv_two_processes_two_gpus_ipc,
     "needs 2 GPUs",
     "ipc",
-    1
+    1,
+    "sm"
 );
 two_process_test!(
     gpu2_send_recv_two_processes_two_gpus_cumem,
     "needs 2 GPUs",
     "cumem",
-    1
+    1,
+    "sm"
+);
+two_process_test!(
+    gpu2_send_recv_two_processes_two_gpus_ipc_ce,
+    "needs 2 GPUs",
+    "ipc",
+    1,
+    "ce"
+);
+two_process_test!(
+    gpu2_send_recv_two_processes_two_gpus_cumem_ce,
+    "needs 2 GPUs",
+    "cumem",
+    1,
+    "ce"
 );
 
 #[test]
@@ -351,4 +401,28 @@ fn gpu1_fabric_sharing_connects_or_is_refused_cleanly() {
         }
         Err(e) => panic!("fabric sharing failed with an unexpected error: {e}"),
     }
+}
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu1_copy_engine_connection_times_out_too() {
+    let g = gpus(1);
+    let t = Transport::new(g.clone());
+    let opts = ConnOptions {
+        timeout: Duration::from_millis(300),
+        ..ce_options()
+    };
+    let (_tx, mut rx) = connect_in_process(&t, &g[0], &g[0], (0, 1), opts).expect("connect");
+    let s = Stream::new(&g[0]).expect("stream");
+    // Three chunks: the first wait times out, the later ones see the failure and return at once.
+    let mut dst = DeviceBuffer::<u8>::new(&g[0], (8 << 20) + 1).expect("alloc");
+    let t0 = Instant::now();
+    rx.recv(&mut dst, &s).expect("queue recv");
+    let e = rx.wait(&s).expect_err("nobody sends");
+    assert!(e.to_string().contains("timed out after 300ms"), "{e}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "took {:?}: later waits must not each time out",
+        t0.elapsed()
+    );
 }

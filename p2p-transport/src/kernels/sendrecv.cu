@@ -130,3 +130,22 @@ extern "C" __global__ void p2p_recv(unsigned char* dst, unsigned long long bytes
         }
     }
 }
+
+// The copy-engine variant's wait: one thread waits for *flag >= want (same limits as above),
+// so the copy queued after it on the stream starts only once the slot is ready or free. After a
+// failure every later wait returns at once, so a broken connection drains instead of hanging.
+extern "C" __global__ void p2p_wait_flag(volatile unsigned long long* flag, unsigned long long want,
+                                         unsigned long long timeout_ns, volatile int* abort_flag, int* status,
+                                         unsigned long long chunk) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) {
+        return;
+    }
+    if (((volatile int*)status)[0] != 0) {
+        return;
+    }
+    const int err = sr_wait_ge(flag, want, timeout_ns, abort_flag);
+    if (err) {
+        sr_fail(status, err, chunk);
+    }
+    sr_fence();
+}
