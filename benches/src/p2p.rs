@@ -15,6 +15,7 @@ use std::time::Instant;
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Event, Stream};
 use p2p_transport::conn::{connect_in_process, ConnOptions, RecvConn, SendConn};
 use p2p_transport::copy::{runtime_memcpy_peer, Path, SmGrid, Transport};
+use p2p_transport::mode::Engine;
 use serde_json::{json, Value};
 
 /// SM kernel launch shapes tried by the grid sweep: (blocks per SM, threads per block).
@@ -30,8 +31,15 @@ pub const SM_GRIDS: [(u32, u32); 9] = [
     (8, 256),
 ];
 
-/// send/recv ring shapes tried at the matrix size: (slots, KiB per slot).
-pub const RING_SHAPES: [(u32, usize); 4] = [(128, 256), (128, 1024), (64, 2048), (32, 4096)];
+/// send/recv ring shapes tried at the matrix size: (slots, KiB per slot, copy engine?).
+pub const RING_SHAPES: [(u32, usize, bool); 6] = [
+    (128, 256, false),
+    (128, 1024, false),
+    (64, 2048, false),
+    (32, 4096, false),
+    (32, 4096, true),
+    (16, 16384, true),
+];
 
 /// One way of moving the bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,8 +198,8 @@ pub fn size_name(bytes: usize) -> String {
     }
 }
 
-/// (source GPU, destination GPU, slots, slot bytes).
-type ConnKey = (usize, usize, u32, usize);
+/// (source GPU, destination GPU, slots, slot bytes, copy engine?).
+type ConnKey = (usize, usize, u32, usize, bool);
 
 struct Bench<'a> {
     t: &'a Transport,
@@ -272,7 +280,13 @@ impl Bench<'_> {
         shape: ConnOptions,
     ) -> p2p_transport::Result<Stat> {
         let mut conns = self.conns.borrow_mut();
-        let (tx, rx) = match conns.entry((a, b, shape.slots, shape.slot_bytes)) {
+        let (tx, rx) = match conns.entry((
+            a,
+            b,
+            shape.slots,
+            shape.slot_bytes,
+            shape.engine == Engine::CopyEngine,
+        )) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => e.insert(connect_in_process(
                 self.t,
@@ -469,14 +483,20 @@ pub fn run(opts: &Options) -> p2p_transport::Result<Value> {
     // send/recv ring shapes on the first pair: is the cost per round (slot reuse) or per byte?
     let mut ring_sweep = Vec::new();
     if let Some(&(a, b)) = pairs.first() {
-        for &(slots, slot_kib) in &RING_SHAPES {
+        for &(slots, slot_kib, ce) in &RING_SHAPES {
+            let engine = if ce {
+                Engine::CopyEngine
+            } else {
+                Engine::SmKernel
+            };
             let shape = ConnOptions {
                 slots,
                 slot_bytes: slot_kib << 10,
+                engine,
                 ..ConnOptions::default()
             };
             let st = bench.sendrecv_bandwidth(a, b, opts.matrix_bytes, shape)?;
-            ring_sweep.push(json!({"from": a, "to": b, "slots": slots, "slot_kib": slot_kib, "gbps": st.json()}));
+            ring_sweep.push(json!({"from": a, "to": b, "slots": slots, "slot_kib": slot_kib, "engine": if ce { "copy engine" } else { "SM" }, "gbps": st.json()}));
             progress.step(&format!(
                 "send/recv ring {slots} x {slot_kib} KiB GPU{a}->GPU{b}"
             ));
@@ -743,12 +763,13 @@ pub fn render(r: &Value) -> String {
         out += "\n";
     }
     if let Some(ring) = r["sendrecv_ring"].as_array().filter(|v| !v.is_empty()) {
-        out += &format!("## send/recv ring shape at {} (GB/s, median)\n\n| slots x slot size | GB/s |\n| --- | --- |\n", size_name(mb));
+        out += &format!("## send/recv ring shape and engine at {} (GB/s, median)\n\n| slots x slot size, engine | GB/s |\n| --- | --- |\n", size_name(mb));
         for e in ring {
             out += &format!(
-                "| {} x {} KiB | {} |\n",
+                "| {} x {} KiB, {} | {} |\n",
                 e["slots"],
                 e["slot_kib"],
+                e["engine"].as_str().unwrap_or("SM"),
                 median_of(&e["gbps"])
                     .map(|v| format!("{v:.1}"))
                     .unwrap_or_else(|| "-".into())
