@@ -14,6 +14,7 @@
 //! | [`P2pAttributes`], [`Device::enable_peer_access`] | peer access within a process |
 //! | [`ipc::IpcMemHandle`], [`ipc::ImportedBuffer`], [`ipc::IpcEvent`] | legacy CUDA IPC |
 //! | [`vmm::VmmBuffer`] | cuMem allocations shared as POSIX fds or fabric handles |
+//! | [`shm::HostShared`] | host memory shared between processes (memfd), registered with CUDA |
 //! | [`fdpass`] | fds over a Unix socket (`SCM_RIGHTS`), uid-checked |
 //! | [`wire`] | the versioned byte format of every handle |
 //!
@@ -40,6 +41,7 @@ pub mod fdpass;
 pub mod ipc;
 mod memory;
 mod peer;
+pub mod shm;
 pub mod vmm;
 pub mod wire;
 

@@ -520,3 +520,28 @@ fn gpu2_vmm_mapped_for_a_peer() {
         .expect("GPU 1 reads GPU 0's cuMem memory");
     assert_eq!(on_b.to_host_vec::<u32>().expect("read"), data);
 }
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu1_shared_host_memory_maps_twice_and_round_trips() {
+    use p2p_mem::shm::HostShared;
+    let d = &gpus(1)[0];
+    let n = (1 << 20) + 3;
+    let mut a = HostShared::new(d, n).expect("create");
+    assert!(
+        a.to_host_vec::<u8>().expect("read").iter().all(|&b| b == 0),
+        "starts zeroed"
+    );
+    let data = random_u8(fresh_seed(), n);
+    a.copy_from_host(&data)
+        .expect("write through the device address");
+    // A second mapping of the same memory file (as another process would make) sees the bytes.
+    let fd = a.fd().try_clone_to_owned().expect("dup");
+    let b = HostShared::from_fd(d, fd, n).expect("map again");
+    assert_eq!(b.to_host_vec::<u8>().expect("read"), data);
+    let short = a.fd().try_clone_to_owned().expect("dup");
+    assert!(matches!(
+        HostShared::from_fd(d, short, n + 4096),
+        Err(Error::SizeMismatch { .. })
+    ));
+}

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use p2p_mem::fdpass::FdChannel;
 use p2p_mem::ipc::IpcMemHandle;
+use p2p_mem::shm::HostShared;
 use p2p_mem::vmm::{FabricHandle, ShareableHandles, VmmBuffer, VmmHandle};
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, PinnedHostBuffer, Stream};
 
@@ -87,6 +88,36 @@ pub enum Sharing {
     /// cuMem fabric handles (plain bytes; need an IMEX channel, so across hosts of one NVLink
     /// fabric). Where the driver refuses them the handshake fails with `Unsupported`.
     Fabric,
+    /// Pinned host memory shared through a memory file: for GPUs with no usable P2P. Always
+    /// moves data with the copy engines (device to host, flag, host to device).
+    HostStaged,
+}
+
+impl Sharing {
+    /// The sharing that carries a route between processes chosen by mode selection, if any:
+    /// cuMem, legacy IPC or host-staged. Direct pointers and local copies need no connection
+    /// between processes; relays through a third GPU between processes are not built.
+    pub fn for_mode(mode: crate::mode::Mode) -> Option<Sharing> {
+        use crate::mode::Mode;
+        match mode {
+            Mode::CuMem => Some(Sharing::CuMem),
+            Mode::LegacyIpc => Some(Sharing::LegacyIpc),
+            Mode::HostStaged => Some(Sharing::HostStaged),
+            Mode::Local | Mode::DirectPointer | Mode::Intermediate { .. } => None,
+        }
+    }
+
+    /// Host-staged connections always use the copy engines.
+    fn adjust(self, opts: ConnOptions) -> ConnOptions {
+        if self == Sharing::HostStaged {
+            ConnOptions {
+                engine: Engine::CopyEngine,
+                ..opts
+            }
+        } else {
+            opts
+        }
+    }
 }
 
 type Shared = Arc<dyn DeviceMemory + Send + Sync>;
@@ -481,6 +512,11 @@ fn export(chan: &FdChannel, device: &Device, bytes: usize, sharing: Sharing) -> 
             chan.send_msg(&IpcMemHandle::export(&buf)?.to_bytes())?;
             Ok(Arc::new(buf))
         }
+        Sharing::HostStaged => {
+            let buf = HostShared::new(device, bytes)?;
+            chan.send_fd(&(bytes as u64).to_le_bytes(), buf.fd())?;
+            Ok(Arc::new(buf))
+        }
         Sharing::Fabric => {
             let mut buf = VmmBuffer::new(device, bytes, &[], ShareableHandles::FABRIC)?;
             buf.memset_u8(0)?;
@@ -503,6 +539,18 @@ fn import(chan: &FdChannel, device: &Device, sharing: Sharing) -> Result<Shared>
         Sharing::LegacyIpc => {
             let h = IpcMemHandle::from_bytes(&chan.recv_msg()?).map_err(p2p_mem::Error::from)?;
             Ok(Arc::new(h.open(device)?))
+        }
+        Sharing::HostStaged => {
+            let (header, fd) = chan.recv_fd()?;
+            let len: [u8; 8] = header.as_slice().try_into().map_err(|_| Error::Handshake {
+                peer: usize::MAX,
+                why: format!("a {}-byte host-memory header, expected 8", header.len()),
+            })?;
+            Ok(Arc::new(HostShared::from_fd(
+                device,
+                fd,
+                u64::from_le_bytes(len) as usize,
+            )?))
         }
         Sharing::Fabric => {
             let h = FabricHandle::from_bytes(&chan.recv_msg()?).map_err(p2p_mem::Error::from)?;
@@ -531,6 +579,7 @@ pub fn connect_receiver(
     ranks: (usize, usize),
     opts: ConnOptions,
 ) -> Result<RecvConn> {
+    let opts = sharing.adjust(opts);
     opts.check()?;
     chan.send_msg(&hello(&opts, sharing))?;
     let ring = export(chan, device, opts.ring_bytes(), sharing)?;
@@ -556,6 +605,7 @@ pub fn connect_sender(
     ranks: (usize, usize),
     opts: ConnOptions,
 ) -> Result<SendConn> {
+    let opts = sharing.adjust(opts);
     opts.check()?;
     let theirs = chan.recv_msg()?;
     if theirs != hello(&opts, sharing) {

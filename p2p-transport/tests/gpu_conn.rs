@@ -204,10 +204,10 @@ fn spawn(test: &str, role: &str, socket: &std::path::Path, vars: &[(&str, String
 }
 
 fn sharing_from(s: &str) -> Sharing {
-    if s == "cumem" {
-        Sharing::CuMem
-    } else {
-        Sharing::LegacyIpc
+    match s {
+        "cumem" => Sharing::CuMem,
+        "host" => Sharing::HostStaged,
+        _ => Sharing::LegacyIpc,
     }
 }
 
@@ -348,6 +348,20 @@ two_process_test!(
     gpu2_send_recv_two_processes_two_gpus_cumem_ce,
     "needs 2 GPUs",
     "cumem",
+    1,
+    "ce"
+);
+two_process_test!(
+    gpu1_send_recv_two_processes_one_gpu_host_staged,
+    "needs a GPU",
+    "host",
+    0,
+    "ce"
+);
+two_process_test!(
+    gpu2_send_recv_two_processes_two_gpus_host_staged,
+    "needs 2 GPUs",
+    "host",
     1,
     "ce"
 );

@@ -249,3 +249,19 @@ fn consumer_gpus_go_host_staged_and_single_gpus_copy_locally() {
         })
     );
 }
+
+#[test]
+fn every_route_between_processes_has_a_connection_but_relays() {
+    use p2p_transport::conn::Sharing;
+    // The consumer pair has no P2P: one process per GPU gets host-staged, which a connection carries.
+    let t = load("consumer-2gpu-no-p2p.json");
+    let r = select(&t, &process_per_gpu(2), &Config::default()).expect("routes");
+    assert_eq!(r[0].mode, Mode::HostStaged);
+    assert_eq!(Sharing::for_mode(r[0].mode), Some(Sharing::HostStaged));
+    let t = load("h200x2-nv18.json");
+    let r = select(&t, &process_per_gpu(2), &Config::default()).expect("routes");
+    assert_eq!(Sharing::for_mode(r[0].mode), Some(Sharing::CuMem));
+    assert_eq!(Sharing::for_mode(Mode::LegacyIpc), Some(Sharing::LegacyIpc));
+    assert_eq!(Sharing::for_mode(Mode::Intermediate { via: 1 }), None);
+    assert_eq!(Sharing::for_mode(Mode::DirectPointer), None);
+}

@@ -1,0 +1,158 @@
+//! Host memory shared between processes and usable by the GPU: the medium of host-staged
+//! transfers between processes.
+//!
+//! [`HostShared::new`] creates an anonymous memory file (`memfd_create`, close-on-exec), maps it
+//! and registers it with CUDA (portable, device-mapped), so copies and kernels reach it at a
+//! device address. Its fd goes to another process with [`crate::fdpass`], where
+//! [`HostShared::from_fd`] maps and registers the same pages. `Drop` unregisters, then unmaps.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+use p2p_sys::{cu, cuda};
+
+use crate::device::Device;
+use crate::error::{last_os_error, Error, OnDevice, Result};
+use crate::memory::{DeviceMemory, DeviceMemoryMut};
+
+/// Shared, pinned host memory with a device address. Zeroed when created.
+pub struct HostShared {
+    device: Device,
+    fd: OwnedFd,
+    ptr: *mut u8,
+    len: usize,
+    device_ptr: cuda::CUdeviceptr,
+}
+
+// SAFETY: the mapping is process-wide memory; host access goes through DeviceMemory's copies,
+// which take `&mut` to write.
+unsafe impl Send for HostShared {}
+// SAFETY: as above.
+unsafe impl Sync for HostShared {}
+
+impl HostShared {
+    /// Creates `len` bytes of shareable host memory, registered with `device`'s context.
+    pub fn new(device: &Device, len: usize) -> Result<HostShared> {
+        if len == 0 {
+            return Err(Error::InvalidArgument(
+                "shared host memory cannot be empty".into(),
+            ));
+        }
+        // SAFETY: memfd_create with a static NUL-terminated name and constant flags.
+        let raw = unsafe { libc::memfd_create(c"p2p-host-staged".as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(last_os_error("memfd_create for shared host memory"));
+        }
+        // SAFETY: memfd_create returned a new fd that we now own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: ftruncate on our fd; a new memfd reads as zeros.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(last_os_error(format!(
+                "sizing shared host memory to {len} bytes"
+            )));
+        }
+        Self::map(device, fd, len)
+    }
+
+    /// Maps `len` bytes of a memory file received from another process.
+    pub fn from_fd(device: &Device, fd: OwnedFd, len: usize) -> Result<HostShared> {
+        // SAFETY: stat is plain data; fstat writes it.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fstat on an fd we own.
+        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+            return Err(last_os_error("fstat of a shared host memory fd"));
+        }
+        if (st.st_size as u64) < len as u64 || len == 0 {
+            return Err(Error::SizeMismatch {
+                what: "shared host memory file",
+                expected: len,
+                got: st.st_size as usize,
+            });
+        }
+        Self::map(device, fd, len)
+    }
+
+    fn map(device: &Device, fd: OwnedFd, len: usize) -> Result<HostShared> {
+        // SAFETY: a shared read-write mapping of `len` bytes of a file at least that long.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(last_os_error(format!(
+                "mapping {len} bytes of shared host memory"
+            )));
+        }
+        let unmap = |p: *mut libc::c_void| {
+            // SAFETY: `p` is the mapping made above, of `len` bytes.
+            unsafe { libc::munmap(p, len) };
+        };
+        if let Err(e) = device.bind_to_thread() {
+            unmap(ptr);
+            return Err(e);
+        }
+        let flags = cuda::CU_MEMHOSTREGISTER_PORTABLE | cuda::CU_MEMHOSTREGISTER_DEVICEMAP;
+        // SAFETY: `ptr` is a live mapping of `len` bytes; it is unregistered in Drop.
+        if let Err(e) = unsafe { cu!(cuMemHostRegister_v2(ptr, len, flags)) }.on(device.ordinal()) {
+            unmap(ptr);
+            return Err(e);
+        }
+        let mut device_ptr = 0;
+        // SAFETY: the range was registered with DEVICEMAP just above.
+        if let Err(e) = unsafe { cu!(cuMemHostGetDevicePointer_v2(&mut device_ptr, ptr, 0)) }
+            .on(device.ordinal())
+        {
+            // SAFETY: registered above; undone before the unmap.
+            unsafe { cu!(cuMemHostUnregister(ptr)) }.ok();
+            unmap(ptr);
+            return Err(e);
+        }
+        Ok(HostShared {
+            device: device.clone(),
+            fd,
+            ptr: ptr.cast(),
+            len,
+            device_ptr,
+        })
+    }
+
+    /// The memory file, to send to another process.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+impl DeviceMemory for HostShared {
+    fn device(&self) -> &Device {
+        &self.device
+    }
+    fn device_ptr(&self) -> cuda::CUdeviceptr {
+        self.device_ptr
+    }
+    fn byte_len(&self) -> usize {
+        self.len
+    }
+}
+impl DeviceMemoryMut for HostShared {}
+
+impl Drop for HostShared {
+    fn drop(&mut self) {
+        let _ = self.device.bind_to_thread();
+        // Work queued on the device may still use the pages.
+        let _ = self.device.synchronize();
+        // SAFETY: registered in `map` and unregistered once, before the unmap.
+        if let Err(e) = unsafe { cu!(cuMemHostUnregister(self.ptr.cast())) } {
+            tracing::error!(
+                device = self.device.ordinal(),
+                "unregistering shared host memory: {e}"
+            );
+        }
+        // SAFETY: the mapping of `len` bytes made in `map`.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
