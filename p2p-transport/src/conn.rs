@@ -242,10 +242,21 @@ impl Side {
         Ok(())
     }
 
-    /// Launches `send` or `recv` over `buf` on `stream`.
-    fn launch(&mut self, sending: bool, buf: u64, bytes: usize, stream: &Stream) -> Result<()> {
+    /// Launches `send` (from `mem`) or `recv` (into `mem`) on `stream`; both must be on this
+    /// side's GPU.
+    fn launch(&mut self, sending: bool, mem: &dyn DeviceMemory, stream: &Stream) -> Result<()> {
         let op = if sending { "send" } else { "recv" };
         self.usable(op)?;
+        if mem.device() != &self.device {
+            let what = if sending { "source" } else { "destination" };
+            return Err(invalid(format!(
+                "{op} on rank {}: the {what} is on GPU {}, the connection on GPU {}",
+                self.rank,
+                mem.device().ordinal(),
+                self.device.ordinal()
+            )));
+        }
+        let (buf, bytes) = (mem.device_ptr(), mem.byte_len());
         if stream.device() != &self.device {
             return Err(invalid(format!(
                 "{op} on rank {} runs on GPU {}, but the stream is on GPU {}",
@@ -424,16 +435,7 @@ impl SendConn {
     /// Queues sending all of `src` (on this side's GPU) on `stream`. The receiver must call
     /// [`RecvConn::recv`] with a buffer of the same size; messages match in order.
     pub fn send(&mut self, src: &impl DeviceMemory, stream: &Stream) -> Result<()> {
-        if src.device() != &self.side.device {
-            return Err(invalid(format!(
-                "send on rank {}: the source is on GPU {}, the connection on GPU {}",
-                self.side.rank,
-                src.device().ordinal(),
-                self.side.device.ordinal()
-            )));
-        }
-        self.side
-            .launch(true, src.device_ptr(), src.byte_len(), stream)
+        self.side.launch(true, src, stream)
     }
     /// Waits for the sends queued on `stream`, and reports a stall. Wait before dropping the
     /// connection or the source buffers.
@@ -449,16 +451,7 @@ impl SendConn {
 impl RecvConn {
     /// Queues receiving into all of `dst` (on this side's GPU) on `stream`.
     pub fn recv(&mut self, dst: &mut impl DeviceMemoryMut, stream: &Stream) -> Result<()> {
-        if dst.device() != &self.side.device {
-            return Err(invalid(format!(
-                "recv on rank {}: the destination is on GPU {}, the connection on GPU {}",
-                self.side.rank,
-                dst.device().ordinal(),
-                self.side.device.ordinal()
-            )));
-        }
-        self.side
-            .launch(false, dst.device_ptr(), dst.byte_len(), stream)
+        self.side.launch(false, dst, stream)
     }
     /// Waits for the receives queued on `stream`, and reports a stall.
     pub fn wait(&mut self, stream: &Stream) -> Result<()> {

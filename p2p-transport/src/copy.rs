@@ -225,16 +225,7 @@ impl Transport {
             self.copy_route(&route, dst, src, stream)?;
         } else {
             // Bridge: the runner's stream waits for `stream`, runs the copy, and `stream` waits back.
-            let i = self
-                .devices
-                .iter()
-                .position(|d| *d == runner)
-                .ok_or_else(|| {
-                    Error::Mem(p2p_mem::Error::NoSuchDevice {
-                        ordinal: runner.ordinal(),
-                        count: self.devices.len() as i32,
-                    })
-                })?;
+            let i = self.index_of(&runner)?;
             let bridge = self.bridges[i]
                 .get_or_init(|| Stream::new(&runner).map_err(|e| e.to_string()))
                 .as_ref()
@@ -266,9 +257,9 @@ impl Transport {
             }))
     }
 
-    fn kernels(&self, device: &Device) -> Result<&Kernels> {
-        let i = self
-            .devices
+    /// The position of `device` among this transport's devices.
+    fn index_of(&self, device: &Device) -> Result<usize> {
+        self.devices
             .iter()
             .position(|d| d == device)
             .ok_or_else(|| {
@@ -276,7 +267,11 @@ impl Transport {
                     "GPU {} is not part of this transport",
                     device.ordinal()
                 )))
-            })?;
+            })
+    }
+
+    fn kernels(&self, device: &Device) -> Result<&Kernels> {
+        let i = self.index_of(device)?;
         self.kernels[i]
             .get_or_init(|| {
                 let module = Module::build(device, &kernels::COPY).map_err(|e| e.to_string())?;
@@ -296,16 +291,7 @@ impl Transport {
 
     /// The send/recv kernels of `device`, compiled on first use.
     pub(crate) fn sendrecv_kernels(&self, device: &Device) -> Result<Arc<crate::conn::SrKernels>> {
-        let i = self
-            .devices
-            .iter()
-            .position(|d| d == device)
-            .ok_or_else(|| {
-                Error::Mem(p2p_mem::Error::InvalidArgument(format!(
-                    "GPU {} is not part of this transport",
-                    device.ordinal()
-                )))
-            })?;
+        let i = self.index_of(device)?;
         self.sendrecv[i]
             .get_or_init(|| {
                 crate::conn::SrKernels::build(device)

@@ -2,6 +2,10 @@
 //! (legacy IPC and cuMem fds). Ignored in CI; the bundle's run.sh runs them. `gpu1_*` need one
 //! GPU, `gpu2_*` two with P2P. Two-process tests re-run this executable with P2PTEST_ROLE set.
 
+mod common;
+
+use common::{gpus, random_bytes, seed};
+
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -16,38 +20,6 @@ use p2p_transport::mode::Engine;
 use p2p_transport::Error;
 
 const SIZES: [usize; 4] = [1, 4095, (1 << 20) + 3, 256 << 20];
-
-fn gpus(n: usize) -> Vec<Device> {
-    let all = Device::all().unwrap_or_else(|e| panic!("this test needs {n} GPU(s): {e}"));
-    assert!(
-        all.len() >= n,
-        "this test needs {n} GPU(s), found {}",
-        all.len()
-    );
-    all
-}
-
-fn data(seed: u64, n: usize) -> Vec<u8> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut out = Vec::with_capacity(n + 8);
-    while out.len() < n {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        out.extend_from_slice(&s.to_le_bytes());
-    }
-    out.truncate(n);
-    out
-}
-
-fn seed() -> u64 {
-    let s = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(7);
-    eprintln!("seed = {s}");
-    s
-}
 
 /// Sends every size from `a` to `b` in one process, checking each message.
 /// The copy-engine shape: fewer, larger chunks, since each costs a wait and a flag write.
@@ -78,7 +50,7 @@ fn in_process(t: &Transport, a: &Device, b: &Device, opts: ConnOptions) {
     );
     let s = seed();
     for (i, &n) in SIZES.iter().enumerate() {
-        let msg = data(s + i as u64, n);
+        let msg = random_bytes(s + i as u64, n);
         let src = DeviceBuffer::from_host(a, &msg).expect("upload");
         let mut dst = DeviceBuffer::<u8>::new(b, n).expect("alloc");
         dst.memset_u8(0xee).expect("poison");
@@ -241,7 +213,7 @@ fn sender_parent(test: &str, sharing: &str, child_gpu: i32, engine: &str) {
     .expect("connect");
     let stream = Stream::new(&g[0]).expect("stream");
     for (i, &n) in SIZES.iter().enumerate() {
-        let src = DeviceBuffer::from_host(&g[0], &data(s + i as u64, n)).expect("upload");
+        let src = DeviceBuffer::from_host(&g[0], &random_bytes(s + i as u64, n)).expect("upload");
         tx.send(&src, &stream).expect("send");
         tx.wait(&stream).expect("send finished");
     }
@@ -275,7 +247,7 @@ fn receiver_child() {
         rx.wait(&stream).expect("recv finished");
         assert_eq!(
             dst.to_host_vec::<u8>().expect("download"),
-            data(s + i as u64, n),
+            random_bytes(s + i as u64, n),
             "message {i} of {n} bytes"
         );
     }

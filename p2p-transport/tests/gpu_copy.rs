@@ -1,6 +1,10 @@
 //! The in-process data paths on real GPUs. Ignored in CI; the bundle's run.sh runs them.
 //! `gpu1_*` need one GPU, `gpu2_*` two with P2P.
 
+mod common;
+
+use common::{gpus, random_bytes, seed};
+
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
 use p2p_transport::config::{Config, ForcedMode};
 use p2p_transport::copy::{Path, Transport};
@@ -8,38 +12,6 @@ use p2p_transport::mode::{one_process, select, Mode};
 
 /// Odd sizes from the issue: 1 B, 4095 B, 1 MiB + 3, 256 MiB.
 const SIZES: [usize; 4] = [1, 4095, (1 << 20) + 3, 256 << 20];
-
-fn gpus(n: usize) -> Vec<Device> {
-    let all = Device::all().unwrap_or_else(|e| panic!("this test needs {n} GPU(s): {e}"));
-    assert!(
-        all.len() >= n,
-        "this test needs {n} GPU(s), found {}",
-        all.len()
-    );
-    all.into_iter().take(n).collect()
-}
-
-fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut out = Vec::with_capacity(n + 8);
-    while out.len() < n {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        out.extend_from_slice(&s.to_le_bytes());
-    }
-    out.truncate(n);
-    out
-}
-
-fn seed() -> u64 {
-    let s = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(7);
-    eprintln!("seed = {s}");
-    s
-}
 
 /// Copies `n` random bytes from `src_dev` to `dst_dev` by `path` at the given byte offsets into
 /// the buffers (to test unaligned pointers), with the destination poisoned first; checks every
