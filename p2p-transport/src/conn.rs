@@ -1,7 +1,9 @@
 //! Point-to-point connections: `send` on one rank, `recv` on another, through slot buffers.
 //!
-//! The receiver owns a ring of `slots` buffers of `slot_bytes` each, plus one `ready` sequence
-//! number per slot; the sender owns one `freed` number per slot. Each side maps the other's
+//! A connection has a ring of `slots` buffers of `slot_bytes` each, one `ready` sequence number
+//! per slot in the receiver's memory and one `freed` number per slot in the sender's. In write
+//! mode the ring lives with the receiver (the sender stores across the link); in read mode with
+//! the sender (the receiver loads across the link). Each side maps the other's
 //! memory: by plain pointer within a process ([`connect_in_process`]), or across processes
 //! ([`connect_sender`] / [`connect_receiver`] over an [`FdChannel`]) by legacy IPC handle or by
 //! cuMem fd, as mode selection chose. Sending and receiving are kernels (`sendrecv.cu`) that
@@ -28,7 +30,7 @@ use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, PinnedHostBuf
 use crate::copy::Transport;
 use crate::error::{Error, Result};
 use crate::kernels::{Function, Module};
-use crate::mode::Engine;
+use crate::mode::{Direction, Engine};
 
 /// The shape and limits of a connection. Both sides must use the same.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +44,10 @@ pub struct ConnOptions {
     /// What moves the bytes: SM kernels (one block per slot) or the copy engines (one
     /// `cuMemcpyAsync` per chunk between flag waits and `cuStreamWriteValue64` flags).
     pub engine: Engine,
+    /// Who crosses the link: `Write`, the sender stores into slots in the receiver's memory;
+    /// `Read`, the slots live in the sender's memory and the receiver loads from them. Either
+    /// way each side polls only flags in its own memory.
+    pub direction: Direction,
 }
 
 impl Default for ConnOptions {
@@ -51,13 +57,41 @@ impl Default for ConnOptions {
             slot_bytes: 256 << 10,
             timeout: Duration::from_secs(30),
             engine: Engine::SmKernel,
+            direction: Direction::Write,
         }
     }
 }
 
 impl ConnOptions {
+    /// The options for a route chosen by mode selection: its engine and direction.
+    pub fn for_route(route: &crate::mode::Route) -> ConnOptions {
+        ConnOptions {
+            engine: route.engine,
+            direction: route.direction,
+            ..ConnOptions::default()
+        }
+    }
+    fn slots_bytes(&self) -> u64 {
+        self.slots as u64 * self.slot_bytes as u64
+    }
     fn ring_bytes(&self) -> usize {
         self.slots as usize * self.slot_bytes + self.flags_bytes()
+    }
+    /// The receiver's region: slots and ready flags (write), or ready flags only (read).
+    fn recv_region_bytes(&self) -> usize {
+        if self.direction == Direction::Write {
+            self.ring_bytes()
+        } else {
+            self.flags_bytes()
+        }
+    }
+    /// The sender's region: freed flags (write), or slots and freed flags (read).
+    fn send_region_bytes(&self) -> usize {
+        if self.direction == Direction::Write {
+            self.flags_bytes()
+        } else {
+            self.ring_bytes()
+        }
     }
     fn flags_bytes(&self) -> usize {
         (self.slots as usize * 8).next_multiple_of(256)
@@ -107,11 +141,12 @@ impl Sharing {
         }
     }
 
-    /// Host-staged connections always use the copy engines.
+    /// Host-staged connections always use the copy engines, in write mode.
     fn adjust(self, opts: ConnOptions) -> ConnOptions {
         if self == Sharing::HostStaged {
             ConnOptions {
                 engine: Engine::CopyEngine,
+                direction: Direction::Write,
                 ..opts
             }
         } else {
@@ -181,8 +216,10 @@ struct Side {
     peer: usize,
     opts: ConnOptions,
     kernels: Arc<SrKernels>,
-    ring: Shared,
-    flags: Shared,
+    /// The receiver's region (see `ConnOptions::recv_region_bytes`).
+    recv_mem: Shared,
+    /// The sender's region (see `ConnOptions::send_region_bytes`).
+    send_mem: Shared,
     status: DeviceBuffer<i32>,
     abort: AbortHandle,
     next_chunk: u64,
@@ -195,16 +232,18 @@ impl Side {
         device: &Device,
         ranks: (usize, usize),
         opts: ConnOptions,
-        ring: Shared,
-        flags: Shared,
+        recv_mem: Shared,
+        send_mem: Shared,
     ) -> Result<Side> {
-        if ring.byte_len() < opts.ring_bytes() || flags.byte_len() < opts.flags_bytes() {
+        if recv_mem.byte_len() < opts.recv_region_bytes()
+            || send_mem.byte_len() < opts.send_region_bytes()
+        {
             return Err(invalid(format!(
-                "the peer's connection buffers are {} + {} bytes, this side needs {} + {}: both sides must use the same ConnOptions",
-                ring.byte_len(),
-                flags.byte_len(),
-                opts.ring_bytes(),
-                opts.flags_bytes()
+                "the connection buffers are {} + {} bytes, this side needs {} + {}: both sides must use the same ConnOptions",
+                recv_mem.byte_len(),
+                send_mem.byte_len(),
+                opts.recv_region_bytes(),
+                opts.send_region_bytes()
             )));
         }
         Ok(Side {
@@ -213,13 +252,26 @@ impl Side {
             peer: ranks.1,
             opts,
             kernels: t.sendrecv_kernels(device)?,
-            ring,
-            flags,
+            recv_mem,
+            send_mem,
             status: DeviceBuffer::<i32>::zeroed(device, 2)?,
             abort: AbortHandle::new(device)?,
             next_chunk: 0,
             failed: None,
         })
+    }
+
+    /// Where the slots, the ready flags and the freed flags are, for this direction.
+    fn addresses(&self) -> (u64, u64, u64) {
+        let (r, s, n) = (
+            self.recv_mem.device_ptr(),
+            self.send_mem.device_ptr(),
+            self.opts.slots_bytes(),
+        );
+        match self.opts.direction {
+            Direction::Write => (r, r + n, s),
+            Direction::Read => (s, r, s + n),
+        }
     }
 
     fn usable(&self, op: &str) -> Result<()> {
@@ -275,15 +327,17 @@ impl Side {
             return Ok(());
         }
         let grid = (chunks.min(self.opts.slots as u64)) as u32;
-        let ready = self.ring.device_ptr() + (self.opts.slots as u64 * self.opts.slot_bytes as u64);
+        let (slots_at, ready, freed) = self.addresses();
         let (mut buf, mut n, mut slots, mut slot_bytes, mut nslots) = (
             buf,
             bytes as u64,
-            self.ring.device_ptr(),
+            slots_at,
             self.opts.slot_bytes as u64,
             self.opts.slots,
         );
-        let (mut ready, mut freed, mut base) = (ready, self.flags.device_ptr(), self.next_chunk);
+        let (mut ready, mut freed, mut base) = (ready, freed, self.next_chunk);
+        // The receiver reads the slots across the link in read mode: re-fetch, never cache.
+        let mut slots_remote = i32::from(!sending && self.opts.direction == Direction::Read);
         let (mut timeout, mut abort, mut status) = (
             self.opts.timeout.as_nanos() as u64,
             self.abort.device_ptr(),
@@ -301,6 +355,7 @@ impl Side {
             (&mut timeout as *mut u64).cast(),
             (&mut abort as *mut u64).cast(),
             (&mut status as *mut u64).cast(),
+            (&mut slots_remote as *mut i32).cast(),
         ];
         let f = if sending {
             self.kernels.send
@@ -333,15 +388,14 @@ impl Side {
     ) -> Result<()> {
         let slots = self.opts.slots as u64;
         let slot_bytes = self.opts.slot_bytes as u64;
-        let ready = self.ring.device_ptr() + slots * slot_bytes;
-        let freed = self.flags.device_ptr();
+        let (slots_at, ready, freed) = self.addresses();
         self.device.bind_to_thread()?;
         for k in 0..chunks {
             let g = self.next_chunk + k;
             let (s, seq) = (g % slots, g + 1);
             let off = k * slot_bytes;
             let len = (bytes as u64 - off).min(slot_bytes) as usize;
-            let slot = self.ring.device_ptr() + s * slot_bytes;
+            let slot = slots_at + s * slot_bytes;
             let (wait_on, want, publish) = if sending {
                 (freed + s * 8, seq.saturating_sub(slots), ready + s * 8)
             } else {
@@ -474,8 +528,14 @@ pub fn connect_in_process(
 ) -> Result<(SendConn, RecvConn)> {
     opts.check()?;
     t.ensure_peer_access_both(sender, receiver)?;
-    let ring: Shared = Arc::new(DeviceBuffer::<u8>::zeroed(receiver, opts.ring_bytes())?);
-    let flags: Shared = Arc::new(DeviceBuffer::<u8>::zeroed(sender, opts.flags_bytes())?);
+    let ring: Shared = Arc::new(DeviceBuffer::<u8>::zeroed(
+        receiver,
+        opts.recv_region_bytes(),
+    )?);
+    let flags: Shared = Arc::new(DeviceBuffer::<u8>::zeroed(
+        sender,
+        opts.send_region_bytes(),
+    )?);
     let s = Side::new(t, sender, ranks, opts, ring.clone(), flags.clone())?;
     let r = Side::new(t, receiver, (ranks.1, ranks.0), opts, ring, flags)?;
     tracing::debug!(
@@ -494,6 +554,7 @@ fn hello(opts: &ConnOptions, sharing: Sharing) -> Vec<u8> {
     m.extend_from_slice(&(opts.slot_bytes as u64).to_le_bytes());
     m.push(sharing as u8);
     m.push(opts.engine as u8);
+    m.push(opts.direction as u8);
     m
 }
 
@@ -575,7 +636,7 @@ pub fn connect_receiver(
     let opts = sharing.adjust(opts);
     opts.check()?;
     chan.send_msg(&hello(&opts, sharing))?;
-    let ring = export(chan, device, opts.ring_bytes(), sharing)?;
+    let ring = export(chan, device, opts.recv_region_bytes(), sharing)?;
     let flags = import(chan, device, sharing)?;
     tracing::debug!(
         rank = ranks.0,
@@ -605,7 +666,7 @@ pub fn connect_sender(
         return Err(Error::Handshake { peer: ranks.1, why: format!("the receiver's connection shape or sharing differs from ours ({opts:?}, {sharing:?})") });
     }
     let ring = import(chan, device, sharing)?;
-    let flags = export(chan, device, opts.flags_bytes(), sharing)?;
+    let flags = export(chan, device, opts.send_region_bytes(), sharing)?;
     tracing::debug!(rank = ranks.0, peer = ranks.1, ?sharing, "sender connected");
     Ok(SendConn {
         side: Side::new(t, device, ranks, opts, ring, flags)?,

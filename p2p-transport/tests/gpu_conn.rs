@@ -16,7 +16,7 @@ use p2p_transport::conn::{
     connect_in_process, connect_receiver, connect_sender, ConnOptions, Sharing,
 };
 use p2p_transport::copy::Transport;
-use p2p_transport::mode::Engine;
+use p2p_transport::mode::{Direction, Engine};
 use p2p_transport::Error;
 
 const SIZES: [usize; 4] = [1, 4095, (1 << 20) + 3, 256 << 20];
@@ -32,12 +32,24 @@ fn ce_options() -> ConnOptions {
     }
 }
 
-fn options_for(engine: &str) -> ConnOptions {
-    if engine == "ce" {
+/// "sm", "ce", "sm-read" or "ce-read".
+fn options_for(how: &str) -> ConnOptions {
+    let base = if how.starts_with("ce") {
         ce_options()
     } else {
         ConnOptions::default()
-    }
+    };
+    let direction = if how.ends_with("-read") {
+        Direction::Read
+    } else {
+        Direction::Write
+    };
+    ConnOptions { direction, ..base }
+}
+
+/// Every engine in both directions.
+fn all_options() -> [ConnOptions; 4] {
+    ["sm", "ce", "sm-read", "ce-read"].map(options_for)
 }
 
 fn in_process(t: &Transport, a: &Device, b: &Device, opts: ConnOptions) {
@@ -75,7 +87,7 @@ fn in_process(t: &Transport, a: &Device, b: &Device, opts: ConnOptions) {
 fn gpu2_send_recv_in_process_odd_sizes_both_ways() {
     let g = gpus(2);
     let t = Transport::new(g.clone());
-    for opts in [ConnOptions::default(), ce_options()] {
+    for opts in all_options() {
         in_process(&t, &g[0], &g[1], opts);
         in_process(&t, &g[1], &g[0], opts);
     }
@@ -86,8 +98,9 @@ fn gpu2_send_recv_in_process_odd_sizes_both_ways() {
 fn gpu1_send_recv_on_one_gpu() {
     let g = gpus(1);
     let t = Transport::new(g.clone());
-    in_process(&t, &g[0], &g[0], ConnOptions::default());
-    in_process(&t, &g[0], &g[0], ce_options());
+    for opts in all_options() {
+        in_process(&t, &g[0], &g[0], opts);
+    }
 }
 
 #[test]
@@ -322,6 +335,34 @@ two_process_test!(
     "cumem",
     1,
     "ce"
+);
+two_process_test!(
+    gpu1_send_recv_two_processes_one_gpu_cumem_read,
+    "needs a GPU",
+    "cumem",
+    0,
+    "sm-read"
+);
+two_process_test!(
+    gpu2_send_recv_two_processes_two_gpus_cumem_read,
+    "needs 2 GPUs",
+    "cumem",
+    1,
+    "sm-read"
+);
+two_process_test!(
+    gpu2_send_recv_two_processes_two_gpus_ipc_read,
+    "needs 2 GPUs",
+    "ipc",
+    1,
+    "sm-read"
+);
+two_process_test!(
+    gpu2_send_recv_two_processes_two_gpus_cumem_ce_read,
+    "needs 2 GPUs",
+    "cumem",
+    1,
+    "ce-read"
 );
 two_process_test!(
     gpu1_send_recv_two_processes_one_gpu_host_staged,

@@ -265,3 +265,26 @@ fn every_route_between_processes_has_a_connection_but_relays() {
     assert_eq!(Sharing::for_mode(Mode::Intermediate { via: 1 }), None);
     assert_eq!(Sharing::for_mode(Mode::DirectPointer), None);
 }
+
+#[test]
+fn connection_options_follow_the_route() {
+    use p2p_transport::conn::ConnOptions;
+    let t = load("h200x2-nv18.json");
+    let r = select(&t, &process_per_gpu(2), &Config::default()).expect("routes");
+    let o = ConnOptions::for_route(&r[0]);
+    assert_eq!((o.engine, o.direction), (Engine::SmKernel, Direction::Read));
+    let r = select(
+        &t,
+        &process_per_gpu(2),
+        &with(|c| {
+            c.use_copy_engine = true;
+            c.read = Switch::Off;
+        }),
+    )
+    .expect("routes");
+    let o = ConnOptions::for_route(&r[0]);
+    assert_eq!(
+        (o.engine, o.direction),
+        (Engine::CopyEngine, Direction::Write)
+    );
+}

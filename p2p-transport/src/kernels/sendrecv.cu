@@ -49,22 +49,30 @@ __device__ __forceinline__ void sr_fail(int* status, int code, unsigned long lon
     }
 }
 
-// Block-wide copy; `cg` loads bypass L1 (the source was written by another GPU).
-template <bool cg>
+// How a block-wide copy loads its source: plainly; bypassing L1 (`cg`: local memory that another
+// GPU wrote); or re-fetched every time (`cv`: a peer's memory, reread each round).
+enum SrLoad { SR_PLAIN = 0, SR_CG = 1, SR_CV = 2 };
+
+template <int how, typename T>
+__device__ __forceinline__ T sr_load(const T* p) {
+    return how == SR_CG ? __ldcg(p) : how == SR_CV ? __ldcv(p) : *p;
+}
+
+template <int how>
 __device__ __forceinline__ void sr_block_copy(unsigned char* dst, const unsigned char* src, unsigned long long n) {
     if (((reinterpret_cast<unsigned long long>(dst) | reinterpret_cast<unsigned long long>(src)) & 15ull) == 0) {
         const unsigned long long nv = n >> 4;
         uint4* d = reinterpret_cast<uint4*>(dst);
         const uint4* s = reinterpret_cast<const uint4*>(src);
         for (unsigned long long i = threadIdx.x; i < nv; i += blockDim.x) {
-            d[i] = cg ? __ldcg(s + i) : s[i];
+            d[i] = sr_load<how>(s + i);
         }
         for (unsigned long long j = (nv << 4) + threadIdx.x; j < n; j += blockDim.x) {
-            dst[j] = cg ? __ldcg(src + j) : src[j];
+            dst[j] = sr_load<how>(src + j);
         }
     } else {
         for (unsigned long long j = threadIdx.x; j < n; j += blockDim.x) {
-            dst[j] = cg ? __ldcg(src + j) : src[j];
+            dst[j] = sr_load<how>(src + j);
         }
     }
 }
@@ -73,7 +81,7 @@ extern "C" __global__ void p2p_send(const unsigned char* src, unsigned long long
                                     unsigned long long slot_bytes, unsigned nslots,
                                     volatile unsigned long long* ready, volatile unsigned long long* freed,
                                     unsigned long long base, unsigned long long timeout_ns,
-                                    volatile int* abort_flag, int* status) {
+                                    volatile int* abort_flag, int* status, int slots_remote) {
     __shared__ int err;
     const unsigned long long nchunks = (bytes + slot_bytes - 1) / slot_bytes;
     for (unsigned long long k = blockIdx.x; k < nchunks; k += gridDim.x) {
@@ -91,7 +99,7 @@ extern "C" __global__ void p2p_send(const unsigned char* src, unsigned long long
         }
         const unsigned long long off = k * slot_bytes;
         const unsigned long long len = bytes - off < slot_bytes ? bytes - off : slot_bytes;
-        sr_block_copy<false>(slots + (unsigned long long)s * slot_bytes, src + off, len);
+        sr_block_copy<SR_PLAIN>(slots + (unsigned long long)s * slot_bytes, src + off, len);
         __syncthreads();
         if (threadIdx.x == 0) {
             sr_fence();
@@ -104,7 +112,7 @@ extern "C" __global__ void p2p_recv(unsigned char* dst, unsigned long long bytes
                                     unsigned long long slot_bytes, unsigned nslots,
                                     volatile unsigned long long* ready, volatile unsigned long long* freed,
                                     unsigned long long base, unsigned long long timeout_ns,
-                                    volatile int* abort_flag, int* status) {
+                                    volatile int* abort_flag, int* status, int slots_remote) {
     __shared__ int err;
     const unsigned long long nchunks = (bytes + slot_bytes - 1) / slot_bytes;
     for (unsigned long long k = blockIdx.x; k < nchunks; k += gridDim.x) {
@@ -122,7 +130,11 @@ extern "C" __global__ void p2p_recv(unsigned char* dst, unsigned long long bytes
         }
         const unsigned long long off = k * slot_bytes;
         const unsigned long long len = bytes - off < slot_bytes ? bytes - off : slot_bytes;
-        sr_block_copy<true>(dst + off, slots + (unsigned long long)s * slot_bytes, len);
+        if (slots_remote) {
+            sr_block_copy<SR_CV>(dst + off, slots + (unsigned long long)s * slot_bytes, len);
+        } else {
+            sr_block_copy<SR_CG>(dst + off, slots + (unsigned long long)s * slot_bytes, len);
+        }
         __syncthreads();
         if (threadIdx.x == 0) {
             sr_fence();
