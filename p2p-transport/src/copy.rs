@@ -79,6 +79,7 @@ pub struct Transport {
     pipelines: Mutex<HashMap<PipelineKey, Arc<Mutex<Pipeline>>>>,
     sm_grid: Mutex<SmGrid>,
     config: Mutex<Option<Config>>,
+    routes: Mutex<HashMap<(usize, usize), Route>>,
     topology: OnceLock<std::result::Result<Topology, String>>,
     bridges: Vec<OnceLock<std::result::Result<Stream, String>>>,
     sendrecv: Vec<OnceLock<std::result::Result<Arc<crate::conn::SrKernels>, String>>>,
@@ -115,6 +116,7 @@ impl Transport {
             sm_grid: Mutex::new(SmGrid::DEFAULT),
             sendrecv: (0..n).map(|_| OnceLock::new()).collect(),
             config: Mutex::new(None),
+            routes: Mutex::new(HashMap::new()),
             topology: OnceLock::new(),
             bridges: (0..n).map(|_| OnceLock::new()).collect(),
         }
@@ -124,6 +126,60 @@ impl Transport {
     /// `P2P_*` environment.
     pub fn set_config(&self, config: Config) {
         *self.config.lock().unwrap_or_else(|p| p.into_inner()) = Some(config);
+        self.routes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
+    /// The route `copy_peer` takes from GPU `a` to GPU `b`: chosen (and logged) once per pair,
+    /// then reused until [`set_config`](Self::set_config) changes the configuration.
+    fn route(&self, a: usize, b: usize) -> Result<Route> {
+        if let Some(r) = self
+            .routes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(a, b))
+        {
+            return Ok(r.clone());
+        }
+        let ends = [
+            Endpoint {
+                rank: a,
+                gpu: a,
+                process: 0,
+            },
+            Endpoint {
+                rank: b,
+                gpu: b,
+                process: 0,
+            },
+        ];
+        let route = if a == b {
+            Route {
+                from: ends[0],
+                to: ends[0],
+                mode: Mode::Local,
+                direction: Direction::Write,
+                engine: Engine::CopyEngine,
+                link: "same GPU".into(),
+                reason: "both buffers on one GPU".into(),
+            }
+        } else {
+            select(self.topology()?, &ends, &self.config()?)?
+                .into_iter()
+                .find(|r| r.from.gpu == a && r.to.gpu == b)
+                .ok_or_else(|| {
+                    Error::Mem(p2p_mem::Error::InvalidArgument(format!(
+                        "no route from GPU {a} to GPU {b}"
+                    )))
+                })?
+        };
+        self.routes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((a, b), route.clone());
+        Ok(route)
     }
 
     fn config(&self) -> Result<Config> {
@@ -180,40 +236,7 @@ impl Transport {
             src.device().ordinal() as usize,
             dst.device().ordinal() as usize,
         );
-        let topo = self.topology()?;
-        let cfg = self.config()?;
-        let ends = [
-            Endpoint {
-                rank: a,
-                gpu: a,
-                process: 0,
-            },
-            Endpoint {
-                rank: b,
-                gpu: b,
-                process: 0,
-            },
-        ];
-        let route = if a == b {
-            Route {
-                from: ends[0],
-                to: ends[0],
-                mode: Mode::Local,
-                direction: Direction::Write,
-                engine: Engine::CopyEngine,
-                link: "same GPU".into(),
-                reason: "both buffers on one GPU".into(),
-            }
-        } else {
-            select(topo, &ends, &cfg)?
-                .into_iter()
-                .find(|r| r.from.gpu == a && r.to.gpu == b)
-                .ok_or_else(|| {
-                    Error::Mem(p2p_mem::Error::InvalidArgument(format!(
-                        "no route from GPU {a} to GPU {b}"
-                    )))
-                })?
-        };
+        let route = self.route(a, b)?;
         let runner = match (route.mode, route.engine, route.direction) {
             (Mode::DirectPointer, Engine::SmKernel, Direction::Read) => dst.device().clone(),
             _ => src.device().clone(),
