@@ -311,6 +311,10 @@ macro_rules! device_copy {
 device_copy!(u8, i8, u16, i16, u32, i32, u64, i64, u128, i128, usize, isize, f32, f64);
 // SAFETY: an array of DeviceCopy values has no padding and accepts any bits elementwise.
 unsafe impl<T: DeviceCopy, const N: usize> DeviceCopy for [T; N] {}
+// SAFETY: 16-bit floats are two plain bytes; every bit pattern is some value (or a NaN).
+unsafe impl DeviceCopy for half::f16 {}
+// SAFETY: as above.
+unsafe impl DeviceCopy for half::bf16 {}
 
 /// Views a slice of plain data as bytes.
 pub(crate) fn as_bytes<T: DeviceCopy>(s: &[T]) -> &[u8] {

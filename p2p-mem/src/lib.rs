@@ -9,6 +9,7 @@
 //! | [`Device`] | a GPU and its primary context; name, compute capability, PCI bus id, UUID, SMs |
 //! | [`Stream`] | a non-blocking CUDA stream |
 //! | [`Event`] | a CUDA event, for ordering across streams and timing |
+//! | [`graph::Graph`], [`graph::GraphExec`] | CUDA graphs captured from a stream, replayed with one launch |
 //! | [`DeviceBuffer`] | typed `cuMemAlloc` memory with host copies, memset and checked views |
 //! | [`PinnedHostBuffer`] | page-locked host memory |
 //! | [`P2pAttributes`], [`Device::enable_peer_access`] | peer access within a process |
@@ -38,6 +39,7 @@ mod device;
 mod error;
 mod event;
 pub mod fdpass;
+pub mod graph;
 pub mod ipc;
 mod memory;
 mod peer;
@@ -48,6 +50,7 @@ pub mod wire;
 pub use device::{format_uuid, Device, DeviceCopy, Stream};
 pub use error::{Error, Result};
 pub use event::Event;
+pub use graph::{Graph, GraphExec};
 pub use memory::{
     DeviceBuffer, DeviceMemory, DeviceMemoryMut, DeviceView, DeviceViewMut, PinnedHostBuffer,
 };

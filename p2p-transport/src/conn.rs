@@ -187,7 +187,8 @@ pub struct AbortHandle {
 }
 
 impl AbortHandle {
-    fn new(device: &Device) -> Result<AbortHandle> {
+    /// A new, unset abort flag in pinned host memory (`device` supplies the context).
+    pub fn new(device: &Device) -> Result<AbortHandle> {
         Ok(AbortHandle {
             flag: Arc::new(PinnedHostBuffer::<i32>::new(device, 1)?),
         })
@@ -203,7 +204,8 @@ impl AbortHandle {
         // SAFETY: as above.
         unsafe { AtomicI32::from_ptr(self.flag.as_ptr() as *mut i32) }.load(Ordering::SeqCst) != 0
     }
-    fn device_ptr(&self) -> u64 {
+    /// The flag's address as kernels see it (an `int`, nonzero once aborted).
+    pub fn device_ptr(&self) -> u64 {
         // Pinned host memory is addressable from the device at the same address (UVA).
         self.flag.as_ptr() as u64
     }

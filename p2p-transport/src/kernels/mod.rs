@@ -105,6 +105,78 @@ pub fn compile(source: &Source, arch: &str) -> Result<Vec<u8>> {
     Ok(cubin)
 }
 
+/// As [`compile`], but remembers the cubin: in this process, and on disk under
+/// `$XDG_CACHE_HOME/p2p/kernels` (or `~/.cache/p2p/kernels`), keyed by a hash of the source,
+/// the target and the NVRTC version. Large kernels take NVRTC seconds; a cache hit takes
+/// microseconds. A cache that cannot be read or written is skipped, never an error.
+pub fn compile_cached(source: &Source, arch: &str) -> Result<Vec<u8>> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static MEMO: OnceLock<Mutex<HashMap<u64, Vec<u8>>>> = OnceLock::new();
+    p2p_sys::probe::require(Library::Nvrtc)?;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: libnvrtc is loaded; both are out-pointers.
+    unsafe { nvrtc::nvrtcVersion(&mut major, &mut minor) };
+    let key = fnv1a(&[
+        source.code.as_bytes(),
+        arch.as_bytes(),
+        &major.to_le_bytes(),
+        &minor.to_le_bytes(),
+    ]);
+    let memo = MEMO.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(c) = memo.lock().ok().and_then(|m| m.get(&key).cloned()) {
+        return Ok(c);
+    }
+    let dir = std::env::var_os("XDG_CACHE_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))
+        .map(|d| d.join("p2p").join("kernels"));
+    let file = dir
+        .as_ref()
+        .map(|d| d.join(format!("{}-{arch}-{key:016x}.cubin", source.name)));
+    let cached = file
+        .as_ref()
+        .and_then(|f| std::fs::read(f).ok())
+        .filter(|c| c.starts_with(b"\x7fELF"));
+    let cubin = match cached {
+        Some(c) => {
+            tracing::debug!(kernel = source.name, %arch, "kernel cache hit");
+            c
+        }
+        None => {
+            let t = std::time::Instant::now();
+            let c = compile(source, arch)?;
+            tracing::info!(kernel = source.name, %arch, "compiled in {:.1} s (cached for next time)", t.elapsed().as_secs_f64());
+            if let (Some(d), Some(f)) = (&dir, &file) {
+                let tmp = f.with_extension(format!("tmp{}", std::process::id()));
+                let written = std::fs::create_dir_all(d)
+                    .and_then(|_| std::fs::write(&tmp, &c))
+                    .and_then(|_| std::fs::rename(&tmp, f));
+                if let Err(e) = written {
+                    tracing::debug!("not caching {}: {e}", f.display());
+                    let _ = std::fs::remove_file(&tmp);
+                }
+            }
+            c
+        }
+    };
+    if let Ok(mut m) = memo.lock() {
+        m.insert(key, cubin.clone());
+    }
+    Ok(cubin)
+}
+
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for &b in *p {
+            h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+        h = (h ^ 0xff).wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
 fn compile_error(source: &Source, arch: &str, log: &str) -> Error {
     Error::Compile {
         kernel: source.name.into(),

@@ -1,0 +1,1044 @@
+//! Communicators: the ranks of a collective, their registered workspaces, and the calls.
+//!
+//! Every rank owns one workspace: a sync area (flags, per-block step counters, the failure
+//! record) and a scratch area that peers push data into. Each rank holds every peer's
+//! workspace address as its own GPU sees it: a plain pointer with peer access (one process
+//! driving several GPUs), or a CUDA IPC mapping (one process per GPU). A call validates its
+//! arguments, plans (`plan.rs`) and launches one kernel (`kernels/coll.cu`) on the caller's
+//! stream; it never blocks the host, so it can be captured in a CUDA graph.
+//!
+//! Calls on one communicator must be ordered on the GPU: use one stream per rank (or order
+//! streams with events). Two calls on the same communicator running at once would share step
+//! counters.
+
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use p2p_mem::ipc::{ImportedBuffer, IpcMemHandle};
+use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
+use p2p_transport::config::{Algorithm, Config};
+use p2p_transport::conn::AbortHandle;
+use p2p_transport::kernels::{self, Function, Module, Source};
+
+use crate::bootstrap::{Bootstrap, Rendezvous};
+use crate::error::{Error, Result};
+use crate::plan::{self, Kind, Plan, Tuning, MAX_BLOCKS, MAX_RANKS, THREADS};
+use crate::types::{DataType, Op, RedOp};
+
+/// The collective kernels: `coll_f32` ... `coll_u8`, one per element type.
+pub const COLL: Source = Source {
+    name: "coll.cu",
+    code: include_str!("kernels/coll.cu"),
+};
+
+// The sync area's layout, in 64-bit words; `coll.cu` defines the same.
+const COUNTERS_OFF: usize = 3 * MAX_BLOCKS as usize * MAX_RANKS;
+const FAIL_OFF: usize = COUNTERS_OFF + MAX_BLOCKS as usize;
+const STATUS_OFF: usize = FAIL_OFF + 1;
+const STATUS_WORDS: usize = 6;
+/// Bytes of the sync area at the start of a workspace (the scratch follows, 64 KiB aligned).
+const SYNC_BYTES: usize = 64 << 10;
+const _: () = assert!((STATUS_OFF + 8) * 8 <= SYNC_BYTES);
+
+/// The kernel's argument block; `struct CollArgs` in `coll.cu`, field for field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct CollArgs {
+    input: u64,
+    output: u64,
+    scratch: [u64; MAX_RANKS],
+    sync: [u64; MAX_RANKS],
+    abort_flag: u64,
+    count: u64,
+    piece: u64,
+    slot_bytes: u64,
+    timeout_ns: u64,
+    sig: u64,
+    kind: i32,
+    redop: i32,
+    rank: i32,
+    nranks: i32,
+    root: i32,
+    check: i32,
+}
+
+/// How a communicator behaves; [`Options::from_env`] reads the `P2P_*` settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// Force one all-reduce algorithm (`None`: chosen by size and world size).
+    pub algorithm: Option<Algorithm>,
+    /// Check on the GPU that every rank made the same call (operation, type, reduction,
+    /// root, count); a mismatch fails with [`Error::Mismatch`]. Costs one extra store per
+    /// peer per block per call.
+    pub check: bool,
+    /// How long a kernel waits for a peer before giving up.
+    pub timeout: Duration,
+    /// Planner knobs (`None`: the defaults for the GPU).
+    pub tuning: Option<Tuning>,
+}
+
+impl Options {
+    /// From a [`Config`]: `P2P_ALGO`, `P2P_CHECK`, `P2P_TIMEOUT_MS`.
+    pub fn from_config(config: &Config) -> Options {
+        Options {
+            algorithm: config.algorithm,
+            check: config.check,
+            timeout: Duration::from_millis(config.timeout_ms),
+            tuning: None,
+        }
+    }
+
+    /// From the process environment; a bad `P2P_*` variable is an error.
+    pub fn from_env() -> Result<Options> {
+        Ok(Self::from_config(&Config::from_env()?))
+    }
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self::from_config(&Config::default())
+    }
+}
+
+/// One collective call, for [`Communicator::call`]: what the named methods build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Call {
+    /// The operation.
+    pub op: Op,
+    /// The element type.
+    pub dtype: DataType,
+    /// Elements, in NCCL's convention (see [`Op::buffer_lens`]).
+    pub count: usize,
+    /// The reduction (ignored by operations that do not reduce).
+    pub redop: RedOp,
+    /// The root (ignored by operations without one).
+    pub root: usize,
+}
+
+struct Kernels {
+    functions: [Function; 7],
+    _module: Module,
+}
+
+impl Kernels {
+    fn load(device: &Device, cubin: &[u8]) -> Result<Kernels> {
+        let module = Module::load(device, cubin)?;
+        let f = |d: DataType| module.function(d.kernel());
+        let functions = [
+            f(DataType::F32)?,
+            f(DataType::F64)?,
+            f(DataType::F16)?,
+            f(DataType::BF16)?,
+            f(DataType::I32)?,
+            f(DataType::I64)?,
+            f(DataType::U8)?,
+        ];
+        Ok(Kernels {
+            functions,
+            _module: module,
+        })
+    }
+}
+
+/// A peer's workspace, kept alive as long as this rank may write into it (held, never read).
+#[allow(dead_code)]
+enum PeerMemory {
+    Local(Arc<DeviceBuffer<u8>>),
+    Imported(ImportedBuffer),
+}
+
+/// A region of a buffer, as a call sees it.
+#[derive(Clone, Copy)]
+struct Region<'a> {
+    ptr: u64,
+    bytes: usize,
+    device: &'a Device,
+}
+
+/// One rank of a communicator.
+///
+/// Made by [`Communicator::init_all`] (one process, several GPUs: one handle per rank) or
+/// [`Communicator::init`] / [`Communicator::from_env`] (one process per GPU). Every call is
+/// asynchronous on the stream it is given; [`synchronize`](Self::synchronize) waits and
+/// reports a stalled, aborted or mismatched call as an error.
+pub struct Communicator {
+    rank: usize,
+    world: usize,
+    device: Device,
+    options: Options,
+    tuning: Tuning,
+    bases: [u64; MAX_RANKS],
+    abort: AbortHandle,
+    failed: Mutex<Option<String>>,
+    kernels: Arc<Kernels>,
+    bootstrap: Option<Mutex<Bootstrap>>,
+    // Freed last: peers' mappings, then this rank's workspace.
+    _peers: Vec<PeerMemory>,
+    workspace: Arc<DeviceBuffer<u8>>,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("device", &self.device.ordinal())
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+fn workspace_bytes(world: usize, tuning: &Tuning) -> usize {
+    SYNC_BYTES + 2 * world * tuning.slot_bytes()
+}
+
+fn check_world(world: usize) -> Result<()> {
+    if world == 0 || world > MAX_RANKS {
+        return Err(Error::InvalidArgument {
+            op: "init",
+            rank: 0,
+            what: format!("a communicator has 1 to {MAX_RANKS} ranks, not {world}"),
+        });
+    }
+    Ok(())
+}
+
+impl Communicator {
+    /// One communicator per GPU in `devices`, all in this process (like `ncclCommInitAll`):
+    /// rank r is `devices[r]`. Options come from the `P2P_*` environment.
+    ///
+    /// Every pair of GPUs needs direct P2P (peer access); where a pair has none this fails
+    /// and says which.
+    ///
+    /// ```no_run
+    /// use p2p_collective::{Communicator, DataType, RedOp};
+    /// use p2p_mem::{Device, DeviceBuffer, DeviceMemory, Stream};
+    /// let gpus = Device::all()?;
+    /// let comms = Communicator::init_all(&gpus)?;
+    /// let streams = gpus.iter().map(Stream::new).collect::<Result<Vec<_>, _>>()?;
+    /// let mut bufs = gpus
+    ///     .iter()
+    ///     .map(|g| DeviceBuffer::from_host(g, &[1.0f32; 1024]))
+    ///     .collect::<Result<Vec<_>, _>>()?;
+    /// // Calls never block the host: issue every rank's from one thread, or one thread each.
+    /// for ((comm, buf), stream) in comms.iter().zip(&mut bufs).zip(&streams) {
+    ///     comm.all_reduce_in_place(buf, 1024, DataType::F32, RedOp::Sum, stream)?;
+    /// }
+    /// for (comm, stream) in comms.iter().zip(&streams) {
+    ///     comm.synchronize(stream)?;
+    /// }
+    /// assert_eq!(bufs[0].to_host_vec::<f32>()?[0], gpus.len() as f32);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn init_all(devices: &[Device]) -> Result<Vec<Communicator>> {
+        Self::init_all_with(devices, Options::from_env()?)
+    }
+
+    /// As [`init_all`](Self::init_all), with explicit options.
+    pub fn init_all_with(devices: &[Device], options: Options) -> Result<Vec<Communicator>> {
+        let world = devices.len();
+        check_world(world)?;
+        for (i, a) in devices.iter().enumerate() {
+            for (j, b) in devices.iter().enumerate() {
+                if i != j && a == b {
+                    return Err(Error::InvalidArgument {
+                        op: "init_all",
+                        rank: i,
+                        what: format!(
+                            "ranks {i} and {j} are both GPU {}: give each rank its own GPU",
+                            a.ordinal()
+                        ),
+                    });
+                }
+                if i != j {
+                    a.enable_peer_access(b).map_err(|e| Error::InvalidArgument {
+                        op: "init_all",
+                        rank: i,
+                        what: format!(
+                            "GPU {} cannot reach GPU {} directly ({e}); collectives need P2P between every pair (see `p2p-bench doctor`)",
+                            a.ordinal(),
+                            b.ordinal()
+                        ),
+                    })?;
+                }
+            }
+        }
+        let tuning = options.tuning.unwrap_or_else(|| {
+            Tuning::for_device(devices.iter().map(|d| d.sm_count()).min().unwrap_or(1))
+        });
+        let bytes = workspace_bytes(world, &tuning);
+        let mut workspaces = Vec::with_capacity(world);
+        for d in devices {
+            workspaces.push(Arc::new(DeviceBuffer::<u8>::zeroed(d, bytes)?));
+        }
+        let mut cubins: Vec<(String, Vec<u8>)> = Vec::new();
+        let mut loaded = Vec::with_capacity(world);
+        for d in devices {
+            let arch = kernels::arch_for(d);
+            if !cubins.iter().any(|(a, _)| *a == arch) {
+                cubins.push((arch.clone(), kernels::compile_cached(&COLL, &arch)?));
+            }
+            let cubin = cubins
+                .iter()
+                .find(|(a, _)| *a == arch)
+                .map(|(_, c)| c.as_slice())
+                .unwrap_or(&[]);
+            loaded.push(Arc::new(Kernels::load(d, cubin)?));
+        }
+        let abort = AbortHandle::new(&devices[0])?;
+        let mut bases = [0u64; MAX_RANKS];
+        for (r, w) in workspaces.iter().enumerate() {
+            bases[r] = w.device_ptr();
+        }
+        for (i, a) in devices.iter().enumerate() {
+            for (j, b) in devices.iter().enumerate() {
+                if i != j {
+                    tracing::info!(
+                        "{i}[{}] -> {j}[{}] via P2P/direct pointer (peer access; UVA addresses)",
+                        a.ordinal(),
+                        b.ordinal()
+                    );
+                }
+            }
+        }
+        let mut comms = Vec::with_capacity(world);
+        for (r, d) in devices.iter().enumerate() {
+            comms.push(Communicator {
+                rank: r,
+                world,
+                device: d.clone(),
+                options: options.clone(),
+                tuning,
+                bases,
+                abort: abort.clone(),
+                failed: Mutex::new(None),
+                kernels: loaded[r].clone(),
+                bootstrap: None,
+                _peers: workspaces
+                    .iter()
+                    .enumerate()
+                    .filter(|(p, _)| *p != r)
+                    .map(|(_, w)| PeerMemory::Local(w.clone()))
+                    .collect(),
+                workspace: workspaces[r].clone(),
+            });
+        }
+        Ok(comms)
+    }
+
+    /// This process's rank of a communicator with one process per GPU, from the environment
+    /// torchrun and `p2p-bench launch` set (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`,
+    /// `MASTER_PORT`); the GPU is `LOCAL_RANK`.
+    ///
+    /// ```no_run
+    /// // Run as `p2p-bench launch -n 2 -- ./my-program`.
+    /// use p2p_collective::{Communicator, DataType, RedOp};
+    /// use p2p_mem::{DeviceBuffer, Stream};
+    /// let comm = Communicator::from_env()?;
+    /// let stream = Stream::new(comm.device())?;
+    /// let mut buf = DeviceBuffer::from_host(comm.device(), &[comm.rank() as f32; 256])?;
+    /// comm.all_reduce_in_place(&mut buf, 256, DataType::F32, RedOp::Max, &stream)?;
+    /// comm.synchronize(&stream)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn from_env() -> Result<Communicator> {
+        let rv = Rendezvous::from_env()?;
+        let device = Device::new(rv.local_rank as i32)?;
+        Self::init(&device, &rv, Options::from_env()?)
+    }
+
+    /// Joins the communicator described by `rv` with `device` as this rank's GPU. Returns once
+    /// every rank has joined and mapped every other rank's workspace.
+    pub fn init(device: &Device, rv: &Rendezvous, options: Options) -> Result<Communicator> {
+        check_world(rv.world)?;
+        let rank = rv.rank;
+        let tuning = options
+            .tuning
+            .unwrap_or_else(|| Tuning::for_device(device.sm_count()));
+        let workspace = Arc::new(DeviceBuffer::<u8>::zeroed(
+            device,
+            workspace_bytes(rv.world, &tuning),
+        )?);
+        let handle = IpcMemHandle::export(workspace.as_ref())?;
+        let arch = kernels::arch_for(device);
+        let kernels = Arc::new(Kernels::load(
+            device,
+            &kernels::compile_cached(&COLL, &arch)?,
+        )?);
+        let abort = AbortHandle::new(device)?;
+        let mut bootstrap = Bootstrap::connect(rv)?;
+        let host = hostname();
+        let mut blob = Vec::new();
+        blob.extend_from_slice(&(host.len() as u16).to_le_bytes());
+        blob.extend_from_slice(host.as_bytes());
+        blob.extend_from_slice(&tuning.max_blocks.to_le_bytes());
+        blob.extend_from_slice(&(tuning.piece_bytes as u64).to_le_bytes());
+        blob.extend_from_slice(&handle.to_bytes());
+        let all = bootstrap.all_gather(&blob)?;
+        let fail = |why: String| Error::Bootstrap { rank, why };
+        let mut bases = [0u64; MAX_RANKS];
+        let mut peers = Vec::new();
+        for (r, b) in all.iter().enumerate() {
+            let hl = b
+                .get(..2)
+                .map(|x| u16::from_le_bytes([x[0], x[1]]) as usize)
+                .ok_or_else(|| fail(format!("rank {r} sent a short blob")))?;
+            let their_host = b
+                .get(2..2 + hl)
+                .map(|x| String::from_utf8_lossy(x).into_owned())
+                .ok_or_else(|| fail(format!("rank {r} sent a short blob")))?;
+            let rest = b
+                .get(2 + hl..)
+                .ok_or_else(|| fail(format!("rank {r} sent a short blob")))?;
+            if rest.len() < 12 {
+                return Err(fail(format!("rank {r} sent a short blob")));
+            }
+            let their_blocks = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
+            let mut pb = [0u8; 8];
+            pb.copy_from_slice(&rest[4..12]);
+            if their_blocks != tuning.max_blocks
+                || u64::from_le_bytes(pb) != tuning.piece_bytes as u64
+            {
+                return Err(fail(format!(
+                    "rank {r} plans with {their_blocks} blocks x {} B pieces, this rank with {} x {}: every rank needs the same GPU model and tuning",
+                    u64::from_le_bytes(pb), tuning.max_blocks, tuning.piece_bytes
+                )));
+            }
+            if r == rank {
+                bases[r] = workspace.device_ptr();
+                continue;
+            }
+            if their_host != host {
+                return Err(fail(format!(
+                    "rank {r} runs on host {their_host:?}, this rank on {host:?}: process-per-GPU communicators need every rank on one host"
+                )));
+            }
+            let h = IpcMemHandle::from_bytes(&rest[12..])
+                .map_err(|e| fail(format!("rank {r}'s workspace handle: {e}")))?;
+            if h.device_uuid() == device.uuid() {
+                tracing::warn!(
+                    rank,
+                    peer = r,
+                    "ranks {rank} and {r} share GPU {}: their kernels time-slice and will be slow",
+                    device.ordinal()
+                );
+            }
+            let imported = h.open(device)?;
+            bases[r] = imported.device_ptr();
+            tracing::info!(
+                "{rank}[{}] -> {r}[{}] via P2P/IPC (legacy CUDA IPC handle of the peer's workspace)",
+                device.ordinal(),
+                p2p_mem::format_uuid(h.device_uuid())
+            );
+            peers.push(PeerMemory::Imported(imported));
+        }
+        // Every rank has mapped every workspace before anyone's kernels write into them.
+        bootstrap.barrier()?;
+        Ok(Communicator {
+            rank,
+            world: rv.world,
+            device: device.clone(),
+            options,
+            tuning,
+            bases,
+            abort,
+            failed: Mutex::new(None),
+            kernels,
+            bootstrap: Some(Mutex::new(bootstrap)),
+            _peers: peers,
+            workspace,
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// How many ranks.
+    pub fn world_size(&self) -> usize {
+        self.world
+    }
+
+    /// This rank's GPU.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &Options {
+        &self.options
+    }
+
+    /// The planner's knobs.
+    pub fn tuning(&self) -> &Tuning {
+        &self.tuning
+    }
+
+    /// How a call would run (algorithm, grid, pieces), without running it.
+    pub fn plan(&self, call: &Call) -> Plan {
+        plan::plan(
+            call.op,
+            call.dtype,
+            call.count.max(1),
+            self.world,
+            self.options.algorithm,
+            &self.tuning,
+        )
+    }
+
+    /// A handle that aborts this communicator from any thread (in one process, every rank made
+    /// by the same `init_all` shares it).
+    pub fn abort_handle(&self) -> AbortHandle {
+        self.abort.clone()
+    }
+
+    /// Stops every running and queued call: waits give up at once, and later calls fail.
+    pub fn abort(&self) {
+        self.abort.abort();
+    }
+
+    /// Waits for everything queued on `stream`, then reports a call that stalled, was
+    /// aborted or did not match its peers' as an error. After such an error the communicator
+    /// is unusable.
+    pub fn synchronize(&self, stream: &Stream) -> Result<()> {
+        stream.synchronize()?;
+        self.check_status()
+    }
+
+    fn check_status(&self) -> Result<()> {
+        let range = STATUS_OFF * 8..(STATUS_OFF + STATUS_WORDS) * 8;
+        let st = self.workspace.slice(range)?.to_host_vec::<u64>()?;
+        if st[0] == 0 {
+            return Ok(());
+        }
+        let kind = Kind::from_code(st[1]);
+        let op = kind
+            .map(|k| k.op().name().to_string())
+            .unwrap_or_else(|| "a collective".into());
+        let (peer, block) = (st[2] as usize, st[3]);
+        let err = match st[0] {
+            3 => Error::Mismatch {
+                op,
+                rank: self.rank,
+                peer,
+                mine: plan::describe(st[4]),
+                theirs: plan::describe(st[5]),
+            },
+            code => Error::Stalled {
+                op,
+                rank: self.rank,
+                device: self.device.ordinal(),
+                peer,
+                block,
+                why: match code {
+                    1 => format!("timed out after {:?}", self.options.timeout),
+                    2 => "was aborted".into(),
+                    c => format!("failed (kernel status {c})"),
+                },
+            },
+        };
+        if let Ok(mut f) = self.failed.lock() {
+            f.get_or_insert_with(|| err.to_string());
+        }
+        Err(err)
+    }
+
+    fn usable(&self, op: &'static str) -> Result<()> {
+        if self.abort.is_aborted() {
+            return Err(Error::Unusable {
+                op,
+                rank: self.rank,
+                why: "it was aborted".into(),
+            });
+        }
+        if let Some(why) = self.failed.lock().ok().and_then(|f| f.clone()) {
+            return Err(Error::Unusable {
+                op,
+                rank: self.rank,
+                why,
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs `call` out of place: reads `send`, writes `recv`. Buffers a rank does not use
+    /// (the non-roots' `send` of a broadcast, `recv` of a reduce) are not touched.
+    pub fn call(
+        &self,
+        call: &Call,
+        send: &dyn DeviceMemory,
+        recv: &mut dyn DeviceMemoryMut,
+        stream: &Stream,
+    ) -> Result<()> {
+        let input = Region {
+            ptr: send.device_ptr(),
+            bytes: send.byte_len(),
+            device: send.device(),
+        };
+        let output = Region {
+            ptr: recv.device_ptr(),
+            bytes: recv.byte_len(),
+            device: recv.device(),
+        };
+        self.enqueue(call, input, output, stream)
+    }
+
+    /// Runs `call` in place in `buf`, as NCCL defines it: for all-gather this rank's input is
+    /// its part (`buf[rank * count..]`) of the output; for reduce-scatter its result lands in
+    /// its part of the input.
+    pub fn call_in_place(
+        &self,
+        call: &Call,
+        buf: &mut dyn DeviceMemoryMut,
+        stream: &Stream,
+    ) -> Result<()> {
+        let whole = Region {
+            ptr: buf.device_ptr(),
+            bytes: buf.byte_len(),
+            device: buf.device(),
+        };
+        let part_off = (self.rank * call.count * call.dtype.size()) as u64;
+        let part = Region {
+            ptr: whole.ptr + part_off,
+            bytes: whole.bytes.saturating_sub(part_off as usize),
+            device: whole.device,
+        };
+        match call.op {
+            Op::AllGather => self.enqueue(call, part, whole, stream),
+            Op::ReduceScatter => self.enqueue(call, whole, part, stream),
+            _ => self.enqueue(call, whole, whole, stream),
+        }
+    }
+
+    fn enqueue(
+        &self,
+        call: &Call,
+        input: Region<'_>,
+        output: Region<'_>,
+        stream: &Stream,
+    ) -> Result<()> {
+        let op = call.op.name();
+        self.usable(op)?;
+        let bad = |what: String| Error::InvalidArgument {
+            op,
+            rank: self.rank,
+            what,
+        };
+        if stream.device() != &self.device {
+            return Err(bad(format!(
+                "the stream is on GPU {}, this rank's GPU is {}",
+                stream.device().ordinal(),
+                self.device.ordinal()
+            )));
+        }
+        if call.op.rooted() && call.root >= self.world {
+            return Err(bad(format!(
+                "root {} is out of range: there are {} ranks",
+                call.root, self.world
+            )));
+        }
+        if call.count == 0 {
+            return Ok(());
+        }
+        if call.count >= 1 << 40
+            || call
+                .count
+                .checked_mul(self.world * call.dtype.size())
+                .is_none()
+        {
+            return Err(bad(format!("count {} is too large", call.count)));
+        }
+        let (in_len, out_len) = call
+            .op
+            .buffer_lens(call.count, self.world, self.rank, call.root);
+        let size = call.dtype.size();
+        for (what, region, len) in [("send", input, in_len), ("recv", output, out_len)] {
+            if len == 0 {
+                continue;
+            }
+            if region.device != &self.device {
+                return Err(bad(format!(
+                    "the {what} buffer is on GPU {}, this rank's GPU is {}",
+                    region.device.ordinal(),
+                    self.device.ordinal()
+                )));
+            }
+            if region.bytes < len * size {
+                return Err(bad(format!(
+                    "the {what} buffer holds {} bytes; {len} elements of {} need {}",
+                    region.bytes,
+                    call.dtype,
+                    len * size
+                )));
+            }
+        }
+        let p = plan::plan(
+            call.op,
+            call.dtype,
+            call.count,
+            self.world,
+            self.options.algorithm,
+            &self.tuning,
+        );
+        let redop = if call.op.reduces() {
+            call.redop.code()
+        } else {
+            0
+        };
+        let root = if call.op.rooted() { call.root } else { 0 };
+        let mut args = CollArgs {
+            input: input.ptr,
+            output: output.ptr,
+            abort_flag: self.abort.device_ptr(),
+            count: p.units,
+            piece: p.piece,
+            slot_bytes: self.tuning.slot_bytes() as u64,
+            timeout_ns: self.options.timeout.as_nanos().min(u64::MAX as u128) as u64,
+            sig: plan::signature(p.kind, call.dtype, redop, root, call.count),
+            kind: p.kind as i32,
+            redop,
+            rank: self.rank as i32,
+            nranks: self.world as i32,
+            root: root as i32,
+            check: self.options.check as i32,
+            ..CollArgs::default()
+        };
+        for r in 0..self.world {
+            args.sync[r] = self.bases[r];
+            args.scratch[r] = self.bases[r] + SYNC_BYTES as u64;
+        }
+        tracing::debug!(
+            rank = self.rank,
+            "{op} {} {} x {}: {:?}, {} blocks x {} chunks ({})",
+            call.dtype,
+            call.count,
+            size,
+            p.kind,
+            p.grid,
+            p.chunks,
+            p.reason
+        );
+        let function = self.kernels.functions[p.kernel_type.index()];
+        launch(&self.kernels._module, function, p.grid, &mut args, stream)
+    }
+
+    /// All-reduce `count` elements of `send` into `recv` on every rank.
+    pub fn all_reduce(
+        &self,
+        send: &impl DeviceMemory,
+        recv: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: DataType,
+        redop: RedOp,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.call(
+            &Call {
+                op: Op::AllReduce,
+                dtype,
+                count,
+                redop,
+                root: 0,
+            },
+            send,
+            recv,
+            stream,
+        )
+    }
+
+    /// All-reduce in place.
+    pub fn all_reduce_in_place(
+        &self,
+        buf: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: DataType,
+        redop: RedOp,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.call_in_place(
+            &Call {
+                op: Op::AllReduce,
+                dtype,
+                count,
+                redop,
+                root: 0,
+            },
+            buf,
+            stream,
+        )
+    }
+
+    /// Broadcast `count` elements from `root`'s `send` into every rank's `recv`.
+    pub fn broadcast(
+        &self,
+        send: &impl DeviceMemory,
+        recv: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.call(
+            &Call {
+                op: Op::Broadcast,
+                dtype,
+                count,
+                redop: RedOp::Sum,
+                root,
+            },
+            send,
+            recv,
+            stream,
+        )
+    }
+
+    /// Broadcast in place: `root`'s `buf` into every rank's `buf`.
+    pub fn broadcast_in_place(
+        &self,
+        buf: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.call_in_place(
+            &Call {
+                op: Op::Broadcast,
+                dtype,
+                count,
+                redop: RedOp::Sum,
+                root,
+            },
+            buf,
+            stream,
+        )
+    }
+
+    /// Reduce every rank's `send` into `root`'s `recv`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce(
+        &self,
+        send: &impl DeviceMemory,
+        recv: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: DataType,
+        redop: RedOp,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.call(
+            &Call {
+                op: Op::Reduce,
+                dtype,
+                count,
+                redop,
+                root,
+            },
+            send,
+            recv,
+            stream,
+        )
+    }
+
+    /// Reduce in place into `root`'s `buf`.
+    pub fn reduce_in_place(
+        &self,
+        buf: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: DataType,
+        redop: RedOp,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.call_in_place(
+            &Call {
+                op: Op::Reduce,
+                dtype,
+                count,
+                redop,
+                root,
+            },
+            buf,
+            stream,
+        )
+    }
+
+    /// Gather every rank's `count` elements into every rank's `recv` (`world * count`), in rank order.
+    pub fn all_gather(
+        &self,
+        send: &impl DeviceMemory,
+        recv: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: DataType,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.call(
+            &Call {
+                op: Op::AllGather,
+                dtype,
+                count,
+                redop: RedOp::Sum,
+                root: 0,
+            },
+            send,
+            recv,
+            stream,
+        )
+    }
+
+    /// All-gather in place: this rank's input is `buf[rank * count..][..count]`.
+    pub fn all_gather_in_place(
+        &self,
+        buf: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: DataType,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.call_in_place(
+            &Call {
+                op: Op::AllGather,
+                dtype,
+                count,
+                redop: RedOp::Sum,
+                root: 0,
+            },
+            buf,
+            stream,
+        )
+    }
+
+    /// Reduce every rank's `send` (`world * count`) and give rank r part r (`count`) in `recv`.
+    pub fn reduce_scatter(
+        &self,
+        send: &impl DeviceMemory,
+        recv: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: DataType,
+        redop: RedOp,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.call(
+            &Call {
+                op: Op::ReduceScatter,
+                dtype,
+                count,
+                redop,
+                root: 0,
+            },
+            send,
+            recv,
+            stream,
+        )
+    }
+
+    /// Reduce-scatter in place: the result lands in `buf[rank * count..][..count]`.
+    pub fn reduce_scatter_in_place(
+        &self,
+        buf: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: DataType,
+        redop: RedOp,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.call_in_place(
+            &Call {
+                op: Op::ReduceScatter,
+                dtype,
+                count,
+                redop,
+                root: 0,
+            },
+            buf,
+            stream,
+        )
+    }
+
+    /// Send part q (`count` elements) of `send` to rank q; receive rank p's part r into part p of `recv`.
+    pub fn all_to_all(
+        &self,
+        send: &impl DeviceMemory,
+        recv: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: DataType,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.call(
+            &Call {
+                op: Op::AllToAll,
+                dtype,
+                count,
+                redop: RedOp::Sum,
+                root: 0,
+            },
+            send,
+            recv,
+            stream,
+        )
+    }
+
+    /// All-to-all in place.
+    pub fn all_to_all_in_place(
+        &self,
+        buf: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: DataType,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.call_in_place(
+            &Call {
+                op: Op::AllToAll,
+                dtype,
+                count,
+                redop: RedOp::Sum,
+                root: 0,
+            },
+            buf,
+            stream,
+        )
+    }
+}
+
+#[allow(unsafe_code)]
+fn launch(
+    module: &Module,
+    function: Function,
+    grid: u32,
+    args: &mut CollArgs,
+    stream: &Stream,
+) -> Result<()> {
+    let mut params = [(args as *mut CollArgs).cast::<c_void>()];
+    // SAFETY: `CollArgs` matches the kernel's one by-value parameter field for field. Its
+    // pointers are this call's validated buffers (lengths checked against the plan), the
+    // workspaces of every rank (alive while this communicator is, which synchronises before
+    // freeing them) and the pinned abort flag (held by `self.abort`).
+    unsafe { module.launch(function, grid, THREADS, &mut params, stream) }?;
+    Ok(())
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        // Kernels still running may write into peers' workspaces or wait on them: let them end
+        // (at worst at their time limit), then let every process get here before memory goes.
+        if let Err(e) = self.device.synchronize() {
+            tracing::error!(
+                rank = self.rank,
+                "synchronising before freeing the workspace: {e}"
+            );
+        }
+        if let Some(b) = &self.bootstrap {
+            if let Ok(mut b) = b.lock() {
+                if let Err(e) = b.barrier() {
+                    tracing::warn!(rank = self.rank, "the closing barrier failed: {e}");
+                }
+            }
+        }
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}

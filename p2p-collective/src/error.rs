@@ -1,0 +1,77 @@
+//! Errors of `p2p-collective`.
+
+/// An error from a communicator or a collective.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// From the transport layer (kernel compilation and launch, CUDA calls).
+    #[error(transparent)]
+    Transport(#[from] p2p_transport::Error),
+    /// From the memory layer (buffers, peer access, IPC handles).
+    #[error(transparent)]
+    Mem(#[from] p2p_mem::Error),
+    /// A `P2P_*` setting could not be used.
+    #[error(transparent)]
+    Config(#[from] p2p_transport::config::ConfigError),
+    /// A call's arguments are wrong; nothing was queued.
+    #[error("{op} on rank {rank}: {what}")]
+    InvalidArgument {
+        /// The refused operation.
+        op: &'static str,
+        /// This rank.
+        rank: usize,
+        /// What is wrong and what would be right.
+        what: String,
+    },
+    /// A collective waited for a peer past the time limit, or was aborted.
+    #[error("{op} on rank {rank} (GPU {device}) {why} waiting for rank {peer} (block {block}); the communicator is now unusable: create a new one")]
+    Stalled {
+        /// The collective that stopped.
+        op: String,
+        /// This rank.
+        rank: usize,
+        /// This rank's GPU.
+        device: i32,
+        /// The rank it waited for.
+        peer: usize,
+        /// The kernel block that saw it.
+        block: u64,
+        /// `timed out after ...` or `was aborted`.
+        why: String,
+    },
+    /// Ranks made different calls (found in checking mode, `P2P_CHECK=1`).
+    #[error("{op} on rank {rank}: rank {peer} made a different call: rank {rank} called {mine}, rank {peer} called {theirs}; the communicator is now unusable")]
+    Mismatch {
+        /// This rank's operation.
+        op: String,
+        /// This rank.
+        rank: usize,
+        /// The peer whose call differs.
+        peer: usize,
+        /// This rank's call, in words.
+        mine: String,
+        /// The peer's call, in words.
+        theirs: String,
+    },
+    /// The communicator failed or was aborted earlier; nothing was queued.
+    #[error("{op} on rank {rank}: the communicator is unusable ({why}); create a new one")]
+    Unusable {
+        /// The refused operation.
+        op: &'static str,
+        /// This rank.
+        rank: usize,
+        /// What happened before.
+        why: String,
+    },
+    /// Setting up a communicator between processes failed.
+    #[error("bootstrap of rank {rank}: {why}")]
+    Bootstrap {
+        /// This rank.
+        rank: usize,
+        /// What went wrong and what to check.
+        why: String,
+    },
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

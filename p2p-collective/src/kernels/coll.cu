@@ -1,0 +1,459 @@
+// The collective kernels: one kernel per element type, `coll_<type>`, that runs every collective.
+//
+// Every rank owns a scratch buffer and a sync area that every peer can write (peer pointers in
+// one process, CUDA IPC mappings between processes). A collective is a sequence of steps; in
+// each step every block of every rank
+//   1. pushes its piece of data into peers' scratch (stores over NVLink are posted: writes beat
+//      reads across the link),
+//   2. signals every peer by storing its step number into the peer's flag for (block, rank),
+//      then waits until every peer's flag for (block, peer) in its own memory reaches that step,
+//   3. combines what arrived (a reduction in rank order, or a copy) into its output.
+//
+// Counters are per block, live in device memory and only grow: block b reads counters[b] when
+// it starts and stores the last step it ran when it ends. Nothing the host passes changes from
+// call to call except buffer addresses and sizes, so a call captured in a CUDA graph replays
+// correctly. Every rank launches the same grid and the same number of steps for a call (both
+// follow from the count alone), so block b's counter agrees on every rank.
+//
+// Scratch is double-buffered by step parity. Writing into a peer's half for step s is safe
+// because this block waited, in step s-1, for the peer's signal of s-1, which the peer gave
+// after it finished reading step s-2 (the last use of that half).
+//
+// No hangs: every wait polls the abort flag (pinned host memory) and the device's failure word,
+// and gives up after `timeout_ns`. The first failure is recorded in `status` (code, kind, peer,
+// block, this rank's signature and the peer's), and later kernels return at once.
+//
+// With `check` on, each signal also carries a 64-bit signature of the call (kind, type, redop,
+// root, count); a waiter that sees a different one from a peer stops with code 3.
+
+#define MAX_RANKS 8
+#define MAX_BLOCKS 256
+
+// Layout of a rank's sync area, in 64-bit words.
+#define FLAGS_OFF 0                                            // [MAX_BLOCKS][MAX_RANKS]
+#define SIGS_OFF (MAX_BLOCKS * MAX_RANKS)                      // [2][MAX_BLOCKS][MAX_RANKS]
+#define COUNTERS_OFF (3 * MAX_BLOCKS * MAX_RANKS)              // [MAX_BLOCKS]
+#define FAIL_OFF (COUNTERS_OFF + MAX_BLOCKS)                   // 1 word
+#define STATUS_OFF (FAIL_OFF + 1)                              // 8 words
+
+enum Kind {
+    K_ALLREDUCE_ONESHOT = 0,
+    K_ALLREDUCE_TWOSHOT = 1,
+    K_REDUCE = 2,
+    K_BROADCAST = 3,
+    K_ALLGATHER = 4,
+    K_REDUCESCATTER = 5,
+    K_ALLTOALL = 6,
+    K_ALLREDUCE_RING = 7,
+};
+
+enum RedOp { R_SUM = 0, R_PROD = 1, R_MIN = 2, R_MAX = 3, R_AVG = 4 };
+
+enum Fail { F_TIMEOUT = 1, F_ABORT = 2, F_MISMATCH = 3, F_ELSEWHERE = 4 };
+
+typedef unsigned long long u64;
+
+struct CollArgs {
+    const unsigned char* in;
+    unsigned char* out;
+    unsigned char* scratch[MAX_RANKS];  // every rank's scratch, as addressed from this GPU
+    u64* sync[MAX_RANKS];               // every rank's sync area, as addressed from this GPU
+    const volatile int* abort_flag;     // pinned host memory
+    u64 count;                          // elements per segment (see each kind)
+    u64 piece;                          // elements per block per chunk, a multiple of 16 bytes
+    u64 slot_bytes;                     // bytes per (parity, source rank) slot of scratch
+    u64 timeout_ns;
+    u64 sig;
+    int kind, redop, rank, nranks, root, check;
+};
+
+struct half_t { unsigned short x; };
+struct bhalf_t { unsigned short x; };
+
+// Storage type -> accumulator type; f16 and bf16 accumulate in f32 and round once.
+template <typename T> struct Ty {
+    typedef T acc;
+    static __device__ __forceinline__ acc up(T x) { return x; }
+    static __device__ __forceinline__ T down(acc x) { return x; }
+};
+template <> struct Ty<half_t> {
+    typedef float acc;
+    static __device__ __forceinline__ float up(half_t x) {
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x.x));
+        return f;
+    }
+    static __device__ __forceinline__ half_t down(float f) {
+        half_t r;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.x) : "f"(f));
+        return r;
+    }
+};
+template <> struct Ty<bhalf_t> {
+    typedef float acc;
+    static __device__ __forceinline__ float up(bhalf_t x) { return __uint_as_float(((unsigned)x.x) << 16); }
+    static __device__ __forceinline__ bhalf_t down(float f) {
+        bhalf_t r;
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.x) : "f"(f));
+        return r;
+    }
+};
+
+template <typename A> __device__ __forceinline__ A combine(int op, A x, A y) {
+    switch (op) {
+        case R_PROD: return x * y;
+        case R_MIN: return y < x ? y : x;
+        case R_MAX: return y > x ? y : x;
+        default: return x + y;  // sum, and avg before its division
+    }
+}
+
+template <typename A> __device__ __forceinline__ A finish(int op, A x, int nranks) {
+    return op == R_AVG ? (A)(x / (A)nranks) : x;
+}
+
+__device__ __forceinline__ u64 now_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ void fence_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+
+__device__ void record_failure(const CollArgs& a, int code, int peer, u64 peer_sig) {
+    u64* my = a.sync[a.rank];
+    if (atomicCAS((unsigned long long*)(my + FAIL_OFF), 0ull, (unsigned long long)code) == 0ull) {
+        volatile u64* st = my + STATUS_OFF;
+        st[1] = (u64)a.kind;
+        st[2] = (u64)peer;
+        st[3] = (u64)blockIdx.x;
+        st[4] = a.sig;
+        st[5] = peer_sig;
+        __threadfence();
+        st[0] = (u64)code;
+    }
+}
+
+// Waits until *flag >= want. The flag (local memory) is polled every round; the abort flag (a
+// PCIe read), the failure word and the clock every 1024 rounds.
+__device__ int wait_ge(const CollArgs& a, volatile u64* flag, u64 want) {
+    u64 deadline = 0;
+    unsigned spins = 0;
+    volatile u64* fail = a.sync[a.rank] + FAIL_OFF;
+    while (*flag < want) {
+        if ((++spins & 1023u) == 0) {
+            if (*a.abort_flag) return F_ABORT;
+            if (*fail) return F_ELSEWHERE;
+            const u64 t = now_ns();
+            if (deadline == 0) {
+                deadline = t + a.timeout_ns;
+            } else if (t > deadline) {
+                return F_TIMEOUT;
+            }
+        }
+    }
+    return 0;
+}
+
+// The step barrier of one block with every peer (see the file comment). Thread p < nranks
+// handles peer p. Returns nonzero (for every thread) if the collective must stop.
+__device__ int barrier(const CollArgs& a, u64 step, int* err) {
+    __syncthreads();
+    const int p = threadIdx.x;
+    if (p < a.nranks && p != a.rank) {
+        const int b = blockIdx.x;
+        const int par = (int)(step & 1);
+        // Release: the block's pushes (ordered before this thread by the barrier above) become
+        // visible to the peer before the signal does.
+        fence_sys();
+        if (a.check) {
+            a.sync[p][SIGS_OFF + (par * MAX_BLOCKS + b) * MAX_RANKS + a.rank] = a.sig;
+            fence_sys();
+        }
+        ((volatile u64*)a.sync[p])[FLAGS_OFF + b * MAX_RANKS + a.rank] = step;
+        volatile u64* mine = a.sync[a.rank];
+        int e = wait_ge(a, mine + FLAGS_OFF + b * MAX_RANKS + p, step);
+        fence_sys();  // acquire: the peer's pushes are visible after its signal
+        u64 peer_sig = 0;
+        if (!e && a.check) {
+            peer_sig = mine[SIGS_OFF + (par * MAX_BLOCKS + b) * MAX_RANKS + p];
+            if (peer_sig != a.sig) e = F_MISMATCH;
+        }
+        if (e) {
+            if (e != F_ELSEWHERE) record_failure(a, e, p, peer_sig);
+            *err = e;
+        }
+    }
+    __syncthreads();
+    return *err;
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) { return (((u64)p) & 15ull) == 0; }
+
+// Copies n bytes within the block: 16-byte vectors where both ends allow it, bytes otherwise.
+// Sources are read with ld.cg: scratch is written by other GPUs, so L1 must not serve it.
+__device__ void copy_bytes(unsigned char* dst, const unsigned char* src, u64 n) {
+    if (n == 0 || dst == src) return;
+    u64 head = 0;
+    if (aligned16(dst) && aligned16(src)) {
+        const u64 nv = n >> 4;
+        uint4* d = (uint4*)dst;
+        const uint4* s = (const uint4*)src;
+        for (u64 i = threadIdx.x; i < nv; i += blockDim.x) d[i] = __ldcg(s + i);
+        head = nv << 4;
+    }
+    for (u64 j = head + threadIdx.x; j < n; j += blockDim.x) dst[j] = __ldcg(src + j);
+}
+
+// Copies n bytes to up to MAX_RANKS destinations (null entries skipped), reading once.
+__device__ void copy_bytes_multi(unsigned char* const* dsts, int ndst, const unsigned char* src, u64 n) {
+    if (n == 0) return;
+    bool vec = aligned16(src);
+    for (int k = 0; k < ndst; ++k) vec = vec && (dsts[k] == 0 || aligned16(dsts[k]));
+    u64 head = 0;
+    if (vec) {
+        const u64 nv = n >> 4;
+        const uint4* s = (const uint4*)src;
+        for (u64 i = threadIdx.x; i < nv; i += blockDim.x) {
+            const uint4 v = __ldcg(s + i);
+            for (int k = 0; k < ndst; ++k)
+                if (dsts[k]) ((uint4*)dsts[k])[i] = v;
+        }
+        head = nv << 4;
+    }
+    for (u64 j = head + threadIdx.x; j < n; j += blockDim.x) {
+        const unsigned char v = __ldcg(src + j);
+        for (int k = 0; k < ndst; ++k)
+            if (dsts[k]) dsts[k][j] = v;
+    }
+}
+
+template <typename T> union Vec {
+    uint4 u;
+    T t[16 / sizeof(T)];
+};
+
+// out[i] (and every extra destination) = reduce over srcs[0..nsrc) in that order, for n
+// elements. The order is the same on every rank, so every rank gets the same bits.
+template <typename T>
+__device__ void reduce_into(T* out, unsigned char* const* extra, int nextra, const T* const* srcs, int nsrc, u64 n,
+                            int op, int nranks) {
+    typedef typename Ty<T>::acc A;
+    const int E = 16 / sizeof(T);
+    bool vec = aligned16(out);
+    for (int k = 0; k < nsrc; ++k) vec = vec && aligned16(srcs[k]);
+    for (int k = 0; k < nextra; ++k) vec = vec && aligned16(extra[k]);
+    u64 head = 0;
+    if (vec) {
+        const u64 nv = n / E;
+        for (u64 i = threadIdx.x; i < nv; i += blockDim.x) {
+            Vec<T> v;
+            v.u = __ldcg((const uint4*)srcs[0] + i);
+            A acc[16 / sizeof(T)];
+#pragma unroll
+            for (int e = 0; e < E; ++e) acc[e] = Ty<T>::up(v.t[e]);
+            for (int k = 1; k < nsrc; ++k) {
+                Vec<T> w;
+                w.u = __ldcg((const uint4*)srcs[k] + i);
+#pragma unroll
+                for (int e = 0; e < E; ++e) acc[e] = combine<A>(op, acc[e], Ty<T>::up(w.t[e]));
+            }
+#pragma unroll
+            for (int e = 0; e < E; ++e) v.t[e] = Ty<T>::down(finish<A>(op, acc[e], nranks));
+            ((uint4*)out)[i] = v.u;
+            for (int k = 0; k < nextra; ++k) ((uint4*)extra[k])[i] = v.u;
+        }
+        head = nv * E;
+    }
+    for (u64 j = head + threadIdx.x; j < n; j += blockDim.x) {
+        A acc = Ty<T>::up(srcs[0][j]);
+        for (int k = 1; k < nsrc; ++k) acc = combine<A>(op, acc, Ty<T>::up(srcs[k][j]));
+        const T r = Ty<T>::down(finish<A>(op, acc, nranks));
+        out[j] = r;
+        for (int k = 0; k < nextra; ++k) ((T*)extra[k])[j] = r;
+    }
+}
+
+template <typename T>
+__device__ void run(const CollArgs& a) {
+    const int b = blockIdx.x, G = gridDim.x, N = a.nranks, me = a.rank;
+    const u64 E = sizeof(T);
+    u64* mine = a.sync[me];
+    __shared__ int err;
+    __shared__ u64 base;
+    if (threadIdx.x == 0) {
+        err = (int)((volatile u64*)mine)[FAIL_OFF];
+        base = mine[COUNTERS_OFF + b];
+    }
+    __syncthreads();
+    if (err) return;  // an earlier call failed: the communicator is unusable, drain at once
+
+    u64 step = base;
+    const u64 chunk = a.piece * (u64)G;
+    const u64 nchunks = (a.count + chunk - 1) / chunk;
+    const T* in = (const T*)a.in;
+    T* out = (T*)a.out;
+    // This block's slot in rank r's scratch for parity `par` and source rank `src`.
+#define SLOT(r, par, src) (a.scratch[r] + ((u64)(par) * N + (src)) * a.slot_bytes + (u64)b * a.piece * E)
+
+    for (u64 c = 0; c < nchunks; ++c) {
+        const u64 lo0 = c * chunk + (u64)b * a.piece;
+        const u64 lo = lo0 < a.count ? lo0 : a.count;
+        const u64 hi = lo + a.piece < a.count ? lo + a.piece : a.count;
+        const u64 n = hi - lo;
+        unsigned char* dsts[MAX_RANKS];
+        const T* srcs[MAX_RANKS];
+        switch (a.kind) {
+            case K_ALLREDUCE_ONESHOT: {
+                const int par = (int)((step + 1) & 1);
+                for (int q = 0; q < N; ++q) dsts[q] = q == me ? 0 : SLOT(q, par, me);
+                copy_bytes_multi(dsts, N, (const unsigned char*)(in + lo), n * E);
+                if (barrier(a, ++step, &err)) return;
+                for (int r = 0; r < N; ++r) srcs[r] = r == me ? in + lo : (const T*)SLOT(me, par, r);
+                reduce_into<T>(out + lo, dsts, 0, srcs, N, n, a.redop, N);
+                break;
+            }
+            case K_ALLREDUCE_TWOSHOT: {
+                // The piece splits into N parts of `sub` elements (whole 16-byte vectors); rank
+                // q reduces part q, then hands the result to everyone.
+                const u64 vecs = 16 / E;
+                const u64 sub = ((n + N - 1) / N + vecs - 1) / vecs * vecs;
+                const int par1 = (int)((step + 1) & 1), par2 = (int)((step + 2) & 1);
+                for (int q = 0; q < N; ++q) {
+                    const u64 qlo = (u64)q * sub < n ? (u64)q * sub : n;
+                    const u64 qhi = qlo + sub < n ? qlo + sub : n;
+                    if (q != me) copy_bytes(SLOT(q, par1, me) + qlo * E, (const unsigned char*)(in + lo + qlo), (qhi - qlo) * E);
+                }
+                if (barrier(a, ++step, &err)) return;
+                const u64 mlo = (u64)me * sub < n ? (u64)me * sub : n;
+                const u64 mhi = mlo + sub < n ? mlo + sub : n;
+                int nd = 0;
+                for (int q = 0; q < N; ++q)
+                    if (q != me) dsts[nd++] = SLOT(q, par2, me) + mlo * E;
+                for (int r = 0; r < N; ++r)
+                    srcs[r] = r == me ? in + lo + mlo : (const T*)(SLOT(me, par1, r) + mlo * E);
+                reduce_into<T>(out + lo + mlo, dsts, nd, srcs, N, mhi - mlo, a.redop, N);
+                if (barrier(a, ++step, &err)) return;
+                for (int q = 0; q < N; ++q) {
+                    if (q == me) continue;
+                    const u64 qlo = (u64)q * sub < n ? (u64)q * sub : n;
+                    const u64 qhi = qlo + sub < n ? qlo + sub : n;
+                    copy_bytes((unsigned char*)(out + lo + qlo), SLOT(me, par2, q) + qlo * E, (qhi - qlo) * E);
+                }
+                break;
+            }
+            case K_ALLREDUCE_RING: {
+                // Reduce-scatter then all-gather around the ring me -> me+1, one part per rank.
+                // Part p starts at rank p+1 and travels the ring, each rank adding its own
+                // input; rank p gets the full sum of part p after N-1 hops (the order of the
+                // additions is fixed per part), then passes the result on for N-1 more hops.
+                const u64 vecs = 16 / E;
+                const u64 sub = ((n + N - 1) / N + vecs - 1) / vecs * vecs;
+                const int next = (me + 1) % N, prev = (me + N - 1) % N;
+                for (int s = 0; s < 2 * (N - 1); ++s) {
+                    const int par = (int)((step + 1) & 1), ppar = (int)(step & 1);
+                    // The part this rank sends in step s, and the one it received in step s-1.
+                    const int send_part = ((me - 1 - s) % N + 2 * N) % N;
+                    const u64 plo = (u64)send_part * sub < n ? (u64)send_part * sub : n;
+                    const u64 phi = plo + sub < n ? plo + sub : n;
+                    unsigned char* to = SLOT(next, par, me) + plo * E;
+                    if (s == 0) {
+                        copy_bytes(to, (const unsigned char*)(in + lo + plo), (phi - plo) * E);
+                    } else if (s < N - 1) {
+                        srcs[0] = (const T*)(SLOT(me, ppar, prev) + plo * E);
+                        srcs[1] = in + lo + plo;
+                        dsts[0] = to;
+                        reduce_into<T>((T*)to, dsts, 0, srcs, 2, phi - plo, a.redop == R_AVG ? R_SUM : a.redop, N);
+                    } else if (s == N - 1) {
+                        // Last reduction: this rank finishes part `send_part` (its own index + 1
+                        // ... wraps to me), writes it out and starts passing it on.
+                        srcs[0] = (const T*)(SLOT(me, ppar, prev) + plo * E);
+                        srcs[1] = in + lo + plo;
+                        dsts[0] = to;
+                        reduce_into<T>(out + lo + plo, dsts, 1, srcs, 2, phi - plo, a.redop, N);
+                    } else {
+                        copy_bytes(to, SLOT(me, ppar, prev) + plo * E, (phi - plo) * E);
+                        copy_bytes((unsigned char*)(out + lo + plo), SLOT(me, ppar, prev) + plo * E, (phi - plo) * E);
+                    }
+                    if (barrier(a, ++step, &err)) return;
+                }
+                // The last part arrived in the final step: store it.
+                {
+                    const int ppar = (int)(step & 1);
+                    const int part = ((me - 1 - 2 * (N - 1)) % N + 2 * N) % N;
+                    const u64 plo = (u64)part * sub < n ? (u64)part * sub : n;
+                    const u64 phi = plo + sub < n ? plo + sub : n;
+                    copy_bytes((unsigned char*)(out + lo + plo), SLOT(me, ppar, prev) + plo * E, (phi - plo) * E);
+                }
+                break;
+            }
+            case K_REDUCE: {
+                const int par = (int)((step + 1) & 1);
+                if (me != a.root) copy_bytes(SLOT(a.root, par, me), (const unsigned char*)(in + lo), n * E);
+                if (barrier(a, ++step, &err)) return;
+                if (me == a.root) {
+                    for (int r = 0; r < N; ++r) srcs[r] = r == me ? in + lo : (const T*)SLOT(me, par, r);
+                    reduce_into<T>(out + lo, dsts, 0, srcs, N, n, a.redop, N);
+                }
+                break;
+            }
+            case K_BROADCAST: {
+                const int par = (int)((step + 1) & 1);
+                if (me == a.root) {
+                    for (int q = 0; q < N; ++q) dsts[q] = q == me ? 0 : SLOT(q, par, me);
+                    copy_bytes_multi(dsts, N, (const unsigned char*)(in + lo), n * E);
+                    copy_bytes((unsigned char*)(out + lo), (const unsigned char*)(in + lo), n * E);
+                }
+                if (barrier(a, ++step, &err)) return;
+                if (me != a.root) copy_bytes((unsigned char*)(out + lo), SLOT(me, par, a.root), n * E);
+                break;
+            }
+            case K_ALLGATHER: {
+                const int par = (int)((step + 1) & 1);
+                for (int q = 0; q < N; ++q) dsts[q] = q == me ? 0 : SLOT(q, par, me);
+                copy_bytes_multi(dsts, N, (const unsigned char*)(in + lo), n * E);
+                copy_bytes((unsigned char*)(out + (u64)me * a.count + lo), (const unsigned char*)(in + lo), n * E);
+                if (barrier(a, ++step, &err)) return;
+                for (int r = 0; r < N; ++r)
+                    if (r != me) copy_bytes((unsigned char*)(out + (u64)r * a.count + lo), SLOT(me, par, r), n * E);
+                break;
+            }
+            case K_REDUCESCATTER: {
+                const int par = (int)((step + 1) & 1);
+                for (int q = 0; q < N; ++q)
+                    if (q != me) copy_bytes(SLOT(q, par, me), (const unsigned char*)(in + (u64)q * a.count + lo), n * E);
+                if (barrier(a, ++step, &err)) return;
+                for (int r = 0; r < N; ++r)
+                    srcs[r] = r == me ? in + (u64)me * a.count + lo : (const T*)SLOT(me, par, r);
+                reduce_into<T>(out + lo, dsts, 0, srcs, N, n, a.redop, N);
+                break;
+            }
+            case K_ALLTOALL: {
+                const int par = (int)((step + 1) & 1);
+                for (int q = 0; q < N; ++q)
+                    if (q != me) copy_bytes(SLOT(q, par, me), (const unsigned char*)(in + (u64)q * a.count + lo), n * E);
+                copy_bytes((unsigned char*)(out + (u64)me * a.count + lo), (const unsigned char*)(in + (u64)me * a.count + lo), n * E);
+                if (barrier(a, ++step, &err)) return;
+                for (int r = 0; r < N; ++r)
+                    if (r != me) copy_bytes((unsigned char*)(out + (u64)r * a.count + lo), SLOT(me, par, r), n * E);
+                break;
+            }
+            default:
+                return;
+        }
+    }
+#undef SLOT
+    __syncthreads();
+    if (threadIdx.x == 0) mine[COUNTERS_OFF + b] = step;
+}
+
+#define COLL_KERNEL(name, T) \
+    extern "C" __global__ void __launch_bounds__(512) name(CollArgs a) { run<T>(a); }
+
+COLL_KERNEL(coll_f32, float)
+COLL_KERNEL(coll_f64, double)
+COLL_KERNEL(coll_f16, half_t)
+COLL_KERNEL(coll_bf16, bhalf_t)
+COLL_KERNEL(coll_i32, int)
+COLL_KERNEL(coll_i64, long long)
+COLL_KERNEL(coll_u8, unsigned char)

@@ -1,0 +1,117 @@
+//! Starting N local processes as the ranks of one communicator (what `p2p-bench launch` does).
+//!
+//! Each child gets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR` and
+//! `MASTER_PORT`, as torchrun sets them. If one child fails, the others are stopped, so a
+//! crashed rank never leaves its peers waiting.
+
+use std::process::{Child, Command, ExitStatus};
+use std::time::Duration;
+
+/// Runs `program args` as `n` ranks on this host; returns the first failing child's status,
+/// or success once all have exited cleanly.
+pub fn launch(n: usize, program: &str, args: &[String]) -> std::io::Result<ExitStatus> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let mut children: Vec<(usize, Child)> = Vec::new();
+    for rank in 0..n {
+        let child = Command::new(program)
+            .args(args)
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", n.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("LOCAL_WORLD_SIZE", n.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .spawn();
+        match child {
+            Ok(c) => children.push((rank, c)),
+            Err(e) => {
+                stop(&mut children);
+                return Err(std::io::Error::new(
+                    e.kind(),
+                    format!("starting rank {rank} ({program}): {e}"),
+                ));
+            }
+        }
+    }
+    let mut last = None;
+    while !children.is_empty() {
+        let mut i = 0;
+        while i < children.len() {
+            match children[i].1.try_wait()? {
+                Some(status) => {
+                    let (rank, _) = children.remove(i);
+                    if !status.success() {
+                        tracing::error!(rank, %status, "a rank failed; stopping the others");
+                        stop(&mut children);
+                        return Ok(status);
+                    }
+                    last = Some(status);
+                }
+                None => i += 1,
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    last.ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "no ranks to launch (n = 0)",
+        )
+    })
+}
+
+fn stop(children: &mut Vec<(usize, Child)>) {
+    for (_, c) in children.iter_mut() {
+        let _ = c.kill();
+    }
+    for (_, c) in children.iter_mut() {
+        let _ = c.wait();
+    }
+    children.clear();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_rank_gets_the_launcher_environment() {
+        let dir = std::env::temp_dir().join(format!("p2p-launch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let script = format!(
+            "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $MASTER_ADDR $MASTER_PORT\" > {}/$RANK",
+            dir.display()
+        );
+        let status = launch(3, "sh", &["-c".into(), script]).expect("launch");
+        assert!(status.success());
+        for rank in 0..3 {
+            let line = std::fs::read_to_string(dir.join(rank.to_string())).expect("written");
+            let f: Vec<&str> = line.split_whitespace().collect();
+            assert_eq!(
+                &f[..4],
+                &[
+                    &rank.to_string()[..],
+                    "3",
+                    &rank.to_string()[..],
+                    "127.0.0.1"
+                ]
+            );
+            assert!(f[4].parse::<u16>().is_ok());
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_failing_rank_stops_the_others_and_its_status_is_returned() {
+        let start = std::time::Instant::now();
+        let script = "if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 30".to_string();
+        let status = launch(3, "sh", &["-c".into(), script]).expect("launch");
+        assert_eq!(status.code(), Some(3));
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the sleepers were not stopped"
+        );
+    }
+}

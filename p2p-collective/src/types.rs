@@ -1,0 +1,235 @@
+//! Element types and reductions, as the kernels and the signature check know them.
+
+use p2p_mem::DeviceCopy;
+
+/// The element type of a collective's buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DataType {
+    /// `f32`.
+    F32,
+    /// `f64`.
+    F64,
+    /// IEEE half precision (`half::f16`); reductions accumulate in f32.
+    F16,
+    /// bfloat16 (`half::bf16`); reductions accumulate in f32.
+    BF16,
+    /// `i32`.
+    I32,
+    /// `i64`.
+    I64,
+    /// `u8`.
+    U8,
+}
+
+impl DataType {
+    /// Every type, in a fixed order.
+    pub const ALL: [DataType; 7] = [
+        DataType::F32,
+        DataType::F64,
+        DataType::F16,
+        DataType::BF16,
+        DataType::I32,
+        DataType::I64,
+        DataType::U8,
+    ];
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DataType::F32 | DataType::I32 => 4,
+            DataType::F64 | DataType::I64 => 8,
+            DataType::F16 | DataType::BF16 => 2,
+            DataType::U8 => 1,
+        }
+    }
+
+    /// The name nccl-tests prints, e.g. `float`, `half`, `bfloat16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DataType::F32 => "float",
+            DataType::F64 => "double",
+            DataType::F16 => "half",
+            DataType::BF16 => "bfloat16",
+            DataType::I32 => "int32",
+            DataType::I64 => "int64",
+            DataType::U8 => "uint8",
+        }
+    }
+
+    /// The kernel that handles this type.
+    pub(crate) fn kernel(self) -> &'static str {
+        match self {
+            DataType::F32 => "coll_f32",
+            DataType::F64 => "coll_f64",
+            DataType::F16 => "coll_f16",
+            DataType::BF16 => "coll_bf16",
+            DataType::I32 => "coll_i32",
+            DataType::I64 => "coll_i64",
+            DataType::U8 => "coll_u8",
+        }
+    }
+
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The data type of a Rust element type: `DataType::of::<f32>()`.
+    pub fn of<T: Element>() -> DataType {
+        T::DATA_TYPE
+    }
+}
+
+impl std::fmt::Display for DataType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A Rust type collectives can reduce: `f32`, `f64`, `half::f16`, `half::bf16`, `i32`, `i64`, `u8`.
+pub trait Element: DeviceCopy + sealed::Sealed {
+    /// Its [`DataType`].
+    const DATA_TYPE: DataType;
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+macro_rules! element {
+    ($($t:ty => $d:ident),*) => { $(
+        impl sealed::Sealed for $t {}
+        impl Element for $t {
+            const DATA_TYPE: DataType = DataType::$d;
+        }
+    )* };
+}
+element!(f32 => F32, f64 => F64, half::f16 => F16, half::bf16 => BF16, i32 => I32, i64 => I64, u8 => U8);
+
+/// How a reduction combines the ranks' elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RedOp {
+    /// Sum.
+    Sum,
+    /// Product.
+    Prod,
+    /// Minimum.
+    Min,
+    /// Maximum.
+    Max,
+    /// Sum divided by the number of ranks (integer types divide with truncation).
+    Avg,
+}
+
+impl RedOp {
+    /// Every reduction.
+    pub const ALL: [RedOp; 5] = [RedOp::Sum, RedOp::Prod, RedOp::Min, RedOp::Max, RedOp::Avg];
+
+    /// The name nccl-tests prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            RedOp::Sum => "sum",
+            RedOp::Prod => "prod",
+            RedOp::Min => "min",
+            RedOp::Max => "max",
+            RedOp::Avg => "avg",
+        }
+    }
+
+    pub(crate) fn code(self) -> i32 {
+        self as i32
+    }
+}
+
+impl std::fmt::Display for RedOp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A collective operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// Every rank gets the reduction of every rank's input.
+    AllReduce,
+    /// Every rank gets the root's input.
+    Broadcast,
+    /// The root gets the reduction of every rank's input.
+    Reduce,
+    /// Every rank gets every rank's input, in rank order.
+    AllGather,
+    /// Rank r gets part r of the reduction of every rank's input.
+    ReduceScatter,
+    /// Rank r gets part r of every rank's input, in rank order.
+    AllToAll,
+}
+
+impl Op {
+    /// Every collective.
+    pub const ALL: [Op; 6] = [
+        Op::AllReduce,
+        Op::Broadcast,
+        Op::Reduce,
+        Op::AllGather,
+        Op::ReduceScatter,
+        Op::AllToAll,
+    ];
+
+    /// The name, as nccl-tests' binaries are named: `all_reduce`, `broadcast`, ...
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::AllReduce => "all_reduce",
+            Op::Broadcast => "broadcast",
+            Op::Reduce => "reduce",
+            Op::AllGather => "all_gather",
+            Op::ReduceScatter => "reduce_scatter",
+            Op::AllToAll => "all_to_all",
+        }
+    }
+
+    /// Whether it combines elements with a [`RedOp`].
+    pub fn reduces(self) -> bool {
+        matches!(self, Op::AllReduce | Op::Reduce | Op::ReduceScatter)
+    }
+
+    /// Whether it has a root rank.
+    pub fn rooted(self) -> bool {
+        matches!(self, Op::Broadcast | Op::Reduce)
+    }
+
+    /// nccl-tests' bus-bandwidth factor for `world` ranks: busbw = algbw x factor.
+    pub fn bus_factor(self, world: usize) -> f64 {
+        let n = world.max(1) as f64;
+        match self {
+            Op::AllReduce => 2.0 * (n - 1.0) / n,
+            Op::AllGather | Op::ReduceScatter | Op::AllToAll => (n - 1.0) / n,
+            Op::Broadcast | Op::Reduce => 1.0,
+        }
+    }
+
+    /// (input, output) lengths in elements on `rank` for a call with `count`, in NCCL's
+    /// convention: `count` is the per-rank output of reduce-scatter, the per-rank input of
+    /// all-gather and the per-peer block of all-to-all. Buffers unused on a rank are 0.
+    pub fn buffer_lens(
+        self,
+        count: usize,
+        world: usize,
+        rank: usize,
+        root: usize,
+    ) -> (usize, usize) {
+        let all = count.saturating_mul(world);
+        match self {
+            Op::AllReduce => (count, count),
+            Op::Broadcast => (if rank == root { count } else { 0 }, count),
+            Op::Reduce => (count, if rank == root { count } else { 0 }),
+            Op::AllGather => (count, all),
+            Op::ReduceScatter => (all, count),
+            Op::AllToAll => (all, all),
+        }
+    }
+}
+
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}

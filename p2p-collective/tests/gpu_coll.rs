@@ -1,0 +1,389 @@
+//! Collectives on real GPUs, one process driving every GPU. Ignored in CI (no GPU there); the
+//! bundle's run.sh runs them. `gpu2_*` need two GPUs with P2P.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{counts, gpus, run_case, run_matrix, Local};
+use p2p_collective::{Algorithm, Call, Communicator, DataType, Error, Op, Options, RedOp};
+use p2p_mem::{DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
+
+fn world() -> usize {
+    std::env::var("P2PTEST_WORLD")
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(2)
+}
+
+fn locals(options: Options, max_count: usize) -> Vec<Local> {
+    let devices = gpus(world());
+    Communicator::init_all_with(&devices, options)
+        .expect("init_all")
+        .into_iter()
+        .map(|c| Local::new(c, max_count))
+        .collect()
+}
+
+fn matrix(ops: &[Op], options: Options) {
+    let counts = counts();
+    let max = counts.iter().copied().max().unwrap_or(1);
+    let mut ls = locals(options, max);
+    let s = run_matrix(&mut ls, ops, &counts);
+    eprintln!("{} cases, {} wrong elements", s.cases, s.wrong);
+    assert_eq!(s.wrong, 0, "wrong results:\n{}", s.failures.join("\n"));
+    assert!(s.cases > 0);
+}
+
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_all_reduce_matrix() {
+    matrix(&[Op::AllReduce], Options::default());
+}
+
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_all_reduce_matrix_two_shot_and_ring() {
+    for algorithm in [Algorithm::TwoShot, Algorithm::Ring] {
+        eprintln!("algorithm {}", algorithm.name());
+        matrix(
+            &[Op::AllReduce],
+            Options {
+                algorithm: Some(algorithm),
+                ..Options::default()
+            },
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_broadcast_and_reduce_matrix() {
+    matrix(&[Op::Broadcast, Op::Reduce], Options::default());
+}
+
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_all_gather_reduce_scatter_all_to_all_matrix() {
+    matrix(
+        &[Op::AllGather, Op::ReduceScatter, Op::AllToAll],
+        Options::default(),
+    );
+}
+
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_checking_mode_passes_matching_calls() {
+    std::env::set_var("P2PTEST_COUNTS", "1,1023,65537");
+    matrix(
+        &Op::ALL,
+        Options {
+            check: true,
+            ..Options::default()
+        },
+    );
+}
+
+/// Each rank's calls from its own thread, many in a row without synchronising in between.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_ranks_on_their_own_threads_back_to_back() {
+    let devices = gpus(world());
+    let comms = Communicator::init_all_with(&devices, Options::default()).expect("init_all");
+    let n = comms.len();
+    let count = 100_003;
+    std::thread::scope(|s| {
+        for comm in &comms {
+            s.spawn(move || {
+                let stream = Stream::new(comm.device()).expect("stream");
+                let start = vec![comm.rank() as f32 + 1.0; count];
+                let mut buf = DeviceBuffer::from_host(comm.device(), &start).expect("buf");
+                for _ in 0..50 {
+                    comm.all_reduce_in_place(&mut buf, count, DataType::F32, RedOp::Avg, &stream)
+                        .expect("call");
+                    comm.all_reduce_in_place(&mut buf, count, DataType::F32, RedOp::Min, &stream)
+                        .expect("call");
+                }
+                comm.synchronize(&stream).expect("sync");
+                // The average of 1..=n is (n+1)/2 on every rank; min and avg keep it there.
+                let got = buf.to_host_vec::<f32>().expect("read");
+                let wrong = got.iter().filter(|&&x| x != (n as f32 + 1.0) / 2.0).count();
+                assert_eq!(wrong, 0, "rank {}: {:?}", comm.rank(), &got[..4]);
+            });
+        }
+    });
+}
+
+/// A collective captured once in a CUDA graph and replayed with new inputs each time.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_graph_replay_with_changing_inputs() {
+    let devices = gpus(world());
+    let comms = Communicator::init_all_with(&devices, Options::default()).expect("init_all");
+    let n = comms.len();
+    let count = 70_001;
+    let streams: Vec<Stream> = devices
+        .iter()
+        .map(|d| Stream::new(d).expect("stream"))
+        .collect();
+    let mut ins: Vec<DeviceBuffer<f32>> = devices
+        .iter()
+        .map(|d| DeviceBuffer::new(d, count).expect("in"))
+        .collect();
+    let mut outs: Vec<DeviceBuffer<f32>> = devices
+        .iter()
+        .map(|d| DeviceBuffer::new(d, count).expect("out"))
+        .collect();
+    let mut gathered: Vec<DeviceBuffer<f32>> = devices
+        .iter()
+        .map(|d| DeviceBuffer::new(d, count * n).expect("gathered"))
+        .collect();
+    // Capture: all-reduce, then all-gather of the same input, twice each, per rank.
+    let mut graphs = Vec::new();
+    for r in 0..n {
+        streams[r].begin_capture().expect("begin capture");
+        for _ in 0..2 {
+            comms[r]
+                .all_reduce(
+                    &ins[r],
+                    &mut outs[r],
+                    count,
+                    DataType::F32,
+                    RedOp::Sum,
+                    &streams[r],
+                )
+                .expect("capture all_reduce");
+            comms[r]
+                .all_gather(&ins[r], &mut gathered[r], count, DataType::F32, &streams[r])
+                .expect("capture all_gather");
+        }
+        graphs.push(
+            streams[r]
+                .end_capture()
+                .expect("end capture")
+                .instantiate()
+                .expect("instantiate"),
+        );
+    }
+    for replay in 0..20u32 {
+        for r in 0..n {
+            let host: Vec<f32> = (0..count)
+                .map(|i| ((i as u32 + replay * 7 + r as u32 * 3) % 50) as f32)
+                .collect();
+            ins[r].copy_from_host(&host).expect("input");
+            outs[r].memset_u8(0xff).expect("poison");
+            gathered[r].memset_u8(0xff).expect("poison");
+        }
+        for r in 0..n {
+            graphs[r].launch(&streams[r]).expect("replay");
+        }
+        for r in 0..n {
+            comms[r].synchronize(&streams[r]).expect("sync");
+            let out = outs[r].to_host_vec::<f32>().expect("read");
+            let g = gathered[r].to_host_vec::<f32>().expect("read");
+            let mut wrong = 0;
+            for i in 0..count {
+                let want: f32 = (0..n)
+                    .map(|p| ((i as u32 + replay * 7 + p as u32 * 3) % 50) as f32)
+                    .sum();
+                wrong += (out[i] != want) as usize;
+                for p in 0..n {
+                    wrong += (g[p * count + i]
+                        != ((i as u32 + replay * 7 + p as u32 * 3) % 50) as f32)
+                        as usize;
+                }
+            }
+            assert_eq!(wrong, 0, "replay {replay}, rank {r}");
+        }
+    }
+    eprintln!("20 replays of a 4-collective graph on {n} ranks: 0 wrong");
+}
+
+fn short_timeout() -> Options {
+    Options {
+        timeout: Duration::from_millis(500),
+        ..Options::default()
+    }
+}
+
+/// A rank whose peer never calls gets an error naming the peer, not a hang; later calls fail
+/// at once.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_a_missing_peer_times_out_with_an_error_and_poisons_the_communicator() {
+    let devices = gpus(2);
+    let comms = Communicator::init_all_with(&devices[..2], short_timeout()).expect("init_all");
+    let stream = Stream::new(&devices[0]).expect("stream");
+    let mut buf = DeviceBuffer::<f32>::zeroed(&devices[0], 4096).expect("buf");
+    let t = Instant::now();
+    comms[0]
+        .all_reduce_in_place(&mut buf, 4096, DataType::F32, RedOp::Sum, &stream)
+        .expect("enqueue");
+    // A second call queued behind the stuck one must drain too.
+    comms[0]
+        .all_reduce_in_place(&mut buf, 4096, DataType::F32, RedOp::Sum, &stream)
+        .expect("enqueue");
+    let e = comms[0].synchronize(&stream).expect_err("must time out");
+    let took = t.elapsed();
+    eprintln!("{e} (after {took:?})");
+    assert!(
+        matches!(
+            e,
+            Error::Stalled {
+                peer: 1,
+                rank: 0,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string().contains("all_reduce") && e.to_string().contains("timed out"),
+        "{e}"
+    );
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    let again = comms[0]
+        .all_reduce_in_place(&mut buf, 4096, DataType::F32, RedOp::Sum, &stream)
+        .expect_err("unusable");
+    assert!(matches!(again, Error::Unusable { .. }), "{again:?}");
+}
+
+/// `abort()` from another thread ends a waiting collective at once.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_abort_from_another_thread_ends_a_stuck_call() {
+    let devices = gpus(2);
+    let options = Options {
+        timeout: Duration::from_secs(120),
+        ..Options::default()
+    };
+    let comms = Communicator::init_all_with(&devices[..2], options).expect("init_all");
+    let stream = Stream::new(&devices[0]).expect("stream");
+    let mut buf = DeviceBuffer::<f32>::zeroed(&devices[0], 1 << 20).expect("buf");
+    comms[0]
+        .broadcast_in_place(&mut buf, 1 << 20, DataType::F32, 1, &stream)
+        .expect("enqueue");
+    let handle = comms[0].abort_handle();
+    let t = Instant::now();
+    let aborter = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        handle.abort();
+    });
+    let e = comms[0].synchronize(&stream).expect_err("must be aborted");
+    let took = t.elapsed();
+    aborter.join().expect("aborter");
+    eprintln!("{e} (after {took:?})");
+    assert!(e.to_string().contains("was aborted"), "{e}");
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    for c in &comms {
+        let s = Stream::new(c.device()).expect("stream");
+        let mut b = DeviceBuffer::<f32>::zeroed(c.device(), 16).expect("buf");
+        let e = c
+            .all_reduce_in_place(&mut b, 16, DataType::F32, RedOp::Sum, &s)
+            .expect_err("aborted");
+        assert!(matches!(e, Error::Unusable { .. }), "{e:?}");
+    }
+}
+
+/// In checking mode, ranks that disagree on the count fail with both calls named.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_checking_mode_names_mismatched_calls() {
+    let devices = gpus(2);
+    let options = Options {
+        check: true,
+        ..short_timeout()
+    };
+    let comms = Communicator::init_all_with(&devices[..2], options).expect("init_all");
+    let streams: Vec<Stream> = devices[..2]
+        .iter()
+        .map(|d| Stream::new(d).expect("stream"))
+        .collect();
+    let mut bufs: Vec<DeviceBuffer<f32>> = devices[..2]
+        .iter()
+        .map(|d| DeviceBuffer::zeroed(d, 1024).expect("buf"))
+        .collect();
+    for (r, count) in [(0usize, 1024usize), (1, 1000)] {
+        comms[r]
+            .all_reduce_in_place(&mut bufs[r], count, DataType::F32, RedOp::Sum, &streams[r])
+            .expect("enqueue");
+    }
+    for r in 0..2 {
+        let e = comms[r].synchronize(&streams[r]).expect_err("mismatch");
+        eprintln!("rank {r}: {e}");
+        assert!(matches!(e, Error::Mismatch { .. }), "{e:?}");
+        let text = e.to_string();
+        assert!(
+            text.contains("count 1024") && text.contains("count 1000"),
+            "{text}"
+        );
+    }
+}
+
+/// Wrong arguments are refused before anything is queued, and nothing is written.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_bad_arguments_are_refused_and_zero_counts_do_nothing() {
+    let devices = gpus(2);
+    let comms = Communicator::init_all_with(&devices[..2], Options::default()).expect("init_all");
+    let (g0, g1) = (&devices[0], &devices[1]);
+    let s0 = Stream::new(g0).expect("stream");
+    let small = DeviceBuffer::<f32>::zeroed(g0, 10).expect("buf");
+    let mut out = DeviceBuffer::<f32>::zeroed(g0, 100).expect("buf");
+    let on_g1 = DeviceBuffer::<f32>::zeroed(g1, 100).expect("buf");
+    let msg = |r: Result<(), Error>| r.expect_err("must be refused").to_string();
+    let e = msg(comms[0].all_reduce(&small, &mut out, 100, DataType::F32, RedOp::Sum, &s0));
+    assert!(
+        e.contains("send buffer holds 40 bytes") && e.contains("need 400"),
+        "{e}"
+    );
+    let e = msg(comms[0].all_reduce(&on_g1, &mut out, 100, DataType::F32, RedOp::Sum, &s0));
+    assert!(e.contains("send buffer is on GPU 1"), "{e}");
+    let e = msg(comms[0].broadcast(
+        &out.slice(..).expect("view"),
+        &mut DeviceBuffer::<f32>::zeroed(g0, 100).expect("b"),
+        100,
+        DataType::F32,
+        2,
+        &s0,
+    ));
+    assert!(e.contains("root 2 is out of range"), "{e}");
+    let e = msg(comms[0].all_gather(&small, &mut out, 60, DataType::F32, &s0));
+    assert!(e.contains("send buffer"), "{e}");
+    let e = msg(comms[0].all_gather(
+        &out,
+        &mut DeviceBuffer::<f32>::zeroed(g0, 150).expect("b"),
+        100,
+        DataType::F32,
+        &s0,
+    ));
+    assert!(e.contains("recv buffer holds 600 bytes"), "{e}");
+    let s1 = Stream::new(g1).expect("stream");
+    let e = msg(comms[0].all_reduce_in_place(&mut out, 100, DataType::F32, RedOp::Sum, &s1));
+    assert!(e.contains("the stream is on GPU 1"), "{e}");
+    // Zero elements: a no-op on every rank, nothing written.
+    out.memset_u8(0xab).expect("fill");
+    comms[0]
+        .all_reduce(&small, &mut out, 0, DataType::F32, RedOp::Sum, &s0)
+        .expect("zero count");
+    comms[0].synchronize(&s0).expect("sync");
+    assert!(out
+        .to_host_vec::<u8>()
+        .expect("read")
+        .iter()
+        .all(|&b| b == 0xab));
+    // After refusals the communicator still works.
+    let mut ls: Vec<Local> = comms.into_iter().map(|c| Local::new(c, 4096)).collect();
+    let (w, d) = run_case(
+        &mut ls,
+        &Call {
+            op: Op::AllReduce,
+            dtype: DataType::F32,
+            count: 4096,
+            redop: RedOp::Sum,
+            root: 0,
+        },
+        false,
+    );
+    assert_eq!(w, 0, "{d}");
+}

@@ -1,0 +1,57 @@
+//! Collectives with one process per GPU: this test launches itself once per rank through
+//! `p2p_collective::launch` (as `p2p-bench launch` does), and each process joins through the
+//! environment (`Communicator::from_env`). Ignored in CI; the bundle's run.sh runs it.
+
+mod common;
+
+use common::{counts, run_matrix, Local};
+use p2p_collective::{Communicator, Op};
+
+fn world() -> usize {
+    std::env::var("P2PTEST_WORLD")
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(2)
+}
+
+/// In the launcher: start `world()` copies of this test. In a rank: run the matrix.
+fn launch_or_run(test: &str, body: fn()) {
+    if std::env::var_os("RANK").is_some() {
+        body();
+        return;
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    let args: Vec<String> = [
+        test,
+        "--exact",
+        "--include-ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let status =
+        p2p_collective::launch::launch(world(), &exe.to_string_lossy(), &args).expect("launch");
+    assert!(status.success(), "a rank failed: {status}");
+}
+
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_process_per_gpu_matrix() {
+    launch_or_run("gpu2_process_per_gpu_matrix", || {
+        let comm = Communicator::from_env().expect("from_env");
+        let rank = comm.rank();
+        let counts = counts();
+        let max = counts.iter().copied().max().unwrap_or(1);
+        let mut ls = vec![Local::new(comm, max)];
+        let s = run_matrix(&mut ls, &Op::ALL, &counts);
+        eprintln!("rank {rank}: {} cases, {} wrong elements", s.cases, s.wrong);
+        assert_eq!(
+            s.wrong,
+            0,
+            "rank {rank}: wrong results:\n{}",
+            s.failures.join("\n")
+        );
+    });
+}
