@@ -1,10 +1,14 @@
 //! The p2p benchmark harness and the `p2p-bench` command-line tool.
 //!
 //! `p2p-bench list` reports the GPUs and CUDA libraries it finds; [`p2p`] is the bandwidth and
-//! latency benchmark (`cargo xtask bench p2p`). The collective benchmark is not built yet.
+//! latency benchmark (`cargo xtask bench p2p`); [`coll`] the collective benchmark beside NCCL
+//! (`cargo xtask bench coll`), which drives NCCL through [`nccl`].
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
+pub mod coll;
+#[allow(unsafe_code)]
+pub mod nccl;
 pub mod p2p;
 
 use p2p_mem::Device;

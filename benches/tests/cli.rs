@@ -49,3 +49,47 @@ fn topo_loads_a_saved_topology() {
     assert_eq!(code, 1);
     assert!(err.contains("/nonexistent.json"), "{err}");
 }
+
+#[test]
+fn launch_runs_every_rank_and_returns_a_failing_ranks_status() {
+    let (code, out, err) = p2p_bench(
+        &[
+            "launch",
+            "-n",
+            "3",
+            "--",
+            "sh",
+            "-c",
+            "echo rank=$RANK of $WORLD_SIZE",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    for r in 0..3 {
+        assert!(out.contains(&format!("rank={r} of 3")), "{out}");
+    }
+    let (code, _, err) = p2p_bench(
+        &[
+            "launch",
+            "-n",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            "[ $RANK = 1 ] && exit 7; exec sleep 20",
+        ],
+        &[],
+    );
+    assert_eq!(code, 7, "{err}");
+    assert!(err.contains("a rank failed"), "{err}");
+}
+
+#[test]
+fn coll_refuses_an_unknown_collective_by_name() {
+    let (code, _, err) = p2p_bench(&["coll", "--ops", "allreduce"], &[]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("unknown collective \"allreduce\"") && err.contains("all_reduce"),
+        "{err}"
+    );
+}

@@ -504,10 +504,12 @@ impl Communicator {
     /// is unusable.
     pub fn synchronize(&self, stream: &Stream) -> Result<()> {
         stream.synchronize()?;
-        self.check_status()
+        self.check()
     }
 
-    fn check_status(&self) -> Result<()> {
+    /// Reports a call that already stalled, was aborted or did not match, without waiting
+    /// (what [`synchronize`](Self::synchronize) does after the stream is idle).
+    pub fn check(&self) -> Result<()> {
         let range = STATUS_OFF * 8..(STATUS_OFF + STATUS_WORDS) * 8;
         let st = self.workspace.slice(range)?.to_host_vec::<u64>()?;
         if st[0] == 0 {

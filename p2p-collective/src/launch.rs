@@ -1,8 +1,9 @@
 //! Starting N local processes as the ranks of one communicator (what `p2p-bench launch` does).
 //!
 //! Each child gets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR` and
-//! `MASTER_PORT`, as torchrun sets them. If one child fails, the others are stopped, so a
-//! crashed rank never leaves its peers waiting.
+//! `MASTER_PORT`, as torchrun sets them. If one child fails, the others are killed, so a
+//! crashed rank never leaves its peers waiting. Children share the launcher's process group,
+//! so Ctrl-C reaches every rank; what a rank itself started is not tracked.
 
 use std::process::{Child, Command, ExitStatus};
 use std::time::Duration;
@@ -106,7 +107,7 @@ mod tests {
     #[test]
     fn a_failing_rank_stops_the_others_and_its_status_is_returned() {
         let start = std::time::Instant::now();
-        let script = "if [ \"$RANK\" = 1 ]; then exit 3; fi; sleep 30".to_string();
+        let script = "if [ \"$RANK\" = 1 ]; then exit 3; fi; exec sleep 30".to_string();
         let status = launch(3, "sh", &["-c".into(), script]).expect("launch");
         assert_eq!(status.code(), Some(3));
         assert!(

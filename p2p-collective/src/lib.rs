@@ -14,6 +14,7 @@
 //! | [`types`] | [`DataType`], [`RedOp`], [`Op`] |
 //! | [`bootstrap`] | the TCP rendezvous of process-per-GPU communicators |
 //! | [`launch`](mod@launch) | starting N local ranks with the rendezvous environment |
+//! | [`verify`] | nccl-tests style exact inputs and the element-by-element checker |
 //!
 //! How the kernels work (`src/kernels/coll.cu`): every rank registers a workspace that its
 //! peers write into directly; each step of a call pushes data into peers' scratch, then
@@ -31,6 +32,7 @@ mod error;
 pub mod launch;
 pub mod plan;
 pub mod types;
+pub mod verify;
 
 pub use comm::{Call, Communicator, Options};
 pub use error::{Error, Result};

@@ -3,6 +3,9 @@
 //! - `list`: the GPUs and CUDA libraries found, and which pairs have peer access.
 //! - `topo`: the `nvidia-smi topo -m` style matrix, P2P matrices, links and the path model.
 //! - `doctor`: whether P2P works between each pair, why not, and what to do.
+//! - `p2p`: bandwidth and latency between every pair.
+//! - `coll`: every collective from 8 B to 1 GiB beside NCCL (nccl-tests columns), with a plot.
+//! - `launch -n N -- CMD`: runs CMD as N ranks with the torchrun environment.
 //!
 //! The `P2P_*` configuration is validated first: a bad value exits with status 2 and a message
 //! naming the variable. `P2P_DEBUG` and `P2P_DEBUG_SUBSYS` set the log output (stderr).
@@ -14,6 +17,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use p2p_benches::{gpu_table, libraries, GpuInfo};
+use p2p_collective::Op;
 use p2p_mem::Device;
 use p2p_transport::config::Config;
 use p2p_transport::doctor::{self, Status};
@@ -63,6 +67,45 @@ enum Command {
         #[arg(long, default_value_t = 20)]
         samples: usize,
     },
+    /// Every collective from 8 B to 1 GiB, ours beside NCCL's in the same run (nccl-tests
+    /// columns, eager and CUDA graph); writes JSON, Markdown and an SVG plot.
+    Coll {
+        /// Directory for the results (created if missing).
+        #[arg(long, default_value = "docs/results")]
+        out: PathBuf,
+        /// Collectives to run (comma list of all_reduce, broadcast, reduce, all_gather,
+        /// reduce_scatter, all_to_all).
+        #[arg(long, value_delimiter = ',')]
+        ops: Vec<String>,
+        /// Smallest size, bytes.
+        #[arg(long, default_value_t = 8)]
+        min_bytes: usize,
+        /// Largest size, MiB.
+        #[arg(long, default_value_t = 1024)]
+        max_mib: usize,
+        /// Timed samples per figure (the median is reported).
+        #[arg(long, default_value_t = 20)]
+        samples: usize,
+        /// Largest size also timed under CUDA graph, MiB.
+        #[arg(long, default_value_t = 64)]
+        graph_max_mib: usize,
+        /// How many GPUs (default: all).
+        #[arg(long, default_value_t = 0)]
+        gpus: usize,
+        /// Skip NCCL.
+        #[arg(long)]
+        no_nccl: bool,
+    },
+    /// Run a command as N local ranks with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
+    /// MASTER_PORT set (as torchrun does); if one rank fails, the others are stopped.
+    Launch {
+        /// Number of ranks.
+        #[arg(short = 'n', long)]
+        nprocs: usize,
+        /// The command and its arguments (after `--`).
+        #[arg(trailing_var_arg = true, required = true)]
+        command: Vec<String>,
+    },
     /// Check every GPU pair: does P2P work, why not, what to do. Exits 1 if any check fails.
     Doctor {
         /// Print the findings as JSON.
@@ -99,6 +142,126 @@ fn main() -> ExitCode {
             max_mib,
             samples,
         } => p2p_cmd(out, matrix_mib, max_mib, samples),
+        Command::Coll {
+            out,
+            ops,
+            min_bytes,
+            max_mib,
+            samples,
+            graph_max_mib,
+            gpus,
+            no_nccl,
+        } => {
+            let mut chosen = Vec::new();
+            for name in &ops {
+                match Op::ALL.iter().find(|o| o.name() == name.trim()) {
+                    Some(o) => chosen.push(*o),
+                    None => {
+                        eprintln!(
+                            "p2p-bench coll: unknown collective {name:?}; choose from {}",
+                            Op::ALL.map(|o| o.name()).join(", ")
+                        );
+                        return ExitCode::from(2);
+                    }
+                }
+            }
+            let defaults = p2p_benches::coll::Options::default();
+            let opts = p2p_benches::coll::Options {
+                ops: if chosen.is_empty() {
+                    defaults.ops.clone()
+                } else {
+                    chosen
+                },
+                min_bytes,
+                max_bytes: max_mib << 20,
+                samples: samples.max(1),
+                graph_max_bytes: graph_max_mib << 20,
+                gpus,
+                nccl: !no_nccl,
+                ..defaults
+            };
+            coll_cmd(out, &opts)
+        }
+        Command::Launch { nprocs, command } => launch_cmd(nprocs, &command),
+    }
+}
+
+fn coll_cmd(out: PathBuf, opts: &p2p_benches::coll::Options) -> ExitCode {
+    let results = match p2p_benches::coll::run(opts) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("p2p-bench coll: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let report = p2p_benches::coll::render(&results);
+    println!("{report}");
+    let n = results["world"].as_u64().unwrap_or(0);
+    let gpu = results["gpus"][0]["name"]
+        .as_str()
+        .unwrap_or("gpu")
+        .to_lowercase()
+        .replace("nvidia ", "")
+        .replace(' ', "-");
+    let date: String = results["date"]
+        .as_str()
+        .unwrap_or("date")
+        .chars()
+        .take(10)
+        .collect();
+    let stem = out.join(format!("coll-{date}-{n}x{gpu}"));
+    let written = std::fs::create_dir_all(&out)
+        .and_then(|_| {
+            std::fs::write(
+                stem.with_extension("json"),
+                serde_json::to_string_pretty(&results).unwrap_or_default(),
+            )
+        })
+        .and_then(|_| std::fs::write(stem.with_extension("md"), &report))
+        .and_then(|_| std::fs::write(stem.with_extension("svg"), p2p_benches::coll::svg(&results)));
+    let wrong: u64 = results["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|r| {
+            ["ours", "nccl"].into_iter().flat_map(move |k| {
+                ["out_of_place", "in_place"].map(|p| r[k][p]["wrong"].as_u64().unwrap_or(0))
+            })
+        })
+        .sum();
+    match written {
+        Ok(()) => eprintln!("wrote {}.json, .md and .svg", stem.display()),
+        Err(e) => {
+            eprintln!("p2p-bench coll: writing {}: {e}", stem.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    if wrong > 0 {
+        eprintln!("p2p-bench coll: {wrong} wrong elements in total: see the #wrong columns");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+fn launch_cmd(n: usize, command: &[String]) -> ExitCode {
+    let Some((program, args)) = command.split_first() else {
+        eprintln!("p2p-bench launch: no command given (p2p-bench launch -n 2 -- CMD ARGS)");
+        return ExitCode::from(2);
+    };
+    if n == 0 {
+        eprintln!("p2p-bench launch: -n must be at least 1");
+        return ExitCode::from(2);
+    }
+    match p2p_collective::launch::launch(n, program, args) {
+        Ok(status) if status.success() => ExitCode::SUCCESS,
+        Ok(status) => {
+            eprintln!("p2p-bench launch: a rank failed: {status}");
+            ExitCode::from(status.code().map_or(1, |c| c.clamp(1, 255) as u8))
+        }
+        Err(e) => {
+            eprintln!("p2p-bench launch: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

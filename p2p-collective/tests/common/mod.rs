@@ -9,6 +9,7 @@
 
 use std::time::Instant;
 
+use p2p_collective::verify::{build, class, compare, expected, value};
 use p2p_collective::{Call, Communicator, DataType, Op, RedOp};
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
 
@@ -32,161 +33,6 @@ pub fn counts() -> Vec<usize> {
         Ok(v) => v.split(',').filter_map(|c| c.trim().parse().ok()).collect(),
         Err(_) => COUNTS.to_vec(),
     }
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Class {
-    Sum,
-    Prod,
-    MinMax,
-    Avg,
-    Copy,
-}
-
-fn class(op: Op, redop: RedOp) -> Class {
-    if !op.reduces() {
-        return Class::Copy;
-    }
-    match redop {
-        RedOp::Sum => Class::Sum,
-        RedOp::Prod => Class::Prod,
-        RedOp::Min | RedOp::Max => Class::MinMax,
-        RedOp::Avg => Class::Avg,
-    }
-}
-
-/// Element `j` of rank `r`'s input.
-fn value(c: Class, dtype: DataType, r: usize, n: usize, j: usize) -> i64 {
-    let (j, r) = (j as u64, r as u64);
-    let unsigned = dtype == DataType::U8;
-    match c {
-        Class::Sum => {
-            let v = ((j.wrapping_mul(7) + r * 13) % 31) as i64;
-            if unsigned {
-                v
-            } else {
-                v - 15
-            }
-        }
-        Class::Prod => 1 + ((j + r) % 2) as i64,
-        Class::MinMax => {
-            let v = ((j.wrapping_mul(5) + r * 11) % 61) as i64;
-            if unsigned {
-                v
-            } else {
-                v - 30
-            }
-        }
-        Class::Avg => 2 * (j % 5) as i64 + 2 * ((r + j) % n as u64) as i64,
-        Class::Copy => ((j.wrapping_mul(3) + r * 17) % 101) as i64,
-    }
-}
-
-fn reduce(redop: RedOp, n: usize, vals: impl Iterator<Item = i64>) -> i64 {
-    let mut acc: Option<i64> = None;
-    for v in vals {
-        acc = Some(match (acc, redop) {
-            (None, _) => v,
-            (Some(a), RedOp::Sum | RedOp::Avg) => a + v,
-            (Some(a), RedOp::Prod) => a * v,
-            (Some(a), RedOp::Min) => a.min(v),
-            (Some(a), RedOp::Max) => a.max(v),
-        });
-    }
-    let a = acc.unwrap_or(0);
-    if redop == RedOp::Avg {
-        a / n as i64
-    } else {
-        a
-    }
-}
-
-fn encode(dtype: DataType, v: i64, out: &mut [u8]) {
-    match dtype {
-        DataType::F32 => out.copy_from_slice(&(v as f32).to_le_bytes()),
-        DataType::F64 => out.copy_from_slice(&(v as f64).to_le_bytes()),
-        DataType::F16 => out.copy_from_slice(&half::f16::from_f64(v as f64).to_le_bytes()),
-        DataType::BF16 => out.copy_from_slice(&half::bf16::from_f64(v as f64).to_le_bytes()),
-        DataType::I32 => out.copy_from_slice(&(v as i32).to_le_bytes()),
-        DataType::I64 => out.copy_from_slice(&v.to_le_bytes()),
-        DataType::U8 => out[0] = v as u8,
-    }
-}
-
-fn threads() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(4)
-        .min(32)
-}
-
-/// `len` elements of `dtype` made by `f`, built on every core.
-fn build(dtype: DataType, len: usize, f: impl Fn(usize) -> i64 + Sync) -> Vec<u8> {
-    let size = dtype.size();
-    let mut out = vec![0u8; len * size];
-    let per = len.div_ceil(threads()).max(4096);
-    std::thread::scope(|s| {
-        for (ci, chunk) in out.chunks_mut(per * size).enumerate() {
-            let f = &f;
-            s.spawn(move || {
-                for (k, e) in chunk.chunks_mut(size).enumerate() {
-                    encode(dtype, f(ci * per + k), e);
-                }
-            });
-        }
-    });
-    out
-}
-
-/// Elements of `got` that differ from `f`, and the first few, on every core.
-fn compare(
-    dtype: DataType,
-    got: &[u8],
-    f: impl Fn(usize) -> Option<i64> + Sync,
-) -> (usize, Vec<String>) {
-    let size = dtype.size();
-    let len = got.len() / size;
-    let per = len.div_ceil(threads()).max(4096);
-    let results: Vec<(usize, Vec<String>)> = std::thread::scope(|s| {
-        let hs: Vec<_> = got
-            .chunks(per * size)
-            .enumerate()
-            .map(|(ci, chunk)| {
-                let f = &f;
-                s.spawn(move || {
-                    let mut wrong = 0;
-                    let mut first = Vec::new();
-                    let mut want = [0u8; 8];
-                    for (k, e) in chunk.chunks(size).enumerate() {
-                        let j = ci * per + k;
-                        let ok = match f(j) {
-                            Some(v) => {
-                                encode(dtype, v, &mut want[..size]);
-                                e == &want[..size]
-                            }
-                            None => e.iter().all(|&b| b == 0xff),
-                        };
-                        if !ok {
-                            wrong += 1;
-                            if first.len() < 3 {
-                                first.push(format!("[{j}] = {e:02x?}, want {:?}", f(j)));
-                            }
-                        }
-                    }
-                    (wrong, first)
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or((usize::MAX / 2, vec!["checker panicked".into()]))
-            })
-            .collect()
-    });
-    let wrong = results.iter().map(|r| r.0).sum();
-    let first = results.into_iter().flat_map(|r| r.1).take(3).collect();
-    (wrong, first)
 }
 
 /// One rank run by this process: its communicator, stream and two buffers big enough for the
@@ -355,23 +201,7 @@ pub fn run_case(locals: &mut [Local], call: &Call, in_place: bool) -> (usize, St
             .expect("view")
             .to_host_vec::<u8>()
             .expect("read back");
-        let v = |p: usize, j: usize| value(c, dtype, p, n, j);
-        let (w, first) = match op {
-            Op::AllReduce => compare(dtype, &got, |k| {
-                Some(reduce(redop, n, (0..n).map(|p| v(p, k))))
-            }),
-            Op::Broadcast => compare(dtype, &got, |k| Some(v(root, k))),
-            Op::Reduce if r == root => compare(dtype, &got, |k| {
-                Some(reduce(redop, n, (0..n).map(|p| v(p, k))))
-            }),
-            // Not the root: untouched (its own input in place, the poison otherwise).
-            Op::Reduce => compare(dtype, &got, |k| if in_place { Some(v(r, k)) } else { None }),
-            Op::AllGather => compare(dtype, &got, |j| Some(v(j / count, j % count))),
-            Op::ReduceScatter => compare(dtype, &got, |k| {
-                Some(reduce(redop, n, (0..n).map(|p| v(p, r * count + k))))
-            }),
-            Op::AllToAll => compare(dtype, &got, |j| Some(v(j / count, r * count + j % count))),
-        };
+        let (w, first) = compare(dtype, &got, |j| expected(call, n, r, in_place, j));
         if w > 0 {
             detail += &format!("(rank {r}: {first:?}) ");
         }

@@ -1,0 +1,202 @@
+//! nccl-tests style verification: inputs that make every reduction exact, and a checker that
+//! compares every output element byte for byte with the host's expectation.
+//!
+//! Inputs are small integers (exact in every type, bf16 included), chosen per reduction so
+//! that results are exact in any order: sums stay within +-120 on up to 8 ranks, products are
+//! powers of two, averages divide exactly. Used by the correctness tests and by
+//! `p2p-bench coll` for its `#wrong` column.
+
+use crate::comm::Call;
+use crate::types::{DataType, Op, RedOp};
+
+/// Which input pattern a call uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// Sums: values in -15..=15 (0..=30 for u8).
+    Sum,
+    /// Products: 1 or 2.
+    Prod,
+    /// Minimum and maximum: -30..=30 (0..=60 for u8).
+    MinMax,
+    /// Averages: the sum over ranks is a multiple of the rank count.
+    Avg,
+    /// Copies: 0..=100, different on every rank.
+    Copy,
+}
+
+/// The pattern for `op` with `redop`.
+pub fn class(op: Op, redop: RedOp) -> Class {
+    if !op.reduces() {
+        return Class::Copy;
+    }
+    match redop {
+        RedOp::Sum => Class::Sum,
+        RedOp::Prod => Class::Prod,
+        RedOp::Min | RedOp::Max => Class::MinMax,
+        RedOp::Avg => Class::Avg,
+    }
+}
+
+/// Element `j` of rank `r`'s input, of `n` ranks.
+pub fn value(c: Class, dtype: DataType, r: usize, n: usize, j: usize) -> i64 {
+    let (j, r) = (j as u64, r as u64);
+    let unsigned = dtype == DataType::U8;
+    match c {
+        Class::Sum => {
+            let v = ((j.wrapping_mul(7) + r * 13) % 31) as i64;
+            if unsigned {
+                v
+            } else {
+                v - 15
+            }
+        }
+        Class::Prod => 1 + ((j + r) % 2) as i64,
+        Class::MinMax => {
+            let v = ((j.wrapping_mul(5) + r * 11) % 61) as i64;
+            if unsigned {
+                v
+            } else {
+                v - 30
+            }
+        }
+        Class::Avg => 2 * (j % 5) as i64 + 2 * ((r + j) % n as u64) as i64,
+        Class::Copy => ((j.wrapping_mul(3) + r * 17) % 101) as i64,
+    }
+}
+
+/// `redop` over `vals` as the kernels compute it (exact for these inputs).
+pub fn reduce(redop: RedOp, n: usize, vals: impl Iterator<Item = i64>) -> i64 {
+    let mut acc: Option<i64> = None;
+    for v in vals {
+        acc = Some(match (acc, redop) {
+            (None, _) => v,
+            (Some(a), RedOp::Sum | RedOp::Avg) => a + v,
+            (Some(a), RedOp::Prod) => a * v,
+            (Some(a), RedOp::Min) => a.min(v),
+            (Some(a), RedOp::Max) => a.max(v),
+        });
+    }
+    let a = acc.unwrap_or(0);
+    if redop == RedOp::Avg {
+        a / n as i64
+    } else {
+        a
+    }
+}
+
+/// Writes `v` as one element of `dtype` into `out` (`dtype.size()` bytes).
+pub fn encode(dtype: DataType, v: i64, out: &mut [u8]) {
+    match dtype {
+        DataType::F32 => out.copy_from_slice(&(v as f32).to_le_bytes()),
+        DataType::F64 => out.copy_from_slice(&(v as f64).to_le_bytes()),
+        DataType::F16 => out.copy_from_slice(&half::f16::from_f64(v as f64).to_le_bytes()),
+        DataType::BF16 => out.copy_from_slice(&half::bf16::from_f64(v as f64).to_le_bytes()),
+        DataType::I32 => out.copy_from_slice(&(v as i32).to_le_bytes()),
+        DataType::I64 => out.copy_from_slice(&v.to_le_bytes()),
+        DataType::U8 => out[0] = v as u8,
+    }
+}
+
+fn threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(4)
+        .min(32)
+}
+
+/// `len` elements of `dtype` made by `f`, built on every core.
+pub fn build(dtype: DataType, len: usize, f: impl Fn(usize) -> i64 + Sync) -> Vec<u8> {
+    let size = dtype.size();
+    let mut out = vec![0u8; len * size];
+    let per = len.div_ceil(threads()).max(4096);
+    std::thread::scope(|s| {
+        for (ci, chunk) in out.chunks_mut(per * size).enumerate() {
+            let f = &f;
+            s.spawn(move || {
+                for (k, e) in chunk.chunks_mut(size).enumerate() {
+                    encode(dtype, f(ci * per + k), e);
+                }
+            });
+        }
+    });
+    out
+}
+
+/// Elements of `got` that differ from `f` (`None`: must still be the 0xFF poison), and the
+/// first few, checked on every core.
+pub fn compare(
+    dtype: DataType,
+    got: &[u8],
+    f: impl Fn(usize) -> Option<i64> + Sync,
+) -> (usize, Vec<String>) {
+    let size = dtype.size();
+    let len = got.len() / size;
+    let per = len.div_ceil(threads()).max(4096);
+    let results: Vec<(usize, Vec<String>)> = std::thread::scope(|s| {
+        let hs: Vec<_> = got
+            .chunks(per * size)
+            .enumerate()
+            .map(|(ci, chunk)| {
+                let f = &f;
+                s.spawn(move || {
+                    let mut wrong = 0;
+                    let mut first = Vec::new();
+                    let mut want = [0u8; 8];
+                    for (k, e) in chunk.chunks(size).enumerate() {
+                        let j = ci * per + k;
+                        let ok = match f(j) {
+                            Some(v) => {
+                                encode(dtype, v, &mut want[..size]);
+                                e == &want[..size]
+                            }
+                            None => e.iter().all(|&b| b == 0xff),
+                        };
+                        if !ok {
+                            wrong += 1;
+                            if first.len() < 3 {
+                                first.push(format!("[{j}] = {e:02x?}, want {:?}", f(j)));
+                            }
+                        }
+                    }
+                    (wrong, first)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or((usize::MAX / 2, vec!["checker panicked".into()]))
+            })
+            .collect()
+    });
+    let wrong = results.iter().map(|r| r.0).sum();
+    let first = results.into_iter().flat_map(|r| r.1).take(3).collect();
+    (wrong, first)
+}
+
+/// What element `j` of rank `rank`'s result should be after `call` on `world` ranks (`None`: untouched, for a non-root's reduce output out of place), in the
+/// layout of [`Op::buffer_lens`]'s output. `in_place` matters only for that case.
+pub fn expected(call: &Call, world: usize, rank: usize, in_place: bool, j: usize) -> Option<i64> {
+    let Call {
+        op,
+        dtype,
+        count,
+        redop,
+        root,
+    } = *call;
+    let c = class(op, redop);
+    let v = |p: usize, j: usize| value(c, dtype, p, world, j);
+    match op {
+        Op::AllReduce => Some(reduce(redop, world, (0..world).map(|p| v(p, j)))),
+        Op::Broadcast => Some(v(root, j)),
+        Op::Reduce if rank == root => Some(reduce(redop, world, (0..world).map(|p| v(p, j)))),
+        Op::Reduce => in_place.then(|| v(rank, j)),
+        Op::AllGather => Some(v(j / count, j % count)),
+        Op::ReduceScatter => Some(reduce(
+            redop,
+            world,
+            (0..world).map(|p| v(p, rank * count + j)),
+        )),
+        Op::AllToAll => Some(v(j / count, rank * count + j % count)),
+    }
+}
