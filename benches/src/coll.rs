@@ -37,6 +37,10 @@ pub struct Options {
     pub nccl: bool,
     /// Types for all-reduce (the other collectives run float).
     pub all_reduce_types: Vec<DataType>,
+    /// Planner knobs for our communicators (`None`: the defaults), for tuning experiments.
+    pub tuning: Option<p2p_collective::plan::Tuning>,
+    /// Check every result before timing it (the `#wrong` columns).
+    pub check: bool,
 }
 
 impl Default for Options {
@@ -50,6 +54,8 @@ impl Default for Options {
             gpus: 0,
             nccl: true,
             all_reduce_types: vec![DataType::F32, DataType::BF16],
+            tuning: None,
+            check: true,
         }
     }
 }
@@ -309,11 +315,9 @@ pub fn run(opts: &Options) -> Result<Value, String> {
     if n < 2 {
         return Err(format!("coll needs at least 2 GPUs, found {n}"));
     }
-    let comms = Communicator::init_all_with(
-        &devices,
-        CommOptions::from_env().map_err(|e| e.to_string())?,
-    )
-    .map_err(|e| e.to_string())?;
+    let mut comm_options = CommOptions::from_env().map_err(|e| e.to_string())?;
+    comm_options.tuning = opts.tuning;
+    let comms = Communicator::init_all_with(&devices, comm_options).map_err(|e| e.to_string())?;
     let nccl = if opts.nccl {
         match NcclGroup::init_all(&devices) {
             Ok(g) => Some(g),
@@ -395,7 +399,11 @@ pub fn run(opts: &Options) -> Result<Value, String> {
                         row[key][place] = json!({"skipped": "NCCL has no in-place all-to-all"});
                         continue;
                     }
-                    let wrong = h.check(imp, &call, in_place);
+                    let wrong = if opts.check {
+                        h.check(imp, &call, in_place)
+                    } else {
+                        Err("not checked (--no-check)".to_string())
+                    };
                     let eager = h.time_eager(imp, &call, in_place, iters, opts.samples);
                     let graph = if bytes <= opts.graph_max_bytes && !in_place {
                         Some(h.time_graph(imp, &call, in_place, iters, opts.samples.min(10)))
@@ -465,6 +473,7 @@ pub fn run(opts: &Options) -> Result<Value, String> {
         "cuda_driver": format!("{}.{}", driver / 1000, driver % 1000 / 10),
         "nccl_version": nccl_version,
         "nccl_env": {"NCCL_NVLS_ENABLE": std::env::var("NCCL_NVLS_ENABLE").unwrap_or_default()},
+        "tuning": format!("{:?}", comms[0].tuning()),
         "options": {"samples": opts.samples, "min_bytes": opts.min_bytes, "max_bytes": opts.max_bytes, "graph_max_bytes": opts.graph_max_bytes},
         "method": "one process drives every GPU; CUDA events on each rank's stream around `iters` back-to-back calls after 3 warm-up calls; the slowest rank's time per call; median of `samples` (graph: up to 10 samples of one graph replay holding `iters` calls). NCCL: ncclCommInitAll, one ncclGroupStart/End per call across ranks. #wrong: one call on exact inputs, every output element of every rank compared.",
         "host_us_per_call": host,

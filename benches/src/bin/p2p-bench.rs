@@ -17,6 +17,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use p2p_benches::{gpu_table, libraries, GpuInfo};
+use p2p_collective::plan::Tuning;
 use p2p_collective::Op;
 use p2p_mem::Device;
 use p2p_transport::config::Config;
@@ -95,6 +96,15 @@ enum Command {
         /// Skip NCCL.
         #[arg(long)]
         no_nccl: bool,
+        /// Skip the correctness check before each figure (tuning sweeps only).
+        #[arg(long)]
+        no_check: bool,
+        /// Planner: most bytes a block moves per chunk, KiB (default 64).
+        #[arg(long)]
+        piece_kib: Option<usize>,
+        /// Planner: most blocks per call (default: the SM count).
+        #[arg(long)]
+        blocks: Option<u32>,
     },
     /// Run a command as N local ranks with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
     /// MASTER_PORT set (as torchrun does); if one rank fails, the others are stopped.
@@ -151,6 +161,9 @@ fn main() -> ExitCode {
             graph_max_mib,
             gpus,
             no_nccl,
+            no_check,
+            piece_kib,
+            blocks,
         } => {
             let mut chosen = Vec::new();
             for name in &ops {
@@ -178,12 +191,29 @@ fn main() -> ExitCode {
                 graph_max_bytes: graph_max_mib << 20,
                 gpus,
                 nccl: !no_nccl,
+                check: !no_check,
+                tuning: tuning_from(piece_kib, blocks),
                 ..defaults
             };
             coll_cmd(out, &opts)
         }
         Command::Launch { nprocs, command } => launch_cmd(nprocs, &command),
     }
+}
+
+fn tuning_from(piece_kib: Option<usize>, blocks: Option<u32>) -> Option<Tuning> {
+    if piece_kib.is_none() && blocks.is_none() {
+        return None;
+    }
+    let sms = Device::new(0).map(|d| d.sm_count()).unwrap_or(132);
+    let mut t = Tuning::for_device(sms);
+    if let Some(p) = piece_kib {
+        t.piece_bytes = p.max(1) << 10;
+    }
+    if let Some(b) = blocks {
+        t.max_blocks = b.clamp(1, p2p_collective::plan::MAX_BLOCKS);
+    }
+    Some(t)
 }
 
 fn coll_cmd(out: PathBuf, opts: &p2p_benches::coll::Options) -> ExitCode {
