@@ -118,6 +118,8 @@ pub struct Call {
 
 struct Kernels {
     functions: [Function; 7],
+    /// Resident blocks per SM of the least-occupant kernel.
+    blocks_per_sm: i32,
     _module: Module,
 }
 
@@ -134,8 +136,13 @@ impl Kernels {
             f(DataType::I64)?,
             f(DataType::U8)?,
         ];
+        let mut blocks_per_sm = i32::MAX;
+        for f in &functions {
+            blocks_per_sm = blocks_per_sm.min(f.max_blocks_per_sm(THREADS)?);
+        }
         Ok(Kernels {
             functions,
+            blocks_per_sm,
             _module: module,
         })
     }
@@ -264,14 +271,6 @@ impl Communicator {
                 }
             }
         }
-        let tuning = options.tuning.unwrap_or_else(|| {
-            Tuning::for_device(devices.iter().map(|d| d.sm_count()).min().unwrap_or(1))
-        });
-        let bytes = workspace_bytes(world, &tuning);
-        let mut workspaces = Vec::with_capacity(world);
-        for d in devices {
-            workspaces.push(Arc::new(DeviceBuffer::<u8>::zeroed(d, bytes)?));
-        }
         let mut cubins: Vec<(String, Vec<u8>)> = Vec::new();
         let mut loaded = Vec::with_capacity(world);
         for d in devices {
@@ -285,6 +284,17 @@ impl Communicator {
                 .map(|(_, c)| c.as_slice())
                 .unwrap_or(&[]);
             loaded.push(Arc::new(Kernels::load(d, cubin)?));
+        }
+        let tuning = options.tuning.unwrap_or_else(|| {
+            let sms = devices.iter().map(|d| d.sm_count()).min().unwrap_or(1);
+            let per_sm = loaded.iter().map(|k| k.blocks_per_sm).min().unwrap_or(1);
+            Tuning::for_device(sms, per_sm)
+        });
+        let bytes = workspace_bytes(world, &tuning);
+        log_tuning(&tuning, bytes);
+        let mut workspaces = Vec::with_capacity(world);
+        for d in devices {
+            workspaces.push(Arc::new(DeviceBuffer::<u8>::zeroed(d, bytes)?));
         }
         let abort = AbortHandle::new(&devices[0])?;
         let mut bases = [0u64; MAX_RANKS];
@@ -353,19 +363,20 @@ impl Communicator {
     pub fn init(device: &Device, rv: &Rendezvous, options: Options) -> Result<Communicator> {
         check_world(rv.world)?;
         let rank = rv.rank;
-        let tuning = options
-            .tuning
-            .unwrap_or_else(|| Tuning::for_device(device.sm_count()));
-        let workspace = Arc::new(DeviceBuffer::<u8>::zeroed(
-            device,
-            workspace_bytes(rv.world, &tuning),
-        )?);
-        let handle = IpcMemHandle::export(workspace.as_ref())?;
         let arch = kernels::arch_for(device);
         let kernels = Arc::new(Kernels::load(
             device,
             &kernels::compile_cached(&COLL, &arch)?,
         )?);
+        let tuning = options
+            .tuning
+            .unwrap_or_else(|| Tuning::for_device(device.sm_count(), kernels.blocks_per_sm));
+        log_tuning(&tuning, workspace_bytes(rv.world, &tuning));
+        let workspace = Arc::new(DeviceBuffer::<u8>::zeroed(
+            device,
+            workspace_bytes(rv.world, &tuning),
+        )?);
+        let handle = IpcMemHandle::export(workspace.as_ref())?;
         let abort = AbortHandle::new(device)?;
         let mut bootstrap = Bootstrap::connect(rv)?;
         let host = hostname();
@@ -1037,6 +1048,16 @@ impl Drop for Communicator {
             }
         }
     }
+}
+
+fn log_tuning(t: &Tuning, workspace: usize) {
+    tracing::info!(
+        "collectives plan with up to {} blocks x {} threads, {} KiB pieces; workspace {} MiB per rank",
+        t.max_blocks,
+        THREADS,
+        t.piece_bytes >> 10,
+        workspace >> 20
+    );
 }
 
 fn hostname() -> String {

@@ -19,8 +19,8 @@ pub const THREADS: u32 = 512;
 /// Knobs of the planner; `Tuning::for_device` is what communicators use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tuning {
-    /// Most blocks per call (at most [`MAX_BLOCKS`]; never more than the GPU's SMs, so every
-    /// block is resident and none waits for a peer block that cannot start).
+    /// Most blocks per call (at most [`MAX_BLOCKS`], and never more than can be resident at
+    /// once, so no block waits for a peer block that cannot start).
     pub max_blocks: u32,
     /// Most bytes one block moves per chunk (per source rank); sets the scratch size.
     pub piece_bytes: usize,
@@ -31,10 +31,14 @@ pub struct Tuning {
 }
 
 impl Tuning {
-    /// The defaults for a GPU with `sm_count` SMs.
-    pub fn for_device(sm_count: i32) -> Tuning {
+    /// The defaults for a GPU with `sm_count` SMs that holds `blocks_per_sm` resident blocks
+    /// of the collective kernel: up to two blocks per SM (measured on H200: 256 blocks reach
+    /// 355 GB/s all-reduce busbw at 1 GiB where 132 reach 310, as one block pushes while
+    /// another on the same SM reduces; docs/perf-notes.md, section 10).
+    pub fn for_device(sm_count: i32, blocks_per_sm: i32) -> Tuning {
+        let per_sm = blocks_per_sm.clamp(1, 2) as u32;
         Tuning {
-            max_blocks: (sm_count.max(1) as u32).min(MAX_BLOCKS),
+            max_blocks: (sm_count.max(1) as u32 * per_sm).min(MAX_BLOCKS),
             piece_bytes: 64 << 10,
             block_bytes: 16 << 10,
             oneshot_max_bytes: 256 << 10,
@@ -261,7 +265,7 @@ mod tests {
     use super::*;
 
     fn t() -> Tuning {
-        Tuning::for_device(132)
+        Tuning::for_device(132, 1)
     }
 
     #[test]
@@ -324,6 +328,14 @@ mod tests {
         let p = plan(Op::AllReduce, DataType::F32, 1 << 28, 2, None, &t());
         assert_eq!(p.grid, 132);
         assert_eq!(p.piece * 4, 64 << 10);
+        // Two resident blocks per SM double the grid, within MAX_BLOCKS.
+        let two = Tuning::for_device(132, 2);
+        assert_eq!(two.max_blocks, 256);
+        assert_eq!(
+            plan(Op::AllReduce, DataType::F32, 1 << 28, 2, None, &two).grid,
+            256
+        );
+        assert_eq!(Tuning::for_device(100, 4).max_blocks, 200);
     }
 
     #[test]

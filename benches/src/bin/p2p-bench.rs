@@ -102,7 +102,7 @@ enum Command {
         /// Planner: most bytes a block moves per chunk, KiB (default 64).
         #[arg(long)]
         piece_kib: Option<usize>,
-        /// Planner: most blocks per call (default: the SM count).
+        /// Planner: most blocks per call (default: two per SM, at most 256).
         #[arg(long)]
         blocks: Option<u32>,
     },
@@ -206,7 +206,7 @@ fn tuning_from(piece_kib: Option<usize>, blocks: Option<u32>) -> Option<Tuning> 
         return None;
     }
     let sms = Device::new(0).map(|d| d.sm_count()).unwrap_or(132);
-    let mut t = Tuning::for_device(sms);
+    let mut t = Tuning::for_device(sms, 2);
     if let Some(p) = piece_kib {
         t.piece_bytes = p.max(1) << 10;
     }

@@ -226,6 +226,30 @@ unsafe impl Send for Function {}
 // SAFETY: as above.
 unsafe impl Sync for Function {}
 
+impl Function {
+    /// How many blocks of `threads` threads can be resident on one SM at once
+    /// (`cuOccupancyMaxActiveBlocksPerMultiprocessor`, no dynamic shared memory).
+    pub fn max_blocks_per_sm(&self, threads: u32) -> Result<i32> {
+        let mut n = 0;
+        // SAFETY: the function handle is live while its module is; `n` is an out-pointer.
+        unsafe {
+            p2p_sys::cu!(cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut n,
+                self.raw,
+                threads as i32,
+                0
+            ))
+        }
+        .map_err(|e| {
+            Error::Mem(p2p_mem::Error::Cuda {
+                device: self.device,
+                source: e,
+            })
+        })?;
+        Ok(n)
+    }
+}
+
 /// A cubin loaded into one device's context; unloaded on `Drop`.
 pub struct Module {
     device: Device,
