@@ -1025,8 +1025,9 @@ fn launch(
     // SAFETY: `CollArgs` matches the kernel's one by-value parameter field for field. Its
     // pointers are this call's validated buffers (lengths checked against the plan), the
     // workspaces of every rank (alive while this communicator is, which synchronises before
-    // freeing them) and the pinned abort flag (held by `self.abort`).
-    unsafe { module.launch(function, grid, THREADS, &mut params, stream) }?;
+    // freeing them) and the pinned abort flag (held by `self.abort`). The kernel runs
+    // `griddepcontrol.wait` before touching any memory, as an overlapped launch requires.
+    unsafe { module.launch_overlapped(function, grid, THREADS, &mut params, stream) }?;
     Ok(())
 }
 

@@ -279,6 +279,13 @@ __device__ void run(const CollArgs& a) {
     const int b = blockIdx.x, G = gridDim.x, N = a.nranks, me = a.rank;
     const u64 E = sizeof(T);
     u64* mine = a.sync[me];
+#if __CUDA_ARCH__ >= 900
+    // Launched with programmatic dependent launch: wait here until the previous kernel on the
+    // stream has finished and its writes are visible (our counters, the caller's buffers), and
+    // let the next one be scheduled early, hiding the launch gap.
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
     __shared__ int err;
     __shared__ u64 base;
     if (threadIdx.x == 0) {
