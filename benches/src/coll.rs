@@ -481,6 +481,21 @@ pub fn run(opts: &Options) -> Result<Value, String> {
     }))
 }
 
+/// The (collective, type) pairs of `rows`, in first-seen order.
+fn groups(rows: &[Value]) -> Vec<(String, String)> {
+    let mut groups: Vec<(String, String)> = Vec::new();
+    for row in rows {
+        let g = (
+            row["op"].as_str().unwrap_or("").to_string(),
+            row["type"].as_str().unwrap_or("").to_string(),
+        );
+        if !groups.contains(&g) {
+            groups.push(g);
+        }
+    }
+    groups
+}
+
 fn fmt_us(v: &Value) -> String {
     v.get("us")
         .and_then(Value::as_f64)
@@ -519,16 +534,7 @@ pub fn render(r: &Value) -> String {
         num(&r["host_us_per_call"], "nccl", 2),
     );
     let rows = r["rows"].as_array().cloned().unwrap_or_default();
-    let mut groups: Vec<(String, String)> = Vec::new();
-    for row in &rows {
-        let g = (
-            row["op"].as_str().unwrap_or("").to_string(),
-            row["type"].as_str().unwrap_or("").to_string(),
-        );
-        if !groups.contains(&g) {
-            groups.push(g);
-        }
-    }
+    let groups = groups(&rows);
     for (op, ty) in groups {
         s += &format!("\n## {op} {ty}\n\n");
         s += "| size | count | type | redop | root | plan | time | algbw | busbw | #wrong | in-place time | busbw | #wrong | NCCL time | busbw | #wrong | in-place time | busbw | #wrong | ours/nccl | graph: ours | NCCL | ours/nccl |\n";
@@ -582,16 +588,7 @@ pub fn render(r: &Value) -> String {
 /// busbw against size, ours beside NCCL's, one panel per collective and type, as SVG.
 pub fn svg(r: &Value) -> String {
     let rows = r["rows"].as_array().cloned().unwrap_or_default();
-    let mut groups: Vec<(String, String)> = Vec::new();
-    for row in &rows {
-        let g = (
-            row["op"].as_str().unwrap_or("").to_string(),
-            row["type"].as_str().unwrap_or("").to_string(),
-        );
-        if !groups.contains(&g) {
-            groups.push(g);
-        }
-    }
+    let groups = groups(&rows);
     let (pw, ph, cols) = (420.0, 260.0, 2usize);
     let nrows = groups.len().div_ceil(cols);
     let (w, hgt) = (pw * cols as f64, ph * nrows as f64 + 40.0);

@@ -63,6 +63,9 @@ struct CollArgs {
     check: i32,
 }
 
+// `coll.cu` asserts the same size for its `CollArgs`.
+const _: () = assert!(std::mem::size_of::<CollArgs>() == 216);
+
 /// How a communicator behaves; [`Options::from_env`] reads the `P2P_*` settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
@@ -339,7 +342,7 @@ impl Communicator {
 
     /// This process's rank of a communicator with one process per GPU, from the environment
     /// torchrun and `p2p-bench launch` set (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`,
-    /// `MASTER_PORT`); the GPU is `LOCAL_RANK`.
+    /// `MASTER_PORT`); the GPU is `LOCAL_RANK` (or the only visible one).
     ///
     /// ```no_run
     /// // Run as `p2p-bench launch -n 2 -- ./my-program`.
@@ -354,7 +357,19 @@ impl Communicator {
     /// ```
     pub fn from_env() -> Result<Communicator> {
         let rv = Rendezvous::from_env()?;
-        let device = Device::new(rv.local_rank as i32)?;
+        // A launcher that gives each process one GPU (CUDA_VISIBLE_DEVICES) leaves device 0.
+        let visible = Device::count()? as usize;
+        let ordinal = if visible == 1 { 0 } else { rv.local_rank };
+        if ordinal >= visible {
+            return Err(Error::Bootstrap {
+                rank: rv.rank,
+                why: format!(
+                    "LOCAL_RANK={} but this process sees {visible} GPU(s): start at most one rank per GPU",
+                    rv.local_rank
+                ),
+            });
+        }
+        let device = Device::new(ordinal as i32)?;
         Self::init(&device, &rv, Options::from_env()?)
     }
 

@@ -174,8 +174,9 @@ pub fn compare(
     (wrong, first)
 }
 
-/// What element `j` of rank `rank`'s result should be after `call` on `world` ranks (`None`: untouched, for a non-root's reduce output out of place), in the
-/// layout of [`Op::buffer_lens`]'s output. `in_place` matters only for that case.
+/// What element `j` of rank `rank`'s result should be after `call` on `world` ranks, in the
+/// layout of [`Op::buffer_lens`]'s output. `None`: untouched (a non-root's reduce output out of
+/// place); `in_place` matters only for that case.
 pub fn expected(call: &Call, world: usize, rank: usize, in_place: bool, j: usize) -> Option<i64> {
     let Call {
         op,
@@ -198,5 +199,95 @@ pub fn expected(call: &Call, world: usize, rank: usize, in_place: bool, j: usize
             (0..world).map(|p| v(p, rank * count + j)),
         )),
         Op::AllToAll => Some(v(j / count, rank * count + j % count)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(dtype: DataType, b: &[u8]) -> f64 {
+        match dtype {
+            DataType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+            DataType::F64 => f64::from_le_bytes(b.try_into().unwrap_or([0; 8])),
+            DataType::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f64(),
+            DataType::BF16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f64(),
+            DataType::I32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+            DataType::I64 => i64::from_le_bytes(b.try_into().unwrap_or([0; 8])) as f64,
+            DataType::U8 => b[0] as f64,
+        }
+    }
+
+    /// Every input and every expected result up to 8 ranks is exactly representable in every
+    /// type, so `#wrong` can demand bitwise equality.
+    #[test]
+    fn inputs_and_results_are_exact_in_every_type_up_to_8_ranks() {
+        let mut buf = [0u8; 8];
+        for dtype in DataType::ALL {
+            for op in Op::ALL {
+                for redop in RedOp::ALL {
+                    for world in 1..=8 {
+                        let count = 97;
+                        let call = Call {
+                            op,
+                            dtype,
+                            count,
+                            redop,
+                            root: world - 1,
+                        };
+                        for rank in 0..world {
+                            let (_, out_len) = op.buffer_lens(count, world, rank, call.root);
+                            for j in 0..out_len.min(200) {
+                                let Some(v) = expected(&call, world, rank, false, j) else {
+                                    continue;
+                                };
+                                let e = &mut buf[..dtype.size()];
+                                encode(dtype, v, e);
+                                let back = decode(dtype, e);
+                                let exact = if dtype == DataType::U8 {
+                                    back == (v as u8) as f64
+                                } else {
+                                    back == v as f64
+                                };
+                                assert!(
+                                    exact,
+                                    "{op} {dtype} {redop} world {world}: {v} is not exact ({back})"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn averages_divide_exactly_and_every_rank_contributes() {
+        for world in 1..=8 {
+            for j in 0..50 {
+                let vals: Vec<i64> = (0..world)
+                    .map(|r| value(Class::Avg, DataType::F32, r, world, j))
+                    .collect();
+                assert_eq!(vals.iter().sum::<i64>() % world as i64, 0);
+            }
+        }
+        // Sums differ when any one rank's input differs: the pattern depends on the rank.
+        let a: Vec<i64> = (0..4)
+            .map(|r| value(Class::Sum, DataType::I32, r, 4, 3))
+            .collect();
+        assert!(a.windows(2).all(|w| w[0] != w[1]), "{a:?}");
+    }
+
+    #[test]
+    fn the_checker_counts_wrong_elements_and_poison() {
+        let good = build(DataType::F32, 10, |j| j as i64);
+        assert_eq!(compare(DataType::F32, &good, |j| Some(j as i64)).0, 0);
+        let mut bad = good.clone();
+        bad[4] ^= 1;
+        let (wrong, first) = compare(DataType::F32, &bad, |j| Some(j as i64));
+        assert_eq!(wrong, 1);
+        assert!(first[0].starts_with("[1]"), "{first:?}");
+        // `None` demands the 0xFF poison: untouched output.
+        assert_eq!(compare(DataType::U8, &[0xff, 0xff, 0], |_| None).0, 1);
     }
 }

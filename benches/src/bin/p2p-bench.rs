@@ -216,17 +216,16 @@ fn tuning_from(piece_kib: Option<usize>, blocks: Option<u32>) -> Option<Tuning> 
     Some(t)
 }
 
-fn coll_cmd(out: PathBuf, opts: &p2p_benches::coll::Options) -> ExitCode {
-    let results = match p2p_benches::coll::run(opts) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("p2p-bench coll: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let report = p2p_benches::coll::render(&results);
-    println!("{report}");
-    let n = results["world"].as_u64().unwrap_or(0);
+/// Writes `results` as `OUT/NAME-DATE-NxGPU.json`, the report as `.md` (and the plot as
+/// `.svg`); returns the path without extension.
+fn write_results(
+    out: &std::path::Path,
+    name: &str,
+    results: &serde_json::Value,
+    report: &str,
+    svg: Option<&str>,
+) -> Result<PathBuf, String> {
+    let n = results["gpus"].as_array().map_or(0, Vec::len);
     let gpu = results["gpus"][0]["name"]
         .as_str()
         .unwrap_or("gpu")
@@ -239,16 +238,35 @@ fn coll_cmd(out: PathBuf, opts: &p2p_benches::coll::Options) -> ExitCode {
         .chars()
         .take(10)
         .collect();
-    let stem = out.join(format!("coll-{date}-{n}x{gpu}"));
-    let written = std::fs::create_dir_all(&out)
+    let stem = out.join(format!("{name}-{date}-{n}x{gpu}"));
+    std::fs::create_dir_all(out)
         .and_then(|_| {
             std::fs::write(
                 stem.with_extension("json"),
-                serde_json::to_string_pretty(&results).unwrap_or_default(),
+                serde_json::to_string_pretty(results).unwrap_or_default(),
             )
         })
-        .and_then(|_| std::fs::write(stem.with_extension("md"), &report))
-        .and_then(|_| std::fs::write(stem.with_extension("svg"), p2p_benches::coll::svg(&results)));
+        .and_then(|_| std::fs::write(stem.with_extension("md"), report))
+        .and_then(|_| match svg {
+            Some(svg) => std::fs::write(stem.with_extension("svg"), svg),
+            None => Ok(()),
+        })
+        .map_err(|e| format!("writing {}: {e}", stem.display()))?;
+    Ok(stem)
+}
+
+fn coll_cmd(out: PathBuf, opts: &p2p_benches::coll::Options) -> ExitCode {
+    let results = match p2p_benches::coll::run(opts) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("p2p-bench coll: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let report = p2p_benches::coll::render(&results);
+    println!("{report}");
+    let svg = p2p_benches::coll::svg(&results);
+    let written = write_results(&out, "coll", &results, &report, Some(&svg));
     let wrong: u64 = results["rows"]
         .as_array()
         .into_iter()
@@ -258,9 +276,9 @@ fn coll_cmd(out: PathBuf, opts: &p2p_benches::coll::Options) -> ExitCode {
         })
         .sum();
     match written {
-        Ok(()) => eprintln!("wrote {}.json, .md and .svg", stem.display()),
+        Ok(stem) => eprintln!("wrote {}.json, .md and .svg", stem.display()),
         Err(e) => {
-            eprintln!("p2p-bench coll: writing {}: {e}", stem.display());
+            eprintln!("p2p-bench coll: {e}");
             return ExitCode::FAILURE;
         }
     }
@@ -425,35 +443,14 @@ fn p2p_cmd(out: PathBuf, matrix_mib: usize, max_mib: usize, samples: usize) -> E
     };
     let report = p2p_benches::p2p::render(&results);
     println!("{report}");
-    let n = results["gpus"].as_array().map_or(0, Vec::len);
-    let gpu = results["gpus"][0]["name"]
-        .as_str()
-        .unwrap_or("gpu")
-        .to_lowercase()
-        .replace("nvidia ", "")
-        .replace(' ', "-");
-    let date: String = results["date"]
-        .as_str()
-        .unwrap_or("date")
-        .chars()
-        .take(10)
-        .collect();
-    let stem = out.join(format!("p2p-{date}-{n}x{gpu}"));
-    let written = std::fs::create_dir_all(&out)
-        .and_then(|_| {
-            std::fs::write(
-                stem.with_extension("json"),
-                serde_json::to_string_pretty(&results).unwrap_or_default(),
-            )
-        })
-        .and_then(|_| std::fs::write(stem.with_extension("md"), &report));
+    let written = write_results(&out, "p2p", &results, &report, None);
     match written {
-        Ok(()) => {
+        Ok(stem) => {
             eprintln!("wrote {}.json and .md", stem.display());
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("p2p-bench p2p: writing {}: {e}", stem.display());
+            eprintln!("p2p-bench p2p: {e}");
             ExitCode::FAILURE
         }
     }

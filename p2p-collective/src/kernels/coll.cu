@@ -67,6 +67,9 @@ struct CollArgs {
     int kind, redop, rank, nranks, root, check;
 };
 
+// The host's `CollArgs` (comm.rs) has the same layout and checks the same size.
+static_assert(sizeof(CollArgs) == 216, "CollArgs changed: update comm.rs to match");
+
 struct half_t { unsigned short x; };
 struct bhalf_t { unsigned short x; };
 

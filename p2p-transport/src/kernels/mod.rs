@@ -311,13 +311,7 @@ impl Module {
         params: &mut [*mut c_void],
         stream: &p2p_mem::Stream,
     ) -> Result<()> {
-        if stream.device() != &self.device || function.device != self.device.ordinal() {
-            return Err(Error::Mem(p2p_mem::Error::InvalidArgument(format!(
-                "a kernel of GPU {} launched on a stream of GPU {}",
-                self.device.ordinal(),
-                stream.device().ordinal()
-            ))));
-        }
+        self.check_stream(function, stream)?;
         self.device.bind_to_thread()?;
         // SAFETY: the caller guarantees `params`; the function belongs to this loaded module.
         unsafe {
@@ -358,13 +352,7 @@ impl Module {
             // SAFETY: the caller's guarantees are those of `launch`.
             return unsafe { self.launch(function, grid, block, params, stream) };
         }
-        if stream.device() != &self.device || function.device != self.device.ordinal() {
-            return Err(Error::Mem(p2p_mem::Error::InvalidArgument(format!(
-                "a kernel of GPU {} launched on a stream of GPU {}",
-                self.device.ordinal(),
-                stream.device().ordinal()
-            ))));
-        }
+        self.check_stream(function, stream)?;
         self.device.bind_to_thread()?;
         // SAFETY: an all-zero attribute is a valid "no attribute"; we set the id and value.
         let mut attr: cuda::CUlaunchAttribute = unsafe { std::mem::zeroed() };
@@ -393,6 +381,17 @@ impl Module {
             ))
         }
         .map_err(|e| on(&self.device, e))
+    }
+
+    fn check_stream(&self, function: Function, stream: &p2p_mem::Stream) -> Result<()> {
+        if stream.device() != &self.device || function.device != self.device.ordinal() {
+            return Err(Error::Mem(p2p_mem::Error::InvalidArgument(format!(
+                "a kernel of GPU {} launched on a stream of GPU {}",
+                self.device.ordinal(),
+                stream.device().ordinal()
+            ))));
+        }
+        Ok(())
     }
 
     /// Launches `function` on the legacy default stream and waits for it.
