@@ -3,7 +3,8 @@
 //! - `cargo xtask bench [ARGS]`: builds the release `p2p-bench` and runs it (`list` by default).
 //! - `cargo xtask topo [ARGS]`, `cargo xtask doctor [ARGS]`: the same for `p2p-bench topo|doctor`.
 //! - `cargo xtask bundle`: builds every test executable and `p2p-bench` in release, stripped,
-//!   into `target/bundle` with `run.sh`, for a GPU machine that has no Rust toolchain.
+//!   into `target/bundle` with `run.sh` (every test) and `coll-worlds.sh` (the collective
+//!   suites and benchmark at every world size), for a GPU machine that has no Rust toolchain.
 //! - `cargo xtask bindgen`: regenerates `p2p-sys/src/checkpoint.rs` from pinned CUDA headers.
 
 use std::path::{Path, PathBuf};
@@ -170,9 +171,11 @@ fn bundle() -> Result<()> {
             copy(&path, &fixtures.join(path.file_name().unwrap_or_default()))?;
         }
     }
-    let script = out.join("run.sh");
-    std::fs::write(&script, RUNNER).map_err(|e| format!("writing {}: {e}", script.display()))?;
-    make_executable(&script)?;
+    for (name, text) in [("run.sh", RUNNER), ("coll-worlds.sh", COLL_WORLDS)] {
+        let script = out.join(name);
+        std::fs::write(&script, text).map_err(|e| format!("writing {}: {e}", script.display()))?;
+        make_executable(&script)?;
+    }
     eprintln!(
         "xtask: bundled p2p-bench and {count} test executables into {}",
         out.display()
@@ -207,6 +210,10 @@ fn make_executable(path: &Path) -> Result<()> {
 /// The script that runs the bundle on a GPU machine. It fails when no GPU is found, runs every
 /// test executable with the GPU tests included, and ends with `N passed, N failed`.
 const RUNNER: &str = include_str!("run.sh");
+
+/// The collective suites and benchmark at every world size from 2 to the GPU count (for 4- and
+/// 8-GPU machines).
+const COLL_WORLDS: &str = include_str!("coll-worlds.sh");
 
 /// Regenerates the committed bindings for what cudarc lacks.
 fn bindgen() -> Result<()> {
