@@ -595,7 +595,7 @@ pub fn svg(r: &Value) -> String {
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{hgt}\" font-family=\"sans-serif\" font-size=\"11\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"10\" y=\"20\" font-size=\"14\">busbw (GB/s) against size: p2p (blue) and NCCL {} (orange), {} x {}, commit {}, {}</text>\n",
+         <text x=\"10\" y=\"20\" font-size=\"12\">busbw (GB/s) against size: p2p (blue) and NCCL {} (orange), {} x {}, commit {}, {}</text>\n",
         r["nccl_version"].as_str().unwrap_or("?"),
         r["world"],
         r["gpus"][0]["name"].as_str().unwrap_or("?"),
