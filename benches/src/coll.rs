@@ -10,8 +10,10 @@
 use std::io::IsTerminal;
 use std::time::Instant;
 
-use p2p_collective::verify::{build, class, compare, expected, value, Class};
-use p2p_collective::{Call, Communicator, DataType, Op, Options as CommOptions, RedOp};
+use p2p_collective::verify::{
+    build, class, compare, expected, in_place_input_offset, result_region, value, Class,
+};
+use p2p_collective::{Call, Communicator, DataType, Op, Options as CommOptions};
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Event, GraphExec, Stream};
 use serde_json::{json, Value};
 
@@ -80,6 +82,9 @@ struct Harness<'a> {
     comms: &'a [Communicator],
     nccl: Option<&'a NcclGroup>,
     ranks: Vec<Rank>,
+    /// Every rank's buffers and stream as NCCL takes them, built once (not per call).
+    nccl_bufs: Vec<Bufs>,
+    nccl_streams: Vec<p2p_sys::cuda::CUstream>,
     pristine_holds: Option<(DataType, Class)>,
 }
 
@@ -103,19 +108,16 @@ impl Harness<'_> {
                 Ok(())
             }
             Imp::Nccl => {
-                let bufs: Vec<Bufs> = self
-                    .ranks
-                    .iter()
-                    .map(|r| Bufs {
-                        send: r.input.device_ptr(),
-                        recv: r.output.device_ptr(),
-                    })
-                    .collect();
-                let streams: Vec<&Stream> = self.ranks.iter().map(|r| &r.stream).collect();
                 let nccl = self.nccl.ok_or("NCCL is not loaded")?;
                 nccl.issue(
-                    call.op, call.dtype, call.redop, call.root, call.count, in_place, &bufs,
-                    &streams,
+                    call.op,
+                    call.dtype,
+                    call.redop,
+                    call.root,
+                    call.count,
+                    in_place,
+                    &self.nccl_bufs,
+                    &self.nccl_streams,
                 )
             }
         }
@@ -157,10 +159,10 @@ impl Harness<'_> {
                 .map_err(e)?
                 .memset_u8(0xff)
                 .map_err(e)?;
-            let (buf, off) = match (in_place, call.op) {
-                (false, _) => (&mut r.input, 0),
-                (true, Op::AllGather) => (&mut r.output, rank * call.count * size),
-                (true, _) => (&mut r.output, 0),
+            let (buf, off) = if in_place {
+                (&mut r.output, in_place_input_offset(call, rank) * size)
+            } else {
+                (&mut r.input, 0)
             };
             if bytes > 0 {
                 let src = r.pristine.slice(..bytes).map_err(e)?;
@@ -174,13 +176,7 @@ impl Harness<'_> {
         self.sync()?;
         let mut wrong = 0;
         for (rank, r) in self.ranks.iter().enumerate() {
-            let (in_len, out_len) = call.op.buffer_lens(call.count, n, rank, call.root);
-            let (off, len) = match (call.op, in_place) {
-                (Op::ReduceScatter, true) => (rank * call.count, call.count),
-                (Op::Reduce, _) if rank != call.root => (0, call.count),
-                (_, true) => (0, in_len.max(out_len)),
-                _ => (0, out_len),
-            };
+            let (off, len) = result_region(call, n, rank, in_place);
             let got = r
                 .output
                 .slice(off * size..(off + len) * size)
@@ -204,14 +200,27 @@ impl Harness<'_> {
             self.issue(imp, call, in_place)?;
         }
         self.sync()?;
+        self.sample(iters, samples, |h| {
+            for _ in 0..iters {
+                h.issue(imp, call, in_place)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// `samples` times: events around `body` (which queues `iters` calls) on every rank.
+    fn sample(
+        &mut self,
+        iters: usize,
+        samples: usize,
+        mut body: impl FnMut(&mut Self) -> Result<(), String>,
+    ) -> Result<Stat, String> {
         let mut v = Vec::with_capacity(samples);
         for _ in 0..samples {
             for r in &self.ranks {
                 r.start.record(&r.stream).map_err(|e| e.to_string())?;
             }
-            for _ in 0..iters {
-                self.issue(imp, call, in_place)?;
-            }
+            body(self)?;
             for r in &self.ranks {
                 r.stop.record(&r.stream).map_err(|e| e.to_string())?;
             }
@@ -270,18 +279,7 @@ impl Harness<'_> {
         };
         launch(self)?;
         self.sync()?;
-        let mut v = Vec::with_capacity(samples);
-        for _ in 0..samples {
-            for r in &self.ranks {
-                r.start.record(&r.stream).map_err(|e| e.to_string())?;
-            }
-            launch(self)?;
-            for r in &self.ranks {
-                r.stop.record(&r.stream).map_err(|e| e.to_string())?;
-            }
-            v.push(self.slowest_us(iters)?);
-        }
-        Ok(Stat::of(v))
+        self.sample(iters, samples, |h| launch(h))
     }
 
     /// Host microseconds to issue one call on one rank (enqueue only).
@@ -345,6 +343,14 @@ pub fn run(opts: &Options) -> Result<Value, String> {
     let mut h = Harness {
         comms: &comms,
         nccl: nccl.as_ref(),
+        nccl_bufs: ranks
+            .iter()
+            .map(|r| Bufs {
+                send: r.input.device_ptr(),
+                recv: r.output.device_ptr(),
+            })
+            .collect(),
+        nccl_streams: ranks.iter().map(|r| r.stream.cu_stream()).collect(),
         ranks,
         pristine_holds: None,
     };
@@ -376,13 +382,7 @@ pub fn run(opts: &Options) -> Result<Value, String> {
             if count == 0 || (per_rank_parts && elems % n != 0) {
                 continue;
             }
-            let call = Call {
-                op,
-                dtype,
-                count,
-                redop: RedOp::Sum,
-                root: 0,
-            };
+            let call = Call::new(op, dtype, count);
             let iters = iters_for(bytes);
             let mut row = json!({
                 "op": op.name(), "bytes": bytes, "count": elems, "type": dtype.name(),
@@ -447,13 +447,7 @@ pub fn run(opts: &Options) -> Result<Value, String> {
         eprintln!();
     }
     // Host cost of issuing one call (8 KiB float all-reduce, eager).
-    let small = Call {
-        op: Op::AllReduce,
-        dtype: DataType::F32,
-        count: 2048,
-        redop: RedOp::Sum,
-        root: 0,
-    };
+    let small = Call::new(Op::AllReduce, DataType::F32, 2048);
     let mut host = json!({});
     for &imp in &imps {
         let key = if imp == Imp::Ours { "ours" } else { "nccl" };
@@ -467,7 +461,7 @@ pub fn run(opts: &Options) -> Result<Value, String> {
         "benchmark": "coll",
         "date": p2p_transport::utc_now(),
         "commit": env!("P2PBUILD_COMMIT"),
-        "host": std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_default(),
+        "host": p2p_transport::hostname(),
         "gpus": devices.iter().map(|d| json!({"ordinal": d.ordinal(), "name": d.name(), "pci_bus_id": d.pci_bus_id()})).collect::<Vec<_>>(),
         "world": n,
         "cuda_driver": format!("{}.{}", driver / 1000, driver % 1000 / 10),

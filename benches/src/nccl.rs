@@ -3,7 +3,7 @@
 //! `p2p-bench coll` runs in the same process, on the same streams and buffers, timed the same way.
 
 use p2p_collective::{DataType, Op, RedOp};
-use p2p_mem::{Device, Stream};
+use p2p_mem::Device;
 use p2p_sys::{check_nccl, nccl, Library};
 
 /// One NCCL communicator per GPU, destroyed on `Drop`.
@@ -82,7 +82,7 @@ impl NcclGroup {
         count: usize,
         in_place: bool,
         bufs: &[Bufs],
-        streams: &[&Stream],
+        streams: &[p2p_sys::cuda::CUstream],
     ) -> Result<(), String> {
         // SAFETY: plain call; it only opens a group.
         check_nccl("ncclGroupStart", unsafe { nccl::ncclGroupStart() })
@@ -104,7 +104,7 @@ impl NcclGroup {
                 send as *const std::ffi::c_void,
                 recv as *mut std::ffi::c_void,
             );
-            let stream = streams[r].cu_stream() as nccl::cudaStream_t;
+            let stream = streams[r] as nccl::cudaStream_t;
             // SAFETY: the caller's buffers on rank r's GPU hold what `op` reads and writes for
             // `count` (the benchmark sizes them for the largest call); the stream is rank r's.
             let rc = unsafe {

@@ -568,7 +568,7 @@ pub fn run(opts: &Options) -> p2p_transport::Result<Value> {
         "benchmark": "p2p",
         "date": p2p_transport::utc_now(),
         "commit": env!("P2PBUILD_COMMIT"),
-        "host": std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_default(),
+        "host": p2p_transport::hostname(),
         "gpus": devices.iter().map(|d| json!({"ordinal": d.ordinal(), "name": d.name(), "pci_bus_id": d.pci_bus_id(), "uuid": d.uuid_string()})).collect::<Vec<_>>(),
         "cuda_driver": format!("{}.{}", driver / 1000, driver % 1000 / 10),
         "options": {"matrix_bytes": opts.matrix_bytes, "max_bytes": opts.max_bytes, "samples": opts.samples},

@@ -119,11 +119,34 @@ pub struct Call {
     pub root: usize,
 }
 
+impl Call {
+    /// `op` over `count` elements of `dtype`, with sum and root 0 until set otherwise.
+    pub fn new(op: Op, dtype: DataType, count: usize) -> Call {
+        Call {
+            op,
+            dtype,
+            count,
+            redop: RedOp::Sum,
+            root: 0,
+        }
+    }
+
+    /// The same call with reduction `redop`.
+    pub fn redop(self, redop: RedOp) -> Call {
+        Call { redop, ..self }
+    }
+
+    /// The same call with root `root`.
+    pub fn root(self, root: usize) -> Call {
+        Call { root, ..self }
+    }
+}
+
 struct Kernels {
     functions: [Function; 7],
     /// Resident blocks per SM of the least-occupant kernel.
     blocks_per_sm: i32,
-    _module: Module,
+    module: Module,
 }
 
 impl Kernels {
@@ -146,7 +169,7 @@ impl Kernels {
         Ok(Kernels {
             functions,
             blocks_per_sm,
-            _module: module,
+            module,
         })
     }
 }
@@ -274,19 +297,11 @@ impl Communicator {
                 }
             }
         }
-        let mut cubins: Vec<(String, Vec<u8>)> = Vec::new();
+        // compile_cached memoises per process: GPUs of one architecture share one compile.
         let mut loaded = Vec::with_capacity(world);
         for d in devices {
-            let arch = kernels::arch_for(d);
-            if !cubins.iter().any(|(a, _)| *a == arch) {
-                cubins.push((arch.clone(), kernels::compile_cached(&COLL, &arch)?));
-            }
-            let cubin = cubins
-                .iter()
-                .find(|(a, _)| *a == arch)
-                .map(|(_, c)| c.as_slice())
-                .unwrap_or(&[]);
-            loaded.push(Arc::new(Kernels::load(d, cubin)?));
+            let cubin = kernels::compile_cached(&COLL, &kernels::arch_for(d))?;
+            loaded.push(Arc::new(Kernels::load(d, &cubin)?));
         }
         let tuning = options.tuning.unwrap_or_else(|| {
             let sms = devices.iter().map(|d| d.sm_count()).min().unwrap_or(1);
@@ -386,15 +401,13 @@ impl Communicator {
         let tuning = options
             .tuning
             .unwrap_or_else(|| Tuning::for_device(device.sm_count(), kernels.blocks_per_sm));
-        log_tuning(&tuning, workspace_bytes(rv.world, &tuning));
-        let workspace = Arc::new(DeviceBuffer::<u8>::zeroed(
-            device,
-            workspace_bytes(rv.world, &tuning),
-        )?);
+        let bytes = workspace_bytes(rv.world, &tuning);
+        log_tuning(&tuning, bytes);
+        let workspace = Arc::new(DeviceBuffer::<u8>::zeroed(device, bytes)?);
         let handle = IpcMemHandle::export(workspace.as_ref())?;
         let abort = AbortHandle::new(device)?;
         let mut bootstrap = Bootstrap::connect(rv)?;
-        let host = hostname();
+        let host = p2p_transport::hostname();
         let mut blob = Vec::new();
         blob.extend_from_slice(&(host.len() as u16).to_le_bytes());
         blob.extend_from_slice(host.as_bytes());
@@ -749,7 +762,7 @@ impl Communicator {
             p.reason
         );
         let function = self.kernels.functions[p.kernel_type.index()];
-        launch(&self.kernels._module, function, p.grid, &mut args, stream)
+        launch(&self.kernels.module, function, p.grid, &mut args, stream)
     }
 
     /// All-reduce `count` elements of `send` into `recv` on every rank.
@@ -763,13 +776,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         self.call(
-            &Call {
-                op: Op::AllReduce,
-                dtype,
-                count,
-                redop,
-                root: 0,
-            },
+            &Call::new(Op::AllReduce, dtype, count).redop(redop),
             send,
             recv,
             stream,
@@ -786,13 +793,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         self.call_in_place(
-            &Call {
-                op: Op::AllReduce,
-                dtype,
-                count,
-                redop,
-                root: 0,
-            },
+            &Call::new(Op::AllReduce, dtype, count).redop(redop),
             buf,
             stream,
         )
@@ -809,13 +810,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         self.call(
-            &Call {
-                op: Op::Broadcast,
-                dtype,
-                count,
-                redop: RedOp::Sum,
-                root,
-            },
+            &Call::new(Op::Broadcast, dtype, count).root(root),
             send,
             recv,
             stream,
@@ -832,13 +827,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         self.call_in_place(
-            &Call {
-                op: Op::Broadcast,
-                dtype,
-                count,
-                redop: RedOp::Sum,
-                root,
-            },
+            &Call::new(Op::Broadcast, dtype, count).root(root),
             buf,
             stream,
         )
@@ -857,13 +846,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         self.call(
-            &Call {
-                op: Op::Reduce,
-                dtype,
-                count,
-                redop,
-                root,
-            },
+            &Call::new(Op::Reduce, dtype, count).redop(redop).root(root),
             send,
             recv,
             stream,
@@ -881,13 +864,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         self.call_in_place(
-            &Call {
-                op: Op::Reduce,
-                dtype,
-                count,
-                redop,
-                root,
-            },
+            &Call::new(Op::Reduce, dtype, count).redop(redop).root(root),
             buf,
             stream,
         )
@@ -902,18 +879,7 @@ impl Communicator {
         dtype: DataType,
         stream: &Stream,
     ) -> Result<()> {
-        self.call(
-            &Call {
-                op: Op::AllGather,
-                dtype,
-                count,
-                redop: RedOp::Sum,
-                root: 0,
-            },
-            send,
-            recv,
-            stream,
-        )
+        self.call(&Call::new(Op::AllGather, dtype, count), send, recv, stream)
     }
 
     /// All-gather in place: this rank's input is `buf[rank * count..][..count]`.
@@ -924,17 +890,7 @@ impl Communicator {
         dtype: DataType,
         stream: &Stream,
     ) -> Result<()> {
-        self.call_in_place(
-            &Call {
-                op: Op::AllGather,
-                dtype,
-                count,
-                redop: RedOp::Sum,
-                root: 0,
-            },
-            buf,
-            stream,
-        )
+        self.call_in_place(&Call::new(Op::AllGather, dtype, count), buf, stream)
     }
 
     /// Reduce every rank's `send` (`world * count`) and give rank r part r (`count`) in `recv`.
@@ -948,13 +904,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         self.call(
-            &Call {
-                op: Op::ReduceScatter,
-                dtype,
-                count,
-                redop,
-                root: 0,
-            },
+            &Call::new(Op::ReduceScatter, dtype, count).redop(redop),
             send,
             recv,
             stream,
@@ -971,13 +921,7 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         self.call_in_place(
-            &Call {
-                op: Op::ReduceScatter,
-                dtype,
-                count,
-                redop,
-                root: 0,
-            },
+            &Call::new(Op::ReduceScatter, dtype, count).redop(redop),
             buf,
             stream,
         )
@@ -992,18 +936,7 @@ impl Communicator {
         dtype: DataType,
         stream: &Stream,
     ) -> Result<()> {
-        self.call(
-            &Call {
-                op: Op::AllToAll,
-                dtype,
-                count,
-                redop: RedOp::Sum,
-                root: 0,
-            },
-            send,
-            recv,
-            stream,
-        )
+        self.call(&Call::new(Op::AllToAll, dtype, count), send, recv, stream)
     }
 
     /// All-to-all in place.
@@ -1014,17 +947,7 @@ impl Communicator {
         dtype: DataType,
         stream: &Stream,
     ) -> Result<()> {
-        self.call_in_place(
-            &Call {
-                op: Op::AllToAll,
-                dtype,
-                count,
-                redop: RedOp::Sum,
-                root: 0,
-            },
-            buf,
-            stream,
-        )
+        self.call_in_place(&Call::new(Op::AllToAll, dtype, count), buf, stream)
     }
 }
 
@@ -1074,10 +997,4 @@ fn log_tuning(t: &Tuning, workspace: usize) {
         t.piece_bytes >> 10,
         workspace >> 20
     );
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
 }

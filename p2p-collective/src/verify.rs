@@ -174,6 +174,29 @@ pub fn compare(
     (wrong, first)
 }
 
+/// Where rank `rank`'s input starts, in elements, in the one buffer of an in-place call: its
+/// own part for all-gather, the start otherwise.
+pub fn in_place_input_offset(call: &Call, rank: usize) -> usize {
+    if call.op == Op::AllGather {
+        rank * call.count
+    } else {
+        0
+    }
+}
+
+/// The region (offset, length, in elements) of the receive buffer (the one buffer in place)
+/// that [`expected`] describes for `rank`: its result, or for a non-root's reduce the region
+/// that must stay untouched.
+pub fn result_region(call: &Call, world: usize, rank: usize, in_place: bool) -> (usize, usize) {
+    let (in_len, out_len) = call.op.buffer_lens(call.count, world, rank, call.root);
+    match (call.op, in_place) {
+        (Op::ReduceScatter, true) => (rank * call.count, call.count),
+        (Op::Reduce, _) if rank != call.root => (0, call.count),
+        (_, true) => (0, in_len.max(out_len)),
+        _ => (0, out_len),
+    }
+}
+
 /// What element `j` of rank `rank`'s result should be after `call` on `world` ranks, in the
 /// layout of [`Op::buffer_lens`]'s output. `None`: untouched (a non-root's reduce output out of
 /// place); `in_place` matters only for that case.

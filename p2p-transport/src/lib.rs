@@ -25,4 +25,4 @@ pub mod topo;
 mod util;
 
 pub use error::{Error, Result};
-pub use util::{utc_from_unix, utc_now};
+pub use util::{hostname, utc_from_unix, utc_now};

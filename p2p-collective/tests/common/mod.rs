@@ -9,7 +9,9 @@
 
 use std::time::Instant;
 
-use p2p_collective::verify::{build, class, compare, expected, value};
+use p2p_collective::verify::{
+    build, class, compare, expected, in_place_input_offset, result_region, value,
+};
 use p2p_collective::{Call, Communicator, DataType, Op, RedOp};
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
 
@@ -143,11 +145,7 @@ pub fn run_case(locals: &mut [Local], call: &Call, in_place: bool) -> (usize, St
         l.output.memset_u8(0xff).expect("poison");
         if in_place {
             let buf_len = in_len.max(out_len);
-            let off = if op == Op::AllGather {
-                r * count * size
-            } else {
-                0
-            };
+            let off = in_place_input_offset(call, r) * size;
             if buf_len > 0 && !host.is_empty() {
                 l.output
                     .slice_mut(off..off + host.len())
@@ -184,14 +182,8 @@ pub fn run_case(locals: &mut [Local], call: &Call, in_place: bool) -> (usize, St
             return (1, format!("rank {}: {e}", l.comm.rank()));
         }
         let r = l.comm.rank();
-        let (in_len, out_len) = op.buffer_lens(count, n, r, root);
         // What this rank's result region holds, and what it should.
-        let (off, len) = match (op, in_place) {
-            (Op::ReduceScatter, true) => (r * count, count),
-            (Op::Reduce, _) if r != root => (0, count),
-            (_, true) => (0, in_len.max(out_len)),
-            _ => (0, out_len),
-        };
+        let (off, len) = result_region(call, n, r, in_place);
         if len == 0 {
             continue;
         }

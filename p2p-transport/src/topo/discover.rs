@@ -116,7 +116,7 @@ pub fn discover() -> Result<Topology, p2p_mem::Error> {
         source: format!(
             "recorded by p2p-bench {} on {} at {}",
             env!("CARGO_PKG_VERSION"),
-            hostname(),
+            crate::hostname(),
             crate::util::utc_now()
         ),
         gpus,
@@ -247,10 +247,4 @@ fn count_numa_nodes() -> usize {
                 .count()
         })
         .unwrap_or(0)
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown host".into())
 }
