@@ -222,8 +222,10 @@ impl std::fmt::Debug for Communicator {
     }
 }
 
+/// The sync area, the scratch (2 parities x `world` sources x a slot), then the LL region
+/// (2 x `world` x `LL_SLOT_BYTES`).
 fn workspace_bytes(world: usize, tuning: &Tuning) -> usize {
-    SYNC_BYTES + 2 * world * tuning.slot_bytes()
+    SYNC_BYTES + 2 * world * tuning.slot_bytes() + 2 * world * plan::LL_SLOT_BYTES
 }
 
 fn check_world(world: usize) -> Result<()> {
@@ -515,6 +517,15 @@ impl Communicator {
         &self.tuning
     }
 
+    /// The algorithm forced by the options; LL carries no call signature, so checking mode
+    /// runs one-shot instead.
+    fn forced_algorithm(&self) -> Option<Algorithm> {
+        match self.options.algorithm {
+            Some(Algorithm::Ll) if self.options.check => Some(Algorithm::OneShot),
+            a => a,
+        }
+    }
+
     /// How a call would run (algorithm, grid, pieces), without running it.
     pub fn plan(&self, call: &Call) -> Plan {
         plan::plan(
@@ -522,7 +533,7 @@ impl Communicator {
             call.dtype,
             call.count.max(1),
             self.world,
-            self.options.algorithm,
+            self.forced_algorithm(),
             &self.tuning,
         )
     }
@@ -720,7 +731,7 @@ impl Communicator {
             call.dtype,
             call.count,
             self.world,
-            self.options.algorithm,
+            self.forced_algorithm(),
             &self.tuning,
         );
         let redop = if call.op.reduces() {

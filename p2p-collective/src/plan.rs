@@ -9,6 +9,13 @@ use p2p_transport::config::Algorithm;
 
 use crate::types::{DataType, Op};
 
+/// Largest all-reduce, in bytes, that runs LL when `P2P_ALGO=ll` (its lines take twice the
+/// data's size in scratch).
+pub const LL_MAX_BYTES: usize = 64 << 10;
+
+/// Bytes of one (parity, source rank) slot of the LL region (`LL_SLOT_BYTES` in `coll.cu`).
+pub const LL_SLOT_BYTES: usize = 2 * LL_MAX_BYTES;
+
 /// Most ranks a communicator may have (the kernels' fixed-size peer tables).
 pub const MAX_RANKS: usize = 8;
 /// Most blocks a collective kernel may use (the sync area's fixed-size tables).
@@ -71,6 +78,8 @@ pub enum Kind {
     AllToAll = 6,
     /// All-reduce around a ring.
     AllReduceRing = 7,
+    /// All-reduce one-shot with flags inside the data (LL).
+    AllReduceLl = 8,
 }
 
 impl Kind {
@@ -85,6 +94,7 @@ impl Kind {
             5 => Kind::ReduceScatter,
             6 => Kind::AllToAll,
             7 => Kind::AllReduceRing,
+            8 => Kind::AllReduceLl,
             _ => return None,
         })
     }
@@ -92,7 +102,10 @@ impl Kind {
     /// The collective this kind carries out.
     pub fn op(self) -> Op {
         match self {
-            Kind::AllReduceOneShot | Kind::AllReduceTwoShot | Kind::AllReduceRing => Op::AllReduce,
+            Kind::AllReduceOneShot
+            | Kind::AllReduceTwoShot
+            | Kind::AllReduceRing
+            | Kind::AllReduceLl => Op::AllReduce,
             Kind::Reduce => Op::Reduce,
             Kind::Broadcast => Op::Broadcast,
             Kind::AllGather => Op::AllGather,
@@ -107,6 +120,7 @@ impl Kind {
             Kind::AllReduceOneShot => Some(Algorithm::OneShot),
             Kind::AllReduceTwoShot => Some(Algorithm::TwoShot),
             Kind::AllReduceRing => Some(Algorithm::Ring),
+            Kind::AllReduceLl => Some(Algorithm::Ll),
             _ => None,
         }
     }
@@ -124,7 +138,8 @@ pub struct Plan {
     pub units: u64,
     /// Blocks in the grid.
     pub grid: u32,
-    /// Elements per block per chunk (a whole number of 16-byte vectors).
+    /// Elements per block per chunk (a whole number of 16-byte vectors); for LL, 8-byte units
+    /// per block.
     pub piece: u64,
     /// Rounds over the data.
     pub chunks: u64,
@@ -167,6 +182,20 @@ pub fn plan(
         ),
         Op::AllToAll => (Kind::AllToAll, "every rank pushes each part to its owner"),
     };
+    if kind == Kind::AllReduceLl {
+        // 8-byte units, one per thread where the grid allows; one round.
+        let units = (count * dtype.size()).div_ceil(8) as u64;
+        let grid = (units.div_ceil(THREADS as u64) as u32).clamp(1, tuning.max_blocks.max(1));
+        return Plan {
+            kind,
+            kernel_type: dtype,
+            units: count as u64,
+            grid,
+            piece: units.div_ceil(grid as u64),
+            chunks: 1,
+            reason,
+        };
+    }
     let kernel_type = if op.reduces() { dtype } else { DataType::U8 };
     let elem = kernel_type.size();
     let units = (count * dtype.size() / elem) as u64;
@@ -201,6 +230,15 @@ fn choose_all_reduce(
         Some(Algorithm::OneShot) => return (Kind::AllReduceOneShot, "forced by P2P_ALGO/Options"),
         Some(Algorithm::TwoShot) => return (Kind::AllReduceTwoShot, "forced by P2P_ALGO/Options"),
         Some(Algorithm::Ring) => return (Kind::AllReduceRing, "forced by P2P_ALGO/Options"),
+        Some(Algorithm::Ll) if bytes <= LL_MAX_BYTES => {
+            return (Kind::AllReduceLl, "forced by P2P_ALGO/Options")
+        }
+        Some(Algorithm::Ll) => {
+            return (
+                Kind::AllReduceOneShot,
+                "LL forced, but LL carries at most 64 KiB: one-shot",
+            )
+        }
         None => {}
     }
     if world <= 2 {
@@ -366,6 +404,32 @@ mod tests {
             &t(),
         );
         assert_eq!(p.steps(4), p.chunks * 2);
+    }
+
+    #[test]
+    fn ll_covers_every_byte_in_one_round_and_only_small_calls() {
+        let tuning = t();
+        for dtype in DataType::ALL {
+            for count in [1usize, 7, 1023, 8191, (64 << 10) / dtype.size()] {
+                let p = plan(Op::AllReduce, dtype, count, 2, Some(Algorithm::Ll), &tuning);
+                assert_eq!(p.kind, Kind::AllReduceLl, "{dtype} {count}");
+                let units = (count * dtype.size()).div_ceil(8) as u64;
+                assert_eq!((p.chunks, p.units), (1, count as u64));
+                assert!(p.piece * p.grid as u64 >= units && p.piece * (p.grid as u64 - 1) < units);
+                assert!(units * 16 <= LL_SLOT_BYTES as u64);
+                assert_eq!(p.steps(2), 1);
+            }
+        }
+        let big = plan(
+            Op::AllReduce,
+            DataType::F32,
+            (64 << 10) / 4 + 1,
+            2,
+            Some(Algorithm::Ll),
+            &tuning,
+        );
+        assert_eq!(big.kind, Kind::AllReduceOneShot);
+        assert!(big.reason.contains("64 KiB"));
     }
 
     #[test]

@@ -43,8 +43,8 @@ fn gpu2_all_reduce_matrix() {
 
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
-fn gpu2_all_reduce_matrix_two_shot_and_ring() {
-    for algorithm in [Algorithm::TwoShot, Algorithm::Ring] {
+fn gpu2_all_reduce_matrix_two_shot_ring_and_ll() {
+    for algorithm in [Algorithm::TwoShot, Algorithm::Ring, Algorithm::Ll] {
         eprintln!("algorithm {}", algorithm.name());
         matrix(
             &[Op::AllReduce],

@@ -12,7 +12,7 @@
 //! | `P2P_CUMEM` | boolean | `1` | between processes, share cuMem allocations (fds) rather than legacy IPC handles |
 //! | `P2P_INTERMEDIATE` | boolean | `1` | relay through a third GPU where two have no direct P2P |
 //! | `P2P_MODE` | `auto`, `direct`, `ipc`, `cumem`, `intermediate`, `host` | `auto` | force one mode for every pair; impossible on a pair is an error |
-//! | `P2P_ALGO` | `auto`, `oneshot`, `twoshot`, `ring` | `auto` | force one all-reduce algorithm (collectives) |
+//! | `P2P_ALGO` | `auto`, `oneshot`, `twoshot`, `ring`, `ll` | `auto` | force one all-reduce algorithm (collectives) |
 //! | `P2P_CHECK` | boolean | `0` | collectives compare every call's operation, type, reduction, root and count across ranks on the GPU and fail on a mismatch |
 //! | `P2P_TIMEOUT_MS` | milliseconds, at least 1 | `30000` | how long a collective's kernel waits for a peer before it gives up with an error |
 //! | `P2P_DEBUG` | `off`, `error`, `warn`, `info`, `debug`, `trace` | `warn` | how much `tracing` output the tools print |
@@ -117,15 +117,20 @@ pub enum Algorithm {
     /// Reduce-scatter then all-gather around a ring: 2(n-1) steps, 2(n-1)/n x the data, only
     /// neighbours exchange data.
     Ring,
+    /// One-shot with the flags inside the data (NCCL's LL layout: 8 data bytes and two flags per
+    /// 16-byte store): no separate flag and no fence, for messages up to 64 KiB (larger ones
+    /// run one-shot).
+    Ll,
 }
 
 impl Algorithm {
     /// The names `P2P_ALGO` uses (`None` is `auto`).
-    pub const NAMES: [(&'static str, Option<Algorithm>); 4] = [
+    pub const NAMES: [(&'static str, Option<Algorithm>); 5] = [
         ("auto", None),
         ("oneshot", Some(Algorithm::OneShot)),
         ("twoshot", Some(Algorithm::TwoShot)),
         ("ring", Some(Algorithm::Ring)),
+        ("ll", Some(Algorithm::Ll)),
     ];
 
     /// The name, e.g. `oneshot`.
@@ -134,6 +139,7 @@ impl Algorithm {
             Algorithm::OneShot => "oneshot",
             Algorithm::TwoShot => "twoshot",
             Algorithm::Ring => "ring",
+            Algorithm::Ll => "ll",
         }
     }
 }

@@ -45,6 +45,7 @@ enum Kind {
     K_REDUCESCATTER = 5,
     K_ALLTOALL = 6,
     K_ALLREDUCE_RING = 7,
+    K_ALLREDUCE_LL = 8,
 };
 
 enum RedOp { R_SUM = 0, R_PROD = 1, R_MIN = 2, R_MAX = 3, R_AVG = 4 };
@@ -277,6 +278,138 @@ __device__ void reduce_into(T* out, unsigned char* const* extra, int nextra, con
     }
 }
 
+// ---- LL: flags inside the data, for small all-reduces ----------------------------------------
+//
+// Every 16-byte store carries 8 data bytes and the call's 32-bit flag twice, {d0, f, d1, f}, the
+// layout of NCCL's LL protocol: each 8-byte half lands atomically, so a reader that sees both
+// flags equal to this call's has both halves of the data. No fence and no separate flag store,
+// so a call costs one NVLink crossing. The flag is the block's step number (never 0, which
+// fresh scratch holds); a stale line in the same parity half holds the step before last.
+// Each thread owns the same units in the push and the reduce loops, so in place is safe; all
+// pushes come before any wait, so ranks cannot wait on each other in a cycle.
+//
+// LL lines live in their own region after the scratch (2 parities x N sources x LL_SLOT_BYTES),
+// never written by the other kinds: user data there could otherwise look like a valid flag.
+
+#define LL_SLOT_BYTES (128 * 1024)  // plan.rs LL_MAX_BYTES x 2
+
+__device__ __forceinline__ unsigned char* ll_slot(const CollArgs& a, int r, int par, int src) {
+    return a.scratch[r] + 2ull * a.nranks * a.slot_bytes + ((u64)par * a.nranks + src) * LL_SLOT_BYTES;
+}
+
+__device__ __forceinline__ void ll_store(unsigned char* p, uint2 d, unsigned flag) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(d.x), "r"(flag), "r"(d.y),
+                 "r"(flag)
+                 : "memory");
+}
+
+__device__ __forceinline__ uint4 ll_load(const unsigned char* p) {
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+
+// Waits for the LL line at p to carry `flag`; the same limits as wait_ge.
+__device__ int ll_wait(const CollArgs& a, const unsigned char* p, unsigned flag, uint2* out) {
+    u64 deadline = 0;
+    unsigned spins = 0;
+    volatile u64* fail = a.sync[a.rank] + FAIL_OFF;
+    while (true) {
+        const uint4 v = ll_load(p);
+        if (v.y == flag && v.w == flag) {
+            *out = make_uint2(v.x, v.z);
+            return 0;
+        }
+        if ((++spins & 1023u) == 0) {
+            if (*a.abort_flag) return F_ABORT;
+            if (*fail) return F_ELSEWHERE;
+            const u64 t = now_ns();
+            if (deadline == 0) {
+                deadline = t + a.timeout_ns;
+            } else if (t > deadline) {
+                return F_TIMEOUT;
+            }
+        }
+    }
+}
+
+// Bytes [8u, 8u + 8) of `p` (zero past `bytes`).
+__device__ __forceinline__ uint2 load8(const unsigned char* p, u64 u, u64 bytes, bool aligned) {
+    if (aligned && 8 * u + 8 <= bytes) return *(const uint2*)(p + 8 * u);
+    union { uint2 v; unsigned char c[8]; } w;
+    w.v = make_uint2(0, 0);
+    for (int i = 0; i < 8; ++i)
+        if (8 * u + i < bytes) w.c[i] = p[8 * u + i];
+    return w.v;
+}
+
+__device__ __forceinline__ void store8(unsigned char* p, u64 u, u64 bytes, bool aligned, uint2 d) {
+    if (aligned && 8 * u + 8 <= bytes) {
+        *(uint2*)(p + 8 * u) = d;
+        return;
+    }
+    union { uint2 v; unsigned char c[8]; } w;
+    w.v = d;
+    for (int i = 0; i < 8; ++i)
+        if (8 * u + i < bytes) p[8 * u + i] = w.c[i];
+}
+
+template <typename T> union Vec8 {
+    uint2 u;
+    T t[8 / sizeof(T)];
+};
+
+// One-shot all-reduce through LL lines: `a.piece` is 8-byte units per block.
+template <typename T>
+__device__ void run_ll(const CollArgs& a, u64 base, int* err) {
+    typedef typename Ty<T>::acc A;
+    const int E = 8 / sizeof(T);
+    const int N = a.nranks, me = a.rank;
+    const u64 step = base + 1;
+    const unsigned flag = (unsigned)(step % 0xffffffffull) + 1u;
+    const int par = (int)(step & 1);
+    const u64 bytes = a.count * sizeof(T);
+    const u64 units = (bytes + 7) / 8;
+    const u64 lo = (u64)blockIdx.x * a.piece < units ? (u64)blockIdx.x * a.piece : units;
+    const u64 hi = lo + a.piece < units ? lo + a.piece : units;
+    const bool aligned = (((u64)a.in | (u64)a.out) & 7ull) == 0;
+    for (u64 u = lo + threadIdx.x; u < hi; u += blockDim.x) {
+        const uint2 d = load8(a.in, u, bytes, aligned);
+        for (int q = 0; q < N; ++q)
+            if (q != me) ll_store(ll_slot(a, q, par, me) + 16 * u, d, flag);
+    }
+    bool failed = false;
+    for (u64 u = lo + threadIdx.x; u < hi && !failed; u += blockDim.x) {
+        A acc[8 / sizeof(T)];
+        for (int r = 0; r < N && !failed; ++r) {
+            Vec8<T> w;
+            if (r == me) {
+                w.u = load8(a.in, u, bytes, aligned);
+            } else {
+                const int e = ll_wait(a, ll_slot(a, me, par, r) + 16 * u, flag, &w.u);
+                if (e) {
+                    if (e != F_ELSEWHERE) record_failure(a, e, r, 0);
+                    *err = e;
+                    failed = true;
+                    break;
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < E; ++k) acc[k] = r == 0 ? Ty<T>::up(w.t[k]) : combine<A>(a.redop, acc[k], Ty<T>::up(w.t[k]));
+        }
+        if (failed) break;
+        Vec8<T> o;
+#pragma unroll
+        for (int k = 0; k < E; ++k) o.t[k] = Ty<T>::down(finish<A>(a.redop, acc[k], N));
+        store8(a.out, u, bytes, aligned, o.u);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0 && *err == 0) a.sync[me][COUNTERS_OFF + blockIdx.x] = step;
+}
+
 template <typename T>
 __device__ void run(const CollArgs& a) {
     const int b = blockIdx.x, G = gridDim.x, N = a.nranks, me = a.rank;
@@ -297,6 +430,10 @@ __device__ void run(const CollArgs& a) {
     }
     __syncthreads();
     if (err) return;  // an earlier call failed: the communicator is unusable, drain at once
+    if (a.kind == K_ALLREDUCE_LL) {
+        run_ll<T>(a, base, &err);
+        return;
+    }
 
     u64 step = base;
     const u64 chunk = a.piece * (u64)G;
