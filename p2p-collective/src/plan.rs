@@ -183,9 +183,11 @@ pub fn plan(
         Op::AllToAll => (Kind::AllToAll, "every rank pushes each part to its owner"),
     };
     if kind == Kind::AllReduceLl {
-        // 8-byte units, one per thread where the grid allows; one round.
+        // 8-byte units, one per thread; one round. Each block owns THREADS lines of the LL
+        // region whatever the grid (see `coll.cu`), so the grid is not clamped to the tuning:
+        // at most LL_MAX_BYTES / 8 / THREADS = 16 blocks.
         let units = (count * dtype.size()).div_ceil(8) as u64;
-        let grid = (units.div_ceil(THREADS as u64) as u32).clamp(1, tuning.max_blocks.max(1));
+        let grid = units.div_ceil(THREADS as u64).max(1) as u32;
         return Plan {
             kind,
             kernel_type: dtype,
@@ -417,6 +419,9 @@ mod tests {
                 assert_eq!((p.chunks, p.units), (1, count as u64));
                 assert!(p.piece * p.grid as u64 >= units && p.piece * (p.grid as u64 - 1) < units);
                 assert!(units * 16 <= LL_SLOT_BYTES as u64);
+                // Each block's lines stay inside its own THREADS-line part of the slot.
+                assert!(p.piece <= THREADS as u64);
+                assert!(p.grid as u64 * THREADS as u64 * 16 <= LL_SLOT_BYTES as u64);
                 assert_eq!(p.steps(2), 1);
             }
         }

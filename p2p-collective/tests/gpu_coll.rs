@@ -491,3 +491,104 @@ fn gpu2_rounding_inputs_give_bitwise_identical_results_on_every_rank() {
         }
     }
 }
+
+/// Many all-reduces of different sizes back to back, with no synchronisation in between, for
+/// every algorithm: the grid changes from call to call, so a flag or scratch line left by an
+/// earlier call of another size must never pass for the current one (the LL protocol's lines in
+/// particular are reused by calls of every size up to 64 KiB).
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_varying_sizes_back_to_back_for_every_algorithm() {
+    let devices = gpus(world());
+    let n = devices.len();
+    let calls = 300usize;
+    // Sizes from 1 element to 40,000 (160 KB), mostly LL-sized, in a fixed pseudo-random order.
+    let mut x = 0x2545_f491_4f6c_dd1d_u64;
+    let sizes: Vec<usize> = (0..calls)
+        .map(|k| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let cap = if k % 5 == 0 { 40_000 } else { 16_384 };
+            1 + (x % cap as u64) as usize
+        })
+        .collect();
+    let value = |call: usize, rank: usize, i: usize| ((call * 7 + rank * 13 + i) % 97) as f32;
+    let algorithms = [
+        None,
+        Some(Algorithm::Ll),
+        Some(Algorithm::OneShot),
+        Some(Algorithm::TwoShot),
+        Some(Algorithm::Ring),
+    ];
+    for algorithm in algorithms {
+        let name = algorithm.map_or("auto", |a| a.name());
+        let options = Options {
+            algorithm,
+            ..Options::default()
+        };
+        let comms = Communicator::init_all_with(&devices, options).expect("init_all");
+        let streams: Vec<Stream> = devices
+            .iter()
+            .map(|d| Stream::new(d).expect("stream"))
+            .collect();
+        let mut ins = Vec::new();
+        let mut outs = Vec::new();
+        for (c, &size) in sizes.iter().enumerate() {
+            let mut row_in = Vec::new();
+            let mut row_out = Vec::new();
+            for (r, d) in devices.iter().enumerate() {
+                let host: Vec<f32> = (0..size).map(|i| value(c, r, i)).collect();
+                row_in.push(DeviceBuffer::from_host(d, &host).expect("input"));
+                let mut out = DeviceBuffer::<f32>::new(d, size).expect("output");
+                out.memset_u8(0xff).expect("poison");
+                row_out.push(out);
+            }
+            ins.push(row_in);
+            outs.push(row_out);
+        }
+        let start = Instant::now();
+        for c in 0..calls {
+            for r in 0..n {
+                comms[r]
+                    .all_reduce(
+                        &ins[c][r],
+                        &mut outs[c][r],
+                        sizes[c],
+                        DataType::F32,
+                        RedOp::Sum,
+                        &streams[r],
+                    )
+                    .expect("all_reduce");
+            }
+        }
+        for r in 0..n {
+            comms[r].synchronize(&streams[r]).expect("sync");
+        }
+        let elapsed = start.elapsed();
+        let mut wrong = 0usize;
+        let mut first = String::new();
+        for c in 0..calls {
+            for r in 0..n {
+                let got = outs[c][r].to_host_vec::<f32>().expect("read");
+                for (i, &g) in got.iter().enumerate() {
+                    let want: f32 = (0..n).map(|p| value(c, p, i)).sum();
+                    if g != want {
+                        if first.is_empty() {
+                            first = format!(
+                                "call {c} ({} elements, {:?}), rank {r}, element {i}: got {g}, want {want}",
+                                sizes[c],
+                                comms[r].plan(&Call::new(Op::AllReduce, DataType::F32, sizes[c])).kind
+                            );
+                        }
+                        wrong += 1;
+                    }
+                }
+            }
+        }
+        eprintln!(
+            "{name}: {calls} calls of varying size on {n} ranks in {elapsed:?}, {wrong} wrong"
+        );
+        assert_eq!(wrong, 0, "{name}: {wrong} wrong elements; first: {first}");
+    }
+}

@@ -237,6 +237,92 @@ template <typename T> union Vec {
     T t[16 / sizeof(T)];
 };
 
+// A 16-byte vector to and from its accumulators. f16 and bf16 convert two elements per
+// instruction where the ISA allows (cvt.rn.{f16,bf16}x2.f32, sm_80+): these loops are on the
+// bandwidth path of every 16-bit reduction.
+template <typename T> struct Pack {
+    typedef typename Ty<T>::acc A;
+    static __device__ __forceinline__ void up(uint4 u, A* acc) {
+        Vec<T> v;
+        v.u = u;
+#pragma unroll
+        for (int e = 0; e < 16 / (int)sizeof(T); ++e) acc[e] = Ty<T>::up(v.t[e]);
+    }
+    static __device__ __forceinline__ uint4 down(const A* acc) {
+        Vec<T> v;
+#pragma unroll
+        for (int e = 0; e < 16 / (int)sizeof(T); ++e) v.t[e] = Ty<T>::down(acc[e]);
+        return v.u;
+    }
+};
+
+// Element 2k is the low half of word k (little endian); cvt.rn.*x2.f32 d, a, b puts a in the
+// upper half and b in the lower.
+__device__ __forceinline__ unsigned pack2_bf16(float lo, float hi) {
+    unsigned d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+__device__ __forceinline__ unsigned pack2_f16(float lo, float hi) {
+    unsigned d;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+template <> struct Pack<bhalf_t> {
+    static __device__ __forceinline__ void up(uint4 u, float* acc) {
+        const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            acc[2 * k] = __uint_as_float(w[k] << 16);
+            acc[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+        }
+    }
+    static __device__ __forceinline__ uint4 down(const float* acc) {
+        return make_uint4(pack2_bf16(acc[0], acc[1]), pack2_bf16(acc[2], acc[3]), pack2_bf16(acc[4], acc[5]),
+                          pack2_bf16(acc[6], acc[7]));
+    }
+};
+
+template <> struct Pack<half_t> {
+    static __device__ __forceinline__ void up(uint4 u, float* acc) {
+        Vec<half_t> v;
+        v.u = u;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[e] = Ty<half_t>::up(v.t[e]);
+    }
+    static __device__ __forceinline__ uint4 down(const float* acc) {
+        return make_uint4(pack2_f16(acc[0], acc[1]), pack2_f16(acc[2], acc[3]), pack2_f16(acc[4], acc[5]),
+                          pack2_f16(acc[6], acc[7]));
+    }
+};
+
+// The vector loop of reduce_into for one reduction, known at compile time so that the loop
+// body holds no branch on it.
+template <typename T, int OP>
+__device__ void reduce_vecs(uint4* out, unsigned char* const* extra, int nextra, const T* const* srcs, int nsrc,
+                            u64 nv, int nranks) {
+    typedef typename Ty<T>::acc A;
+    const int E = 16 / sizeof(T);
+    for (u64 i = threadIdx.x; i < nv; i += blockDim.x) {
+        A acc[16 / sizeof(T)];
+        Pack<T>::up(__ldcg((const uint4*)srcs[0] + i), acc);
+        for (int k = 1; k < nsrc; ++k) {
+            A w[16 / sizeof(T)];
+            Pack<T>::up(__ldcg((const uint4*)srcs[k] + i), w);
+#pragma unroll
+            for (int e = 0; e < E; ++e) acc[e] = combine<A>(OP, acc[e], w[e]);
+        }
+        if (OP == R_AVG) {
+#pragma unroll
+            for (int e = 0; e < E; ++e) acc[e] = finish<A>(OP, acc[e], nranks);
+        }
+        const uint4 v = Pack<T>::down(acc);
+        out[i] = v;
+        for (int k = 0; k < nextra; ++k) ((uint4*)extra[k])[i] = v;
+    }
+}
+
 // out[i] (and every extra destination) = reduce over srcs[0..nsrc) in that order, for n
 // elements. The order is the same on every rank, so every rank gets the same bits.
 template <typename T>
@@ -250,22 +336,13 @@ __device__ void reduce_into(T* out, unsigned char* const* extra, int nextra, con
     u64 head = 0;
     if (vec) {
         const u64 nv = n / E;
-        for (u64 i = threadIdx.x; i < nv; i += blockDim.x) {
-            Vec<T> v;
-            v.u = __ldcg((const uint4*)srcs[0] + i);
-            A acc[16 / sizeof(T)];
-#pragma unroll
-            for (int e = 0; e < E; ++e) acc[e] = Ty<T>::up(v.t[e]);
-            for (int k = 1; k < nsrc; ++k) {
-                Vec<T> w;
-                w.u = __ldcg((const uint4*)srcs[k] + i);
-#pragma unroll
-                for (int e = 0; e < E; ++e) acc[e] = combine<A>(op, acc[e], Ty<T>::up(w.t[e]));
-            }
-#pragma unroll
-            for (int e = 0; e < E; ++e) v.t[e] = Ty<T>::down(finish<A>(op, acc[e], nranks));
-            ((uint4*)out)[i] = v.u;
-            for (int k = 0; k < nextra; ++k) ((uint4*)extra[k])[i] = v.u;
+        uint4* o = (uint4*)out;
+        switch (op) {
+            case R_PROD: reduce_vecs<T, R_PROD>(o, extra, nextra, srcs, nsrc, nv, nranks); break;
+            case R_MIN: reduce_vecs<T, R_MIN>(o, extra, nextra, srcs, nsrc, nv, nranks); break;
+            case R_MAX: reduce_vecs<T, R_MAX>(o, extra, nextra, srcs, nsrc, nv, nranks); break;
+            case R_AVG: reduce_vecs<T, R_AVG>(o, extra, nextra, srcs, nsrc, nv, nranks); break;
+            default: reduce_vecs<T, R_SUM>(o, extra, nextra, srcs, nsrc, nv, nranks); break;
         }
         head = nv * E;
     }
@@ -290,8 +367,12 @@ __device__ void reduce_into(T* out, unsigned char* const* extra, int nextra, con
 //
 // LL lines live in their own region after the scratch (2 parities x N sources x LL_SLOT_BYTES),
 // never written by the other kinds: user data there could otherwise look like a valid flag.
+// Block b owns lines [b * LL_LINES_PER_BLOCK, (b + 1) * LL_LINES_PER_BLOCK) whatever the grid, so
+// a line is only ever written with block b's step numbers, which only grow: a line left by an
+// earlier call (of any size) never carries the current flag.
 
-#define LL_SLOT_BYTES (128 * 1024)  // plan.rs LL_MAX_BYTES x 2
+#define LL_SLOT_BYTES (128 * 1024)  // plan.rs LL_SLOT_BYTES
+#define LL_LINES_PER_BLOCK 512      // plan.rs THREADS: a block's piece is at most this many units
 
 __device__ __forceinline__ unsigned char* ll_slot(const CollArgs& a, int r, int par, int src) {
     return a.scratch[r] + 2ull * a.nranks * a.slot_bytes + ((u64)par * a.nranks + src) * LL_SLOT_BYTES;
@@ -376,10 +457,12 @@ __device__ void run_ll(const CollArgs& a, u64 base, int* err) {
     const u64 lo = (u64)blockIdx.x * a.piece < units ? (u64)blockIdx.x * a.piece : units;
     const u64 hi = lo + a.piece < units ? lo + a.piece : units;
     const bool aligned = (((u64)a.in | (u64)a.out) & 7ull) == 0;
+    // Line of unit u in a slot: inside this block's own lines (the plan keeps piece <= 512).
+    const u64 line0 = (u64)blockIdx.x * LL_LINES_PER_BLOCK - lo;
     for (u64 u = lo + threadIdx.x; u < hi; u += blockDim.x) {
         const uint2 d = load8(a.in, u, bytes, aligned);
         for (int q = 0; q < N; ++q)
-            if (q != me) ll_store(ll_slot(a, q, par, me) + 16 * u, d, flag);
+            if (q != me) ll_store(ll_slot(a, q, par, me) + 16 * (line0 + u), d, flag);
     }
     bool failed = false;
     for (u64 u = lo + threadIdx.x; u < hi && !failed; u += blockDim.x) {
@@ -389,7 +472,7 @@ __device__ void run_ll(const CollArgs& a, u64 base, int* err) {
             if (r == me) {
                 w.u = load8(a.in, u, bytes, aligned);
             } else {
-                const int e = ll_wait(a, ll_slot(a, me, par, r) + 16 * u, flag, &w.u);
+                const int e = ll_wait(a, ll_slot(a, me, par, r) + 16 * (line0 + u), flag, &w.u);
                 if (e) {
                     if (e != F_ELSEWHERE) record_failure(a, e, r, 0);
                     *err = e;
