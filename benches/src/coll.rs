@@ -66,6 +66,8 @@ impl Default for Options {
 enum Imp {
     Ours,
     Nccl,
+    /// An empty kernel per rank, launched as ours are: the floor under any one-kernel collective.
+    Floor,
 }
 
 struct Rank {
@@ -86,6 +88,8 @@ struct Harness<'a> {
     nccl_bufs: Vec<Bufs>,
     nccl_streams: Vec<p2p_sys::cuda::CUstream>,
     pristine_holds: Option<(DataType, Class)>,
+    /// Per rank, loaded on first use.
+    floor: Vec<p2p_transport::kernels::EmptyKernel>,
 }
 
 /// Calls per timed sample: about 1 GiB of traffic, between 5 and 100.
@@ -104,6 +108,20 @@ impl Harness<'_> {
                         comm.call(call, &r.input, &mut r.output, &r.stream)
                     };
                     res.map_err(|e| e.to_string())?;
+                }
+                Ok(())
+            }
+            Imp::Floor => {
+                if self.floor.is_empty() {
+                    self.floor = self
+                        .ranks
+                        .iter()
+                        .map(|r| p2p_transport::kernels::EmptyKernel::load(r.stream.device()))
+                        .collect::<Result<_, _>>()
+                        .map_err(|e| e.to_string())?;
+                }
+                for (k, r) in self.floor.iter().zip(&self.ranks) {
+                    k.launch(1, 512, &r.stream).map_err(|e| e.to_string())?;
                 }
                 Ok(())
             }
@@ -353,6 +371,7 @@ pub fn run(opts: &Options) -> Result<Value, String> {
         nccl_streams: ranks.iter().map(|r| r.stream.cu_stream()).collect(),
         ranks,
         pristine_holds: None,
+        floor: Vec::new(),
     };
     let imps: Vec<Imp> = if h.nccl.is_some() {
         vec![Imp::Ours, Imp::Nccl]
@@ -456,6 +475,18 @@ pub fn run(opts: &Options) -> Result<Value, String> {
             Err(e) => json!({"error": e}),
         };
     }
+    // The floor: an empty kernel per rank, launched like ours (one block, programmatic
+    // dependent launch), eager and in a graph. No one-kernel collective can beat it.
+    let floor_call = Call::new(Op::AllReduce, DataType::F32, 1);
+    let floor = {
+        let fig = |s: Result<Stat, String>| match s {
+            Ok(s) => json!({"us": s.median, "us_min": s.min, "us_max": s.max}),
+            Err(e) => json!({"error": e}),
+        };
+        let eager = fig(h.time_eager(Imp::Floor, &floor_call, false, 100, opts.samples));
+        let graph = fig(h.time_graph(Imp::Floor, &floor_call, false, 100, opts.samples.min(10)));
+        json!({"eager": eager, "graph": graph})
+    };
     let driver = p2p_sys::driver_version().unwrap_or(0);
     Ok(json!({
         "benchmark": "coll",
@@ -471,6 +502,7 @@ pub fn run(opts: &Options) -> Result<Value, String> {
         "options": {"samples": opts.samples, "min_bytes": opts.min_bytes, "max_bytes": opts.max_bytes, "graph_max_bytes": opts.graph_max_bytes},
         "method": "one process drives every GPU; CUDA events on each rank's stream around `iters` back-to-back calls after 3 warm-up calls; the slowest rank's time per call; median of `samples` (graph: up to 10 samples of one graph replay holding `iters` calls). NCCL: ncclCommInitAll, one ncclGroupStart/End per call across ranks. #wrong: one call on exact inputs, every output element of every rank compared.",
         "host_us_per_call": host,
+        "floor_empty_kernel": floor,
         "rows": rows,
     }))
 }
@@ -515,6 +547,7 @@ pub fn render(r: &Value) -> String {
     let mut s = format!(
         "# p2p collectives beside NCCL\n\n{} x {} | CUDA driver {} | NCCL {} | commit {} | {}\n\n{}\n\n\
          Host cost of issuing one call (8 KiB all-reduce, per rank): ours {} us, NCCL {} us.\n\n\
+         Floor (an empty kernel per rank, launched as ours are): eager {} us, graph {} us per call.\n\n\
          Columns as nccl-tests: time in us, algbw and busbw in GB/s, #wrong elements. `ours/nccl` is\n\
          our time over NCCL's (below 1: we are faster). `graph`: the same calls captured in a CUDA graph.\n",
         r["world"],
@@ -526,6 +559,8 @@ pub fn render(r: &Value) -> String {
         r["method"].as_str().unwrap_or(""),
         num(&r["host_us_per_call"], "ours", 2),
         num(&r["host_us_per_call"], "nccl", 2),
+        num(&r["floor_empty_kernel"]["eager"], "us", 2),
+        num(&r["floor_empty_kernel"]["graph"], "us", 2),
     );
     let rows = r["rows"].as_array().cloned().unwrap_or_default();
     let groups = groups(&rows);

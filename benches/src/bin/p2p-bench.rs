@@ -105,6 +105,10 @@ enum Command {
         /// Planner: most blocks per call (default: two per SM, at most 256).
         #[arg(long)]
         blocks: Option<u32>,
+        /// Planner: bytes per block that small calls aim for, KiB (default 16); smaller spreads a
+        /// mid-sized call over more blocks.
+        #[arg(long)]
+        block_kib: Option<usize>,
     },
     /// Run a command as N local ranks with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
     /// MASTER_PORT set (as torchrun does); if one rank fails, the others are stopped.
@@ -164,6 +168,7 @@ fn main() -> ExitCode {
             no_check,
             piece_kib,
             blocks,
+            block_kib,
         } => {
             let mut chosen = Vec::new();
             for name in &ops {
@@ -192,7 +197,7 @@ fn main() -> ExitCode {
                 gpus,
                 nccl: !no_nccl,
                 check: !no_check,
-                tuning: tuning_from(piece_kib, blocks),
+                tuning: tuning_from(piece_kib, blocks, block_kib),
                 ..defaults
             };
             coll_cmd(out, &opts)
@@ -201,14 +206,21 @@ fn main() -> ExitCode {
     }
 }
 
-fn tuning_from(piece_kib: Option<usize>, blocks: Option<u32>) -> Option<Tuning> {
-    if piece_kib.is_none() && blocks.is_none() {
+fn tuning_from(
+    piece_kib: Option<usize>,
+    blocks: Option<u32>,
+    block_kib: Option<usize>,
+) -> Option<Tuning> {
+    if piece_kib.is_none() && blocks.is_none() && block_kib.is_none() {
         return None;
     }
     let sms = Device::new(0).map(|d| d.sm_count()).unwrap_or(132);
     let mut t = Tuning::for_device(sms, 2);
     if let Some(p) = piece_kib {
         t.piece_bytes = p.max(1) << 10;
+    }
+    if let Some(b) = block_kib {
+        t.block_bytes = b.max(1) << 10;
     }
     if let Some(b) = blocks {
         t.max_blocks = b.clamp(1, p2p_collective::plan::MAX_BLOCKS);

@@ -49,7 +49,7 @@ pub const SENDRECV: Source = Source {
 };
 
 /// Every kernel source in the crate (CI compiles each for sm_80 and sm_90).
-pub const SOURCES: [Source; 4] = [PROBE, COPY, LATENCY, SENDRECV];
+pub const SOURCES: [Source; 5] = [PROBE, COPY, LATENCY, SENDRECV, EMPTY];
 
 /// `sm_90` for compute capability 9.0.
 pub fn arch_for(device: &Device) -> String {
@@ -455,4 +455,45 @@ impl Drop for Module {
 pub fn probe_pattern(i: u64, seed: u32) -> [u32; 4] {
     let v = seed ^ (i.wrapping_mul(2_654_435_761) as u32);
     [v, v.wrapping_add(1), v ^ 0x5a5a_5a5a, !v]
+}
+
+/// The empty kernel of [`EmptyKernel`].
+const EMPTY: Source = Source {
+    name: "empty.cu",
+    code: r#"
+extern "C" __global__ void empty_kernel() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+"#,
+};
+
+/// A kernel that does nothing, launched the way the collectives launch theirs (programmatic
+/// dependent launch on compute capability 9.0+): what it costs per launch is the floor under
+/// any one-kernel operation. Benchmarks measure it beside the collectives.
+pub struct EmptyKernel {
+    module: Module,
+    function: Function,
+}
+
+impl EmptyKernel {
+    /// Compiles (cached) and loads the kernel on `device`.
+    pub fn load(device: &Device) -> Result<EmptyKernel> {
+        let cubin = compile_cached(&EMPTY, &arch_for(device))?;
+        let module = Module::load(device, &cubin)?;
+        let function = module.function("empty_kernel")?;
+        Ok(EmptyKernel { module, function })
+    }
+
+    /// Queues one launch of `grid` blocks of `block` threads on `stream` (of this kernel's GPU).
+    pub fn launch(&self, grid: u32, block: u32, stream: &p2p_mem::Stream) -> Result<()> {
+        // SAFETY: the kernel takes no parameters and touches no memory; its first instruction
+        // is the `griddepcontrol.wait` that launch_overlapped asks for.
+        unsafe {
+            self.module
+                .launch_overlapped(self.function, grid, block, &mut [], stream)
+        }
+    }
 }
