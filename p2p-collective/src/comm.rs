@@ -413,8 +413,9 @@ impl Communicator {
         let mut blob = Vec::new();
         blob.extend_from_slice(&(host.len() as u16).to_le_bytes());
         blob.extend_from_slice(host.as_bytes());
-        blob.extend_from_slice(&tuning.max_blocks.to_le_bytes());
-        blob.extend_from_slice(&(tuning.piece_bytes as u64).to_le_bytes());
+        for w in tuning.to_words() {
+            blob.extend_from_slice(&w.to_le_bytes());
+        }
         blob.extend_from_slice(&handle.to_bytes());
         let all = bootstrap.all_gather(&blob)?;
         let fail = |why: String| Error::Bootstrap { rank, why };
@@ -432,18 +433,18 @@ impl Communicator {
             let rest = b
                 .get(2 + hl..)
                 .ok_or_else(|| fail(format!("rank {r} sent a short blob")))?;
-            if rest.len() < 12 {
+            let words = Tuning::WORDS;
+            if rest.len() < 8 * words {
                 return Err(fail(format!("rank {r} sent a short blob")));
             }
-            let their_blocks = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]);
-            let mut pb = [0u8; 8];
-            pb.copy_from_slice(&rest[4..12]);
-            if their_blocks != tuning.max_blocks
-                || u64::from_le_bytes(pb) != tuning.piece_bytes as u64
-            {
+            let theirs: Vec<u64> = rest[..8 * words]
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+                .collect();
+            if theirs[..] != tuning.to_words()[..] {
                 return Err(fail(format!(
-                    "rank {r} plans with {their_blocks} blocks x {} B pieces, this rank with {} x {}: every rank needs the same GPU model and tuning",
-                    u64::from_le_bytes(pb), tuning.max_blocks, tuning.piece_bytes
+                    "rank {r} plans with tuning {}, this rank with {tuning:?}: every rank needs the same GPU model and tuning",
+                    Tuning::from_words(&theirs).map_or_else(|| format!("{theirs:?}"), |t| format!("{t:?}"))
                 )));
             }
             if r == rank {
@@ -455,7 +456,7 @@ impl Communicator {
                     "rank {r} runs on host {their_host:?}, this rank on {host:?}: process-per-GPU communicators need every rank on one host"
                 )));
             }
-            let h = IpcMemHandle::from_bytes(&rest[12..])
+            let h = IpcMemHandle::from_bytes(&rest[8 * words..])
                 .map_err(|e| fail(format!("rank {r}'s workspace handle: {e}")))?;
             if h.device_uuid() == device.uuid() {
                 tracing::warn!(
@@ -517,24 +518,31 @@ impl Communicator {
         &self.tuning
     }
 
-    /// The algorithm forced by the options; LL carries no call signature, so checking mode
-    /// runs one-shot instead.
-    fn forced_algorithm(&self) -> Option<Algorithm> {
-        match self.options.algorithm {
-            Some(Algorithm::Ll) if self.options.check => Some(Algorithm::OneShot),
-            a => a,
+    /// What the planner works from: the forced algorithm and the tuning. LL carries no call
+    /// signature, so checking mode runs one-shot where LL is forced and never picks LL itself.
+    fn planner_inputs(&self) -> (Option<Algorithm>, Tuning) {
+        let mut tuning = self.tuning;
+        if !self.options.check {
+            return (self.options.algorithm, tuning);
         }
+        tuning.ll_max_bytes = 0;
+        let forced = match self.options.algorithm {
+            Some(Algorithm::Ll) => Some(Algorithm::OneShot),
+            a => a,
+        };
+        (forced, tuning)
     }
 
     /// How a call would run (algorithm, grid, pieces), without running it.
     pub fn plan(&self, call: &Call) -> Plan {
+        let (forced, tuning) = self.planner_inputs();
         plan::plan(
             call.op,
             call.dtype,
             call.count.max(1),
             self.world,
-            self.forced_algorithm(),
-            &self.tuning,
+            forced,
+            &tuning,
         )
     }
 
@@ -726,14 +734,8 @@ impl Communicator {
                 )));
             }
         }
-        let p = plan::plan(
-            call.op,
-            call.dtype,
-            call.count,
-            self.world,
-            self.forced_algorithm(),
-            &self.tuning,
-        );
+        let (forced, tuning) = self.planner_inputs();
+        let p = plan::plan(call.op, call.dtype, call.count, self.world, forced, &tuning);
         let redop = if call.op.reduces() {
             call.redop.code()
         } else {

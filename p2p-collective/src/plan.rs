@@ -9,9 +9,9 @@ use p2p_transport::config::Algorithm;
 
 use crate::types::{DataType, Op};
 
-/// Largest all-reduce, in bytes, that runs LL when `P2P_ALGO=ll` (its lines take twice the
-/// data's size in scratch).
-pub const LL_MAX_BYTES: usize = 64 << 10;
+/// Largest all-reduce, in bytes, that can run LL (its lines take twice the data's size in
+/// scratch); [`Tuning::ll_max_bytes`] is where the planner switches by default.
+pub const LL_MAX_BYTES: usize = 512 << 10;
 
 /// Bytes of one (parity, source rank) slot of the LL region (`LL_SLOT_BYTES` in `coll.cu`).
 pub const LL_SLOT_BYTES: usize = 2 * LL_MAX_BYTES;
@@ -35,6 +35,9 @@ pub struct Tuning {
     pub block_bytes: usize,
     /// Above this many bytes, all-reduce on more than two ranks goes two-shot.
     pub oneshot_max_bytes: usize,
+    /// All-reduces up to this many bytes run LL (flags inside the data) unless an algorithm
+    /// is forced or checking mode is on; 0 turns LL off. At most [`LL_MAX_BYTES`].
+    pub ll_max_bytes: usize,
 }
 
 impl Tuning {
@@ -49,7 +52,35 @@ impl Tuning {
             piece_bytes: 64 << 10,
             block_bytes: 16 << 10,
             oneshot_max_bytes: 256 << 10,
+            ll_max_bytes: 64 << 10,
         }
+    }
+
+    /// How many words [`to_words`](Self::to_words) gives.
+    pub const WORDS: usize = 5;
+
+    /// Every knob as a word, for ranks to compare at start-up.
+    pub fn to_words(&self) -> [u64; Self::WORDS] {
+        [
+            self.max_blocks as u64,
+            self.piece_bytes as u64,
+            self.block_bytes as u64,
+            self.oneshot_max_bytes as u64,
+            self.ll_max_bytes as u64,
+        ]
+    }
+
+    /// The inverse of [`to_words`](Self::to_words); `None` for a wrong length or a value out
+    /// of range.
+    pub fn from_words(w: &[u64]) -> Option<Tuning> {
+        let [b, p, bb, o, l] = <[u64; Self::WORDS]>::try_from(w).ok()?;
+        Some(Tuning {
+            max_blocks: u32::try_from(b).ok()?,
+            piece_bytes: usize::try_from(p).ok()?,
+            block_bytes: usize::try_from(bb).ok()?,
+            oneshot_max_bytes: usize::try_from(o).ok()?,
+            ll_max_bytes: usize::try_from(l).ok()?,
+        })
     }
 
     /// Bytes of one (parity, source rank) slot of a rank's scratch.
@@ -184,8 +215,8 @@ pub fn plan(
     };
     if kind == Kind::AllReduceLl {
         // 8-byte units, one per thread; one round. Each block owns THREADS lines of the LL
-        // region whatever the grid (see `coll.cu`), so the grid is not clamped to the tuning:
-        // at most LL_MAX_BYTES / 8 / THREADS = 16 blocks.
+        // region whatever the grid (see `coll.cu`); `ll_fits` kept the grid within the
+        // tuning's resident blocks (at most LL_MAX_BYTES / 8 / THREADS = 128).
         let units = (count * dtype.size()).div_ceil(8) as u64;
         let grid = units.div_ceil(THREADS as u64).max(1) as u32;
         return Plan {
@@ -232,18 +263,23 @@ fn choose_all_reduce(
         Some(Algorithm::OneShot) => return (Kind::AllReduceOneShot, "forced by P2P_ALGO/Options"),
         Some(Algorithm::TwoShot) => return (Kind::AllReduceTwoShot, "forced by P2P_ALGO/Options"),
         Some(Algorithm::Ring) => return (Kind::AllReduceRing, "forced by P2P_ALGO/Options"),
-        Some(Algorithm::Ll) if bytes <= LL_MAX_BYTES => {
+        Some(Algorithm::Ll) if ll_fits(bytes, tuning) => {
             return (Kind::AllReduceLl, "forced by P2P_ALGO/Options")
         }
         Some(Algorithm::Ll) => {
             return (
                 Kind::AllReduceOneShot,
-                "LL forced, but LL carries at most 64 KiB: one-shot",
+                "LL forced, but LL carries at most 512 KiB in one block per 4 KiB: one-shot",
             )
         }
         None => {}
     }
-    if world <= 2 {
+    if bytes <= tuning.ll_max_bytes && ll_fits(bytes, tuning) {
+        (
+            Kind::AllReduceLl,
+            "small: flags inside the data (LL), one crossing, no fence or flag",
+        )
+    } else if world <= 2 {
         (
             Kind::AllReduceOneShot,
             "2 ranks: one-shot sends each byte once, as a ring would, in one step",
@@ -259,6 +295,13 @@ fn choose_all_reduce(
             "large: two-shot moves 2(n-1)/n of the data in two steps",
         )
     }
+}
+
+/// Whether an all-reduce of `bytes` fits LL: at most [`LL_MAX_BYTES`], and its grid (one block
+/// per `THREADS` 8-byte units) within the tuning's resident blocks.
+fn ll_fits(bytes: usize, tuning: &Tuning) -> bool {
+    bytes <= LL_MAX_BYTES
+        && bytes.div_ceil(8).div_ceil(THREADS as usize) <= tuning.max_blocks as usize
 }
 
 /// The 64-bit signature of a call that ranks compare in checking mode:
@@ -308,20 +351,28 @@ mod tests {
         Tuning::for_device(132, 1)
     }
 
+    /// As `t()` with LL off: the plans of the pushed-data kinds at every size.
+    fn no_ll() -> Tuning {
+        Tuning {
+            ll_max_bytes: 0,
+            ..t()
+        }
+    }
+
     #[test]
-    fn two_ranks_always_go_one_shot_and_more_go_two_shot_when_large() {
+    fn without_ll_two_ranks_go_one_shot_and_more_go_two_shot_when_large() {
         for count in [1, 1000, 1 << 28] {
             assert_eq!(
-                plan(Op::AllReduce, DataType::F32, count, 2, None, &t()).kind,
+                plan(Op::AllReduce, DataType::F32, count, 2, None, &no_ll()).kind,
                 Kind::AllReduceOneShot
             );
         }
         assert_eq!(
-            plan(Op::AllReduce, DataType::F32, 1024, 8, None, &t()).kind,
+            plan(Op::AllReduce, DataType::F32, 1024, 8, None, &no_ll()).kind,
             Kind::AllReduceOneShot
         );
         assert_eq!(
-            plan(Op::AllReduce, DataType::F32, 1 << 20, 8, None, &t()).kind,
+            plan(Op::AllReduce, DataType::F32, 1 << 20, 8, None, &no_ll()).kind,
             Kind::AllReduceTwoShot
         );
         assert_eq!(
@@ -331,7 +382,7 @@ mod tests {
                 7,
                 2,
                 Some(Algorithm::Ring),
-                &t()
+                &no_ll()
             )
             .kind,
             Kind::AllReduceRing
@@ -340,7 +391,7 @@ mod tests {
 
     #[test]
     fn pieces_cover_every_element_in_whole_vectors_and_fit_the_scratch() {
-        let tuning = t();
+        let tuning = no_ll();
         for op in Op::ALL {
             for dtype in DataType::ALL {
                 for count in [1usize, 7, 1023, 65537, (1 << 20) + 3, 64 << 20] {
@@ -363,9 +414,9 @@ mod tests {
 
     #[test]
     fn small_calls_use_one_block_and_large_ones_all() {
-        let p = plan(Op::AllReduce, DataType::F32, 2048, 2, None, &t());
+        let p = plan(Op::AllReduce, DataType::F32, 2048, 2, None, &no_ll());
         assert_eq!((p.grid, p.chunks), (1, 1));
-        let p = plan(Op::AllReduce, DataType::F32, 1 << 28, 2, None, &t());
+        let p = plan(Op::AllReduce, DataType::F32, 1 << 28, 2, None, &no_ll());
         assert_eq!(p.grid, 132);
         assert_eq!(p.piece * 4, 64 << 10);
         // Two resident blocks per SM double the grid, within MAX_BLOCKS.
@@ -409,10 +460,62 @@ mod tests {
     }
 
     #[test]
+    fn tuning_round_trips_through_words() {
+        let t = Tuning {
+            ll_max_bytes: 12345,
+            ..t()
+        };
+        assert_eq!(Tuning::from_words(&t.to_words()), Some(t));
+        assert_eq!(Tuning::from_words(&t.to_words()[..4]), None);
+    }
+
+    #[test]
+    fn auto_picks_ll_up_to_the_tuned_size_and_only_where_the_grid_fits() {
+        let mut tuning = t();
+        let limit = tuning.ll_max_bytes;
+        for world in [2, 4, 8] {
+            let p = plan(
+                Op::AllReduce,
+                DataType::F32,
+                limit / 4,
+                world,
+                None,
+                &tuning,
+            );
+            assert_eq!(p.kind, Kind::AllReduceLl, "world {world}");
+            assert!(p.reason.contains("LL"));
+            let p = plan(
+                Op::AllReduce,
+                DataType::F32,
+                limit / 4 + 1,
+                world,
+                None,
+                &tuning,
+            );
+            assert_ne!(p.kind, Kind::AllReduceLl, "world {world}");
+        }
+        tuning.ll_max_bytes = 0;
+        let p = plan(Op::AllReduce, DataType::F32, 1, 2, None, &tuning);
+        assert_eq!(p.kind, Kind::AllReduceOneShot);
+        // A GPU with few resident blocks: LL only where its grid is resident.
+        tuning.ll_max_bytes = LL_MAX_BYTES;
+        tuning.max_blocks = 4;
+        let fits = 4 * THREADS as usize * 8;
+        assert_eq!(
+            plan(Op::AllReduce, DataType::U8, fits, 2, None, &tuning).kind,
+            Kind::AllReduceLl
+        );
+        assert_eq!(
+            plan(Op::AllReduce, DataType::U8, fits + 1, 2, None, &tuning).kind,
+            Kind::AllReduceOneShot
+        );
+    }
+
+    #[test]
     fn ll_covers_every_byte_in_one_round_and_only_small_calls() {
         let tuning = t();
         for dtype in DataType::ALL {
-            for count in [1usize, 7, 1023, 8191, (64 << 10) / dtype.size()] {
+            for count in [1usize, 7, 1023, 8191, 50_001, LL_MAX_BYTES / dtype.size()] {
                 let p = plan(Op::AllReduce, dtype, count, 2, Some(Algorithm::Ll), &tuning);
                 assert_eq!(p.kind, Kind::AllReduceLl, "{dtype} {count}");
                 let units = (count * dtype.size()).div_ceil(8) as u64;
@@ -428,13 +531,13 @@ mod tests {
         let big = plan(
             Op::AllReduce,
             DataType::F32,
-            (64 << 10) / 4 + 1,
+            LL_MAX_BYTES / 4 + 1,
             2,
             Some(Algorithm::Ll),
             &tuning,
         );
         assert_eq!(big.kind, Kind::AllReduceOneShot);
-        assert!(big.reason.contains("64 KiB"));
+        assert!(big.reason.contains("512 KiB"));
     }
 
     #[test]

@@ -407,7 +407,18 @@ fn gpu2_rounding_inputs_give_bitwise_identical_results_on_every_rank() {
         x ^= x >> 29;
         ((x >> 40) as f32 / (1u64 << 23) as f32) - 1.0
     };
-    for algorithm in [Algorithm::OneShot, Algorithm::TwoShot, Algorithm::Ring] {
+    for algorithm in [
+        Algorithm::OneShot,
+        Algorithm::TwoShot,
+        Algorithm::Ring,
+        Algorithm::Ll,
+    ] {
+        // LL carries at most 512 KiB.
+        let count = if algorithm == Algorithm::Ll {
+            60_001
+        } else {
+            count
+        };
         let options = Options {
             algorithm: Some(algorithm),
             ..Options::default()

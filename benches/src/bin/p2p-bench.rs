@@ -109,6 +109,10 @@ enum Command {
         /// mid-sized call over more blocks.
         #[arg(long)]
         block_kib: Option<usize>,
+        /// Planner: all-reduces up to this size run LL, KiB (default 64; 0 turns LL off; at
+        /// most 512).
+        #[arg(long)]
+        ll_kib: Option<usize>,
     },
     /// Run a command as N local ranks with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
     /// MASTER_PORT set (as torchrun does); if one rank fails, the others are stopped.
@@ -169,6 +173,7 @@ fn main() -> ExitCode {
             piece_kib,
             blocks,
             block_kib,
+            ll_kib,
         } => {
             let mut chosen = Vec::new();
             for name in &ops {
@@ -197,7 +202,7 @@ fn main() -> ExitCode {
                 gpus,
                 nccl: !no_nccl,
                 check: !no_check,
-                tuning: tuning_from(piece_kib, blocks, block_kib),
+                tuning: tuning_from(piece_kib, blocks, block_kib, ll_kib),
                 ..defaults
             };
             coll_cmd(out, &opts)
@@ -210,14 +215,18 @@ fn tuning_from(
     piece_kib: Option<usize>,
     blocks: Option<u32>,
     block_kib: Option<usize>,
+    ll_kib: Option<usize>,
 ) -> Option<Tuning> {
-    if piece_kib.is_none() && blocks.is_none() && block_kib.is_none() {
+    if piece_kib.is_none() && blocks.is_none() && block_kib.is_none() && ll_kib.is_none() {
         return None;
     }
     let sms = Device::new(0).map(|d| d.sm_count()).unwrap_or(132);
     let mut t = Tuning::for_device(sms, 2);
     if let Some(p) = piece_kib {
         t.piece_bytes = p.max(1) << 10;
+    }
+    if let Some(l) = ll_kib {
+        t.ll_max_bytes = (l << 10).min(p2p_collective::plan::LL_MAX_BYTES);
     }
     if let Some(b) = block_kib {
         t.block_bytes = b.max(1) << 10;

@@ -371,7 +371,7 @@ __device__ void reduce_into(T* out, unsigned char* const* extra, int nextra, con
 // a line is only ever written with block b's step numbers, which only grow: a line left by an
 // earlier call (of any size) never carries the current flag.
 
-#define LL_SLOT_BYTES (128 * 1024)  // plan.rs LL_SLOT_BYTES
+#define LL_SLOT_BYTES (1024 * 1024)  // plan.rs LL_SLOT_BYTES
 #define LL_LINES_PER_BLOCK 512      // plan.rs THREADS: a block's piece is at most this many units
 
 __device__ __forceinline__ unsigned char* ll_slot(const CollArgs& a, int r, int par, int src) {
