@@ -35,8 +35,9 @@ pub struct Tuning {
     pub block_bytes: usize,
     /// Above this many bytes, all-reduce on more than two ranks goes two-shot.
     pub oneshot_max_bytes: usize,
-    /// All-reduces up to this many bytes run LL (flags inside the data) unless an algorithm
-    /// is forced or checking mode is on; 0 turns LL off. At most [`LL_MAX_BYTES`].
+    /// All-reduces up to this many bytes run LL (flags inside the data) on two ranks unless an
+    /// algorithm is forced or checking mode is on; on n ranks, up to this over n - 1 (each rank
+    /// sends its lines to every peer). 0 turns LL off. At most [`LL_MAX_BYTES`].
     pub ll_max_bytes: usize,
 }
 
@@ -52,7 +53,7 @@ impl Tuning {
             piece_bytes: 64 << 10,
             block_bytes: 16 << 10,
             oneshot_max_bytes: 256 << 10,
-            ll_max_bytes: 64 << 10,
+            ll_max_bytes: 512 << 10,
         }
     }
 
@@ -274,7 +275,7 @@ fn choose_all_reduce(
         }
         None => {}
     }
-    if bytes <= tuning.ll_max_bytes && ll_fits(bytes, tuning) {
+    if bytes.saturating_mul(world.max(2) - 1) <= tuning.ll_max_bytes && ll_fits(bytes, tuning) {
         (
             Kind::AllReduceLl,
             "small: flags inside the data (LL), one crossing, no fence or flag",
@@ -474,24 +475,11 @@ mod tests {
         let mut tuning = t();
         let limit = tuning.ll_max_bytes;
         for world in [2, 4, 8] {
-            let p = plan(
-                Op::AllReduce,
-                DataType::F32,
-                limit / 4,
-                world,
-                None,
-                &tuning,
-            );
+            let most = limit / (world - 1) / 4;
+            let p = plan(Op::AllReduce, DataType::F32, most, world, None, &tuning);
             assert_eq!(p.kind, Kind::AllReduceLl, "world {world}");
             assert!(p.reason.contains("LL"));
-            let p = plan(
-                Op::AllReduce,
-                DataType::F32,
-                limit / 4 + 1,
-                world,
-                None,
-                &tuning,
-            );
+            let p = plan(Op::AllReduce, DataType::F32, most + 1, world, None, &tuning);
             assert_ne!(p.kind, Kind::AllReduceLl, "world {world}");
         }
         tuning.ll_max_bytes = 0;
