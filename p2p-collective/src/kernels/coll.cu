@@ -159,9 +159,10 @@ __device__ int wait_ge(const CollArgs& a, volatile u64* flag, u64 want) {
     return 0;
 }
 
-// The step barrier of one block with every peer (see the file comment). Thread p < nranks
-// handles peer p. Returns nonzero (for every thread) if the collective must stop.
-__device__ int barrier(const CollArgs& a, u64 step, int* err) {
+// The step barrier of one block with every peer (see the file comment), in two halves so that a
+// block can do local work while its signal travels: signal_peers, then wait_peers. Thread
+// p < nranks handles peer p.
+__device__ void signal_peers(const CollArgs& a, u64 step) {
     __syncthreads();
     const int p = threadIdx.x;
     if (p < a.nranks && p != a.rank) {
@@ -175,6 +176,15 @@ __device__ int barrier(const CollArgs& a, u64 step, int* err) {
             fence_sys();
         }
         ((volatile u64*)a.sync[p])[FLAGS_OFF + b * MAX_RANKS + a.rank] = step;
+    }
+}
+
+// Returns nonzero (for every thread) if the collective must stop.
+__device__ int wait_peers(const CollArgs& a, u64 step, int* err) {
+    const int p = threadIdx.x;
+    if (p < a.nranks && p != a.rank) {
+        const int b = blockIdx.x;
+        const int par = (int)(step & 1);
         volatile u64* mine = a.sync[a.rank];
         int e = wait_ge(a, mine + FLAGS_OFF + b * MAX_RANKS + p, step);
         fence_sys();  // acquire: the peer's pushes are visible after its signal
@@ -190,6 +200,11 @@ __device__ int barrier(const CollArgs& a, u64 step, int* err) {
     }
     __syncthreads();
     return *err;
+}
+
+__device__ int barrier(const CollArgs& a, u64 step, int* err) {
+    signal_peers(a, step);
+    return wait_peers(a, step, err);
 }
 
 __device__ __forceinline__ bool aligned16(const void* p) { return (((u64)p) & 15ull) == 0; }
@@ -297,6 +312,30 @@ template <> struct Pack<half_t> {
     }
 };
 
+// Two 16-bit sources summed or multiplied: one packed fma per two elements. For two operands
+// this is bit-for-bit the f32-then-round result (the f32 sum or product of two f16/bf16 values
+// is exact or, where not, so far from a rounding boundary of the 16-bit type that both round
+// the same way), so results do not depend on the path. fma.rn.{f16,bf16}x2: sm_53/sm_80+.
+template <typename T, int OP> struct Pair {
+    static const bool ok = false;
+    static __device__ __forceinline__ unsigned apply(unsigned x, unsigned) { return x; }
+};
+#define PAIR(T, OP, PTX, B, C)                                                                   \
+    template <> struct Pair<T, OP> {                                                              \
+        static const bool ok = true;                                                              \
+        static __device__ __forceinline__ unsigned apply(unsigned x, unsigned y) {               \
+            unsigned d;                                                                           \
+            asm(PTX " %0, %1, %2, %3;" : "=r"(d) : "r"(x), "r"(B), "r"(C));                       \
+            return d;                                                                             \
+        }                                                                                         \
+    };
+// sum: x * 1 + y; product: x * y + (-0), which keeps the sign of a zero product.
+PAIR(bhalf_t, R_SUM, "fma.rn.bf16x2", 0x3f803f80u, y)
+PAIR(bhalf_t, R_PROD, "fma.rn.bf16x2", y, 0x80008000u)
+PAIR(half_t, R_SUM, "fma.rn.f16x2", 0x3c003c00u, y)
+PAIR(half_t, R_PROD, "fma.rn.f16x2", y, 0x80008000u)
+#undef PAIR
+
 // The vector loop of reduce_into for one reduction, known at compile time so that the loop
 // body holds no branch on it.
 template <typename T, int OP>
@@ -304,6 +343,17 @@ __device__ void reduce_vecs(uint4* out, unsigned char* const* extra, int nextra,
                             u64 nv, int nranks) {
     typedef typename Ty<T>::acc A;
     const int E = 16 / sizeof(T);
+    if (Pair<T, OP>::ok && nsrc == 2) {
+        for (u64 i = threadIdx.x; i < nv; i += blockDim.x) {
+            const uint4 x = __ldcg((const uint4*)srcs[0] + i);
+            const uint4 y = __ldcg((const uint4*)srcs[1] + i);
+            const uint4 v = make_uint4(Pair<T, OP>::apply(x.x, y.x), Pair<T, OP>::apply(x.y, y.y),
+                                       Pair<T, OP>::apply(x.z, y.z), Pair<T, OP>::apply(x.w, y.w));
+            out[i] = v;
+            for (int k = 0; k < nextra; ++k) ((uint4*)extra[k])[i] = v;
+        }
+        return;
+    }
     for (u64 i = threadIdx.x; i < nv; i += blockDim.x) {
         A acc[16 / sizeof(T)];
         Pack<T>::up(__ldcg((const uint4*)srcs[0] + i), acc);
@@ -632,9 +682,11 @@ __device__ void run(const CollArgs& a) {
                 if (me == a.root) {
                     for (int q = 0; q < N; ++q) dsts[q] = q == me ? 0 : SLOT(q, par, me);
                     copy_bytes_multi(dsts, N, (const unsigned char*)(in + lo), n * E);
-                    copy_bytes((unsigned char*)(out + lo), (const unsigned char*)(in + lo), n * E);
                 }
-                if (barrier(a, ++step, &err)) return;
+                // The root's own copy runs while its signal travels.
+                signal_peers(a, ++step);
+                if (me == a.root) copy_bytes((unsigned char*)(out + lo), (const unsigned char*)(in + lo), n * E);
+                if (wait_peers(a, step, &err)) return;
                 if (me != a.root) copy_bytes((unsigned char*)(out + lo), SLOT(me, par, a.root), n * E);
                 break;
             }
@@ -642,8 +694,9 @@ __device__ void run(const CollArgs& a) {
                 const int par = (int)((step + 1) & 1);
                 for (int q = 0; q < N; ++q) dsts[q] = q == me ? 0 : SLOT(q, par, me);
                 copy_bytes_multi(dsts, N, (const unsigned char*)(in + lo), n * E);
+                signal_peers(a, ++step);  // the own part is copied while the signal travels
                 copy_bytes((unsigned char*)(out + (u64)me * a.count + lo), (const unsigned char*)(in + lo), n * E);
-                if (barrier(a, ++step, &err)) return;
+                if (wait_peers(a, step, &err)) return;
                 for (int r = 0; r < N; ++r)
                     if (r != me) copy_bytes((unsigned char*)(out + (u64)r * a.count + lo), SLOT(me, par, r), n * E);
                 break;
@@ -662,8 +715,9 @@ __device__ void run(const CollArgs& a) {
                 const int par = (int)((step + 1) & 1);
                 for (int q = 0; q < N; ++q)
                     if (q != me) copy_bytes(SLOT(q, par, me), (const unsigned char*)(in + (u64)q * a.count + lo), n * E);
+                signal_peers(a, ++step);  // the own part is copied while the signal travels
                 copy_bytes((unsigned char*)(out + (u64)me * a.count + lo), (const unsigned char*)(in + (u64)me * a.count + lo), n * E);
-                if (barrier(a, ++step, &err)) return;
+                if (wait_peers(a, step, &err)) return;
                 for (int r = 0; r < N; ++r)
                     if (r != me) copy_bytes((unsigned char*)(out + (u64)r * a.count + lo), SLOT(me, par, r), n * E);
                 break;
