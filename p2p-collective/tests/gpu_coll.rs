@@ -603,3 +603,19 @@ fn gpu2_varying_sizes_back_to_back_for_every_algorithm() {
         assert_eq!(wrong, 0, "{name}: {wrong} wrong elements; first: {first}");
     }
 }
+
+/// Every collective kernel keeps two resident blocks per SM (the planner's grid): a kernel that
+/// needs more registers silently halves the grid and costs up to 20 % at large sizes.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_collective_kernels_keep_two_blocks_per_sm() {
+    let devices = gpus(world());
+    let comms = Communicator::init_all_with(&devices, Options::default()).expect("init_all");
+    let sms = devices[0].sm_count() as u32;
+    let want = (2 * sms).min(p2p_collective::plan::MAX_BLOCKS);
+    assert_eq!(
+        comms[0].tuning().max_blocks,
+        want,
+        "{sms} SMs: the kernels no longer fit two blocks per SM"
+    );
+}

@@ -731,8 +731,12 @@ __device__ void run(const CollArgs& a) {
     if (threadIdx.x == 0) mine[COUNTERS_OFF + b] = step;
 }
 
+// Two resident blocks of 512 threads per SM (the planner's grid, docs/perf-notes.md section 10)
+// need at most 64 registers a thread: the second bound makes ptxas keep to that. Without it,
+// a change elsewhere in this file once let coll_u8 take 100 registers, which dropped every
+// kernel to one block per SM and large collectives by up to 20 % (perf-notes section 16).
 #define COLL_KERNEL(name, T) \
-    extern "C" __global__ void __launch_bounds__(512) name(CollArgs a) { run<T>(a); }
+    extern "C" __global__ void __launch_bounds__(512, 2) name(CollArgs a) { run<T>(a); }
 
 COLL_KERNEL(coll_f32, float)
 COLL_KERNEL(coll_f64, double)
