@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The collective suites at every world size from 2 to the machine's GPU count (issue 7's runs):
 # for each size, the correctness matrix in one process and with one process per GPU, then the
-# benchmark beside NCCL. Usage: coll-worlds.sh [MAX_WORLD]. Logs and results go to $OUT (or ./).
+# benchmark beside NCCL. Usage: coll-worlds.sh [MAX_WORLD]. Logs and results go to ./coll-worlds
+# beside this script; when OUT is set (the device tool brings back at most 8 files) they are
+# packed into $OUT/coll-worlds.tgz after every world size, so a run cut short keeps what it did.
 # Ends with one summary line per world size and `N passed, N failed`.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
-out=${OUT:-$here}
+out=$here
 mkdir -p "$out/coll-worlds"
 export NCCL_NVLS_ENABLE=0 RUST_BACKTRACE=1
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
@@ -32,6 +34,7 @@ for w in $(seq 2 "$max"); do
   else
     echo "world $w p2p-bench coll: FAILED (see bench-w$w.err)"; failed=$((failed + 1))
   fi
+  if [ -n "${OUT:-}" ]; then tar czf "$OUT/coll-worlds.tgz" -C "$out" coll-worlds; fi
 done
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Runs the p2p bundle on a GPU machine: every test executable, GPU tests included.
 # Usage: run.sh [TEST-NAME-FILTER]   (e.g. `run.sh gpu1_` for the one-GPU tests only)
-# Logs go to $OUT/bundle-logs when OUT is set, else ./bundle-logs. Ends with `N passed, N failed`.
+# Logs go to ./bundle-logs beside this script; when OUT is set (the device tool, which brings back
+# at most 8 files) they are also packed into $OUT/bundle-logs.tgz. Ends with `N passed, N failed`.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 filter=${1:-}
-logs=${OUT:-$here}/bundle-logs
+logs=$here/bundle-logs
 mkdir -p "$logs"
 
 # NVLink multicast is forbidden on the shared machines: keep it off for anything that runs NCCL.
@@ -47,5 +48,6 @@ for exe in "$here"/tests/*; do
   if [ "$f" -gt 0 ]; then grep -E -A30 '^---- ' "$log" | head -n 80 | sed 's/^/   | /'; fi
   if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then broken=$((broken + 1)); failed=$((failed + 1)); fi
 done
+if [ -n "${OUT:-}" ]; then tar czf "$OUT/bundle-logs.tgz" -C "$here" bundle-logs && echo "logs: $OUT/bundle-logs.tgz"; fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
