@@ -138,23 +138,28 @@ __device__ void record_failure(const CollArgs& a, int code, int peer, u64 peer_s
     }
 }
 
-// Waits until *flag >= want. The flag (local memory) is polled every round; the abort flag (a
-// PCIe read), the failure word and the clock every 1024 rounds.
+// The limits every wait checks once every 1024 rounds of its poll: the abort flag (a PCIe
+// read), the failure word and the clock; returns the failure code from the enclosing wait.
+// (A macro rather than a function so that it can return from the wait.)
+#define WAIT_LIMITS(a, fail, spins, deadline)          \
+    if ((++spins & 1023u) == 0) {                      \
+        if (*a.abort_flag) return F_ABORT;             \
+        if (*fail) return F_ELSEWHERE;                 \
+        const u64 t = now_ns();                        \
+        if (deadline == 0) {                           \
+            deadline = t + a.timeout_ns;               \
+        } else if (t > deadline) {                     \
+            return F_TIMEOUT;                          \
+        }                                              \
+    }
+
+// Waits until *flag >= want. The flag (local memory) is polled every round.
 __device__ int wait_ge(const CollArgs& a, volatile u64* flag, u64 want) {
     u64 deadline = 0;
     unsigned spins = 0;
     volatile u64* fail = a.sync[a.rank] + FAIL_OFF;
     while (*flag < want) {
-        if ((++spins & 1023u) == 0) {
-            if (*a.abort_flag) return F_ABORT;
-            if (*fail) return F_ELSEWHERE;
-            const u64 t = now_ns();
-            if (deadline == 0) {
-                deadline = t + a.timeout_ns;
-            } else if (t > deadline) {
-                return F_TIMEOUT;
-            }
-        }
+        WAIT_LIMITS(a, fail, spins, deadline);
     }
     return 0;
 }
@@ -454,16 +459,7 @@ __device__ int ll_wait(const CollArgs& a, const unsigned char* p, unsigned flag,
             *out = make_uint2(v.x, v.z);
             return 0;
         }
-        if ((++spins & 1023u) == 0) {
-            if (*a.abort_flag) return F_ABORT;
-            if (*fail) return F_ELSEWHERE;
-            const u64 t = now_ns();
-            if (deadline == 0) {
-                deadline = t + a.timeout_ns;
-            } else if (t > deadline) {
-                return F_TIMEOUT;
-            }
-        }
+        WAIT_LIMITS(a, fail, spins, deadline);
     }
 }
 
