@@ -1,11 +1,14 @@
-//! `p2p-bench coll`: every collective from 8 B to 1 GiB, ours beside NCCL's, nccl-tests style.
+//! `p2p-bench coll`: every collective from 8 B to 1 GiB, ours beside NCCL's best, nccl-tests style.
 //!
-//! Both run in this process on the same GPUs, streams and buffers, timed the same way: CUDA
+//! Ours and NCCL run in this process on the same GPUs and streams, timed the same way: CUDA
 //! events on every rank's stream around `iters` back-to-back calls, the slowest rank's time,
 //! median of `samples`. Eager (one launch per call from the host) and, up to
-//! `graph_max_bytes`, CUDA graph (the same calls captured once, replayed). Before timing, each
-//! implementation runs each call once on exact inputs and every output element is checked
-//! (`#wrong`, as nccl-tests does).
+//! `graph_max_bytes`, CUDA graph (the same calls captured once, replayed). NCCL runs in each of
+//! its modes ([`NcclMode`]: plain, symmetric windows, copy engine) with its own communicators
+//! and, for the window modes, its own registered buffers; every row names the fastest NCCL mode
+//! at that size and our time over it. Before timing, each implementation runs each call once on
+//! exact inputs and every output element is checked (`#wrong`, as nccl-tests does; NCCL up to
+//! `nccl_check_max_bytes`).
 
 use std::io::IsTerminal;
 use std::time::Instant;
@@ -13,11 +16,13 @@ use std::time::Instant;
 use p2p_collective::verify::{
     build, class, compare, expected, in_place_input_offset, result_region, value, Class,
 };
-use p2p_collective::{Call, Communicator, DataType, Op, Options as CommOptions};
+use p2p_collective::{
+    Access, Call, Communicator, DataType, Op, Options as CommOptions, Registration,
+};
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Event, GraphExec, Stream};
 use serde_json::{json, Value};
 
-use crate::nccl::{Bufs, NcclGroup};
+use crate::nccl::{Borrowed, Bufs, NcclGroup, NcclMode};
 use crate::p2p::{size_name, Stat};
 
 /// What to measure.
@@ -43,6 +48,15 @@ pub struct Options {
     pub tuning: Option<p2p_collective::plan::Tuning>,
     /// Check every result before timing it (the `#wrong` columns).
     pub check: bool,
+    /// NCCL's modes to run (each also needs NCCL 2.28 for its set-up).
+    pub nccl_modes: Vec<NcclMode>,
+    /// Largest size at which NCCL's results are checked too (ours are checked at every size).
+    pub nccl_check_max_bytes: usize,
+    /// Each size is this many times the one before (2 as nccl-tests' `-f 2`).
+    pub factor: usize,
+    /// Also run ours on buffers registered on every rank (`Communicator::register_all`), the
+    /// counterpart of NCCL's symmetric windows.
+    pub registered: bool,
 }
 
 impl Default for Options {
@@ -58,6 +72,10 @@ impl Default for Options {
             all_reduce_types: vec![DataType::F32, DataType::BF16],
             tuning: None,
             check: true,
+            nccl_modes: NcclMode::ALL.to_vec(),
+            nccl_check_max_bytes: 64 << 20,
+            factor: 2,
+            registered: true,
         }
     }
 }
@@ -65,7 +83,9 @@ impl Default for Options {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Imp {
     Ours,
-    Nccl,
+    /// Ours on buffers registered on every rank: the direct kernels.
+    OursRegistered,
+    Nccl(NcclMode),
     /// An empty kernel per rank, launched as ours are: the floor under any one-kernel collective.
     Floor,
 }
@@ -76,16 +96,19 @@ struct Rank {
     pristine: DeviceBuffer<u8>,
     input: DeviceBuffer<u8>,
     output: DeviceBuffer<u8>,
+    /// Registered on every rank (ours on registered buffers), when measured.
+    registered: Option<(DeviceBuffer<u8>, DeviceBuffer<u8>)>,
     start: Event,
     stop: Event,
 }
 
 struct Harness<'a> {
     comms: &'a [Communicator],
-    nccl: Option<&'a NcclGroup>,
+    /// One group per NCCL mode that could be set up.
+    nccl: &'a [NcclGroup],
     ranks: Vec<Rank>,
-    /// Every rank's buffers and stream as NCCL takes them, built once (not per call).
-    nccl_bufs: Vec<Bufs>,
+    /// Every rank's buffers as NCCL takes them, per group (the plain mode uses ours), built once.
+    nccl_bufs: Vec<Vec<Bufs>>,
     nccl_streams: Vec<p2p_sys::cuda::CUstream>,
     pristine_holds: Option<(DataType, Class)>,
     /// Per rank, loaded on first use.
@@ -100,12 +123,17 @@ fn iters_for(bytes: usize) -> usize {
 impl Harness<'_> {
     fn issue(&mut self, imp: Imp, call: &Call, in_place: bool) -> Result<(), String> {
         match imp {
-            Imp::Ours => {
+            Imp::Ours | Imp::OursRegistered => {
                 for (comm, r) in self.comms.iter().zip(self.ranks.iter_mut()) {
+                    let (input, output) = match (imp, &mut r.registered) {
+                        (Imp::OursRegistered, Some((i, o))) => (&*i, o),
+                        (Imp::OursRegistered, None) => return Err("no registered buffers".into()),
+                        _ => (&r.input, &mut r.output),
+                    };
                     let res = if in_place {
-                        comm.call_in_place(call, &mut r.output, &r.stream)
+                        comm.call_in_place(call, output, &r.stream)
                     } else {
-                        comm.call(call, &r.input, &mut r.output, &r.stream)
+                        comm.call(call, input, output, &r.stream)
                     };
                     res.map_err(|e| e.to_string())?;
                 }
@@ -125,16 +153,16 @@ impl Harness<'_> {
                 }
                 Ok(())
             }
-            Imp::Nccl => {
-                let nccl = self.nccl.ok_or("NCCL is not loaded")?;
-                nccl.issue(
+            Imp::Nccl(mode) => {
+                let g = self.group(mode)?;
+                self.nccl[g].issue(
                     call.op,
                     call.dtype,
                     call.redop,
                     call.root,
                     call.count,
                     in_place,
-                    &self.nccl_bufs,
+                    &self.nccl_bufs[g],
                     &self.nccl_streams,
                 )
             }
@@ -149,6 +177,33 @@ impl Harness<'_> {
             c.check().map_err(|e| e.to_string())?;
         }
         Ok(())
+    }
+
+    fn group(&self, mode: NcclMode) -> Result<usize, String> {
+        self.nccl
+            .iter()
+            .position(|g| g.mode() == mode)
+            .ok_or_else(|| format!("NCCL's {} mode is not set up", mode.name()))
+    }
+
+    /// Rank `rank`'s (send, receive) buffers as `imp` uses them.
+    fn buffers(&self, imp: Imp, rank: usize) -> Result<(Borrowed<'_>, Borrowed<'_>), String> {
+        let r = &self.ranks[rank];
+        let ours = || (Borrowed::buffer(&r.input), Borrowed::buffer(&r.output));
+        match imp {
+            Imp::OursRegistered => r
+                .registered
+                .as_ref()
+                .map(|(i, o)| (Borrowed::buffer(i), Borrowed::buffer(o)))
+                .ok_or_else(|| "no registered buffers".to_string()),
+            Imp::Nccl(mode) if mode.windows() => {
+                let g = self.group(mode)?;
+                self.nccl[g]
+                    .window(rank)
+                    .ok_or_else(|| format!("NCCL's {} mode has no windows", mode.name()))
+            }
+            _ => Ok(ours()),
+        }
     }
 
     /// Runs `call` once on exact inputs and counts wrong elements over every rank.
@@ -169,22 +224,22 @@ impl Harness<'_> {
             }
             self.pristine_holds = Some((call.dtype, c));
         }
-        for (rank, r) in self.ranks.iter_mut().enumerate() {
+        for rank in 0..n {
             let (in_len, out_len) = call.op.buffer_lens(call.count, n, rank, call.root);
             let bytes = in_len * size;
-            r.output
-                .slice_mut(..in_len.max(out_len) * size)
+            let (send, recv) = self.buffers(imp, rank)?;
+            recv.slice(..in_len.max(out_len) * size)
                 .map_err(e)?
                 .memset_u8(0xff)
                 .map_err(e)?;
             let (buf, off) = if in_place {
-                (&mut r.output, in_place_input_offset(call, rank) * size)
+                (&recv, in_place_input_offset(call, rank) * size)
             } else {
-                (&mut r.input, 0)
+                (&send, 0)
             };
             if bytes > 0 {
-                let src = r.pristine.slice(..bytes).map_err(e)?;
-                buf.slice_mut(off..off + bytes)
+                let src = self.ranks[rank].pristine.slice(..bytes).map_err(e)?;
+                buf.slice(off..off + bytes)
                     .map_err(e)?
                     .copy_from_device(&src)
                     .map_err(e)?;
@@ -193,10 +248,10 @@ impl Harness<'_> {
         self.issue(imp, call, in_place)?;
         self.sync()?;
         let mut wrong = 0;
-        for (rank, r) in self.ranks.iter().enumerate() {
+        for rank in 0..n {
             let (off, len) = result_region(call, n, rank, in_place);
-            let got = r
-                .output
+            let (_, recv) = self.buffers(imp, rank)?;
+            let got = recv
                 .slice(off * size..(off + len) * size)
                 .and_then(|v| v.to_host_vec::<u8>())
                 .map_err(|e| e.to_string())?;
@@ -314,9 +369,9 @@ impl Harness<'_> {
     }
 }
 
-/// Sizes from `min` to `max` by factors of 2.
-pub fn sizes(min: usize, max: usize) -> Vec<usize> {
-    std::iter::successors(Some(min.max(1)), |s| s.checked_mul(2))
+/// Sizes from `min` to `max`, each `factor` times the one before.
+pub fn sizes(min: usize, max: usize, factor: usize) -> Vec<usize> {
+    std::iter::successors(Some(min.max(1)), |s| s.checked_mul(factor.max(2)))
         .take_while(|s| *s <= max)
         .collect()
 }
@@ -334,50 +389,72 @@ pub fn run(opts: &Options) -> Result<Value, String> {
     let mut comm_options = CommOptions::from_env().map_err(|e| e.to_string())?;
     comm_options.tuning = opts.tuning;
     let comms = Communicator::init_all_with(&devices, comm_options).map_err(|e| e.to_string())?;
-    let nccl = if opts.nccl {
-        match NcclGroup::init_all(&devices) {
-            Ok(g) => Some(g),
-            Err(e) => {
-                eprintln!("coll: NCCL is not available, running ours only: {e}");
-                None
+    let buf_bytes = opts.max_bytes.max(64);
+    let mut nccl_groups = Vec::new();
+    let mut nccl_setup = json!({});
+    if opts.nccl {
+        for &mode in &opts.nccl_modes {
+            match NcclGroup::init(&devices, mode, buf_bytes) {
+                Ok(g) => {
+                    nccl_setup[mode.name()] = json!("ok");
+                    nccl_groups.push(g);
+                }
+                Err(e) => {
+                    eprintln!(
+                        "coll: NCCL's {} mode could not be set up, skipping it: {e}",
+                        mode.name()
+                    );
+                    nccl_setup[mode.name()] = json!({ "error": e });
+                }
             }
         }
-    } else {
-        None
-    };
+    }
     let nccl_version = crate::nccl::version().unwrap_or_else(|e| format!("unavailable ({e})"));
     let mut ranks = Vec::new();
     for d in &devices {
         let e = |e: p2p_mem::Error| e.to_string();
         ranks.push(Rank {
             stream: Stream::new(d).map_err(e)?,
-            pristine: DeviceBuffer::new(d, opts.max_bytes.max(64)).map_err(e)?,
-            input: DeviceBuffer::new(d, opts.max_bytes.max(64)).map_err(e)?,
-            output: DeviceBuffer::new(d, opts.max_bytes.max(64)).map_err(e)?,
+            pristine: DeviceBuffer::new(d, buf_bytes).map_err(e)?,
+            input: DeviceBuffer::new(d, buf_bytes).map_err(e)?,
+            output: DeviceBuffer::new(d, buf_bytes).map_err(e)?,
             start: Event::timing(d).map_err(e)?,
             stop: Event::timing(d).map_err(e)?,
+            registered: if opts.registered {
+                Some((
+                    DeviceBuffer::new(d, buf_bytes).map_err(e)?,
+                    DeviceBuffer::new(d, buf_bytes).map_err(e)?,
+                ))
+            } else {
+                None
+            },
         });
     }
+    let registrations = if opts.registered {
+        register(&comms, &ranks)?
+    } else {
+        Vec::new()
+    };
+    let plain_bufs: Vec<Bufs> = ranks
+        .iter()
+        .map(|r| Bufs {
+            send: r.input.device_ptr(),
+            recv: r.output.device_ptr(),
+        })
+        .collect();
     let mut h = Harness {
         comms: &comms,
-        nccl: nccl.as_ref(),
-        nccl_bufs: ranks
+        nccl: &nccl_groups,
+        nccl_bufs: nccl_groups
             .iter()
-            .map(|r| Bufs {
-                send: r.input.device_ptr(),
-                recv: r.output.device_ptr(),
-            })
+            .map(|g| g.window_bufs().unwrap_or_else(|| plain_bufs.clone()))
             .collect(),
         nccl_streams: ranks.iter().map(|r| r.stream.cu_stream()).collect(),
         ranks,
         pristine_holds: None,
         floor: Vec::new(),
     };
-    let imps: Vec<Imp> = if h.nccl.is_some() {
-        vec![Imp::Ours, Imp::Nccl]
-    } else {
-        vec![Imp::Ours]
-    };
+    let modes: Vec<NcclMode> = nccl_groups.iter().map(|g| g.mode()).collect();
     let mut jobs: Vec<(Op, DataType)> = Vec::new();
     for &op in &opts.ops {
         if op == Op::AllReduce {
@@ -386,7 +463,7 @@ pub fn run(opts: &Options) -> Result<Value, String> {
             jobs.push((op, DataType::F32));
         }
     }
-    let sizes = sizes(opts.min_bytes, opts.max_bytes);
+    let sizes = sizes(opts.min_bytes, opts.max_bytes, opts.factor);
     let total = jobs.len() * sizes.len();
     let tty = std::io::stderr().is_terminal();
     let started = Instant::now();
@@ -394,13 +471,16 @@ pub fn run(opts: &Options) -> Result<Value, String> {
     let mut done = 0;
     for &(op, dtype) in &jobs {
         let per_rank_parts = matches!(op, Op::AllGather | Op::ReduceScatter | Op::AllToAll);
-        for &bytes in &sizes {
+        for &size_asked in &sizes {
             done += 1;
-            let elems = bytes / dtype.size();
+            // As nccl-tests: per-rank parts round down, so 3 ranks move a little less than asked.
+            let elems = size_asked / dtype.size();
             let count = if per_rank_parts { elems / n } else { elems };
-            if count == 0 || (per_rank_parts && elems % n != 0) {
+            if count == 0 {
                 continue;
             }
+            let elems = if per_rank_parts { count * n } else { count };
+            let bytes = elems * dtype.size();
             let call = Call::new(op, dtype, count);
             let iters = iters_for(bytes);
             let mut row = json!({
@@ -408,18 +488,48 @@ pub fn run(opts: &Options) -> Result<Value, String> {
                 "redop": if op.reduces() { "sum" } else { "none" }, "root": if op.rooted() { 0 } else { -1 },
                 "iters": iters, "plan": format!("{:?}", comms[0].plan(&call).kind),
             });
+            if opts.registered {
+                let access = Access {
+                    input: true,
+                    output: true,
+                    in_place: false,
+                };
+                row["plan_registered"] =
+                    json!(format!("{:?}", comms[0].plan_with(&call, access).kind));
+            }
+            let mut imps = vec![Imp::Ours];
+            if opts.registered {
+                imps.push(Imp::OursRegistered);
+            }
+            imps.extend(
+                modes
+                    .iter()
+                    .filter(|m| m.applies(op))
+                    .map(|&m| Imp::Nccl(m)),
+            );
             for &imp in &imps {
-                let key = if imp == Imp::Ours { "ours" } else { "nccl" };
                 for in_place in [false, true] {
                     let place = if in_place { "in_place" } else { "out_of_place" };
-                    if imp == Imp::Nccl && in_place && op == Op::AllToAll {
+                    let slot = match imp {
+                        Imp::Nccl(m) => &mut row["nccl"][m.name()][place],
+                        Imp::OursRegistered => &mut row["ours_registered"][place],
+                        _ => &mut row["ours"][place],
+                    };
+                    if matches!(imp, Imp::Nccl(_)) && in_place && op == Op::AllToAll {
                         // NCCL's all-to-all has no in-place form (its results are wrong when
                         // send and receive buffers are the same): not measured.
-                        row[key][place] = json!({"skipped": "NCCL has no in-place all-to-all"});
+                        *slot = json!({"skipped": "NCCL has no in-place all-to-all"});
                         continue;
                     }
-                    let wrong = if opts.check {
+                    let checked = opts.check
+                        && (!matches!(imp, Imp::Nccl(_)) || bytes <= opts.nccl_check_max_bytes);
+                    let wrong = if checked {
                         h.check(imp, &call, in_place)
+                    } else if opts.check {
+                        Err(format!(
+                            "NCCL checked up to {} only",
+                            size_name(opts.nccl_check_max_bytes)
+                        ))
                     } else {
                         Err("not checked (--no-check)".to_string())
                     };
@@ -436,26 +546,34 @@ pub fn run(opts: &Options) -> Result<Value, String> {
                         }
                         Err(e) => json!({"error": e}),
                     };
-                    row[key][place] = json!({
+                    let slot = match imp {
+                        Imp::Nccl(m) => &mut row["nccl"][m.name()][place],
+                        Imp::OursRegistered => &mut row["ours_registered"][place],
+                        _ => &mut row["ours"][place],
+                    };
+                    *slot = json!({
                         "wrong": match &wrong { Ok(w) => json!(w), Err(e) => json!({"error": e}) },
                         "eager": fig(&eager),
                     });
                     if let Some(g) = &graph {
-                        row[key][place]["graph"] = fig(g);
+                        slot["graph"] = fig(g);
                     }
                 }
             }
+            add_best(&mut row, &modes);
             let line = format!(
-                "[{done:>3}/{total}] {:>6.1}s {} {} {}: ours {} us, nccl {} us",
+                "[{done:>3}/{total}] {:>6.1}s {} {} {}: ours {} us, registered {} us, NCCL best {} us ({})",
                 started.elapsed().as_secs_f64(),
                 op.name(),
                 dtype,
                 size_name(bytes),
                 fmt_us(&row["ours"]["out_of_place"]["eager"]),
-                fmt_us(&row["nccl"]["out_of_place"]["eager"]),
+                fmt_us(&row["ours_registered"]["out_of_place"]["eager"]),
+                fmt_us(&row["nccl_best"]["out_of_place"]["eager"]),
+                row["nccl_best"]["out_of_place"]["eager"]["mode"].as_str().unwrap_or("-"),
             );
             if tty {
-                eprint!("\r{line:<100}");
+                eprint!("\r{line:<110}");
             } else {
                 eprintln!("{line}");
             }
@@ -468,8 +586,9 @@ pub fn run(opts: &Options) -> Result<Value, String> {
     // Host cost of issuing one call (8 KiB float all-reduce, eager).
     let small = Call::new(Op::AllReduce, DataType::F32, 2048);
     let mut host = json!({});
-    for &imp in &imps {
-        let key = if imp == Imp::Ours { "ours" } else { "nccl" };
+    let mut host_imps = vec![(Imp::Ours, "ours")];
+    host_imps.extend(modes.iter().map(|&m| (Imp::Nccl(m), m.name())));
+    for (imp, key) in host_imps {
         host[key] = match h.host_cost_us(imp, &small) {
             Ok(us) => json!(us),
             Err(e) => json!({"error": e}),
@@ -487,6 +606,8 @@ pub fn run(opts: &Options) -> Result<Value, String> {
         let graph = fig(h.time_graph(Imp::Floor, &floor_call, false, 100, opts.samples.min(10)));
         json!({"eager": eager, "graph": graph})
     };
+    deregister(&comms, registrations)?;
+    drop(h);
     let driver = p2p_sys::driver_version().unwrap_or(0);
     Ok(json!({
         "benchmark": "coll",
@@ -497,14 +618,71 @@ pub fn run(opts: &Options) -> Result<Value, String> {
         "world": n,
         "cuda_driver": format!("{}.{}", driver / 1000, driver % 1000 / 10),
         "nccl_version": nccl_version,
+        "nccl_library": p2p_sys::probe::require(p2p_sys::Library::Nccl).unwrap_or("-"),
+        "nccl_modes": nccl_setup,
         "nccl_env": {"NCCL_NVLS_ENABLE": std::env::var("NCCL_NVLS_ENABLE").unwrap_or_default()},
         "tuning": format!("{:?}", comms[0].tuning()),
-        "options": {"samples": opts.samples, "min_bytes": opts.min_bytes, "max_bytes": opts.max_bytes, "graph_max_bytes": opts.graph_max_bytes},
-        "method": "one process drives every GPU; CUDA events on each rank's stream around `iters` back-to-back calls after 3 warm-up calls; the slowest rank's time per call; median of `samples` (graph: up to 10 samples of one graph replay holding `iters` calls). NCCL: ncclCommInitAll, one ncclGroupStart/End per call across ranks. #wrong: one call on exact inputs, every output element of every rank compared.",
+        "options": {"samples": opts.samples, "min_bytes": opts.min_bytes, "max_bytes": opts.max_bytes, "graph_max_bytes": opts.graph_max_bytes, "nccl_check_max_bytes": opts.nccl_check_max_bytes},
+        "method": "one process drives every GPU; CUDA events on each rank's stream around `iters` back-to-back calls after 3 warm-up calls; the slowest rank's time per call; median of `samples` (graph: up to 10 samples of one graph replay holding `iters` calls). NCCL: one communicator per GPU per mode (ncclCommInitRankConfig in one group, nvlinkCentricSched = 1 as nccl-tests sets it), one ncclGroupStart/End per call across ranks; plain on the same buffers as ours; symmetric windows (nccl-tests -R 2) and copy engine (-x 2 -R 2, all-gather and all-to-all only) on their own ncclMemAlloc buffers registered with ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC). `best` is the fastest NCCL mode at each size, timing and placement; ours/best below 1 means we are faster. #wrong: one call on exact inputs, every output element of every rank compared.",
         "host_us_per_call": host,
         "floor_empty_kernel": floor,
         "rows": rows,
     }))
+}
+
+/// Registers every rank's pair of registered-mode buffers (`Communicator::register_all`).
+#[allow(unsafe_code)]
+fn register(comms: &[Communicator], ranks: &[Rank]) -> Result<Vec<Registration>, String> {
+    let mut regs = Vec::new();
+    for pick in [0, 1] {
+        let bufs: Vec<&dyn DeviceMemory> = ranks
+            .iter()
+            .filter_map(|r| r.registered.as_ref())
+            .map(|(i, o)| if pick == 0 { i as &dyn DeviceMemory } else { o })
+            .collect();
+        // SAFETY: the buffers live in `ranks`; `run` deregisters them (`deregister`) before it
+        // drops the ranks.
+        regs.extend(
+            unsafe { Communicator::register_all(comms, &bufs) }.map_err(|e| e.to_string())?,
+        );
+    }
+    Ok(regs)
+}
+
+/// Ends the registrations of [`register`] on their ranks.
+fn deregister(comms: &[Communicator], regs: Vec<Registration>) -> Result<(), String> {
+    for (i, reg) in regs.into_iter().enumerate() {
+        comms[i % comms.len()]
+            .deregister(reg)
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Fills `row["nccl_best"][place][timing]` with the fastest NCCL mode's figure (and its name)
+/// and `row["ratio"][place][timing]` (and `ratio_registered`) with our time over it.
+fn add_best(row: &mut Value, modes: &[NcclMode]) {
+    for place in ["out_of_place", "in_place"] {
+        for timing in ["eager", "graph"] {
+            let best = modes
+                .iter()
+                .filter_map(|m| {
+                    let f = &row["nccl"][m.name()][place][timing];
+                    Some((m.name(), f["us"].as_f64()?, f.clone()))
+                })
+                .min_by(|a, b| a.1.total_cmp(&b.1));
+            if let Some((mode, us, mut fig)) = best {
+                fig["mode"] = json!(mode);
+                row["nccl_best"][place][timing] = fig;
+                if let Some(ours) = row["ours"][place][timing]["us"].as_f64() {
+                    row["ratio"][place][timing] = json!(ours / us);
+                }
+                if let Some(ours) = row["ours_registered"][place][timing]["us"].as_f64() {
+                    row["ratio_registered"][place][timing] = json!(ours / us);
+                }
+            }
+        }
+    }
 }
 
 /// The (collective, type) pairs of `rows`, in first-seen order.
@@ -542,49 +720,104 @@ fn wrong(v: &Value) -> String {
     }
 }
 
+fn ratio(v: &Value) -> String {
+    v.as_f64().map_or("-".into(), |x| format!("{x:.2}"))
+}
+
+/// Every NCCL mode that appears in `rows`, in [`NcclMode::ALL`] order.
+fn modes_in(rows: &[Value]) -> Vec<NcclMode> {
+    NcclMode::ALL
+        .into_iter()
+        .filter(|m| rows.iter().any(|r| !r["nccl"][m.name()].is_null()))
+        .collect()
+}
+
 /// The results as Markdown: one nccl-tests style table per collective and type.
 pub fn render(r: &Value) -> String {
+    let rows = r["rows"].as_array().cloned().unwrap_or_default();
+    let modes = modes_in(&rows);
+    let host_nccl: Vec<String> = modes
+        .iter()
+        .map(|m| format!("{} {}", m.label(), num(&r["host_us_per_call"], m.name(), 2)))
+        .collect();
     let mut s = format!(
-        "# p2p collectives beside NCCL\n\n{} x {} | CUDA driver {} | NCCL {} | commit {} | {}\n\n{}\n\n\
-         Host cost of issuing one call (8 KiB all-reduce, per rank): ours {} us, NCCL {} us.\n\n\
+        "# p2p collectives beside NCCL's best mode\n\n{} x {} | CUDA driver {} | NCCL {} ({}) | commit {} | {}\n\n{}\n\n\
+         Host cost of issuing one call (8 KiB all-reduce, per rank): ours {} us; NCCL {} us.\n\n\
          Floor (an empty kernel per rank, launched as ours are): eager {} us, graph {} us per call.\n\n\
-         Columns as nccl-tests: time in us, algbw and busbw in GB/s, #wrong elements. `ours/nccl` is\n\
-         our time over NCCL's (below 1: we are faster). `graph`: the same calls captured in a CUDA graph.\n",
+         Columns as nccl-tests: time in us, algbw and busbw in GB/s, #wrong elements. NCCL's modes:\n\
+         `plain`, `sym` (symmetric windows, nccl-tests -R 2), `CE` (copy engine, -x 2 -R 2; all-gather\n\
+         and all-to-all only). `best` is the fastest of them at that size; `ours/best` is our time over\n\
+         it (below 1: we are faster). `registered`: ours on buffers registered on every rank\n\
+         (`Communicator::register_all`, the counterpart of NCCL's windows). `graph`: the same calls\n\
+         captured in a CUDA graph.\n",
         r["world"],
         r["gpus"][0]["name"].as_str().unwrap_or("?"),
         r["cuda_driver"].as_str().unwrap_or("?"),
         r["nccl_version"].as_str().unwrap_or("?"),
+        r["nccl_library"].as_str().unwrap_or("?"),
         r["commit"].as_str().unwrap_or("?"),
         r["date"].as_str().unwrap_or("?"),
         r["method"].as_str().unwrap_or(""),
         num(&r["host_us_per_call"], "ours", 2),
-        num(&r["host_us_per_call"], "nccl", 2),
+        host_nccl.join(", "),
         num(&r["floor_empty_kernel"]["eager"], "us", 2),
         num(&r["floor_empty_kernel"]["graph"], "us", 2),
     );
-    let rows = r["rows"].as_array().cloned().unwrap_or_default();
-    let groups = groups(&rows);
-    for (op, ty) in groups {
+    for (op, ty) in groups(&rows) {
         s += &format!("\n## {op} {ty}\n\n");
-        s += "| size | count | type | redop | root | plan | time | algbw | busbw | #wrong | in-place time | busbw | #wrong | NCCL time | busbw | #wrong | in-place time | busbw | #wrong | ours/nccl | graph: ours | NCCL | ours/nccl |\n";
-        s += "|---:|---:|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+        let mode_cols: String = modes
+            .iter()
+            .map(|m| format!(" NCCL {} |", m.label()))
+            .collect();
+        let graph_cols: String = modes.iter().map(|m| format!(" {} |", m.label())).collect();
+        s += &format!(
+            "| size | count | type | redop | root | plan | time | algbw | busbw | #wrong | in-place time | busbw | #wrong | registered: plan | time | busbw | #wrong | in-place time | #wrong |{mode_cols} best | busbw | NCCL #wrong | in-place best | ours/best | registered/best | in-place ours/best | in-place registered/best | graph: ours | registered |{graph_cols} ours/best | registered/best |\n"
+        );
+        let ncols = 32 + 2 * modes.len();
+        s += &format!("|{}\n", "---|".repeat(ncols));
         for row in rows
             .iter()
             .filter(|x| x["op"] == op.as_str() && x["type"] == ty.as_str())
         {
             let o = &row["ours"]["out_of_place"];
             let oi = &row["ours"]["in_place"];
-            let nc = &row["nccl"]["out_of_place"];
-            let ni = &row["nccl"]["in_place"];
-            let ratio = |a: &Value, b: &Value| match (
-                a.get("us").and_then(Value::as_f64),
-                b.get("us").and_then(Value::as_f64),
-            ) {
-                (Some(x), Some(y)) if y > 0.0 => format!("{:.2}", x / y),
-                _ => "-".into(),
+            let g = &row["ours_registered"]["out_of_place"];
+            let gi = &row["ours_registered"]["in_place"];
+            let best = &row["nccl_best"];
+            let mode_times: String = modes
+                .iter()
+                .map(|m| {
+                    format!(
+                        " {} |",
+                        num(&row["nccl"][m.name()]["out_of_place"]["eager"], "us", 1)
+                    )
+                })
+                .collect();
+            let graph_times: String = modes
+                .iter()
+                .map(|m| {
+                    format!(
+                        " {} |",
+                        num(&row["nccl"][m.name()]["out_of_place"]["graph"], "us", 1)
+                    )
+                })
+                .collect();
+            let nccl_wrong: u64 = modes
+                .iter()
+                .flat_map(|m| {
+                    ["out_of_place", "in_place"]
+                        .map(|p| row["nccl"][m.name()][p]["wrong"].as_u64().unwrap_or(0))
+                })
+                .sum();
+            let nccl_checked = modes
+                .iter()
+                .any(|m| row["nccl"][m.name()]["out_of_place"]["wrong"].is_u64());
+            let with_mode = |f: &Value| match f["mode"].as_str() {
+                Some(m) => format!("{} ({})", num(f, "us", 1), m),
+                None => "-".into(),
             };
             s += &format!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |{} {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |{} {} | {} |\n",
                 size_name(row["bytes"].as_u64().unwrap_or(0) as usize),
                 row["count"],
                 ty,
@@ -598,16 +831,26 @@ pub fn render(r: &Value) -> String {
                 num(&oi["eager"], "us", 1),
                 num(&oi["eager"], "busbw", 2),
                 wrong(oi),
-                num(&nc["eager"], "us", 1),
-                num(&nc["eager"], "busbw", 2),
-                wrong(nc),
-                num(&ni["eager"], "us", 1),
-                num(&ni["eager"], "busbw", 2),
-                wrong(ni),
-                ratio(&o["eager"], &nc["eager"]),
+                row["plan_registered"].as_str().unwrap_or("-"),
+                num(&g["eager"], "us", 1),
+                num(&g["eager"], "busbw", 2),
+                wrong(g),
+                num(&gi["eager"], "us", 1),
+                wrong(gi),
+                mode_times,
+                with_mode(&best["out_of_place"]["eager"]),
+                num(&best["out_of_place"]["eager"], "busbw", 2),
+                if nccl_checked { nccl_wrong.to_string() } else { "-".into() },
+                with_mode(&best["in_place"]["eager"]),
+                ratio(&row["ratio"]["out_of_place"]["eager"]),
+                ratio(&row["ratio_registered"]["out_of_place"]["eager"]),
+                ratio(&row["ratio"]["in_place"]["eager"]),
+                ratio(&row["ratio_registered"]["in_place"]["eager"]),
                 num(&o["graph"], "us", 1),
-                num(&nc["graph"], "us", 1),
-                ratio(&o["graph"], &nc["graph"]),
+                num(&g["graph"], "us", 1),
+                graph_times,
+                ratio(&row["ratio"]["out_of_place"]["graph"]),
+                ratio(&row["ratio_registered"]["out_of_place"]["graph"]),
             );
         }
     }
@@ -624,7 +867,7 @@ pub fn svg(r: &Value) -> String {
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{hgt}\" font-family=\"sans-serif\" font-size=\"11\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"10\" y=\"20\" font-size=\"12\">busbw (GB/s) against size: p2p (blue) and NCCL {} (orange), {} x {}, commit {}, {}</text>\n",
+         <text x=\"10\" y=\"20\" font-size=\"12\">busbw (GB/s), eager, out of place: p2p (blue), p2p registered (green), NCCL {} best mode (orange), NCCL plain (grey); {} x {}, commit {}, {}</text>\n",
         r["nccl_version"].as_str().unwrap_or("?"),
         r["world"],
         r["gpus"][0]["name"].as_str().unwrap_or("?"),
@@ -633,19 +876,17 @@ pub fn svg(r: &Value) -> String {
     );
     for (gi, (op, ty)) in groups.iter().enumerate() {
         let (ox, oy) = ((gi % cols) as f64 * pw, (gi / cols) as f64 * ph + 40.0);
-        let pts = |key: &str| -> Vec<(f64, f64)> {
+        let pts_of = |f: &dyn Fn(&Value) -> &Value| -> Vec<(f64, f64)> {
             rows.iter()
                 .filter(|x| x["op"] == op.as_str() && x["type"] == ty.as_str())
-                .filter_map(|x| {
-                    Some((
-                        (x["bytes"].as_f64()?).log2(),
-                        x[key]["out_of_place"]["eager"]["busbw"].as_f64()?,
-                    ))
-                })
+                .filter_map(|x| Some(((x["bytes"].as_f64()?).log2(), f(x)["busbw"].as_f64()?)))
                 .collect()
         };
-        let (ours, theirs) = (pts("ours"), pts("nccl"));
-        let all: Vec<&(f64, f64)> = ours.iter().chain(&theirs).collect();
+        let ours = pts_of(&|x| &x["ours"]["out_of_place"]["eager"]);
+        let theirs = pts_of(&|x| &x["nccl_best"]["out_of_place"]["eager"]);
+        let plain = pts_of(&|x| &x["nccl"]["plain"]["out_of_place"]["eager"]);
+        let registered = pts_of(&|x| &x["ours_registered"]["out_of_place"]["eager"]);
+        let all: Vec<&(f64, f64)> = ours.iter().chain(&theirs).chain(&registered).collect();
         let xmin = all.iter().map(|p| p.0).fold(f64::MAX, f64::min);
         let xmax = all.iter().map(|p| p.0).fold(f64::MIN, f64::max);
         let ymax = all.iter().map(|p| p.1).fold(1.0, f64::max) * 1.1;
@@ -684,7 +925,12 @@ pub fn svg(r: &Value) -> String {
             }
             x += 1.0;
         }
-        for (p, color) in [(&ours, "#1f77b4"), (&theirs, "#ff7f0e")] {
+        for (p, color) in [
+            (&plain, "#bbbbbb"),
+            (&ours, "#1f77b4"),
+            (&registered, "#2ca02c"),
+            (&theirs, "#ff7f0e"),
+        ] {
             if p.is_empty() {
                 continue;
             }
@@ -702,4 +948,46 @@ pub fn svg(r: &Value) -> String {
         }
     }
     s + "</svg>\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fig(us: f64) -> Value {
+        json!({"us": us, "busbw": 100.0 / us})
+    }
+
+    #[test]
+    fn the_fastest_nccl_mode_is_the_one_we_are_compared_with() {
+        let mut row = json!({"op": "all_gather", "type": "float", "bytes": 1024, "count": 256});
+        row["ours"]["out_of_place"]["eager"] = fig(4.0);
+        row["ours"]["out_of_place"]["graph"] = fig(2.0);
+        row["ours_registered"]["out_of_place"]["eager"] = fig(2.5);
+        row["nccl"]["plain"]["out_of_place"]["eager"] = fig(10.0);
+        row["nccl"]["symmetric"]["out_of_place"]["eager"] = fig(5.0);
+        row["nccl"]["copy_engine"]["out_of_place"]["eager"] = json!({"error": "capture failed"});
+        row["nccl"]["plain"]["out_of_place"]["graph"] = fig(3.0);
+        row["nccl"]["symmetric"]["out_of_place"]["graph"] = fig(4.0);
+        add_best(&mut row, &NcclMode::ALL);
+        let best = &row["nccl_best"]["out_of_place"];
+        assert_eq!(best["eager"]["mode"], "symmetric");
+        assert_eq!(best["graph"]["mode"], "plain");
+        assert_eq!(row["ratio"]["out_of_place"]["eager"], 0.8);
+        assert_eq!(row["ratio_registered"]["out_of_place"]["eager"], 0.5);
+        assert!(
+            (row["ratio"]["out_of_place"]["graph"]
+                .as_f64()
+                .unwrap_or(0.0)
+                - 2.0 / 3.0)
+                .abs()
+                < 1e-12
+        );
+        // No NCCL figure in place: no best and no ratio there.
+        assert!(row["nccl_best"]["in_place"].is_null());
+        let report = render(&json!({"world": 2, "gpus": [{"name": "GPU"}], "rows": [row]}));
+        assert!(report.contains("| 5.0 (symmetric) |"), "{report}");
+        assert!(report.contains("| 0.80 | 0.50 |"), "{report}");
+        assert!(report.contains("NCCL sym"), "{report}");
+    }
 }

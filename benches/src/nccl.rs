@@ -1,24 +1,103 @@
 //! NCCL through cudarc's bindings, driven the way nccl-tests drives it with one process and
-//! several GPUs (`ncclCommInitAll`, one group per call across ranks): the comparison that
-//! `p2p-bench coll` runs in the same process, on the same streams and buffers, timed the same way.
+//! several GPUs (one communicator per GPU made in one group, one group per call across ranks):
+//! the comparison that `p2p-bench coll` runs in the same process, on the same streams, timed the
+//! same way.
+//!
+//! NCCL 2.28 has three ways to run a collective inside a node ([`NcclMode`]), and a user who
+//! cares picks the fastest, so the benchmark runs each and compares against the best:
+//! plain (any buffers), symmetric windows (buffers from `ncclMemAlloc` registered with
+//! `ncclCommWindowRegister(.., NCCL_WIN_COLL_SYMMETRIC)`, as nccl-tests `-R 2`) and copy-engine
+//! collectives (the same windows with CTA policy ZERO, as nccl-tests `-x 2 -R 2`). Every
+//! communicator is made as nccl-tests 2.19 makes it with NCCL 2.28: `ncclCommInitRankConfig`
+//! with `nvlinkCentricSched = 1`.
+
+use std::ffi::c_void;
 
 use p2p_collective::{DataType, Op, RedOp};
 use p2p_mem::Device;
 use p2p_sys::{check_nccl, nccl, Library};
 
-/// One NCCL communicator per GPU, destroyed on `Drop`.
-pub struct NcclGroup {
-    comms: Vec<nccl::ncclComm_t>,
+/// `NCCL_API_MAGIC` of `nccl.h`.
+const API_MAGIC: u32 = 0xcafe_beef;
+/// `NCCL_CONFIG_UNDEF_INT`.
+const UNDEF: i32 = i32::MIN;
+/// `NCCL_WIN_COLL_SYMMETRIC`.
+const WIN_COLL_SYMMETRIC: i32 = 0x01;
+/// `NCCL_CTA_POLICY_ZERO`: no SMs; all-gather and all-to-all move data with copy engines.
+const CTA_POLICY_ZERO: i32 = 0x02;
+/// The `ncclConfig_t` layout these bindings carry (`NCCL_VERSION(2, 28, 0)`).
+const CONFIG_VERSION: u32 = 22800;
+
+/// One of NCCL's ways to run a collective inside a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NcclMode {
+    /// Any buffers (`cudaMalloc`), NCCL's default kernels.
+    Plain,
+    /// Buffers from `ncclMemAlloc` registered as symmetric windows: NCCL's symmetric kernels.
+    Symmetric,
+    /// Symmetric windows with CTA policy ZERO: all-gather and all-to-all by the copy engines.
+    CopyEngine,
+}
+
+impl NcclMode {
+    /// Every mode, in the order the tables show them.
+    pub const ALL: [NcclMode; 3] = [NcclMode::Plain, NcclMode::Symmetric, NcclMode::CopyEngine];
+
+    /// The mode's name in the results (`plain`, `symmetric`, `copy_engine`).
+    pub fn name(self) -> &'static str {
+        match self {
+            NcclMode::Plain => "plain",
+            NcclMode::Symmetric => "symmetric",
+            NcclMode::CopyEngine => "copy_engine",
+        }
+    }
+
+    /// A short column label (`plain`, `sym`, `CE`).
+    pub fn label(self) -> &'static str {
+        match self {
+            NcclMode::Plain => "plain",
+            NcclMode::Symmetric => "sym",
+            NcclMode::CopyEngine => "CE",
+        }
+    }
+
+    /// The nccl-tests flags that select the mode.
+    pub fn nccl_tests_flags(self) -> &'static str {
+        match self {
+            NcclMode::Plain => "",
+            NcclMode::Symmetric => "-R 2",
+            NcclMode::CopyEngine => "-x 2 -R 2",
+        }
+    }
+
+    /// Whether NCCL 2.28 runs `op` differently in this mode: copy-engine collectives exist for
+    /// all-gather and all-to-all only (other operations would measure the symmetric mode again).
+    pub fn applies(self, op: Op) -> bool {
+        match self {
+            NcclMode::CopyEngine => matches!(op, Op::AllGather | Op::AllToAll),
+            _ => true,
+        }
+    }
+
+    /// Whether the mode needs buffers from `ncclMemAlloc` registered as windows.
+    pub fn windows(self) -> bool {
+        self != NcclMode::Plain
+    }
 }
 
 /// NCCL's version, e.g. `2.28.9`.
 pub fn version() -> Result<String, String> {
+    let v = version_code()?;
+    Ok(format!("{}.{}.{}", v / 10000, v / 100 % 100, v % 100))
+}
+
+fn version_code() -> Result<i32, String> {
     p2p_sys::probe::require(Library::Nccl).map_err(|e| e.to_string())?;
     let mut v = 0;
     // SAFETY: libnccl is loaded (probed); `v` is an out-pointer.
     check_nccl("ncclGetVersion", unsafe { nccl::ncclGetVersion(&mut v) })
         .map_err(|e| e.to_string())?;
-    Ok(format!("{}.{}.{}", v / 10000, v / 100 % 100, v % 100))
+    Ok(v)
 }
 
 fn dtype(d: DataType) -> nccl::ncclDataType_t {
@@ -54,18 +133,187 @@ pub struct Bufs {
     pub recv: u64,
 }
 
+/// One rank's symmetric-window buffers.
+struct Window {
+    send: *mut c_void,
+    recv: *mut c_void,
+    send_win: nccl::ncclWindow_t,
+    recv_win: nccl::ncclWindow_t,
+}
+
+/// One NCCL communicator per GPU in one mode, with the mode's buffers; all freed on `Drop`.
+pub struct NcclGroup {
+    mode: NcclMode,
+    devices: Vec<Device>,
+    comms: Vec<nccl::ncclComm_t>,
+    /// Symmetric and copy-engine modes: each rank's registered send and receive buffers.
+    windows: Vec<Window>,
+    window_bytes: usize,
+}
+
+fn nccl_err(call: &str) -> impl Fn(p2p_sys::Error) -> String + '_ {
+    move |e| format!("{call}: {e}")
+}
+
 impl NcclGroup {
-    /// `ncclCommInitAll` over `devices` (rank r is `devices[r]`).
-    pub fn init_all(devices: &[Device]) -> Result<NcclGroup, String> {
-        p2p_sys::probe::require(Library::Nccl).map_err(|e| e.to_string())?;
-        let list: Vec<i32> = devices.iter().map(|d| d.ordinal()).collect();
-        let mut comms = vec![std::ptr::null_mut(); devices.len()];
-        // SAFETY: `comms` has room for one handle per device in `list`.
-        check_nccl("ncclCommInitAll", unsafe {
-            nccl::ncclCommInitAll(comms.as_mut_ptr(), list.len() as i32, list.as_ptr())
+    /// One communicator per device (rank r is `devices[r]`) in `mode`; for the modes with
+    /// windows, also a send and a receive buffer of `window_bytes` per rank from `ncclMemAlloc`,
+    /// registered as symmetric windows.
+    pub fn init(
+        devices: &[Device],
+        mode: NcclMode,
+        window_bytes: usize,
+    ) -> Result<NcclGroup, String> {
+        let v = version_code()?;
+        if v < CONFIG_VERSION as i32 {
+            return Err(format!(
+                "NCCL {} is older than 2.28: this benchmark needs ncclCommInitRankConfig with the 2.28 config (CTA policy, symmetric windows)",
+                version()?
+            ));
+        }
+        let mut id = nccl::ncclUniqueId { internal: [0; 128] };
+        // SAFETY: `id` is an out-pointer to a unique-id struct.
+        check_nccl("ncclGetUniqueId", unsafe { nccl::ncclGetUniqueId(&mut id) })
+            .map_err(nccl_err("ncclGetUniqueId"))?;
+        let mut config = nccl::ncclConfig_t {
+            size: std::mem::size_of::<nccl::ncclConfig_t>(),
+            magic: API_MAGIC,
+            version: CONFIG_VERSION,
+            blocking: UNDEF,
+            cgaClusterSize: UNDEF,
+            minCTAs: UNDEF,
+            maxCTAs: UNDEF,
+            netName: std::ptr::null(),
+            splitShare: UNDEF,
+            trafficClass: UNDEF,
+            commName: std::ptr::null(),
+            collnetEnable: UNDEF,
+            CTAPolicy: if mode == NcclMode::CopyEngine {
+                CTA_POLICY_ZERO
+            } else {
+                UNDEF
+            },
+            shrinkShare: UNDEF,
+            nvlsCTAs: UNDEF,
+            nChannelsPerNetPeer: UNDEF,
+            nvlinkCentricSched: 1,
+        };
+        let n = devices.len() as i32;
+        let mut group = NcclGroup {
+            mode,
+            devices: devices.to_vec(),
+            comms: vec![std::ptr::null_mut(); devices.len()],
+            windows: Vec::new(),
+            window_bytes,
+        };
+        group.grouped("ncclCommInitRankConfig", |r, d, comm| {
+            d.bind_to_thread().map_err(|e| e.to_string())?;
+            // SAFETY: `comm` is rank r's out-pointer, `id` came from ncclGetUniqueId and
+            // `config` is a fully initialised 2.28 config; rank r's device is current.
+            check_nccl("ncclCommInitRankConfig", unsafe {
+                nccl::ncclCommInitRankConfig(comm, n, id, r as i32, &mut config)
+            })
+            .map_err(nccl_err("ncclCommInitRankConfig"))
+        })?;
+        if mode.windows() {
+            for d in devices {
+                d.bind_to_thread().map_err(|e| e.to_string())?;
+                let mut w = Window {
+                    send: std::ptr::null_mut(),
+                    recv: std::ptr::null_mut(),
+                    send_win: std::ptr::null_mut(),
+                    recv_win: std::ptr::null_mut(),
+                };
+                // SAFETY: out-pointers; the device is current. Freed in Drop.
+                let rc = unsafe { nccl::ncclMemAlloc(&mut w.send, window_bytes) };
+                // SAFETY: as above.
+                let rc2 = unsafe { nccl::ncclMemAlloc(&mut w.recv, window_bytes) };
+                group.windows.push(w);
+                check_nccl("ncclMemAlloc", rc).map_err(nccl_err("ncclMemAlloc"))?;
+                check_nccl("ncclMemAlloc", rc2).map_err(nccl_err("ncclMemAlloc"))?;
+            }
+            let comms = group.comms.clone();
+            let wins: Vec<(*mut c_void, *mut c_void)> =
+                group.windows.iter().map(|w| (w.send, w.recv)).collect();
+            let mut handles = vec![(std::ptr::null_mut(), std::ptr::null_mut()); wins.len()];
+            let registered = group.grouped("ncclCommWindowRegister", |r, d, _| {
+                d.bind_to_thread().map_err(|e| e.to_string())?;
+                let (send, recv) = wins[r];
+                let (sw, rw) = &mut handles[r];
+                // SAFETY: both buffers came from ncclMemAlloc on this rank's GPU with
+                // `window_bytes` bytes; the handles are out-pointers.
+                let rc = unsafe {
+                    nccl::ncclCommWindowRegister(
+                        comms[r],
+                        send,
+                        window_bytes,
+                        sw,
+                        WIN_COLL_SYMMETRIC,
+                    )
+                };
+                check_nccl("ncclCommWindowRegister", rc)
+                    .map_err(nccl_err("ncclCommWindowRegister"))?;
+                // SAFETY: as above, for the receive buffer.
+                let rc = unsafe {
+                    nccl::ncclCommWindowRegister(
+                        comms[r],
+                        recv,
+                        window_bytes,
+                        rw,
+                        WIN_COLL_SYMMETRIC,
+                    )
+                };
+                check_nccl("ncclCommWindowRegister", rc).map_err(nccl_err("ncclCommWindowRegister"))
+            });
+            for (w, (sw, rw)) in group.windows.iter_mut().zip(handles) {
+                w.send_win = sw;
+                w.recv_win = rw;
+            }
+            registered?;
+        }
+        Ok(group)
+    }
+
+    /// Runs `f(rank, device, &mut comm)` for every rank inside one NCCL group, as NCCL needs for
+    /// collective set-up calls made by one thread for several GPUs.
+    fn grouped(
+        &mut self,
+        what: &str,
+        mut f: impl FnMut(usize, &Device, *mut nccl::ncclComm_t) -> Result<(), String>,
+    ) -> Result<(), String> {
+        // SAFETY: plain call; it only opens a group.
+        check_nccl("ncclGroupStart", unsafe { nccl::ncclGroupStart() }).map_err(nccl_err(what))?;
+        let mut result = Ok(());
+        for (r, d) in self.devices.iter().enumerate() {
+            let comm: *mut nccl::ncclComm_t = &mut self.comms[r];
+            result = f(r, d, comm);
+            if result.is_err() {
+                break;
+            }
+        }
+        // SAFETY: closes the group opened above (also after an error, as NCCL requires).
+        let end =
+            check_nccl("ncclGroupEnd", unsafe { nccl::ncclGroupEnd() }).map_err(nccl_err(what));
+        result.and(end)
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> NcclMode {
+        self.mode
+    }
+
+    /// Every rank's registered send and receive buffers, `window_bytes` each (window modes
+    /// only). They stay allocated until this group drops.
+    pub fn window_bufs(&self) -> Option<Vec<Bufs>> {
+        (!self.windows.is_empty()).then(|| {
+            self.windows
+                .iter()
+                .map(|w| Bufs {
+                    send: w.send as u64,
+                    recv: w.recv as u64,
+                })
+                .collect()
         })
-        .map_err(|e| e.to_string())?;
-        Ok(NcclGroup { comms })
     }
 
     /// Queues one collective on every rank, in one NCCL group. `count` follows NCCL (the
@@ -100,10 +348,7 @@ impl NcclGroup {
                 }
                 (true, _) => (bufs[r].recv, bufs[r].recv),
             };
-            let (s, d) = (
-                send as *const std::ffi::c_void,
-                recv as *mut std::ffi::c_void,
-            );
+            let (s, d) = (send as *const c_void, recv as *mut c_void);
             let stream = streams[r] as nccl::cudaStream_t;
             // SAFETY: the caller's buffers on rank r's GPU hold what `op` reads and writes for
             // `count` (the benchmark sizes them for the largest call); the stream is rank r's.
@@ -145,11 +390,101 @@ impl NcclGroup {
 
 impl Drop for NcclGroup {
     fn drop(&mut self) {
-        for c in &self.comms {
-            // SAFETY: each handle came from ncclCommInitAll and is destroyed once.
-            if let Err(e) = check_nccl("ncclCommDestroy", unsafe { nccl::ncclCommDestroy(*c) }) {
-                eprintln!("destroying an NCCL communicator: {e}");
+        let report = |what: &'static str, rc| {
+            if let Err(e) = check_nccl(what, rc) {
+                eprintln!("releasing NCCL ({}): {e}", self.mode.name());
+            }
+        };
+        if !self.windows.is_empty() && self.windows.iter().all(|w| !w.send_win.is_null()) {
+            // SAFETY: opens a group for the collective deregistration below.
+            report("ncclGroupStart", unsafe { nccl::ncclGroupStart() });
+            for (r, w) in self.windows.iter().enumerate() {
+                let _ = self.devices[r].bind_to_thread();
+                // SAFETY: each window was registered once on this communicator.
+                report("ncclCommWindowDeregister", unsafe {
+                    nccl::ncclCommWindowDeregister(self.comms[r], w.send_win)
+                });
+                // SAFETY: as above.
+                report("ncclCommWindowDeregister", unsafe {
+                    nccl::ncclCommWindowDeregister(self.comms[r], w.recv_win)
+                });
+            }
+            // SAFETY: closes the group.
+            report("ncclGroupEnd", unsafe { nccl::ncclGroupEnd() });
+        }
+        for (r, w) in self.windows.iter().enumerate() {
+            let _ = self.devices[r].bind_to_thread();
+            for p in [w.send, w.recv] {
+                if !p.is_null() {
+                    // SAFETY: allocated by ncclMemAlloc, freed once, no longer registered.
+                    report("ncclMemFree", unsafe { nccl::ncclMemFree(p) });
+                }
             }
         }
+        for c in self.comms.iter().filter(|c| !c.is_null()) {
+            // SAFETY: each handle came from ncclCommInitRankConfig and is destroyed once.
+            report("ncclCommDestroy", unsafe { nccl::ncclCommDestroy(*c) });
+        }
+    }
+}
+
+/// Device memory seen through the [`DeviceMemory`](p2p_mem::DeviceMemory) traits for as long as
+/// its owner (a [`DeviceBuffer`](p2p_mem::DeviceBuffer) or an [`NcclGroup`]'s windows) is
+/// borrowed: one type for every implementation's buffers in the benchmark.
+pub struct Borrowed<'a> {
+    mem: p2p_mem::ExternalMemory,
+    _owner: std::marker::PhantomData<&'a ()>,
+}
+
+impl<'a> Borrowed<'a> {
+    /// All of `buf`.
+    pub fn buffer(buf: &'a p2p_mem::DeviceBuffer<u8>) -> Borrowed<'a> {
+        use p2p_mem::DeviceMemory;
+        // SAFETY: `buf` is live device memory of `byte_len` bytes on its device, and stays
+        // allocated while it is borrowed for 'a.
+        let mem = unsafe {
+            p2p_mem::ExternalMemory::from_raw(buf.device(), buf.device_ptr(), buf.byte_len())
+        };
+        Borrowed {
+            mem,
+            _owner: std::marker::PhantomData,
+        }
+    }
+
+    /// Bytes `range` of this region.
+    pub fn slice(&self, range: impl std::ops::RangeBounds<usize>) -> p2p_mem::Result<Borrowed<'a>> {
+        Ok(Borrowed {
+            mem: self.mem.slice(range)?,
+            _owner: std::marker::PhantomData,
+        })
+    }
+}
+
+impl p2p_mem::DeviceMemory for Borrowed<'_> {
+    fn device(&self) -> &Device {
+        self.mem.device()
+    }
+    fn device_ptr(&self) -> p2p_sys::cuda::CUdeviceptr {
+        self.mem.device_ptr()
+    }
+    fn byte_len(&self) -> usize {
+        self.mem.byte_len()
+    }
+}
+
+impl p2p_mem::DeviceMemoryMut for Borrowed<'_> {}
+
+impl NcclGroup {
+    /// Rank r's registered send and receive buffers (window modes only).
+    pub fn window(&self, r: usize) -> Option<(Borrowed<'_>, Borrowed<'_>)> {
+        let w = self.windows.get(r)?;
+        let d = &self.devices[r];
+        let view = |p: *mut c_void| Borrowed {
+            // SAFETY: the buffer came from ncclMemAlloc on rank r's GPU with `window_bytes`
+            // bytes and is freed only when this group drops, after the borrow ends.
+            mem: unsafe { p2p_mem::ExternalMemory::from_raw(d, p as u64, self.window_bytes) },
+            _owner: std::marker::PhantomData,
+        };
+        Some((view(w.send), view(w.recv)))
     }
 }

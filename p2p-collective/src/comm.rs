@@ -12,18 +12,19 @@
 //! counters.
 
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use p2p_mem::ipc::{ImportedBuffer, IpcMemHandle};
-use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
+use p2p_mem::{check_peer_mappable, Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
 use p2p_transport::config::{Algorithm, Config};
 use p2p_transport::conn::AbortHandle;
 use p2p_transport::kernels::{self, Function, Module, Source};
 
 use crate::bootstrap::{Bootstrap, Rendezvous};
 use crate::error::{Error, Result};
-use crate::plan::{self, Kind, Plan, Tuning, MAX_BLOCKS, MAX_RANKS, THREADS};
+use crate::plan::{self, Access, Kind, Plan, Tuning, MAX_BLOCKS, MAX_RANKS, THREADS};
 use crate::types::{DataType, Op, RedOp};
 
 /// The collective kernels: `coll_f32` ... `coll_u8`, one per element type.
@@ -49,6 +50,8 @@ struct CollArgs {
     output: u64,
     scratch: [u64; MAX_RANKS],
     sync: [u64; MAX_RANKS],
+    peer_in: [u64; MAX_RANKS],
+    peer_out: [u64; MAX_RANKS],
     abort_flag: u64,
     count: u64,
     piece: u64,
@@ -64,7 +67,7 @@ struct CollArgs {
 }
 
 // `coll.cu` asserts the same size for its `CollArgs`.
-const _: () = assert!(std::mem::size_of::<CollArgs>() == 216);
+const _: () = assert!(std::mem::size_of::<CollArgs>() == 344);
 
 /// How a communicator behaves; [`Options::from_env`] reads the `P2P_*` settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,8 +145,48 @@ impl Call {
     }
 }
 
+/// The kernel families of `coll.cu`, each one entry point per type (`coll_f32`, `coll_f32_ll`,
+/// ...): separate entry points give each family its own register allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Family {
+    /// Through the scratch, step by step (`coll_<type>`).
+    Steps = 0,
+    /// Flags inside the data (`coll_<type>_ll`).
+    Ll = 1,
+    /// On registered buffers (`coll_<type>_direct`).
+    Direct = 2,
+    /// Broadcast and reduce split among the non-roots (`coll_<type>_split`).
+    Split = 3,
+}
+
+impl Family {
+    const ALL: [Family; 4] = [Family::Steps, Family::Ll, Family::Direct, Family::Split];
+
+    fn of(kind: Kind) -> Family {
+        if kind.is_ll() {
+            Family::Ll
+        } else if kind.is_direct() {
+            Family::Direct
+        } else if matches!(kind, Kind::BroadcastSplit | Kind::ReduceSplit) {
+            Family::Split
+        } else {
+            Family::Steps
+        }
+    }
+
+    fn suffix(self) -> &'static str {
+        match self {
+            Family::Steps => "",
+            Family::Ll => "_ll",
+            Family::Direct => "_direct",
+            Family::Split => "_split",
+        }
+    }
+}
+
 struct Kernels {
-    functions: [Function; 7],
+    /// `[family][type]`.
+    functions: [[Function; 7]; 4],
     /// Resident blocks per SM of the least-occupant kernel.
     blocks_per_sm: i32,
     module: Module,
@@ -152,25 +195,72 @@ struct Kernels {
 impl Kernels {
     fn load(device: &Device, cubin: &[u8]) -> Result<Kernels> {
         let module = Module::load(device, cubin)?;
-        let f = |d: DataType| module.function(d.kernel());
-        let functions = [
-            f(DataType::F32)?,
-            f(DataType::F64)?,
-            f(DataType::F16)?,
-            f(DataType::BF16)?,
-            f(DataType::I32)?,
-            f(DataType::I64)?,
-            f(DataType::U8)?,
-        ];
+        let mut functions = Vec::with_capacity(Family::ALL.len());
         let mut blocks_per_sm = i32::MAX;
-        for f in &functions {
-            blocks_per_sm = blocks_per_sm.min(f.max_blocks_per_sm(THREADS)?);
+        for family in Family::ALL {
+            let mut row = Vec::with_capacity(DataType::ALL.len());
+            for d in DataType::ALL {
+                let f = module.function(&format!("{}{}", d.kernel(), family.suffix()))?;
+                blocks_per_sm = blocks_per_sm.min(f.max_blocks_per_sm(THREADS)?);
+                row.push(f);
+            }
+            functions.push(row);
         }
+        let functions = functions
+            .into_iter()
+            .map(<[Function; 7]>::try_from)
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .ok()
+            .and_then(|rows| <[[Function; 7]; 4]>::try_from(rows).ok())
+            .ok_or_else(|| Error::InvalidArgument {
+                op: "init",
+                rank: 0,
+                what: "the collective module is missing kernels".into(),
+            })?;
         Ok(Kernels {
             functions,
             blocks_per_sm,
             module,
         })
+    }
+
+    fn function(&self, kind: Kind, dtype: DataType) -> Function {
+        self.functions[Family::of(kind) as usize][dtype.index()]
+    }
+}
+
+/// A buffer registered on every rank: this rank's range, and where every rank's registered
+/// buffer is as this GPU addresses it.
+struct Window {
+    id: u64,
+    base: u64,
+    len: usize,
+    /// Rank r's buffer as this GPU addresses it (this rank's: `base`).
+    peers: [u64; MAX_RANKS],
+    /// Process per GPU: the peers' buffers mapped through CUDA IPC, held while registered.
+    _mappings: Vec<ImportedBuffer>,
+}
+
+/// One registered buffer on one rank, from [`Communicator::register`] or
+/// [`Communicator::register_all`]; [`Communicator::deregister`] ends it. Dropping it does not:
+/// the registration lasts until deregistered or until the communicator is dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Registration {
+    id: u64,
+    rank: usize,
+    ptr: u64,
+    len: usize,
+}
+
+impl Registration {
+    /// The registered buffer's device address on its rank.
+    pub fn device_ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// Its size in bytes.
+    pub fn byte_len(&self) -> usize {
+        self.len
     }
 }
 
@@ -206,6 +296,9 @@ pub struct Communicator {
     failed: Mutex<Option<String>>,
     kernels: Arc<Kernels>,
     bootstrap: Option<Mutex<Bootstrap>>,
+    /// Registered buffers (symmetric windows): calls on them read and write peers directly.
+    windows: RwLock<Vec<Window>>,
+    next_window: AtomicU64,
     // Freed last: peers' mappings, then this rank's workspace.
     _peers: Vec<PeerMemory>,
     workspace: Arc<DeviceBuffer<u8>>,
@@ -346,6 +439,8 @@ impl Communicator {
                 failed: Mutex::new(None),
                 kernels: loaded[r].clone(),
                 bootstrap: None,
+                windows: RwLock::new(Vec::new()),
+                next_window: AtomicU64::new(0),
                 _peers: workspaces
                     .iter()
                     .enumerate()
@@ -490,6 +585,8 @@ impl Communicator {
             failed: Mutex::new(None),
             kernels,
             bootstrap: Some(Mutex::new(bootstrap)),
+            windows: RwLock::new(Vec::new()),
+            next_window: AtomicU64::new(0),
             _peers: peers,
             workspace,
         })
@@ -535,17 +632,300 @@ impl Communicator {
         (forced, tuning)
     }
 
-    /// How a call would run (algorithm, grid, pieces), without running it.
+    /// How a call on plain (unregistered) buffers would run (algorithm, grid, pieces),
+    /// without running it.
     pub fn plan(&self, call: &Call) -> Plan {
+        self.plan_with(call, Access::NONE)
+    }
+
+    /// How a call would run with the buffers `access` describes (registered or not).
+    pub fn plan_with(&self, call: &Call, access: Access) -> Plan {
         let (forced, tuning) = self.planner_inputs();
-        plan::plan(
+        plan::plan_with(
             call.op,
             call.dtype,
             call.count.max(1),
             self.world,
             forced,
             &tuning,
+            access,
         )
+    }
+
+    /// Registers `buf`, this rank's part of a symmetric window, for a communicator with one
+    /// process per GPU: every rank calls it, in the same order, with a buffer of the same size.
+    /// Returns once every rank has registered and mapped every other rank's buffer (through
+    /// CUDA IPC). Afterwards, calls whose input or output lies in the window at the same offset
+    /// on every rank read and write the peers' buffers directly, with no staging copy
+    /// ([`Access`]); calls on other buffers keep going through the scratch.
+    ///
+    /// The buffer must come from `cuMemAlloc` (a [`DeviceBuffer`], `cudaMalloc`, PyTorch's
+    /// caching allocator); memory from a stream-ordered pool (cudarc's `CudaSlice`) or cuMem
+    /// VMM is refused with the reason, on every rank.
+    ///
+    /// # Safety
+    /// Peers' kernels write into and read from `buf` for as long as it is registered: it must
+    /// stay allocated until [`deregister`](Self::deregister) (or this communicator's drop) on
+    /// every rank, and calls that use the window must use the same offsets on every rank, as
+    /// with NCCL's symmetric windows (`P2P_CHECK=1` checks the calls, not the offsets).
+    ///
+    /// ```no_run
+    /// # use p2p_collective::{Communicator, DataType, RedOp};
+    /// # use p2p_mem::{DeviceBuffer, Stream};
+    /// let comm = Communicator::from_env()?;
+    /// let stream = Stream::new(comm.device())?;
+    /// let mut grads = DeviceBuffer::<f32>::zeroed(comm.device(), 1 << 24)?;
+    /// // SAFETY: `grads` outlives the registration (deregistered below, on every rank).
+    /// let reg = unsafe { comm.register(&grads)? };
+    /// comm.all_reduce_in_place(&mut grads, 1 << 24, DataType::F32, RedOp::Sum, &stream)?;
+    /// comm.synchronize(&stream)?;
+    /// comm.deregister(reg)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[allow(unsafe_code)] // an unsafe contract (the buffer's lifetime); no unsafe inside
+    pub unsafe fn register(&self, buf: &dyn DeviceMemory) -> Result<Registration> {
+        let op = "register";
+        self.usable(op)?;
+        let Some(bootstrap) = &self.bootstrap else {
+            return Err(Error::InvalidArgument {
+                op,
+                rank: self.rank,
+                what: "this communicator drives every GPU of its process (init_all): register every rank's buffer at once with Communicator::register_all".into(),
+            });
+        };
+        // Every rank learns every rank's outcome, so a refusal on one fails all of them at once
+        // (nobody waits for a peer that gave up).
+        let mine = self
+            .check_registrable(buf)
+            .and_then(|()| Ok(IpcMemHandle::export(buf)?));
+        let mut blob = Vec::new();
+        match &mine {
+            Ok(h) => {
+                blob.push(1u8);
+                blob.extend_from_slice(&(buf.byte_len() as u64).to_le_bytes());
+                blob.extend_from_slice(&h.to_bytes());
+            }
+            Err(e) => {
+                blob.push(0u8);
+                blob.extend_from_slice(e.to_string().as_bytes());
+            }
+        }
+        let all = bootstrap
+            .lock()
+            .map_err(|_| Error::Bootstrap {
+                rank: self.rank,
+                why: "the bootstrap lock is poisoned".into(),
+            })?
+            .all_gather(&blob)?;
+        mine?;
+        let fail = |why: String| Error::InvalidArgument {
+            op,
+            rank: self.rank,
+            what: why,
+        };
+        let mut peers = [0u64; MAX_RANKS];
+        let mut mappings = Vec::new();
+        for (r, b) in all.iter().enumerate() {
+            match b.split_first() {
+                Some((1, rest)) if rest.len() >= 8 => {
+                    let len = u64::from_le_bytes(rest[..8].try_into().unwrap_or_default());
+                    if len != buf.byte_len() as u64 {
+                        return Err(fail(format!(
+                            "rank {r} registered {len} bytes, this rank {}: every rank registers a buffer of the same size",
+                            buf.byte_len()
+                        )));
+                    }
+                    if r == self.rank {
+                        peers[r] = buf.device_ptr();
+                        continue;
+                    }
+                    let h = IpcMemHandle::from_bytes(&rest[8..])
+                        .map_err(|e| fail(format!("rank {r}'s handle: {e}")))?;
+                    let imported = h.open(&self.device)?;
+                    peers[r] = imported.device_ptr();
+                    mappings.push(imported);
+                }
+                Some((0, why)) => {
+                    return Err(fail(format!(
+                        "rank {r} could not register its buffer: {}",
+                        String::from_utf8_lossy(why)
+                    )))
+                }
+                _ => return Err(fail(format!("rank {r} sent a malformed registration"))),
+            }
+        }
+        Ok(self.add_window(buf, peers, mappings))
+    }
+
+    /// Registers one buffer per rank for the communicators of one process (made by
+    /// [`init_all`](Self::init_all)): `bufs[r]` on `comms[r]` (communicators or references to
+    /// them, in rank order), all the same size. The counterpart of [`register`](Self::register)
+    /// for one process driving every GPU; returns one registration per rank.
+    ///
+    /// # Safety
+    /// As for [`register`](Self::register): every buffer must stay allocated until it is
+    /// deregistered on its rank (or the communicators are dropped).
+    #[allow(unsafe_code)] // an unsafe contract (the buffers' lifetime); no unsafe inside
+    pub unsafe fn register_all<C: std::borrow::Borrow<Communicator>>(
+        comms: &[C],
+        bufs: &[&dyn DeviceMemory],
+    ) -> Result<Vec<Registration>> {
+        let op = "register_all";
+        let bad = |rank, what: String| Error::InvalidArgument { op, rank, what };
+        let comms: Vec<&Communicator> = comms.iter().map(|c| c.borrow()).collect();
+        let Some(first) = comms.first().copied() else {
+            return Err(bad(0, "no communicators given".into()));
+        };
+        if comms.len() != first.world || bufs.len() != comms.len() {
+            return Err(bad(
+                0,
+                format!(
+                    "give every rank of the communicator ({}) and one buffer each: got {} communicators and {} buffers",
+                    first.world,
+                    comms.len(),
+                    bufs.len()
+                ),
+            ));
+        }
+        let mut peers = [0u64; MAX_RANKS];
+        for (r, (c, b)) in comms.iter().zip(bufs).enumerate() {
+            if c.rank != r || c.bootstrap.is_some() || c.bases != first.bases {
+                return Err(bad(
+                    r,
+                    "comms must be the communicators of one init_all, in rank order".into(),
+                ));
+            }
+            c.usable(op)?;
+            c.check_registrable(*b)?;
+            if b.byte_len() != bufs[0].byte_len() {
+                return Err(bad(
+                    r,
+                    format!(
+                        "rank {r}'s buffer holds {} bytes, rank 0's {}: every rank registers a buffer of the same size",
+                        b.byte_len(),
+                        bufs[0].byte_len()
+                    ),
+                ));
+            }
+            peers[r] = b.device_ptr();
+        }
+        Ok(comms
+            .iter()
+            .zip(bufs)
+            .map(|(c, b)| c.add_window(*b, peers, Vec::new()))
+            .collect())
+    }
+
+    /// Ends a registration: waits for this rank's GPU to finish what is queued (calls that may
+    /// still use the window), then forgets the window and unmaps the peers' buffers. Do it on
+    /// every rank before the next call on that buffer, and before freeing it.
+    pub fn deregister(&self, reg: Registration) -> Result<()> {
+        if reg.rank != self.rank {
+            return Err(Error::InvalidArgument {
+                op: "deregister",
+                rank: self.rank,
+                what: format!("that registration belongs to rank {}", reg.rank),
+            });
+        }
+        self.device.synchronize()?;
+        let mut windows = self.windows.write().map_err(|_| Error::InvalidArgument {
+            op: "deregister",
+            rank: self.rank,
+            what: "the registration table's lock is poisoned".into(),
+        })?;
+        let before = windows.len();
+        windows.retain(|w| w.id != reg.id);
+        if windows.len() == before {
+            return Err(Error::InvalidArgument {
+                op: "deregister",
+                rank: self.rank,
+                what: format!(
+                    "{} bytes at {:#x} are not registered (deregistered twice?)",
+                    reg.len, reg.ptr
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks one rank's buffer before registering it.
+    fn check_registrable(&self, buf: &dyn DeviceMemory) -> Result<()> {
+        let bad = |what: String| Error::InvalidArgument {
+            op: "register",
+            rank: self.rank,
+            what,
+        };
+        if buf.device() != &self.device {
+            return Err(bad(format!(
+                "the buffer is on GPU {}, this rank's GPU is {}",
+                buf.device().ordinal(),
+                self.device.ordinal()
+            )));
+        }
+        check_peer_mappable(buf).map_err(|e| bad(e.to_string()))?;
+        let (lo, hi) = (buf.device_ptr(), buf.device_ptr() + buf.byte_len() as u64);
+        let windows = self
+            .windows
+            .read()
+            .map_err(|_| bad("the registration table's lock is poisoned".into()))?;
+        if let Some(w) = windows
+            .iter()
+            .find(|w| lo < w.base + w.len as u64 && w.base < hi)
+        {
+            return Err(bad(format!(
+                "{} bytes at {lo:#x} overlap a registered buffer ({} bytes at {:#x}): deregister it first",
+                buf.byte_len(),
+                w.len,
+                w.base
+            )));
+        }
+        Ok(())
+    }
+
+    fn add_window(
+        &self,
+        buf: &dyn DeviceMemory,
+        peers: [u64; MAX_RANKS],
+        mappings: Vec<ImportedBuffer>,
+    ) -> Registration {
+        let id = self.next_window.fetch_add(1, Ordering::Relaxed);
+        let reg = Registration {
+            id,
+            rank: self.rank,
+            ptr: buf.device_ptr(),
+            len: buf.byte_len(),
+        };
+        tracing::info!(
+            rank = self.rank,
+            "registered {} bytes at {:#x}: calls on them read and write the peers' buffers directly",
+            reg.len,
+            reg.ptr
+        );
+        if let Ok(mut w) = self.windows.write() {
+            w.push(Window {
+                id,
+                base: reg.ptr,
+                len: reg.len,
+                peers,
+                _mappings: mappings,
+            });
+        }
+        reg
+    }
+
+    /// Every rank's address of the `bytes` at `ptr` if they lie in one registered window (at
+    /// the same offset on every rank, as symmetric windows require).
+    fn peers_of(&self, ptr: u64, bytes: usize) -> Option<[u64; MAX_RANKS]> {
+        let windows = self.windows.read().ok()?;
+        let w = windows
+            .iter()
+            .find(|w| ptr >= w.base && ptr + bytes as u64 <= w.base + w.len as u64)?;
+        let off = ptr - w.base;
+        let mut at = [0u64; MAX_RANKS];
+        for (a, p) in at.iter_mut().zip(&w.peers).take(self.world) {
+            *a = p + off;
+        }
+        Some(at)
     }
 
     /// A handle that aborts this communicator from any thread (in one process, every rank made
@@ -737,7 +1117,24 @@ impl Communicator {
             }
         }
         let (forced, tuning) = self.planner_inputs();
-        let p = plan::plan(call.op, call.dtype, call.count, self.world, forced, &tuning);
+        let (in_peers, out_peers) = if self.windows.read().map_or(true, |w| w.is_empty()) {
+            (None, None)
+        } else {
+            (
+                self.peers_of(input.ptr, in_len * size),
+                self.peers_of(output.ptr, out_len * size),
+            )
+        };
+        let overlap = input.ptr < output.ptr + (out_len * size) as u64
+            && output.ptr < input.ptr + (in_len * size) as u64;
+        let access = Access {
+            input: in_peers.is_some(),
+            output: out_peers.is_some(),
+            in_place: overlap,
+        };
+        let p = plan::plan_with(
+            call.op, call.dtype, call.count, self.world, forced, &tuning, access,
+        );
         let redop = if call.op.reduces() {
             call.redop.code()
         } else {
@@ -765,6 +1162,10 @@ impl Communicator {
             args.sync[r] = self.bases[r];
             args.scratch[r] = self.bases[r] + SYNC_BYTES as u64;
         }
+        if p.kind.is_direct() {
+            args.peer_in = in_peers.unwrap_or_default();
+            args.peer_out = out_peers.unwrap_or_default();
+        }
         tracing::debug!(
             rank = self.rank,
             "{op} {} {} x {}: {:?}, {} blocks x {} chunks ({})",
@@ -776,7 +1177,7 @@ impl Communicator {
             p.chunks,
             p.reason
         );
-        let function = self.kernels.functions[p.kernel_type.index()];
+        let function = self.kernels.function(p.kind, p.kernel_type);
         launch(&self.kernels.module, function, p.grid, &mut args, stream)
     }
 

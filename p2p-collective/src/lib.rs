@@ -21,8 +21,12 @@
 //! exchanges per-block flags carrying monotonic step counters kept on the GPU (so a call
 //! captured in a graph replays correctly), then reduces in rank order (every rank gets
 //! bitwise-identical results; f16 and bf16 accumulate in f32). All-reduce runs one-shot,
-//! two-shot or ring. Every wait polls an abort flag and has a time limit, so a missing peer
-//! is an error, not a hang.
+//! two-shot or ring. Small calls of every collective run LL (flags inside the data: one
+//! crossing, no fence); large broadcasts and reduces on more than two ranks split the data
+//! among the non-roots. Buffers registered on every rank ([`Communicator::register`],
+//! [`Communicator::register_all`]) are read and written by the peers directly, with no staging
+//! through the scratch and one barrier at each end of the call instead of one per chunk. Every
+//! wait polls an abort flag and has a time limit, so a missing peer is an error, not a hang.
 
 #![deny(unsafe_code)]
 
@@ -34,8 +38,9 @@ pub mod plan;
 pub mod types;
 pub mod verify;
 
-pub use comm::{Call, Communicator, Options};
+pub use comm::{Call, Communicator, Options, Registration};
 pub use error::{Error, Result};
 pub use p2p_transport;
 pub use p2p_transport::config::Algorithm;
+pub use plan::Access;
 pub use types::{DataType, Element, Op, RedOp};

@@ -33,32 +33,40 @@ pub struct Tuning {
     pub piece_bytes: usize,
     /// Bytes per block below which a call uses fewer blocks.
     pub block_bytes: usize,
-    /// Above this many bytes, all-reduce on more than two ranks goes two-shot.
+    /// All-reduces up to `oneshot_max_bytes / n` bytes on n > 2 ranks run one-shot, larger ones
+    /// two-shot (two ranks always run one-shot: it moves each byte once).
     pub oneshot_max_bytes: usize,
-    /// All-reduces up to this many bytes run LL (flags inside the data) on two ranks unless an
-    /// algorithm is forced or checking mode is on; on n ranks, up to this over n - 1 (each rank
-    /// sends its lines to every peer). 0 turns LL off. At most [`LL_MAX_BYTES`].
+    /// LL (flags inside the data) runs while each source's data is at most this many bytes on
+    /// two and three ranks, and `2 * ll_max_bytes / n` on more (see [`Tuning::ll_limit`]),
+    /// unless an algorithm is forced or checking mode is on. 0 turns LL off. At most
+    /// [`LL_MAX_BYTES`].
     pub ll_max_bytes: usize,
+    /// Broadcasts and reduces on more than two ranks of at least this many bytes split the
+    /// data among the non-roots (every GPU's links carry it about once) instead of the root
+    /// sending to, or receiving from, every peer.
+    pub split_min_bytes: usize,
 }
 
 impl Tuning {
     /// The defaults for a GPU with `sm_count` SMs that holds `blocks_per_sm` resident blocks
     /// of the collective kernel: up to two blocks per SM (measured on H200: 256 blocks reach
     /// 355 GB/s all-reduce busbw at 1 GiB where 132 reach 310, as one block pushes while
-    /// another on the same SM reduces; docs/perf-notes.md, section 10).
+    /// another on the same SM reduces; docs/perf-notes.md, section 10). The size thresholds
+    /// come from the sweeps on 2, 3 and 4 x H200 (perf-notes section 18).
     pub fn for_device(sm_count: i32, blocks_per_sm: i32) -> Tuning {
         let per_sm = blocks_per_sm.clamp(1, 2) as u32;
         Tuning {
             max_blocks: (sm_count.max(1) as u32 * per_sm).min(MAX_BLOCKS),
             piece_bytes: 64 << 10,
             block_bytes: 16 << 10,
-            oneshot_max_bytes: 256 << 10,
+            oneshot_max_bytes: 3 << 20,
             ll_max_bytes: 512 << 10,
+            split_min_bytes: 1 << 20,
         }
     }
 
     /// How many words [`to_words`](Self::to_words) gives.
-    pub const WORDS: usize = 5;
+    pub const WORDS: usize = 6;
 
     /// Every knob as a word, for ranks to compare at start-up.
     pub fn to_words(&self) -> [u64; Self::WORDS] {
@@ -68,25 +76,38 @@ impl Tuning {
             self.block_bytes as u64,
             self.oneshot_max_bytes as u64,
             self.ll_max_bytes as u64,
+            self.split_min_bytes as u64,
         ]
     }
 
     /// The inverse of [`to_words`](Self::to_words); `None` for a wrong length or a value out
     /// of range.
     pub fn from_words(w: &[u64]) -> Option<Tuning> {
-        let [b, p, bb, o, l] = <[u64; Self::WORDS]>::try_from(w).ok()?;
+        let [b, p, bb, o, l, sp] = <[u64; Self::WORDS]>::try_from(w).ok()?;
         Some(Tuning {
             max_blocks: u32::try_from(b).ok()?,
             piece_bytes: usize::try_from(p).ok()?,
             block_bytes: usize::try_from(bb).ok()?,
             oneshot_max_bytes: usize::try_from(o).ok()?,
             ll_max_bytes: usize::try_from(l).ok()?,
+            split_min_bytes: usize::try_from(sp).ok()?,
         })
     }
 
     /// Bytes of one (parity, source rank) slot of a rank's scratch.
     pub fn slot_bytes(&self) -> usize {
         self.max_blocks as usize * self.piece_bytes
+    }
+
+    /// Most bytes per source that run LL by default on `world` ranks: `ll_max_bytes` on two and
+    /// three ranks, `2 * ll_max_bytes / world` on more (each rank polls more sources, and LL's
+    /// doubled bytes cost more: the crossover measured on 4 ranks was 256 KiB).
+    pub fn ll_limit(&self, world: usize) -> usize {
+        if world <= 3 {
+            self.ll_max_bytes
+        } else {
+            2 * self.ll_max_bytes / world
+        }
     }
 }
 
@@ -112,23 +133,61 @@ pub enum Kind {
     AllReduceRing = 7,
     /// All-reduce one-shot with flags inside the data (LL).
     AllReduceLl = 8,
+    /// Broadcast split among the non-roots: the root sends part j to the j-th non-root, which
+    /// forwards it to the others.
+    BroadcastSplit = 9,
+    /// Reduce split among the non-roots: the j-th non-root reduces part j over every rank and
+    /// sends it to the root.
+    ReduceSplit = 10,
+    /// All-gather through LL lines.
+    AllGatherLl = 11,
+    /// Reduce-scatter through LL lines.
+    ReduceScatterLl = 12,
+    /// All-to-all through LL lines.
+    AllToAllLl = 13,
+    /// Broadcast through LL lines.
+    BroadcastLl = 14,
+    /// Reduce through LL lines.
+    ReduceLl = 15,
+    /// All-reduce on registered buffers: each rank reads its part from every peer's input,
+    /// reduces it and writes it into every peer's output.
+    AllReduceDirect = 16,
+    /// All-gather into every peer's registered output.
+    AllGatherDirect = 17,
+    /// Reduce-scatter reading every peer's registered input.
+    ReduceScatterDirect = 18,
+    /// All-to-all into every peer's registered output.
+    AllToAllDirect = 19,
 }
 
 impl Kind {
+    /// Every kind, by code.
+    pub const ALL: [Kind; 20] = [
+        Kind::AllReduceOneShot,
+        Kind::AllReduceTwoShot,
+        Kind::Reduce,
+        Kind::Broadcast,
+        Kind::AllGather,
+        Kind::ReduceScatter,
+        Kind::AllToAll,
+        Kind::AllReduceRing,
+        Kind::AllReduceLl,
+        Kind::BroadcastSplit,
+        Kind::ReduceSplit,
+        Kind::AllGatherLl,
+        Kind::ReduceScatterLl,
+        Kind::AllToAllLl,
+        Kind::BroadcastLl,
+        Kind::ReduceLl,
+        Kind::AllReduceDirect,
+        Kind::AllGatherDirect,
+        Kind::ReduceScatterDirect,
+        Kind::AllToAllDirect,
+    ];
+
     /// The kind with code `code`, as the kernel records it in its status.
     pub fn from_code(code: u64) -> Option<Kind> {
-        Some(match code {
-            0 => Kind::AllReduceOneShot,
-            1 => Kind::AllReduceTwoShot,
-            2 => Kind::Reduce,
-            3 => Kind::Broadcast,
-            4 => Kind::AllGather,
-            5 => Kind::ReduceScatter,
-            6 => Kind::AllToAll,
-            7 => Kind::AllReduceRing,
-            8 => Kind::AllReduceLl,
-            _ => return None,
-        })
+        Kind::ALL.get(usize::try_from(code).ok()?).copied()
     }
 
     /// The collective this kind carries out.
@@ -137,16 +196,19 @@ impl Kind {
             Kind::AllReduceOneShot
             | Kind::AllReduceTwoShot
             | Kind::AllReduceRing
-            | Kind::AllReduceLl => Op::AllReduce,
-            Kind::Reduce => Op::Reduce,
-            Kind::Broadcast => Op::Broadcast,
-            Kind::AllGather => Op::AllGather,
-            Kind::ReduceScatter => Op::ReduceScatter,
-            Kind::AllToAll => Op::AllToAll,
+            | Kind::AllReduceLl
+            | Kind::AllReduceDirect => Op::AllReduce,
+            Kind::Reduce | Kind::ReduceSplit | Kind::ReduceLl => Op::Reduce,
+            Kind::Broadcast | Kind::BroadcastSplit | Kind::BroadcastLl => Op::Broadcast,
+            Kind::AllGather | Kind::AllGatherLl | Kind::AllGatherDirect => Op::AllGather,
+            Kind::ReduceScatter | Kind::ReduceScatterLl | Kind::ReduceScatterDirect => {
+                Op::ReduceScatter
+            }
+            Kind::AllToAll | Kind::AllToAllLl | Kind::AllToAllDirect => Op::AllToAll,
         }
     }
 
-    /// The all-reduce algorithm, for the all-reduce kinds.
+    /// The all-reduce algorithm, for the all-reduce kinds that `P2P_ALGO` can force.
     pub fn algorithm(self) -> Option<Algorithm> {
         match self {
             Kind::AllReduceOneShot => Some(Algorithm::OneShot),
@@ -156,6 +218,66 @@ impl Kind {
             _ => None,
         }
     }
+
+    /// Whether the kind moves data through LL lines (one step, flags inside the data).
+    pub fn is_ll(self) -> bool {
+        matches!(
+            self,
+            Kind::AllReduceLl
+                | Kind::AllGatherLl
+                | Kind::ReduceScatterLl
+                | Kind::AllToAllLl
+                | Kind::BroadcastLl
+                | Kind::ReduceLl
+        )
+    }
+
+    /// Whether the kind reads or writes peers' registered buffers directly.
+    pub fn is_direct(self) -> bool {
+        matches!(
+            self,
+            Kind::AllReduceDirect
+                | Kind::AllGatherDirect
+                | Kind::ReduceScatterDirect
+                | Kind::AllToAllDirect
+        )
+    }
+
+    /// A short name for logs and results: `ll`, `direct`, `split`, `oneshot`, ... or `-`.
+    pub fn variant(self) -> &'static str {
+        if self.is_ll() {
+            "ll"
+        } else if self.is_direct() {
+            "direct"
+        } else if matches!(self, Kind::BroadcastSplit | Kind::ReduceSplit) {
+            "split"
+        } else {
+            self.algorithm().map_or("-", Algorithm::name)
+        }
+    }
+}
+
+/// Which of a call's buffers peers can reach directly: every rank registered them
+/// ([`Communicator::register`](crate::Communicator::register)), so the kernel reads peers'
+/// inputs and writes peers' outputs without staging.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Access {
+    /// Every rank's input is registered.
+    pub input: bool,
+    /// Every rank's output is registered.
+    pub output: bool,
+    /// The call is in place (an all-to-all in place cannot write into peers directly: a peer
+    /// may still be reading the part it is about to receive).
+    pub in_place: bool,
+}
+
+impl Access {
+    /// Plain buffers: everything goes through the registered scratch.
+    pub const NONE: Access = Access {
+        input: false,
+        output: false,
+        in_place: false,
+    };
 }
 
 /// How one call runs.
@@ -165,13 +287,13 @@ pub struct Plan {
     pub kind: Kind,
     /// The type the kernel works in: the call's type for reductions, bytes (`U8`) for copies.
     pub kernel_type: DataType,
-    /// Elements of `kernel_type` per segment (the whole call for all-reduce; one rank's part
-    /// for all-gather, reduce-scatter and all-to-all).
+    /// Elements of `kernel_type` per segment (the whole call for all-reduce, broadcast and
+    /// reduce; one rank's part for all-gather, reduce-scatter and all-to-all).
     pub units: u64,
     /// Blocks in the grid.
     pub grid: u32,
     /// Elements per block per chunk (a whole number of 16-byte vectors); for LL, 8-byte units
-    /// per block.
+    /// per block; for the direct kinds, elements per block of the rank's share.
     pub piece: u64,
     /// Rounds over the data.
     pub chunks: u64,
@@ -180,10 +302,17 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Barrier steps each block takes (each a flag exchange with every peer).
+    /// Barrier steps each block takes (each a flag exchange with every peer, or for LL one
+    /// exchange of lines).
     pub fn steps(&self, world: usize) -> u64 {
         let per_chunk = match self.kind {
-            Kind::AllReduceTwoShot => 2,
+            Kind::AllReduceTwoShot
+            | Kind::BroadcastSplit
+            | Kind::ReduceSplit
+            | Kind::AllReduceDirect
+            | Kind::AllGatherDirect
+            | Kind::ReduceScatterDirect
+            | Kind::AllToAllDirect => 2,
             Kind::AllReduceRing => 2 * (world as u64).saturating_sub(1),
             _ => 1,
         };
@@ -191,7 +320,8 @@ impl Plan {
     }
 }
 
-/// Plans `op` over `count` elements of `dtype` on `world` ranks.
+/// Plans `op` over `count` elements of `dtype` on `world` ranks, through the scratch (no
+/// registered buffers).
 ///
 /// `count` follows NCCL (see [`Op::buffer_lens`]); it must be nonzero (zero counts are no-ops
 /// that never reach the planner).
@@ -203,41 +333,108 @@ pub fn plan(
     forced: Option<Algorithm>,
     tuning: &Tuning,
 ) -> Plan {
+    plan_with(op, dtype, count, world, forced, tuning, Access::NONE)
+}
+
+/// As [`plan`], knowing which buffers peers can reach directly.
+pub fn plan_with(
+    op: Op,
+    dtype: DataType,
+    count: usize,
+    world: usize,
+    forced: Option<Algorithm>,
+    tuning: &Tuning,
+    access: Access,
+) -> Plan {
+    let world = world.max(1);
+    // Bytes of one source's data: the whole buffer, or one rank's part.
+    let seg_bytes = count * dtype.size();
     let (kind, reason) = match op {
-        Op::AllReduce => choose_all_reduce(count * dtype.size(), world, forced, tuning),
+        Op::AllReduce => choose_all_reduce(seg_bytes, world, forced, tuning, access),
+        _ if ll_default(seg_bytes, world, tuning) => (
+            ll_kind(op),
+            "small: flags inside the data (LL), one crossing, no fence or flag",
+        ),
+        Op::Broadcast if world > 2 && seg_bytes >= tuning.split_min_bytes => (
+            Kind::BroadcastSplit,
+            "large on > 2 ranks: the root sends each non-root a part, which it forwards to the others",
+        ),
         Op::Broadcast => (Kind::Broadcast, "the root pushes to every peer"),
+        Op::Reduce if world > 2 && seg_bytes >= tuning.split_min_bytes => (
+            Kind::ReduceSplit,
+            "large on > 2 ranks: each non-root reduces a part over every rank and sends it to the root",
+        ),
         Op::Reduce => (Kind::Reduce, "every peer pushes to the root"),
+        Op::AllGather if access.output => (
+            Kind::AllGatherDirect,
+            "registered output: every rank writes into every peer's output",
+        ),
         Op::AllGather => (Kind::AllGather, "every rank pushes to every peer"),
+        Op::ReduceScatter if access.input => (
+            Kind::ReduceScatterDirect,
+            "registered input: every rank reads its part from every peer's input",
+        ),
         Op::ReduceScatter => (
             Kind::ReduceScatter,
             "every rank pushes each part to its owner",
         ),
+        Op::AllToAll if access.output && !access.in_place => (
+            Kind::AllToAllDirect,
+            "registered output: every rank writes each part into its owner's output",
+        ),
         Op::AllToAll => (Kind::AllToAll, "every rank pushes each part to its owner"),
     };
-    if kind == Kind::AllReduceLl {
-        // 8-byte units, one per thread; one round. Each block owns THREADS lines of the LL
-        // region whatever the grid (see `coll.cu`); `ll_fits` kept the grid within the
-        // tuning's resident blocks (at most LL_MAX_BYTES / 8 / THREADS = 128).
-        let units = (count * dtype.size()).div_ceil(8) as u64;
-        let grid = units.div_ceil(THREADS as u64).max(1) as u32;
+    let kernel_type = if op.reduces() { dtype } else { DataType::U8 };
+    let elem = kernel_type.size();
+    let units = (seg_bytes / elem) as u64;
+    if kind.is_ll() {
+        // 8-byte units, one per thread; one round. Each block owns THREADS lines of each LL
+        // slot whatever the grid (see `coll.cu`); `ll_fits` kept the grid within the tuning's
+        // resident blocks (at most LL_MAX_BYTES / 8 / THREADS = 128).
+        let units8 = seg_bytes.div_ceil(8) as u64;
+        let grid = units8.div_ceil(THREADS as u64).max(1) as u32;
         return Plan {
             kind,
-            kernel_type: dtype,
-            units: count as u64,
+            kernel_type,
+            units,
             grid,
-            piece: units.div_ceil(grid as u64),
+            piece: units8.div_ceil(grid as u64),
             chunks: 1,
             reason,
         };
     }
-    let kernel_type = if op.reduces() { dtype } else { DataType::U8 };
-    let elem = kernel_type.size();
-    let units = (count * dtype.size() / elem) as u64;
-    let bytes = units as usize * elem;
+    // What one rank moves: the whole buffer for all-reduce, broadcast and reduce; its n parts
+    // for the others.
+    let bytes = match op {
+        Op::AllGather | Op::ReduceScatter | Op::AllToAll => seg_bytes * world,
+        _ => seg_bytes,
+    };
     let grid = bytes
         .div_ceil(tuning.block_bytes.max(16))
         .clamp(1, tuning.max_blocks.max(1) as usize) as u32;
-    let piece_bytes = bytes
+    if kind.is_direct() {
+        // One pass, no scratch: each block takes a contiguous share of what this rank handles
+        // (its part of the data for all-reduce, a rank's part for the others).
+        let share = if kind == Kind::AllReduceDirect {
+            units.div_ceil(world as u64)
+        } else {
+            units
+        };
+        let per_vec = (16 / elem) as u64;
+        let piece = share.div_ceil(grid as u64).div_ceil(per_vec).max(1) * per_vec;
+        return Plan {
+            kind,
+            kernel_type,
+            units,
+            grid,
+            piece,
+            chunks: 1,
+            reason,
+        };
+    }
+    let grid = (seg_bytes.div_ceil(tuning.block_bytes.max(16)))
+        .clamp(1, tuning.max_blocks.max(1) as usize) as u32;
+    let piece_bytes = seg_bytes
         .div_ceil(grid as usize)
         .next_multiple_of(16)
         .min(tuning.piece_bytes.max(16) / 16 * 16);
@@ -254,11 +451,28 @@ pub fn plan(
     }
 }
 
+fn ll_kind(op: Op) -> Kind {
+    match op {
+        Op::AllReduce => Kind::AllReduceLl,
+        Op::AllGather => Kind::AllGatherLl,
+        Op::ReduceScatter => Kind::ReduceScatterLl,
+        Op::AllToAll => Kind::AllToAllLl,
+        Op::Broadcast => Kind::BroadcastLl,
+        Op::Reduce => Kind::ReduceLl,
+    }
+}
+
+/// Whether LL runs by default for `seg_bytes` per source on `world` ranks.
+fn ll_default(seg_bytes: usize, world: usize, tuning: &Tuning) -> bool {
+    seg_bytes <= tuning.ll_limit(world) && ll_fits(seg_bytes, tuning)
+}
+
 fn choose_all_reduce(
     bytes: usize,
     world: usize,
     forced: Option<Algorithm>,
     tuning: &Tuning,
+    access: Access,
 ) -> (Kind, &'static str) {
     match forced {
         Some(Algorithm::OneShot) => return (Kind::AllReduceOneShot, "forced by P2P_ALGO/Options"),
@@ -275,17 +489,22 @@ fn choose_all_reduce(
         }
         None => {}
     }
-    if bytes.saturating_mul(world.max(2) - 1) <= tuning.ll_max_bytes && ll_fits(bytes, tuning) {
+    if ll_default(bytes, world, tuning) {
         (
             Kind::AllReduceLl,
             "small: flags inside the data (LL), one crossing, no fence or flag",
+        )
+    } else if access.input && access.output {
+        (
+            Kind::AllReduceDirect,
+            "registered buffers: each rank reads its part from every peer, reduces it and writes it into every peer",
         )
     } else if world <= 2 {
         (
             Kind::AllReduceOneShot,
             "2 ranks: one-shot sends each byte once, as a ring would, in one step",
         )
-    } else if bytes <= tuning.oneshot_max_bytes {
+    } else if bytes <= tuning.oneshot_max_bytes / world {
         (
             Kind::AllReduceOneShot,
             "small: one step beats the extra bytes",
@@ -298,28 +517,28 @@ fn choose_all_reduce(
     }
 }
 
-/// Whether an all-reduce of `bytes` fits LL: at most [`LL_MAX_BYTES`], and its grid (one block
-/// per `THREADS` 8-byte units) within the tuning's resident blocks.
+/// Whether `bytes` per source fit LL: at most [`LL_MAX_BYTES`], and its grid (one block per
+/// `THREADS` 8-byte units) within the tuning's resident blocks.
 fn ll_fits(bytes: usize, tuning: &Tuning) -> bool {
     bytes <= LL_MAX_BYTES
         && bytes.div_ceil(8).div_ceil(THREADS as usize) <= tuning.max_blocks as usize
 }
 
 /// The 64-bit signature of a call that ranks compare in checking mode:
-/// kind (4 bits), type (4), reduction (4), root (8), count (44).
+/// kind (5 bits), type (4), reduction (3), root (8), count (44).
 pub fn signature(kind: Kind, dtype: DataType, redop: i32, root: usize, count: usize) -> u64 {
-    (kind as u64 & 0xf)
-        | ((dtype.index() as u64 & 0xf) << 4)
-        | ((redop as u64 & 0xf) << 8)
+    (kind as u64 & 0x1f)
+        | ((dtype.index() as u64 & 0xf) << 5)
+        | ((redop as u64 & 0x7) << 9)
         | ((root as u64 & 0xff) << 12)
         | ((count as u64 & ((1 << 44) - 1)) << 20)
 }
 
 /// A signature in words, e.g. `all_reduce (oneshot) float sum, count 1024`.
 pub fn describe(sig: u64) -> String {
-    let kind = Kind::from_code(sig & 0xf);
-    let dtype = DataType::ALL.get(((sig >> 4) & 0xf) as usize);
-    let redop = crate::types::RedOp::ALL.get(((sig >> 8) & 0xf) as usize);
+    let kind = Kind::from_code(sig & 0x1f);
+    let dtype = DataType::ALL.get(((sig >> 5) & 0xf) as usize);
+    let redop = crate::types::RedOp::ALL.get(((sig >> 9) & 0x7) as usize);
     let root = (sig >> 12) & 0xff;
     let count = sig >> 20;
     let Some(kind) = kind else {
@@ -327,8 +546,8 @@ pub fn describe(sig: u64) -> String {
     };
     let op = kind.op();
     let mut s = op.name().to_string();
-    if let Some(a) = kind.algorithm() {
-        s += &format!(" ({})", a.name());
+    if kind.variant() != "-" {
+        s += &format!(" ({})", kind.variant());
     }
     if let Some(d) = dtype {
         s += &format!(" {d}");
@@ -473,9 +692,15 @@ mod tests {
     #[test]
     fn auto_picks_ll_up_to_the_tuned_size_and_only_where_the_grid_fits() {
         let mut tuning = t();
-        let limit = tuning.ll_max_bytes;
-        for world in [2, 4, 8] {
-            let most = limit / (world - 1) / 4;
+        // Measured crossovers: 512 KiB on 2 and 3 ranks, 256 KiB on 4.
+        for (world, limit) in [
+            (2, 512 << 10),
+            (3, 512 << 10),
+            (4, 256 << 10),
+            (8, 128 << 10),
+        ] {
+            assert_eq!(tuning.ll_limit(world), limit);
+            let most = limit / 4;
             let p = plan(Op::AllReduce, DataType::F32, most, world, None, &tuning);
             assert_eq!(p.kind, Kind::AllReduceLl, "world {world}");
             assert!(p.reason.contains("LL"));
@@ -497,6 +722,190 @@ mod tests {
             plan(Op::AllReduce, DataType::U8, fits + 1, 2, None, &tuning).kind,
             Kind::AllReduceOneShot
         );
+    }
+
+    #[test]
+    fn every_collective_runs_ll_while_each_source_sends_little() {
+        let tuning = t();
+        for op in Op::ALL {
+            for world in [2, 3, 4, 8] {
+                // `count` is per rank for the parted collectives: the limit is per source.
+                let most = tuning.ll_limit(world) / 4;
+                let p = plan(op, DataType::F32, most, world, None, &tuning);
+                assert!(p.kind.is_ll(), "{op} world {world}: {:?}", p.kind);
+                assert_eq!(p.kind.op(), op);
+                assert_eq!(p.steps(world), 1);
+                let p = plan(op, DataType::F32, most + 1, world, None, &tuning);
+                assert!(!p.kind.is_ll(), "{op} world {world}");
+            }
+        }
+        // Checking mode turns LL off through the tuning.
+        let off = Tuning {
+            ll_max_bytes: 0,
+            ..tuning
+        };
+        assert_eq!(
+            plan(Op::AllGather, DataType::F32, 1, 4, None, &off).kind,
+            Kind::AllGather
+        );
+    }
+
+    #[test]
+    fn large_broadcasts_and_reduces_split_among_the_non_roots_on_more_than_two_ranks() {
+        let tuning = no_ll();
+        let big = tuning.split_min_bytes / 4;
+        for (op, split, plain) in [
+            (Op::Broadcast, Kind::BroadcastSplit, Kind::Broadcast),
+            (Op::Reduce, Kind::ReduceSplit, Kind::Reduce),
+        ] {
+            assert_eq!(plan(op, DataType::F32, big, 4, None, &tuning).kind, split);
+            assert_eq!(plan(op, DataType::F32, big, 3, None, &tuning).kind, split);
+            assert_eq!(plan(op, DataType::F32, big, 2, None, &tuning).kind, plain);
+            assert_eq!(
+                plan(op, DataType::F32, big - 1, 4, None, &tuning).kind,
+                plain
+            );
+            let p = plan(op, DataType::F32, 1 << 28, 4, None, &tuning);
+            assert_eq!(p.steps(4), 2 * p.chunks);
+        }
+    }
+
+    #[test]
+    fn one_shot_gives_way_to_two_shot_at_three_mib_over_n() {
+        let tuning = no_ll();
+        let f = |count, world| plan(Op::AllReduce, DataType::F32, count, world, None, &tuning).kind;
+        // 3 ranks: one-shot up to 1 MiB; 4 ranks: up to 768 KiB.
+        assert_eq!(f(256 << 10, 3), Kind::AllReduceOneShot);
+        assert_eq!(f((256 << 10) + 1, 3), Kind::AllReduceTwoShot);
+        assert_eq!(f(192 << 10, 4), Kind::AllReduceOneShot);
+        assert_eq!(f((192 << 10) + 1, 4), Kind::AllReduceTwoShot);
+    }
+
+    #[test]
+    fn registered_buffers_go_direct_where_the_kernel_can_reach_them() {
+        let tuning = t();
+        let big = 1 << 24;
+        let both = Access {
+            input: true,
+            output: true,
+            in_place: false,
+        };
+        let f = |op, access| plan_with(op, DataType::F32, big, 4, None, &tuning, access);
+        assert_eq!(f(Op::AllReduce, both).kind, Kind::AllReduceDirect);
+        assert_eq!(f(Op::AllGather, both).kind, Kind::AllGatherDirect);
+        assert_eq!(f(Op::ReduceScatter, both).kind, Kind::ReduceScatterDirect);
+        assert_eq!(f(Op::AllToAll, both).kind, Kind::AllToAllDirect);
+        // What each needs: all-reduce both sides, all-gather and all-to-all the output,
+        // reduce-scatter the input; all-to-all never in place.
+        let only_in = Access {
+            output: false,
+            ..both
+        };
+        let only_out = Access {
+            input: false,
+            ..both
+        };
+        assert_eq!(f(Op::AllReduce, only_in).kind, Kind::AllReduceTwoShot);
+        assert_eq!(f(Op::AllGather, only_in).kind, Kind::AllGather);
+        assert_eq!(f(Op::ReduceScatter, only_out).kind, Kind::ReduceScatter);
+        assert_eq!(f(Op::AllGather, only_out).kind, Kind::AllGatherDirect);
+        let in_place = Access {
+            in_place: true,
+            ..both
+        };
+        assert_eq!(f(Op::AllToAll, in_place).kind, Kind::AllToAll);
+        assert_eq!(f(Op::AllReduce, in_place).kind, Kind::AllReduceDirect);
+        // Small calls still run LL; a forced algorithm wins over registration.
+        assert!(
+            plan_with(Op::AllReduce, DataType::F32, 16, 4, None, &tuning, both)
+                .kind
+                .is_ll()
+        );
+        assert_eq!(
+            plan_with(
+                Op::AllReduce,
+                DataType::F32,
+                big,
+                4,
+                Some(Algorithm::Ring),
+                &tuning,
+                both
+            )
+            .kind,
+            Kind::AllReduceRing
+        );
+    }
+
+    #[test]
+    fn direct_shares_cover_every_element_in_whole_vectors() {
+        let tuning = t();
+        let both = Access {
+            input: true,
+            output: true,
+            in_place: false,
+        };
+        for op in [
+            Op::AllReduce,
+            Op::AllGather,
+            Op::ReduceScatter,
+            Op::AllToAll,
+        ] {
+            for dtype in DataType::ALL {
+                for count in [(1usize << 20) + 3, 64 << 20] {
+                    for world in [2, 3, 4, 8] {
+                        let p = plan_with(op, dtype, count, world, None, &tuning, both);
+                        assert!(p.kind.is_direct(), "{op} {dtype} {count} {world}");
+                        let elem = p.kernel_type.size() as u64;
+                        assert_eq!(p.piece * elem % 16, 0);
+                        let share = if p.kind == Kind::AllReduceDirect {
+                            p.units.div_ceil(world as u64)
+                        } else {
+                            p.units
+                        };
+                        assert!(
+                            p.piece * p.grid as u64 >= share,
+                            "{op} {dtype} {count} {world}"
+                        );
+                        assert_eq!((p.chunks, p.steps(world)), (1, 2));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_kernel_enum_matches_kind_code_for_code() {
+        // `enum Kind` in coll.cu, e.g. `K_ALLREDUCE_LL = 8,`: same names (case and underscores
+        // aside) and the same numbers, in order.
+        let src = include_str!("kernels/coll.cu");
+        let start = src.find("enum Kind {").expect("enum Kind in coll.cu");
+        let body = &src[start..start + src[start..].find("};").expect("end of enum Kind")];
+        let entries: Vec<(String, usize)> = body
+            .lines()
+            .filter_map(|l| {
+                let (name, value) = l.trim().trim_end_matches(',').split_once(" = ")?;
+                Some((
+                    name.trim_start_matches("K_")
+                        .replace('_', "")
+                        .to_lowercase(),
+                    value.parse().ok()?,
+                ))
+            })
+            .collect();
+        assert_eq!(entries.len(), Kind::ALL.len(), "{entries:?}");
+        for (k, (name, value)) in Kind::ALL.iter().zip(&entries) {
+            assert_eq!(*k as usize, *value, "{k:?}");
+            assert_eq!(format!("{k:?}").to_lowercase(), *name, "{k:?}");
+        }
+    }
+
+    #[test]
+    fn every_kind_round_trips_through_its_code() {
+        for (i, k) in Kind::ALL.iter().enumerate() {
+            assert_eq!(*k as usize, i);
+            assert_eq!(Kind::from_code(i as u64), Some(*k));
+        }
+        assert_eq!(Kind::from_code(Kind::ALL.len() as u64), None);
     }
 
     #[test]
@@ -534,6 +943,10 @@ mod tests {
         assert_eq!(describe(s), "all_reduce (oneshot) float sum, count 1024");
         let s = signature(Kind::Broadcast, DataType::BF16, 0, 3, 7);
         assert_eq!(describe(s), "broadcast bfloat16 root 3, count 7");
+        let s = signature(Kind::AllToAllDirect, DataType::F16, 0, 0, 1 << 40);
+        assert_eq!(describe(s), "all_to_all (direct) half, count 1099511627776");
+        let s = signature(Kind::ReduceSplit, DataType::I64, 4, 7, 3);
+        assert_eq!(describe(s), "reduce (split) int64 avg root 7, count 3");
         assert_ne!(
             signature(Kind::Reduce, DataType::I32, 1, 0, 5),
             signature(Kind::Reduce, DataType::I32, 1, 0, 6)

@@ -6,7 +6,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{counts, gpus, run_case, run_matrix, Local};
-use p2p_collective::{Algorithm, Call, Communicator, DataType, Error, Op, Options, RedOp};
+use p2p_collective::{
+    Access, Algorithm, Call, Communicator, DataType, Error, Op, Options, RedOp, Registration,
+};
 use p2p_mem::{DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
 
 fn world() -> usize {
@@ -618,4 +620,148 @@ fn gpu2_collective_kernels_keep_two_blocks_per_sm() {
         want,
         "{sms} SMs: the kernels no longer fit two blocks per SM"
     );
+}
+
+/// Options with LL off and the given tuning changes, so that a matrix runs the path under test
+/// at every count (LL would take the small ones).
+fn without_ll(change: impl Fn(&mut p2p_collective::plan::Tuning)) -> Options {
+    let sms = gpus(1)[0].sm_count();
+    let mut tuning = p2p_collective::plan::Tuning::for_device(sms, 2);
+    tuning.ll_max_bytes = 0;
+    change(&mut tuning);
+    Options {
+        tuning: Some(tuning),
+        ..Options::default()
+    }
+}
+
+/// Broadcast and reduce split among the non-roots (chosen on more than two ranks from
+/// `split_min_bytes`; here at every count), every type, reduction and root.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_split_broadcast_and_reduce_matrix() {
+    let options = without_ll(|t| t.split_min_bytes = 0);
+    let n = world();
+    if n > 2 {
+        let comms = locals(options.clone(), 1);
+        let call = Call::new(Op::Broadcast, DataType::F32, 1);
+        assert_eq!(
+            comms[0].comm.plan(&call).kind,
+            p2p_collective::plan::Kind::BroadcastSplit
+        );
+    }
+    matrix(&[Op::Broadcast, Op::Reduce], options);
+}
+
+/// Every collective on buffers registered on every rank (`register_all`): the direct kinds
+/// for all-reduce, all-gather, reduce-scatter and all-to-all (the others through the scratch),
+/// at every count, type, reduction, root, in and out of place.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_registered_buffers_matrix() {
+    let counts = counts();
+    let max = counts.iter().copied().max().unwrap_or(1);
+    let mut ls = locals(without_ll(|_| {}), max);
+    let regs: Vec<_> = [0, 1]
+        .iter()
+        .flat_map(|&pick| {
+            let bufs: Vec<&dyn DeviceMemory> = ls
+                .iter()
+                .map(|l| {
+                    if pick == 0 {
+                        &l.input as &dyn DeviceMemory
+                    } else {
+                        &l.output
+                    }
+                })
+                .collect();
+            // SAFETY: the buffers live in `ls` and are deregistered below, before it drops.
+            unsafe { register_locals(&ls, &bufs) }
+        })
+        .collect();
+    let access = Access {
+        input: true,
+        output: true,
+        in_place: false,
+    };
+    for op in [
+        Op::AllReduce,
+        Op::AllGather,
+        Op::ReduceScatter,
+        Op::AllToAll,
+    ] {
+        let kind = ls[0]
+            .comm
+            .plan_with(&Call::new(op, DataType::F32, 1), access)
+            .kind;
+        assert!(kind.is_direct(), "{op}: {kind:?}");
+    }
+    let s = run_matrix(&mut ls, &Op::ALL, &counts);
+    eprintln!("registered: {} cases, {} wrong elements", s.cases, s.wrong);
+    for (i, reg) in regs.into_iter().enumerate() {
+        let n = ls.len();
+        ls[i % n].comm.deregister(reg).expect("deregister");
+    }
+    assert_eq!(s.wrong, 0, "wrong results:\n{}", s.failures.join("\n"));
+    assert!(s.cases > 0);
+}
+
+/// `register_all` over the communicators inside `Local`s.
+///
+/// # Safety
+/// As `Communicator::register_all`.
+unsafe fn register_locals(ls: &[Local], bufs: &[&dyn DeviceMemory]) -> Vec<Registration> {
+    let comms: Vec<&Communicator> = ls.iter().map(|l| &l.comm).collect();
+    // SAFETY: forwarded from the caller.
+    unsafe { Communicator::register_all(&comms, bufs) }.expect("register_all")
+}
+
+/// What registration refuses, on every rank at once: buffers of different sizes, a buffer on
+/// another GPU, an overlap with a registered buffer; and deregistering twice.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_registration_refuses_what_it_cannot_map() {
+    let devices = gpus(world());
+    let comms = Communicator::init_all_with(&devices, Options::default()).expect("init_all");
+    let n = devices.len();
+    let bufs: Vec<DeviceBuffer<u8>> = devices
+        .iter()
+        .enumerate()
+        .map(|(r, d)| DeviceBuffer::new(d, 4096 + if r == 1 { 16 } else { 0 }).expect("buffer"))
+        .collect();
+    let refs: Vec<&dyn DeviceMemory> = bufs.iter().map(|b| b as &dyn DeviceMemory).collect();
+    // SAFETY: every buffer outlives the communicators' use of it (each attempt is refused or
+    // deregistered below).
+    let e = unsafe { Communicator::register_all(&comms, &refs) }.expect_err("sizes differ");
+    assert!(e.to_string().contains("same size"), "{e}");
+    let same: Vec<DeviceBuffer<u8>> = devices
+        .iter()
+        .map(|d| DeviceBuffer::new(d, 4096).expect("buffer"))
+        .collect();
+    let mut swapped: Vec<&dyn DeviceMemory> = same.iter().map(|b| b as &dyn DeviceMemory).collect();
+    swapped.swap(0, 1);
+    // SAFETY: as above.
+    let e = unsafe { Communicator::register_all(&comms, &swapped) }.expect_err("wrong GPU");
+    assert!(e.to_string().contains("is on GPU"), "{e}");
+    let ok: Vec<&dyn DeviceMemory> = same.iter().map(|b| b as &dyn DeviceMemory).collect();
+    // SAFETY: `same` outlives the registration (deregistered below).
+    let regs = unsafe { Communicator::register_all(&comms, &ok) }.expect("register");
+    assert_eq!(regs.len(), n);
+    let halves: Vec<_> = same
+        .iter()
+        .map(|b| b.slice(1024..2048).expect("view"))
+        .collect();
+    let halves: Vec<&dyn DeviceMemory> = halves.iter().map(|h| h as &dyn DeviceMemory).collect();
+    // SAFETY: refused before anything is mapped.
+    let e = unsafe { Communicator::register_all(&comms, &halves) }.expect_err("overlap");
+    assert!(e.to_string().contains("overlap"), "{e}");
+    for (c, reg) in comms.iter().zip(regs.iter()) {
+        c.deregister(*reg).expect("deregister");
+    }
+    let e = comms[0].deregister(regs[0]).expect_err("twice");
+    assert!(e.to_string().contains("not registered"), "{e}");
+    // A process-per-GPU registration on an init_all communicator says which call to use.
+    // SAFETY: refused before anything is mapped.
+    let e = unsafe { comms[0].register(&same[0]) }.expect_err("wrong API");
+    assert!(e.to_string().contains("register_all"), "{e}");
 }

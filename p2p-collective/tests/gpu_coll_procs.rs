@@ -55,3 +55,48 @@ fn gpu2_process_per_gpu_matrix() {
         );
     });
 }
+
+/// Every collective on buffers each process registered (`Communicator::register`, through CUDA
+/// IPC), LL off so that the direct kernels run at every count.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_process_per_gpu_registered_matrix() {
+    launch_or_run("gpu2_process_per_gpu_registered_matrix", || {
+        let rv = p2p_collective::bootstrap::Rendezvous::from_env().expect("rendezvous");
+        let visible = p2p_mem::Device::count().expect("devices") as usize;
+        let device = p2p_mem::Device::new(if visible == 1 { 0 } else { rv.local_rank } as i32)
+            .expect("device");
+        let mut tuning = p2p_collective::plan::Tuning::for_device(device.sm_count(), 2);
+        tuning.ll_max_bytes = 0;
+        let options = p2p_collective::Options {
+            tuning: Some(tuning),
+            ..p2p_collective::Options::default()
+        };
+        let comm = Communicator::init(&device, &rv, options).expect("init");
+        let rank = comm.rank();
+        let counts = counts();
+        let max = counts.iter().copied().max().unwrap_or(1);
+        let mut ls = vec![Local::new(comm, max)];
+        // SAFETY: both buffers live in `ls` and are deregistered below, before it drops.
+        let regs = unsafe {
+            [
+                ls[0].comm.register(&ls[0].input).expect("register input"),
+                ls[0].comm.register(&ls[0].output).expect("register output"),
+            ]
+        };
+        let s = run_matrix(&mut ls, &Op::ALL, &counts);
+        eprintln!(
+            "rank {rank}: registered: {} cases, {} wrong elements",
+            s.cases, s.wrong
+        );
+        for reg in regs {
+            ls[0].comm.deregister(reg).expect("deregister");
+        }
+        assert_eq!(
+            s.wrong,
+            0,
+            "rank {rank}: wrong results:\n{}",
+            s.failures.join("\n")
+        );
+    });
+}

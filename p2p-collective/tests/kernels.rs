@@ -11,19 +11,14 @@ fn the_collective_kernels_compile_for_sm80_and_sm90() {
         let t = std::time::Instant::now();
         let cubin = compile(&COLL, arch).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(&cubin[..4], b"\x7fELF", "not an ELF cubin");
-        for kernel in [
-            "coll_f32",
-            "coll_f64",
-            "coll_f16",
-            "coll_bf16",
-            "coll_i32",
-            "coll_i64",
-            "coll_u8",
-        ] {
-            assert!(
-                cubin.windows(kernel.len()).any(|w| w == kernel.as_bytes()),
-                "{kernel} missing from the {arch} cubin"
-            );
+        for ty in ["f32", "f64", "f16", "bf16", "i32", "i64", "u8"] {
+            for family in ["", "_ll", "_direct", "_split"] {
+                let kernel = format!("coll_{ty}{family}");
+                let found = cubin
+                    .windows(kernel.len() + 1)
+                    .any(|w| &w[..kernel.len()] == kernel.as_bytes() && w[kernel.len()] == 0);
+                assert!(found, "{kernel} missing from the {arch} cubin");
+            }
         }
         eprintln!(
             "coll.cu -> {arch}: {} bytes in {:?}",

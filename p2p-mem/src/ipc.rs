@@ -34,7 +34,7 @@ pub struct IpcMemHandle {
 impl IpcMemHandle {
     /// Exports `memory`, which must come from `cuMemAlloc` (cuMem VMM memory and pool memory
     /// cannot be exported this way: the driver returns an error naming the call).
-    pub fn export(memory: &impl DeviceMemory) -> Result<IpcMemHandle> {
+    pub fn export(memory: &(impl DeviceMemory + ?Sized)) -> Result<IpcMemHandle> {
         let device = memory.device();
         let ordinal = device.ordinal();
         device.bind_to_thread()?;

@@ -52,6 +52,7 @@ pub use error::{Error, Result};
 pub use event::Event;
 pub use graph::{Graph, GraphExec};
 pub use memory::{
-    DeviceBuffer, DeviceMemory, DeviceMemoryMut, DeviceView, DeviceViewMut, PinnedHostBuffer,
+    DeviceBuffer, DeviceMemory, DeviceMemoryMut, DeviceView, DeviceViewMut, ExternalMemory,
+    PinnedHostBuffer,
 };
-pub use peer::P2pAttributes;
+pub use peer::{check_peer_mappable, P2pAttributes};

@@ -362,6 +362,59 @@ view_memory!(DeviceView);
 view_memory!(DeviceViewMut);
 impl<T: DeviceCopy> DeviceMemoryMut for DeviceViewMut<'_, T> {}
 
+/// Device memory that something else allocated and frees (NCCL's `ncclMemAlloc`, cudarc, a
+/// framework's allocator), seen through the [`DeviceMemory`] traits. It frees nothing.
+///
+/// Making one is `unsafe`: every safe copy and every collective trusts its address and length.
+pub struct ExternalMemory {
+    device: Device,
+    ptr: cuda::CUdeviceptr,
+    bytes: usize,
+}
+
+impl ExternalMemory {
+    /// `bytes` bytes at `ptr` on `device`.
+    ///
+    /// # Safety
+    /// `ptr..ptr + bytes` must be device memory that `device`'s context can access, and must
+    /// stay allocated for as long as this value (and any copy or call using it) lives.
+    pub unsafe fn from_raw(
+        device: &Device,
+        ptr: cuda::CUdeviceptr,
+        bytes: usize,
+    ) -> ExternalMemory {
+        ExternalMemory {
+            device: device.clone(),
+            ptr,
+            bytes,
+        }
+    }
+
+    /// The bytes `range` of this region, as a region of its own.
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<ExternalMemory> {
+        let (s, e) = resolve_range(range, self.bytes)?;
+        Ok(ExternalMemory {
+            device: self.device.clone(),
+            ptr: self.ptr + s as u64,
+            bytes: e - s,
+        })
+    }
+}
+
+impl DeviceMemory for ExternalMemory {
+    fn device(&self) -> &Device {
+        &self.device
+    }
+    fn device_ptr(&self) -> cuda::CUdeviceptr {
+        self.ptr
+    }
+    fn byte_len(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl DeviceMemoryMut for ExternalMemory {}
+
 /// Page-locked host memory from `cuMemHostAlloc` (portable: usable with every context), zeroed
 /// at allocation and freed on `Drop`. Dereferences to `[T]`.
 pub struct PinnedHostBuffer<T: DeviceCopy> {

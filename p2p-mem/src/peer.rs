@@ -137,6 +137,73 @@ impl Device {
     }
 }
 
+/// Checks that peers can map `memory` directly, in this process through peer access or in
+/// another through CUDA IPC: it must lie inside one allocation made by `cuMemAlloc` (a
+/// [`DeviceBuffer`](crate::DeviceBuffer), `cudaMalloc`, PyTorch's caching allocator).
+///
+/// Refused, with the reason: memory from a stream-ordered pool (`cuMemAllocAsync`, which
+/// cudarc's `CudaSlice` uses: a peer kernel reading it faults unless the pool grants access,
+/// and pool memory cannot be exported over IPC), cuMem VMM memory (export it with
+/// [`VmmBuffer`](crate::vmm::VmmBuffer) instead), host memory and a range that runs past the
+/// end of its allocation.
+pub fn check_peer_mappable(memory: &dyn crate::DeviceMemory) -> Result<()> {
+    let device = memory.device();
+    let ordinal = device.ordinal();
+    let ptr = memory.device_ptr();
+    let refuse = |why: String| Err(Error::InvalidArgument(format!("GPU {ordinal}: {why}")));
+    if memory.byte_len() == 0 {
+        return refuse("an empty buffer cannot be shared with peers".into());
+    }
+    device.bind_to_thread()?;
+    let mut pool: cuda::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: `pool` is an out-pointer of the attribute's type (a CUmemoryPool handle); the
+    // driver only reads the address `ptr`.
+    let pooled = unsafe {
+        cu!(cuPointerGetAttribute(
+            (&mut pool as *mut cuda::CUmemoryPool).cast(),
+            cuda::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
+            ptr
+        ))
+    };
+    if let Err(e) = pooled {
+        return refuse(format!(
+            "{ptr:#x} is not device memory the driver knows ({e})"
+        ));
+    }
+    if !pool.is_null() {
+        return refuse(format!(
+            "{ptr:#x} comes from a stream-ordered memory pool (cuMemAllocAsync, e.g. cudarc's CudaSlice): peers fault on it and it cannot be exported over CUDA IPC; allocate it with cuMemAlloc (p2p_mem::DeviceBuffer) instead"
+        ));
+    }
+    let mut ipc_capable: i32 = 0;
+    // SAFETY: `ipc_capable` is an out-pointer of the attribute's type (a 32-bit bool).
+    unsafe {
+        cu!(cuPointerGetAttribute(
+            (&mut ipc_capable as *mut i32).cast(),
+            cuda::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+            ptr
+        ))
+    }
+    .on(ordinal)?;
+    if ipc_capable == 0 {
+        return refuse(format!(
+            "{ptr:#x} is not a cuMemAlloc allocation (cuMem VMM or host memory?): collectives map peers' buffers through peer access or legacy CUDA IPC; allocate it with cuMemAlloc (p2p_mem::DeviceBuffer)"
+        ));
+    }
+    let (mut base, mut size) = (0, 0);
+    // SAFETY: `ptr` is live device memory (the driver just described it); out-pointers.
+    unsafe { cu!(cuMemGetAddressRange_v2(&mut base, &mut size, ptr)) }.on(ordinal)?;
+    let (end, alloc_end) = (ptr + memory.byte_len() as u64, base + size as u64);
+    if end > alloc_end {
+        return refuse(format!(
+            "{} bytes at {ptr:#x} run {} bytes past the end of their allocation ({base:#x} + {size})",
+            memory.byte_len(),
+            end - alloc_end
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -223,8 +223,8 @@ pub fn check_path(t: &Topology, a: usize, b: usize) -> Finding {
             p.bandwidth_gbps
         ),
         Connection::NvSwitch { links, generation } => format!(
-            "NVSwitch, {links} x NVLink{generation}, ~{:.0} GB/s",
-            p.bandwidth_gbps
+            "NVSwitch (NV{links}), {links} x NVLink{generation}, ~{:.0} GB/s to one peer; the links are shared by {} peer(s): ~{:.0} GB/s each when all are sent to at once",
+            p.bandwidth_gbps, p.shared_by, p.concurrent_gbps
         ),
         Connection::Pcie(level) => format!(
             "PCIe only, {level}, {} hops, ~{:.0} GB/s",

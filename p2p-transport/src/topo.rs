@@ -104,6 +104,11 @@ pub struct NvLink {
     pub remote_bus_id: String,
     /// What the far end is.
     pub remote: Remote,
+    /// The far end's device type as NVML reports it (`gpu`, `switch`, `ibmnpu`, `unknown`);
+    /// `None` where not recorded. On VMs that mask the far end's bus id it is what tells a
+    /// link to an NVSwitch from a direct link.
+    #[serde(default)]
+    pub remote_device_type: Option<String>,
 }
 
 /// The far end of an NVLink.
@@ -199,6 +204,20 @@ pub struct PathInfo {
     pub reason: String,
     /// Where there is no direct P2P: the GPU to relay through, if any has P2P to both.
     pub via: Option<usize>,
+    /// How many of the source GPU's peers share `bandwidth_gbps` when all of them are sent to
+    /// at once: 1 for direct NVLinks (each peer has its own links); every peer behind the same
+    /// NVSwitch fabric (the GPU's links to the switches carry all its traffic); every PCIe peer
+    /// (one PCIe link).
+    #[serde(default = "one")]
+    pub shared_by: u32,
+    /// One-way GB/s to this peer while the source GPU sends to every peer that shares its links
+    /// at once (`bandwidth_gbps / shared_by`): what a collective over all peers gets per peer.
+    #[serde(default)]
+    pub concurrent_gbps: f64,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// Bandwidth of one NVLink, one direction, GB/s, by generation (what `nvidia-smi nvlink -s`
@@ -487,6 +506,11 @@ impl Topology {
             }
             None => (hops, if bw.is_finite() { bw } else { 0.0 }),
         };
+        let shared_by = if via.is_some() {
+            1
+        } else {
+            self.shared_by(a, b)
+        };
         PathInfo {
             from: a,
             to: b,
@@ -497,7 +521,56 @@ impl Topology {
             p2p,
             reason,
             via,
+            shared_by,
+            concurrent_gbps: bandwidth_gbps / shared_by.max(1) as f64,
         }
+    }
+
+    /// How many of `a`'s peers share the links `a` uses to reach `b` (see
+    /// [`PathInfo::shared_by`]).
+    pub fn shared_by(&self, a: usize, b: usize) -> u32 {
+        let same_kind = |c: usize| {
+            matches!(
+                (self.connection(a, b), self.connection(a, c)),
+                (Connection::NvSwitch { .. }, Connection::NvSwitch { .. })
+                    | (Connection::Pcie(_), Connection::Pcie(_))
+            )
+        };
+        match self.connection(a, b) {
+            Connection::NvSwitch { .. } | Connection::Pcie(_) => (0..self.gpus.len())
+                .filter(|&c| c != a && same_kind(c))
+                .count()
+                .max(1) as u32,
+            _ => 1,
+        }
+    }
+
+    /// Estimated one-way GB/s from `a` to each of `peers` when `a` sends to all of them at
+    /// once: direct NVLinks are each peer's own; a GPU's links to an NVSwitch, and its PCIe
+    /// link, are split evenly among the peers that use them.
+    pub fn concurrent_bandwidth(&self, a: usize, peers: &[usize]) -> Vec<f64> {
+        peers
+            .iter()
+            .map(|&b| {
+                let bw = self.bandwidth(a, b);
+                let sharing = match self.connection(a, b) {
+                    Connection::NvSwitch { .. } => peers
+                        .iter()
+                        .filter(|&&c| matches!(self.connection(a, c), Connection::NvSwitch { .. }))
+                        .count(),
+                    Connection::Pcie(_) => peers
+                        .iter()
+                        .filter(|&&c| matches!(self.connection(a, c), Connection::Pcie(_)))
+                        .count(),
+                    _ => 1,
+                };
+                if bw.is_finite() {
+                    bw / sharing.max(1) as f64
+                } else {
+                    bw
+                }
+            })
+            .collect()
     }
 
     /// The GPU with direct P2P to both `a` and `b` that gives the most bandwidth (the narrower of

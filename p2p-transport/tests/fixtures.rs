@@ -75,7 +75,20 @@ fn dgx_h100_every_pair_through_nvswitch() {
             (PathLevel::Nvl, 2, true, None)
         );
         assert!((p.bandwidth_gbps - 478.125).abs() < 1e-9);
+        // A GPU's 18 links carry its traffic to all 7 peers: one seventh each when all talk.
+        assert_eq!(p.shared_by, 7);
+        assert!((p.concurrent_gbps - 478.125 / 7.0).abs() < 1e-9);
     }
+    let some = t.concurrent_bandwidth(0, &[1, 2, 3]);
+    assert!(
+        some.iter().all(|b| (b - 478.125 / 3.0).abs() < 1e-9),
+        "{some:?}"
+    );
+    assert!(
+        render_paths(&t).contains("68.3 (1/7)"),
+        "{}",
+        render_paths(&t)
+    );
     // nvidia-smi prints NV18 for every pair on an NVSwitch system.
     assert_eq!(render_matrix(&t).matches("NV18").count(), 56);
 }
@@ -156,7 +169,7 @@ fn nvlink_ring_relays_opposite_gpus_through_the_widest_neighbour() {
     let text = render_paths(&t);
     assert!(
         text.contains(
-            "GPU0 -> GPU2   SYS       2      150.0  no          GPU1   cuDeviceCanAccessPeer = 0"
+            "GPU0 -> GPU2   SYS       2      150.0           150.0  no          GPU1   cuDeviceCanAccessPeer = 0"
         ),
         "{text}"
     );

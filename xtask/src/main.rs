@@ -176,6 +176,19 @@ fn bundle() -> Result<()> {
         std::fs::write(&script, text).map_err(|e| format!("writing {}: {e}", script.display()))?;
         make_executable(&script)?;
     }
+    // The batch scripts that produced the committed results (scripts/gpu), beside the tools.
+    for entry in std::fs::read_dir(root.join("scripts/gpu"))
+        .map_err(|e| format!("reading scripts/gpu: {e}"))?
+    {
+        let path = entry
+            .map_err(|e| format!("reading scripts/gpu: {e}"))?
+            .path();
+        if path.extension().is_some_and(|x| x == "sh") {
+            let to = out.join(path.file_name().unwrap_or_default());
+            copy(&path, &to)?;
+            make_executable(&to)?;
+        }
+    }
     eprintln!(
         "xtask: bundled p2p-bench and {count} test executables into {}",
         out.display()

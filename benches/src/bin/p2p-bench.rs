@@ -4,7 +4,8 @@
 //! - `topo`: the `nvidia-smi topo -m` style matrix, P2P matrices, links and the path model.
 //! - `doctor`: whether P2P works between each pair, why not, and what to do.
 //! - `p2p`: bandwidth and latency between every pair.
-//! - `coll`: every collective from 8 B to 1 GiB beside NCCL (nccl-tests columns), with a plot.
+//! - `coll`: every collective from 8 B to 1 GiB beside NCCL in each of its modes (nccl-tests
+//!   columns, the fastest NCCL mode per size), with a plot.
 //! - `launch -n N -- CMD`: runs CMD as N ranks with the torchrun environment.
 //!
 //! The `P2P_*` configuration is validated first: a bad value exits with status 2 and a message
@@ -96,6 +97,20 @@ enum Command {
         /// Skip NCCL.
         #[arg(long)]
         no_nccl: bool,
+        /// Skip ours on registered buffers (the direct kernels).
+        #[arg(long)]
+        no_registered: bool,
+        /// NCCL's modes to run beside ours (comma list of plain, symmetric, copy_engine;
+        /// default all): the tables compare against the fastest at each size.
+        #[arg(long, value_delimiter = ',')]
+        nccl_modes: Vec<String>,
+        /// Each size is this many times the one before (as nccl-tests' -f).
+        #[arg(long, default_value_t = 2)]
+        factor: usize,
+        /// Element types for all-reduce (comma list: float, bfloat16, half, double, int32,
+        /// int64, uint8; default float and bfloat16); the other collectives run float.
+        #[arg(long, value_delimiter = ',')]
+        types: Vec<String>,
         /// Skip the correctness check before each figure (tuning sweeps only).
         #[arg(long)]
         no_check: bool,
@@ -109,10 +124,14 @@ enum Command {
         /// mid-sized call over more blocks.
         #[arg(long)]
         block_kib: Option<usize>,
-        /// Planner: all-reduces up to this size run LL, KiB (default 64; 0 turns LL off; at
-        /// most 512).
+        /// Planner: calls up to this size per source run LL, KiB (default 512, over n / 2 on
+        /// more than 3 ranks; 0 turns LL off; at most 512).
         #[arg(long)]
         ll_kib: Option<usize>,
+        /// Planner: broadcasts and reduces from this size split among the non-roots on more
+        /// than two ranks, KiB (default 1024).
+        #[arg(long)]
+        split_kib: Option<usize>,
     },
     /// Run a command as N local ranks with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
     /// MASTER_PORT set (as torchrun does); if one rank fails, the others are stopped.
@@ -169,11 +188,16 @@ fn main() -> ExitCode {
             graph_max_mib,
             gpus,
             no_nccl,
+            no_registered,
+            nccl_modes,
+            factor,
+            types,
             no_check,
             piece_kib,
             blocks,
             block_kib,
             ll_kib,
+            split_kib,
         } => {
             let mut chosen = Vec::new();
             for name in &ops {
@@ -183,6 +207,37 @@ fn main() -> ExitCode {
                         eprintln!(
                             "p2p-bench coll: unknown collective {name:?}; choose from {}",
                             Op::ALL.map(|o| o.name()).join(", ")
+                        );
+                        return ExitCode::from(2);
+                    }
+                }
+            }
+            let mut modes = Vec::new();
+            for name in &nccl_modes {
+                match p2p_benches::nccl::NcclMode::ALL
+                    .into_iter()
+                    .find(|m| m.name() == name.trim())
+                {
+                    Some(m) => modes.push(m),
+                    None => {
+                        eprintln!(
+                            "p2p-bench coll: unknown NCCL mode {name:?}; choose from plain, symmetric, copy_engine"
+                        );
+                        return ExitCode::from(2);
+                    }
+                }
+            }
+            let mut all_reduce_types = Vec::new();
+            for name in &types {
+                match p2p_collective::DataType::ALL
+                    .into_iter()
+                    .find(|d| d.name() == name.trim())
+                {
+                    Some(d) => all_reduce_types.push(d),
+                    None => {
+                        eprintln!(
+                            "p2p-bench coll: unknown type {name:?}; choose from {}",
+                            p2p_collective::DataType::ALL.map(|d| d.name()).join(", ")
                         );
                         return ExitCode::from(2);
                     }
@@ -201,8 +256,20 @@ fn main() -> ExitCode {
                 graph_max_bytes: graph_max_mib << 20,
                 gpus,
                 nccl: !no_nccl,
+                registered: !no_registered,
+                nccl_modes: if modes.is_empty() {
+                    defaults.nccl_modes.clone()
+                } else {
+                    modes
+                },
                 check: !no_check,
-                tuning: tuning_from(piece_kib, blocks, block_kib, ll_kib),
+                factor,
+                all_reduce_types: if all_reduce_types.is_empty() {
+                    defaults.all_reduce_types.clone()
+                } else {
+                    all_reduce_types
+                },
+                tuning: tuning_from(piece_kib, blocks, block_kib, ll_kib, split_kib),
                 ..defaults
             };
             coll_cmd(out, &opts)
@@ -216,8 +283,14 @@ fn tuning_from(
     blocks: Option<u32>,
     block_kib: Option<usize>,
     ll_kib: Option<usize>,
+    split_kib: Option<usize>,
 ) -> Option<Tuning> {
-    if piece_kib.is_none() && blocks.is_none() && block_kib.is_none() && ll_kib.is_none() {
+    if piece_kib.is_none()
+        && blocks.is_none()
+        && block_kib.is_none()
+        && ll_kib.is_none()
+        && split_kib.is_none()
+    {
         return None;
     }
     let sms = Device::new(0).map(|d| d.sm_count()).unwrap_or(132);
@@ -230,6 +303,9 @@ fn tuning_from(
     }
     if let Some(b) = block_kib {
         t.block_bytes = b.max(1) << 10;
+    }
+    if let Some(s) = split_kib {
+        t.split_min_bytes = s << 10;
     }
     if let Some(b) = blocks {
         t.max_blocks = b.clamp(1, p2p_collective::plan::MAX_BLOCKS);

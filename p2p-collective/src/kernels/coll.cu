@@ -46,7 +46,18 @@ enum Kind {
     K_ALLTOALL = 6,
     K_ALLREDUCE_RING = 7,
     K_ALLREDUCE_LL = 8,
-};
+    K_BROADCAST_SPLIT = 9,
+    K_REDUCE_SPLIT = 10,
+    K_ALLGATHER_LL = 11,
+    K_REDUCESCATTER_LL = 12,
+    K_ALLTOALL_LL = 13,
+    K_BROADCAST_LL = 14,
+    K_REDUCE_LL = 15,
+    K_ALLREDUCE_DIRECT = 16,
+    K_ALLGATHER_DIRECT = 17,
+    K_REDUCESCATTER_DIRECT = 18,
+    K_ALLTOALL_DIRECT = 19,
+};  // plan.rs `Kind`, code for code
 
 enum RedOp { R_SUM = 0, R_PROD = 1, R_MIN = 2, R_MAX = 3, R_AVG = 4 };
 
@@ -59,6 +70,8 @@ struct CollArgs {
     unsigned char* out;
     unsigned char* scratch[MAX_RANKS];  // every rank's scratch, as addressed from this GPU
     u64* sync[MAX_RANKS];               // every rank's sync area, as addressed from this GPU
+    const unsigned char* peer_in[MAX_RANKS];  // direct kinds: every rank's input, from this GPU
+    unsigned char* peer_out[MAX_RANKS];       // direct kinds: every rank's output, from this GPU
     const volatile int* abort_flag;     // pinned host memory
     u64 count;                          // elements per segment (see each kind)
     u64 piece;                          // elements per block per chunk, a multiple of 16 bytes
@@ -69,7 +82,7 @@ struct CollArgs {
 };
 
 // The host's `CollArgs` (comm.rs) has the same layout and checks the same size.
-static_assert(sizeof(CollArgs) == 216, "CollArgs changed: update comm.rs to match");
+static_assert(sizeof(CollArgs) == 344, "CollArgs changed: update comm.rs to match");
 
 struct half_t { unsigned short x; };
 struct bhalf_t { unsigned short x; };
@@ -138,8 +151,9 @@ __device__ void record_failure(const CollArgs& a, int code, int peer, u64 peer_s
     }
 }
 
-// The limits every wait checks once every 1024 rounds of its poll: the abort flag (a PCIe
-// read), the failure word and the clock; returns the failure code from the enclosing wait.
+// The limits every wait (wait_ge, ll_wait_all) checks once every 1024 rounds of its poll: the
+// abort flag (a PCIe read), the failure word and the clock; returns the failure code from the
+// enclosing wait.
 // (A macro rather than a function so that it can return from the wait.)
 #define WAIT_LIMITS(a, fail, spins, deadline)          \
     if ((++spins & 1023u) == 0) {                      \
@@ -448,21 +462,6 @@ __device__ __forceinline__ uint4 ll_load(const unsigned char* p) {
     return v;
 }
 
-// Waits for the LL line at p to carry `flag`; the same limits as wait_ge.
-__device__ int ll_wait(const CollArgs& a, const unsigned char* p, unsigned flag, uint2* out) {
-    u64 deadline = 0;
-    unsigned spins = 0;
-    volatile u64* fail = a.sync[a.rank] + FAIL_OFF;
-    while (true) {
-        const uint4 v = ll_load(p);
-        if (v.y == flag && v.w == flag) {
-            *out = make_uint2(v.x, v.z);
-            return 0;
-        }
-        WAIT_LIMITS(a, fail, spins, deadline);
-    }
-}
-
 // Bytes [8u, 8u + 8) of `p` (zero past `bytes`).
 __device__ __forceinline__ uint2 load8(const unsigned char* p, u64 u, u64 bytes, bool aligned) {
     if (aligned && 8 * u + 8 <= bytes) return *(const uint2*)(p + 8 * u);
@@ -489,57 +488,210 @@ template <typename T> union Vec8 {
     T t[8 / sizeof(T)];
 };
 
-// One-shot all-reduce through LL lines: `a.piece` is 8-byte units per block.
+// Waits until the LL line `line` of every rank in `mask` (bit r: rank r) carries `flag`, and
+// gives each one's data in got[r]. Every round loads all the lines still missing before looking
+// at any (one load latency a round, not one per peer: with three peers that is ~1 us saved);
+// the same limits as wait_ge. On failure `*peer` is a rank still missing.
+__device__ int ll_wait_all(const CollArgs& a, int par, u64 line, unsigned flag, unsigned mask,
+                           uint2 (&got)[MAX_RANKS], int* peer) {
+    u64 deadline = 0;
+    unsigned spins = 0;
+    volatile u64* fail = a.sync[a.rank] + FAIL_OFF;
+    while (true) {
+        uint4 v[MAX_RANKS];
+#pragma unroll
+        for (int r = 0; r < MAX_RANKS; ++r)
+            if (mask & (1u << r)) v[r] = ll_load(ll_slot(a, a.rank, par, r) + 16 * line);
+#pragma unroll
+        for (int r = 0; r < MAX_RANKS; ++r) {
+            if ((mask & (1u << r)) && v[r].y == flag && v[r].w == flag) {
+                got[r] = make_uint2(v[r].x, v[r].z);
+                mask &= ~(1u << r);
+            }
+        }
+        if (mask == 0) return 0;
+        *peer = __ffs(mask) - 1;
+        WAIT_LIMITS(a, fail, spins, deadline);
+    }
+}
+
+// Every collective through LL lines, in one step: each rank stores its lines into the LL slots
+// of the peers that need them, then waits for the lines it needs and combines them. `a.count`
+// is one source's segment (the whole buffer, or one rank's part for all-gather, reduce-scatter
+// and all-to-all); `a.piece` is 8-byte units per block, at most one per thread (the plan keeps
+// piece <= THREADS). What each kind sends and combines:
+//   all-reduce      sends its input to every peer;        reduces every rank's, in rank order
+//   reduce-scatter  sends part q to rank q;                reduces its own part over every rank
+//   reduce          non-roots send their input to the root; the root reduces every rank's
+//   all-gather      sends its input to every peer;        copies rank r's to output part r
+//   all-to-all      sends part q to rank q;                copies rank r's to output part r
+//   broadcast       the root sends its input to every peer; every rank copies the root's
+// It runs its own prologue: the input load goes out together with the counter's, instead of
+// after it (two load latencies overlapped).
 template <typename T>
-__device__ void run_ll(const CollArgs& a, u64 base, int* err) {
+__device__ void run_ll(const CollArgs& a) {
     typedef typename Ty<T>::acc A;
     const int E = 8 / sizeof(T);
-    const int N = a.nranks, me = a.rank;
-    const u64 step = base + 1;
-    const unsigned flag = (unsigned)(step % 0xffffffffull) + 1u;
-    const int par = (int)(step & 1);
+    const int N = a.nranks, me = a.rank, root = a.root, kind = a.kind;
+    u64* mine = a.sync[me];
     const u64 bytes = a.count * sizeof(T);
     const u64 units = (bytes + 7) / 8;
     const u64 lo = (u64)blockIdx.x * a.piece < units ? (u64)blockIdx.x * a.piece : units;
     const u64 hi = lo + a.piece < units ? lo + a.piece : units;
-    const bool aligned = (((u64)a.in | (u64)a.out) & 7ull) == 0;
-    // Line of unit u in a slot: inside this block's own lines (the plan keeps piece <= 512).
-    const u64 line0 = (u64)blockIdx.x * LL_LINES_PER_BLOCK - lo;
-    for (u64 u = lo + threadIdx.x; u < hi; u += blockDim.x) {
-        const uint2 d = load8(a.in, u, bytes, aligned);
-        for (int q = 0; q < N; ++q)
-            if (q != me) ll_store(ll_slot(a, q, par, me) + 16 * (line0 + u), d, flag);
+    const u64 u = lo + threadIdx.x;  // this thread's unit, if u < hi
+    const bool has = u < hi && threadIdx.x < a.piece;
+    // Parts at multiples of `bytes` are 8-byte aligned only if `bytes` is.
+    const bool aligned = ((((u64)a.in) | ((u64)a.out) | bytes) & 7ull) == 0;
+    const bool parted_in = kind == K_REDUCESCATTER_LL || kind == K_ALLTOALL_LL;
+    const bool reduces = kind == K_ALLREDUCE_LL || kind == K_REDUCESCATTER_LL || kind == K_REDUCE_LL;
+    __shared__ int err;
+    __shared__ u64 base;
+    if (threadIdx.x == 0) {
+        err = (int)((volatile u64*)mine)[FAIL_OFF];
+        base = mine[COUNTERS_OFF + blockIdx.x];
     }
-    bool failed = false;
-    for (u64 u = lo + threadIdx.x; u < hi && !failed; u += blockDim.x) {
-        A acc[8 / sizeof(T)];
-        for (int r = 0; r < N && !failed; ++r) {
-            Vec8<T> w;
-            if (r == me) {
-                w.u = load8(a.in, u, bytes, aligned);
+    // Unparted kinds send and use the same 8 bytes of the input: load them now.
+    const uint2 first = has && !parted_in ? load8(a.in, u, bytes, aligned) : make_uint2(0, 0);
+    __syncthreads();
+    if (err) return;  // an earlier call failed: the communicator is unusable, drain at once
+    const u64 step = base + 1;
+    const unsigned flag = (unsigned)(step % 0xffffffffull) + 1u;
+    const int par = (int)(step & 1);
+    // Line of unit u in a slot: inside this block's own lines (LL_LINES_PER_BLOCK of them).
+    const u64 line = (u64)blockIdx.x * LL_LINES_PER_BLOCK + threadIdx.x;
+    if (has) {
+        if (kind == K_BROADCAST_LL || kind == K_REDUCE_LL) {
+            if (kind == K_BROADCAST_LL ? me == root : me != root)
+                for (int q = 0; q < N; ++q)
+                    if (q != me && (kind == K_BROADCAST_LL || q == root))
+                        ll_store(ll_slot(a, q, par, me) + 16 * line, first, flag);
+        } else if (parted_in) {
+            for (int q = 0; q < N; ++q)
+                if (q != me)
+                    ll_store(ll_slot(a, q, par, me) + 16 * line, load8(a.in + (u64)q * bytes, u, bytes, aligned), flag);
+        } else {
+            for (int q = 0; q < N; ++q)
+                if (q != me) ll_store(ll_slot(a, q, par, me) + 16 * line, first, flag);
+        }
+    }
+    const bool receives = kind != K_REDUCE_LL || me == root;
+    if (has && receives) {
+        unsigned need = 0;
+        if (kind == K_BROADCAST_LL) {
+            need = me == root ? 0u : 1u << root;
+        } else {
+            need = ((1u << N) - 1u) & ~(1u << me);
+        }
+        uint2 got[MAX_RANKS];
+        int peer = 0;
+        const int e = need ? ll_wait_all(a, par, line, flag, need, got, &peer) : 0;
+        if (e) {
+            if (e != F_ELSEWHERE) record_failure(a, e, peer, 0);
+            err = e;
+        } else {
+            // This rank's own 8 bytes, from its input.
+            const uint2 own = parted_in ? load8(a.in + (u64)me * bytes, u, bytes, aligned) : first;
+            if (reduces) {
+                A acc[8 / sizeof(T)];
+#pragma unroll
+                for (int r = 0; r < MAX_RANKS; ++r) {
+                    if (r >= N) break;
+                    Vec8<T> w;
+                    w.u = r == me ? own : got[r];
+#pragma unroll
+                    for (int k = 0; k < E; ++k)
+                        acc[k] = r == 0 ? Ty<T>::up(w.t[k]) : combine<A>(a.redop, acc[k], Ty<T>::up(w.t[k]));
+                }
+                Vec8<T> o;
+#pragma unroll
+                for (int k = 0; k < E; ++k) o.t[k] = Ty<T>::down(finish<A>(a.redop, acc[k], N));
+                store8(a.out, u, bytes, aligned, o.u);
+            } else if (kind == K_BROADCAST_LL) {
+                uint2 w = own;
+#pragma unroll
+                for (int r = 0; r < MAX_RANKS; ++r)
+                    if (r == root && r != me) w = got[r];
+                store8(a.out, u, bytes, aligned, w);
             } else {
-                const int e = ll_wait(a, ll_slot(a, me, par, r) + 16 * (line0 + u), flag, &w.u);
-                if (e) {
-                    if (e != F_ELSEWHERE) record_failure(a, e, r, 0);
-                    *err = e;
-                    failed = true;
-                    break;
+                // All-gather and all-to-all: rank r's segment goes to output part r.
+#pragma unroll
+                for (int r = 0; r < MAX_RANKS; ++r) {
+                    if (r >= N) break;
+                    store8(a.out + (u64)r * bytes, u, bytes, aligned, r == me ? own : got[r]);
                 }
             }
-#pragma unroll
-            for (int k = 0; k < E; ++k) acc[k] = r == 0 ? Ty<T>::up(w.t[k]) : combine<A>(a.redop, acc[k], Ty<T>::up(w.t[k]));
         }
-        if (failed) break;
-        Vec8<T> o;
-#pragma unroll
-        for (int k = 0; k < E; ++k) o.t[k] = Ty<T>::down(finish<A>(a.redop, acc[k], N));
-        store8(a.out, u, bytes, aligned, o.u);
     }
     __syncthreads();
-    if (threadIdx.x == 0 && *err == 0) a.sync[me][COUNTERS_OFF + blockIdx.x] = step;
+    if (threadIdx.x == 0 && err == 0) mine[COUNTERS_OFF + blockIdx.x] = step;
 }
 
+// The direct kinds, on buffers every rank registered: no scratch and no barrier per chunk. A
+// barrier at the start (every peer has entered this call: its input is ready and its output
+// free) and one at the end (every write into this rank's output has landed, and every peer is
+// done reading its input); in between, each block streams its share.
+//   all-reduce      rank me owns part me (G pieces); block b reads piece b of it from every
+//                   rank's input, reduces in rank order, and writes it into every rank's output
+//   reduce-scatter  block b reads piece b of part me from every rank's input and reduces it
+//   all-gather      block b writes piece b of its input into part me of every rank's output
+//   all-to-all      block b writes piece b of its part q into part me of rank q's output
 template <typename T>
+__device__ void run_direct(const CollArgs& a, u64 base, int* err) {
+    const int N = a.nranks, me = a.rank, b = blockIdx.x;
+    const u64 E = sizeof(T);
+    u64 step = base;
+    if (barrier(a, ++step, err)) return;
+    unsigned char* dsts[MAX_RANKS];
+    const T* srcs[MAX_RANKS];
+    const u64 start = (a.kind == K_ALLREDUCE_DIRECT ? (u64)me * gridDim.x + b : (u64)b) * a.piece;
+    const u64 lo = start < a.count ? start : a.count;
+    const u64 hi = lo + a.piece < a.count ? lo + a.piece : a.count;
+    const u64 seg = a.count * E;  // bytes of one rank's part (not used by all-reduce)
+    switch (a.kind) {
+        case K_ALLREDUCE_DIRECT: {
+            int nd = 0;
+            for (int r = 0; r < N; ++r) {
+                srcs[r] = (const T*)(r == me ? a.in : a.peer_in[r]) + lo;
+                if (r != me) dsts[nd++] = a.peer_out[r] + lo * E;
+            }
+            reduce_into<T>((T*)a.out + lo, dsts, nd, srcs, N, hi - lo, a.redop, N);
+            break;
+        }
+        case K_REDUCESCATTER_DIRECT: {
+            for (int r = 0; r < N; ++r) srcs[r] = (const T*)((r == me ? a.in : a.peer_in[r]) + (u64)me * seg) + lo;
+            reduce_into<T>((T*)a.out + lo, dsts, 0, srcs, N, hi - lo, a.redop, N);
+            break;
+        }
+        case K_ALLGATHER_DIRECT: {
+            for (int q = 0; q < N; ++q) {
+                unsigned char* d = (q == me ? a.out : a.peer_out[q]) + (u64)me * seg + lo;
+                dsts[q] = d == a.in + lo ? 0 : d;  // in place, the own part is already there
+            }
+            copy_bytes_multi(dsts, N, a.in + lo, hi - lo);
+            break;
+        }
+        case K_ALLTOALL_DIRECT: {
+            for (int k = 1; k <= N; ++k) {
+                const int q = (me + k) % N;  // peers first, staggered, so ranks spread over targets
+                copy_bytes((q == me ? a.out : a.peer_out[q]) + (u64)me * seg + lo, a.in + (u64)q * seg + lo, hi - lo);
+            }
+            break;
+        }
+        default:
+            return;
+    }
+    if (barrier(a, ++step, err)) return;
+    __syncthreads();
+    if (threadIdx.x == 0) a.sync[me][COUNTERS_OFF + b] = step;
+}
+
+// The kernel families, each its own entry point so that each gets its own register allocation
+// (one large function made ptxas spill in the hot loops): the stepped kinds through the scratch
+// (`coll_<type>`), the split broadcast and reduce (`coll_<type>_split`), LL (`coll_<type>_ll`)
+// and the direct kinds on registered buffers (`coll_<type>_direct`). The host picks by kind.
+enum Family { FAM_STEPS = 0, FAM_LL = 1, FAM_DIRECT = 2, FAM_SPLIT = 3 };
+
+template <typename T, int FAMILY>
 __device__ void run(const CollArgs& a) {
     const int b = blockIdx.x, G = gridDim.x, N = a.nranks, me = a.rank;
     const u64 E = sizeof(T);
@@ -551,6 +703,10 @@ __device__ void run(const CollArgs& a) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+    if (FAMILY == FAM_LL) {
+        run_ll<T>(a);
+        return;
+    }
     __shared__ int err;
     __shared__ u64 base;
     if (threadIdx.x == 0) {
@@ -559,8 +715,8 @@ __device__ void run(const CollArgs& a) {
     }
     __syncthreads();
     if (err) return;  // an earlier call failed: the communicator is unusable, drain at once
-    if (a.kind == K_ALLREDUCE_LL) {
-        run_ll<T>(a, base, &err);
+    if (FAMILY == FAM_DIRECT) {
+        run_direct<T>(a, base, &err);
         return;
     }
 
@@ -581,6 +737,7 @@ __device__ void run(const CollArgs& a) {
         const T* srcs[MAX_RANKS];
         switch (a.kind) {
             case K_ALLREDUCE_ONESHOT: {
+                if (FAMILY != FAM_STEPS) return;
                 const int par = (int)((step + 1) & 1);
                 for (int q = 0; q < N; ++q) dsts[q] = q == me ? 0 : SLOT(q, par, me);
                 copy_bytes_multi(dsts, N, (const unsigned char*)(in + lo), n * E);
@@ -590,6 +747,7 @@ __device__ void run(const CollArgs& a) {
                 break;
             }
             case K_ALLREDUCE_TWOSHOT: {
+                if (FAMILY != FAM_STEPS) return;
                 // The piece splits into N parts of `sub` elements (whole 16-byte vectors); rank
                 // q reduces part q, then hands the result to everyone.
                 const u64 vecs = 16 / E;
@@ -619,6 +777,7 @@ __device__ void run(const CollArgs& a) {
                 break;
             }
             case K_ALLREDUCE_RING: {
+                if (FAMILY != FAM_STEPS) return;
                 // Reduce-scatter then all-gather around the ring me -> me+1, one part per rank.
                 // Part p starts at rank p+1 and travels the ring, each rank adding its own
                 // input; rank p gets the full sum of part p after N-1 hops (the order of the
@@ -664,6 +823,7 @@ __device__ void run(const CollArgs& a) {
                 break;
             }
             case K_REDUCE: {
+                if (FAMILY != FAM_STEPS) return;
                 const int par = (int)((step + 1) & 1);
                 if (me != a.root) copy_bytes(SLOT(a.root, par, me), (const unsigned char*)(in + lo), n * E);
                 if (barrier(a, ++step, &err)) return;
@@ -674,6 +834,7 @@ __device__ void run(const CollArgs& a) {
                 break;
             }
             case K_BROADCAST: {
+                if (FAMILY != FAM_STEPS) return;
                 const int par = (int)((step + 1) & 1);
                 if (me == a.root) {
                     for (int q = 0; q < N; ++q) dsts[q] = q == me ? 0 : SLOT(q, par, me);
@@ -687,6 +848,7 @@ __device__ void run(const CollArgs& a) {
                 break;
             }
             case K_ALLGATHER: {
+                if (FAMILY != FAM_STEPS) return;
                 const int par = (int)((step + 1) & 1);
                 for (int q = 0; q < N; ++q) dsts[q] = q == me ? 0 : SLOT(q, par, me);
                 copy_bytes_multi(dsts, N, (const unsigned char*)(in + lo), n * E);
@@ -698,6 +860,7 @@ __device__ void run(const CollArgs& a) {
                 break;
             }
             case K_REDUCESCATTER: {
+                if (FAMILY != FAM_STEPS) return;
                 const int par = (int)((step + 1) & 1);
                 for (int q = 0; q < N; ++q)
                     if (q != me) copy_bytes(SLOT(q, par, me), (const unsigned char*)(in + (u64)q * a.count + lo), n * E);
@@ -708,6 +871,7 @@ __device__ void run(const CollArgs& a) {
                 break;
             }
             case K_ALLTOALL: {
+                if (FAMILY != FAM_STEPS) return;
                 const int par = (int)((step + 1) & 1);
                 for (int q = 0; q < N; ++q)
                     if (q != me) copy_bytes(SLOT(q, par, me), (const unsigned char*)(in + (u64)q * a.count + lo), n * E);
@@ -716,6 +880,84 @@ __device__ void run(const CollArgs& a) {
                 if (wait_peers(a, step, &err)) return;
                 for (int r = 0; r < N; ++r)
                     if (r != me) copy_bytes((unsigned char*)(out + (u64)r * a.count + lo), SLOT(me, par, r), n * E);
+                break;
+            }
+            case K_BROADCAST_SPLIT: {
+                if (FAMILY != FAM_SPLIT) return;
+                // The piece splits into N-1 parts (whole vectors); part j belongs to the j-th
+                // non-root (rank j, or j+1 past the root). Step 1: the root sends each non-root
+                // its part. Step 2: each non-root writes its part out and forwards it to the
+                // other non-roots. Every GPU's links carry the data about once.
+                const u64 vecs = 16 / E;
+                const u64 sub = ((n + N - 2) / (N - 1) + vecs - 1) / vecs * vecs;
+                const int par1 = (int)((step + 1) & 1), par2 = (int)((step + 2) & 1);
+                if (me == a.root) {
+                    for (int j = 0; j < N - 1; ++j) {
+                        const int q = j < a.root ? j : j + 1;
+                        const u64 jlo = (u64)j * sub < n ? (u64)j * sub : n;
+                        const u64 jhi = jlo + sub < n ? jlo + sub : n;
+                        copy_bytes(SLOT(q, par1, me) + jlo * E, (const unsigned char*)(in + lo + jlo), (jhi - jlo) * E);
+                    }
+                }
+                signal_peers(a, ++step);  // the root's own copy runs while its signal travels
+                if (me == a.root) copy_bytes((unsigned char*)(out + lo), (const unsigned char*)(in + lo), n * E);
+                if (wait_peers(a, step, &err)) return;
+                if (me != a.root) {
+                    const int j = me < a.root ? me : me - 1;
+                    const u64 mlo = (u64)j * sub < n ? (u64)j * sub : n;
+                    const u64 mhi = mlo + sub < n ? mlo + sub : n;
+                    int nd = 0;
+                    dsts[nd++] = (unsigned char*)(out + lo + mlo);
+                    for (int q = 0; q < N; ++q)
+                        if (q != me && q != a.root) dsts[nd++] = SLOT(q, par2, me) + mlo * E;
+                    copy_bytes_multi(dsts, nd, SLOT(me, par1, a.root) + mlo * E, (mhi - mlo) * E);
+                }
+                if (barrier(a, ++step, &err)) return;
+                if (me != a.root) {
+                    for (int q = 0; q < N; ++q) {
+                        if (q == me || q == a.root) continue;
+                        const int j = q < a.root ? q : q - 1;
+                        const u64 qlo = (u64)j * sub < n ? (u64)j * sub : n;
+                        const u64 qhi = qlo + sub < n ? qlo + sub : n;
+                        copy_bytes((unsigned char*)(out + lo + qlo), SLOT(me, par2, q) + qlo * E, (qhi - qlo) * E);
+                    }
+                }
+                break;
+            }
+            case K_REDUCE_SPLIT: {
+                if (FAMILY != FAM_SPLIT) return;
+                // The piece splits into N-1 parts; the j-th non-root reduces part j. Step 1:
+                // every rank sends part j to its owner. Step 2: each owner reduces its part over
+                // every rank, in rank order, straight into the root's scratch; the root copies.
+                const u64 vecs = 16 / E;
+                const u64 sub = ((n + N - 2) / (N - 1) + vecs - 1) / vecs * vecs;
+                const int par1 = (int)((step + 1) & 1), par2 = (int)((step + 2) & 1);
+                for (int j = 0; j < N - 1; ++j) {
+                    const int q = j < a.root ? j : j + 1;
+                    if (q == me) continue;
+                    const u64 jlo = (u64)j * sub < n ? (u64)j * sub : n;
+                    const u64 jhi = jlo + sub < n ? jlo + sub : n;
+                    copy_bytes(SLOT(q, par1, me) + jlo * E, (const unsigned char*)(in + lo + jlo), (jhi - jlo) * E);
+                }
+                if (barrier(a, ++step, &err)) return;
+                if (me != a.root) {
+                    const int j = me < a.root ? me : me - 1;
+                    const u64 mlo = (u64)j * sub < n ? (u64)j * sub : n;
+                    const u64 mhi = mlo + sub < n ? mlo + sub : n;
+                    for (int r = 0; r < N; ++r)
+                        srcs[r] = r == me ? in + lo + mlo : (const T*)(SLOT(me, par1, r) + mlo * E);
+                    reduce_into<T>((T*)(SLOT(a.root, par2, me) + mlo * E), dsts, 0, srcs, N, mhi - mlo, a.redop, N);
+                }
+                if (barrier(a, ++step, &err)) return;
+                if (me == a.root) {
+                    for (int q = 0; q < N; ++q) {
+                        if (q == me) continue;
+                        const int j = q < a.root ? q : q - 1;
+                        const u64 qlo = (u64)j * sub < n ? (u64)j * sub : n;
+                        const u64 qhi = qlo + sub < n ? qlo + sub : n;
+                        copy_bytes((unsigned char*)(out + lo + qlo), SLOT(me, par2, q) + qlo * E, (qhi - qlo) * E);
+                    }
+                }
                 break;
             }
             default:
@@ -731,8 +973,11 @@ __device__ void run(const CollArgs& a) {
 // need at most 64 registers a thread: the second bound makes ptxas keep to that. Without it,
 // a change elsewhere in this file once let coll_u8 take 100 registers, which dropped every
 // kernel to one block per SM and large collectives by up to 20 % (perf-notes section 16).
-#define COLL_KERNEL(name, T) \
-    extern "C" __global__ void __launch_bounds__(512, 2) name(CollArgs a) { run<T>(a); }
+#define COLL_KERNEL(name, T)                                                                     \
+    extern "C" __global__ void __launch_bounds__(512, 2) name(CollArgs a) { run<T, FAM_STEPS>(a); } \
+    extern "C" __global__ void __launch_bounds__(512, 2) name##_ll(CollArgs a) { run<T, FAM_LL>(a); } \
+    extern "C" __global__ void __launch_bounds__(512, 2) name##_direct(CollArgs a) { run<T, FAM_DIRECT>(a); } \
+    extern "C" __global__ void __launch_bounds__(512, 2) name##_split(CollArgs a) { run<T, FAM_SPLIT>(a); }
 
 COLL_KERNEL(coll_f32, float)
 COLL_KERNEL(coll_f64, double)

@@ -9,6 +9,7 @@ use nvml_wrapper::enum_wrappers::device::{P2pCapabilitiesIndex, P2pStatus};
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 use p2p_mem::Device;
+use p2p_sys::nvml::NvLinkRemoteType;
 use p2p_sys::Library;
 
 use super::{
@@ -167,8 +168,13 @@ fn nvlinks(
             continue;
         };
         let remote_bus_id = normalize_bus_id(&remote.bus_id);
-        // nvml-wrapper 0.13's remote_device_type always answers Unknown, so classify by bus id.
-        let remote_kind = if remote_bus_id.starts_with("ffff") {
+        // nvml-wrapper 0.13's remote_device_type always answers Unknown: p2p-sys asks NVML.
+        let remote_type = p2p_sys::nvml::nvlink_remote_type(nd, link)
+            .inspect_err(|e| tracing::debug!(link, "reading the NVLink far end's type: {e}"))
+            .ok();
+        let remote_kind = if remote_type == Some(NvLinkRemoteType::Switch) {
+            Remote::NvSwitch
+        } else if remote_bus_id.starts_with("ffff") {
             Remote::Unresolved
         } else if let Some(i) = visible.iter().position(|b| *b == remote_bus_id) {
             Remote::Gpu(i)
@@ -186,6 +192,15 @@ fn nvlinks(
             generation,
             remote_bus_id,
             remote: remote_kind,
+            remote_device_type: remote_type.map(|t| {
+                match t {
+                    NvLinkRemoteType::Gpu => "gpu",
+                    NvLinkRemoteType::IbmNpu => "ibmnpu",
+                    NvLinkRemoteType::Switch => "switch",
+                    _ => "unknown",
+                }
+                .to_string()
+            }),
         });
     }
     out

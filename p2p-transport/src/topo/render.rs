@@ -119,7 +119,20 @@ pub fn render_links(t: &Topology) -> String {
             let to = match l.remote {
                 Remote::Gpu(i) => format!("GPU{i}"),
                 Remote::HiddenGpu => format!("hidden GPU {}", l.remote_bus_id),
-                Remote::NvSwitch => "NVSwitch".into(),
+                Remote::NvSwitch => {
+                    let peers: Vec<String> = (0..t.gpus.len())
+                        .filter(|&b| {
+                            b != g.index
+                                && matches!(t.connection(g.index, b), Connection::NvSwitch { .. })
+                        })
+                        .map(|b| format!("GPU{b}"))
+                        .collect();
+                    if peers.is_empty() {
+                        "NVSwitch".into()
+                    } else {
+                        format!("NVSwitch, shared by its traffic to {}", peers.join(", "))
+                    }
+                }
                 Remote::Other => format!("{} (other)", l.remote_bus_id),
                 Remote::Unresolved => {
                     let peers: Vec<String> = (0..t.gpus.len())
@@ -163,17 +176,27 @@ pub fn render_links(t: &Topology) -> String {
     out
 }
 
-/// The path model as a table.
+/// The path model as a table. `est. GB/s` is one peer alone; `all peers` is each peer's share
+/// while the source sends to every peer that shares its links (a switch's or PCIe's).
 pub fn render_paths(t: &Topology) -> String {
-    let row =
-        |path: &str, class: &str, hops: &str, bw: &str, p2p: &str, via: &str, reason: &str| {
-            format!("{path:<15}{class:<7}{hops:>4}  {bw:>9}  {p2p:<10}  {via:<6} {reason}\n")
-        };
+    let row = |path: &str,
+               class: &str,
+               hops: &str,
+               bw: &str,
+               shared: &str,
+               p2p: &str,
+               via: &str,
+               reason: &str| {
+        format!(
+            "{path:<15}{class:<7}{hops:>4}  {bw:>9}  {shared:>14}  {p2p:<10}  {via:<6} {reason}\n"
+        )
+    };
     let mut out = row(
         "path",
         "class",
         "hops",
         "est. GB/s",
+        "all peers GB/s",
         "direct P2P",
         "via",
         "reason",
@@ -184,6 +207,11 @@ pub fn render_paths(t: &Topology) -> String {
             p.level.name(),
             &p.hops.to_string(),
             &format!("{:.1}", p.bandwidth_gbps),
+            &if p.shared_by > 1 {
+                format!("{:.1} (1/{})", p.concurrent_gbps, p.shared_by)
+            } else {
+                format!("{:.1}", p.concurrent_gbps)
+            },
             if p.p2p { "yes" } else { "no" },
             &p.via
                 .map(|v| format!("GPU{v}"))
