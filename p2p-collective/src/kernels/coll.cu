@@ -550,8 +550,15 @@ __device__ void run_ll(const CollArgs& a) {
         err = (int)((volatile u64*)mine)[FAIL_OFF];
         base = mine[COUNTERS_OFF + blockIdx.x];
     }
+    // Broadcast and reduce: the root exchanges a line with every non-root both ways (data one
+    // way, an empty acknowledgement the other), so that no rank can run more than one call
+    // ahead: a root that only sent (broadcast) would overwrite, two calls later, lines a slow
+    // non-root has not read yet (seen as a stall under CUDA graph replay).
+    const bool rooted = kind == K_BROADCAST_LL || kind == K_REDUCE_LL;
+    // Whether this rank's input carries data (a broadcast's non-roots have no input).
+    const bool has_input = kind != K_BROADCAST_LL || me == root;
     // Unparted kinds send and use the same 8 bytes of the input: load them now.
-    const uint2 first = has && !parted_in ? load8(a.in, u, bytes, aligned) : make_uint2(0, 0);
+    const uint2 first = has && !parted_in && has_input ? load8(a.in, u, bytes, aligned) : make_uint2(0, 0);
     __syncthreads();
     if (err) return;  // an earlier call failed: the communicator is unusable, drain at once
     const u64 step = base + 1;
@@ -560,11 +567,12 @@ __device__ void run_ll(const CollArgs& a) {
     // Line of unit u in a slot: inside this block's own lines (LL_LINES_PER_BLOCK of them).
     const u64 line = (u64)blockIdx.x * LL_LINES_PER_BLOCK + threadIdx.x;
     if (has) {
-        if (kind == K_BROADCAST_LL || kind == K_REDUCE_LL) {
-            if (kind == K_BROADCAST_LL ? me == root : me != root)
-                for (int q = 0; q < N; ++q)
-                    if (q != me && (kind == K_BROADCAST_LL || q == root))
-                        ll_store(ll_slot(a, q, par, me) + 16 * line, first, flag);
+        if (rooted) {
+            // Data where the collective sends it, an empty acknowledgement the other way.
+            const bool data = kind == K_BROADCAST_LL ? me == root : me != root;
+            const uint2 d = data ? first : make_uint2(0, 0);
+            for (int q = 0; q < N; ++q)
+                if (q != me && (me == root || q == root)) ll_store(ll_slot(a, q, par, me) + 16 * line, d, flag);
         } else if (parted_in) {
             for (int q = 0; q < N; ++q)
                 if (q != me)
@@ -574,14 +582,9 @@ __device__ void run_ll(const CollArgs& a) {
                 if (q != me) ll_store(ll_slot(a, q, par, me) + 16 * line, first, flag);
         }
     }
-    const bool receives = kind != K_REDUCE_LL || me == root;
-    if (has && receives) {
-        unsigned need = 0;
-        if (kind == K_BROADCAST_LL) {
-            need = me == root ? 0u : 1u << root;
-        } else {
-            need = ((1u << N) - 1u) & ~(1u << me);
-        }
+    if (has) {
+        // Rooted kinds: the root waits for every non-root, a non-root for the root.
+        const unsigned need = rooted && me != root ? 1u << root : ((1u << N) - 1u) & ~(1u << me);
         uint2 got[MAX_RANKS];
         int peer = 0;
         const int e = need ? ll_wait_all(a, par, line, flag, need, got, &peer) : 0;
@@ -591,7 +594,9 @@ __device__ void run_ll(const CollArgs& a) {
         } else {
             // This rank's own 8 bytes, from its input.
             const uint2 own = parted_in ? load8(a.in + (u64)me * bytes, u, bytes, aligned) : first;
-            if (reduces) {
+            if (kind == K_REDUCE_LL && me != root) {
+                // The root's line was its acknowledgement: nothing to write.
+            } else if (reduces) {
                 A acc[8 / sizeof(T)];
 #pragma unroll
                 for (int r = 0; r < MAX_RANKS; ++r) {
