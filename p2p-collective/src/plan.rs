@@ -45,6 +45,11 @@ pub struct Tuning {
     /// data among the non-roots (every GPU's links carry it about once) instead of the root
     /// sending to, or receiving from, every peer.
     pub split_min_bytes: usize,
+    /// All-gathers, reduce-scatters and all-to-alls on registered buffers run the direct
+    /// kernels from this many bytes (all ranks' parts together) on more than two ranks, and
+    /// from twice as many on two; below, the scratch path is faster (measured on 2 and 4 x
+    /// H200: perf-notes section 18).
+    pub direct_min_bytes: usize,
 }
 
 impl Tuning {
@@ -62,11 +67,12 @@ impl Tuning {
             oneshot_max_bytes: 3 << 20,
             ll_max_bytes: 512 << 10,
             split_min_bytes: 1 << 20,
+            direct_min_bytes: 16 << 20,
         }
     }
 
     /// How many words [`to_words`](Self::to_words) gives.
-    pub const WORDS: usize = 6;
+    pub const WORDS: usize = 7;
 
     /// Every knob as a word, for ranks to compare at start-up.
     pub fn to_words(&self) -> [u64; Self::WORDS] {
@@ -77,13 +83,14 @@ impl Tuning {
             self.oneshot_max_bytes as u64,
             self.ll_max_bytes as u64,
             self.split_min_bytes as u64,
+            self.direct_min_bytes as u64,
         ]
     }
 
     /// The inverse of [`to_words`](Self::to_words); `None` for a wrong length or a value out
     /// of range.
     pub fn from_words(w: &[u64]) -> Option<Tuning> {
-        let [b, p, bb, o, l, sp] = <[u64; Self::WORDS]>::try_from(w).ok()?;
+        let [b, p, bb, o, l, sp, d] = <[u64; Self::WORDS]>::try_from(w).ok()?;
         Some(Tuning {
             max_blocks: u32::try_from(b).ok()?,
             piece_bytes: usize::try_from(p).ok()?,
@@ -91,6 +98,7 @@ impl Tuning {
             oneshot_max_bytes: usize::try_from(o).ok()?,
             ll_max_bytes: usize::try_from(l).ok()?,
             split_min_bytes: usize::try_from(sp).ok()?,
+            direct_min_bytes: usize::try_from(d).ok()?,
         })
     }
 
@@ -349,6 +357,15 @@ pub fn plan_with(
     let world = world.max(1);
     // Bytes of one source's data: the whole buffer, or one rank's part.
     let seg_bytes = count * dtype.size();
+    // The direct kernels on rank parts need the parts 16-byte aligned (else they copy bytes:
+    // 3 ranks of a power-of-two size measured 1.5x slower than the scratch path) and enough
+    // data to pay for their start and end barriers across every peer.
+    let direct_min = if world > 2 {
+        tuning.direct_min_bytes
+    } else {
+        2 * tuning.direct_min_bytes
+    };
+    let parts_direct = seg_bytes % 16 == 0 && seg_bytes * world >= direct_min;
     let (kind, reason) = match op {
         Op::AllReduce => choose_all_reduce(seg_bytes, world, forced, tuning, access),
         _ if ll_default(seg_bytes, world, tuning) => (
@@ -365,12 +382,12 @@ pub fn plan_with(
             "large on > 2 ranks: each non-root reduces a part over every rank and sends it to the root",
         ),
         Op::Reduce => (Kind::Reduce, "every peer pushes to the root"),
-        Op::AllGather if access.output => (
+        Op::AllGather if access.output && parts_direct => (
             Kind::AllGatherDirect,
             "registered output: every rank writes into every peer's output",
         ),
         Op::AllGather => (Kind::AllGather, "every rank pushes to every peer"),
-        Op::ReduceScatter if access.input => (
+        Op::ReduceScatter if access.input && parts_direct => (
             Kind::ReduceScatterDirect,
             "registered input: every rank reads its part from every peer's input",
         ),
@@ -378,7 +395,7 @@ pub fn plan_with(
             Kind::ReduceScatter,
             "every rank pushes each part to its owner",
         ),
-        Op::AllToAll if access.output && !access.in_place => (
+        Op::AllToAll if access.output && !access.in_place && world > 2 && parts_direct => (
             Kind::AllToAllDirect,
             "registered output: every rank writes each part into its owner's output",
         ),
@@ -494,7 +511,8 @@ fn choose_all_reduce(
             Kind::AllReduceLl,
             "small: flags inside the data (LL), one crossing, no fence or flag",
         )
-    } else if access.input && access.output {
+    } else if access.input && access.output && world > 2 {
+        // On two ranks one-shot already moves each byte once; direct measured no faster.
         (
             Kind::AllReduceDirect,
             "registered buffers: each rank reads its part from every peer, reduces it and writes it into every peer",
@@ -784,7 +802,7 @@ mod tests {
     #[test]
     fn registered_buffers_go_direct_where_the_kernel_can_reach_them() {
         let tuning = t();
-        let big = 1 << 24;
+        let big = 1 << 24; // 64 MiB of f32
         let both = Access {
             input: true,
             output: true,
@@ -815,6 +833,32 @@ mod tests {
         };
         assert_eq!(f(Op::AllToAll, in_place).kind, Kind::AllToAll);
         assert_eq!(f(Op::AllReduce, in_place).kind, Kind::AllReduceDirect);
+        // Below the direct threshold, with parts not 16-byte aligned, and on two ranks for
+        // all-reduce and all-to-all, the scratch path (measured faster there).
+        let small = plan_with(
+            Op::AllGather,
+            DataType::F32,
+            1 << 19,
+            4,
+            None,
+            &tuning,
+            both,
+        );
+        assert_eq!(small.kind, Kind::AllGather);
+        let odd = plan_with(
+            Op::AllGather,
+            DataType::F32,
+            (1 << 22) + 1,
+            4,
+            None,
+            &tuning,
+            both,
+        );
+        assert_eq!(odd.kind, Kind::AllGather);
+        let two = |op| plan_with(op, DataType::F32, big, 2, None, &tuning, both).kind;
+        assert_eq!(two(Op::AllReduce), Kind::AllReduceOneShot);
+        assert_eq!(two(Op::AllToAll), Kind::AllToAll);
+        assert_eq!(two(Op::AllGather), Kind::AllGatherDirect);
         // Small calls still run LL; a forced algorithm wins over registration.
         assert!(
             plan_with(Op::AllReduce, DataType::F32, 16, 4, None, &tuning, both)
@@ -851,9 +895,9 @@ mod tests {
             Op::AllToAll,
         ] {
             for dtype in DataType::ALL {
-                for count in [(1usize << 20) + 3, 64 << 20] {
-                    for world in [2, 3, 4, 8] {
-                        let p = plan_with(op, dtype, count, world, None, &tuning, both);
+                for count in [(1usize << 22) + 4, 64 << 20] {
+                    for world in [3, 4, 8] {
+                        let p = plan_with(op, dtype, count * 16, world, None, &tuning, both);
                         assert!(p.kind.is_direct(), "{op} {dtype} {count} {world}");
                         let elem = p.kernel_type.size() as u64;
                         assert_eq!(p.piece * elem % 16, 0);

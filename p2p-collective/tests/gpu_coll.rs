@@ -654,14 +654,17 @@ fn gpu2_split_broadcast_and_reduce_matrix() {
 }
 
 /// Every collective on buffers registered on every rank (`register_all`): the direct kinds
-/// for all-reduce, all-gather, reduce-scatter and all-to-all (the others through the scratch),
-/// at every count, type, reduction, root, in and out of place.
+/// where the planner picks them (all-gather and reduce-scatter; all-reduce and all-to-all on
+/// more than two ranks; parts 16-byte aligned, so counts 4096 and 65536 are added), the others
+/// through the scratch, at every count, type, reduction, root, in and out of place. The size
+/// threshold is lowered so that small counts go direct too.
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_registered_buffers_matrix() {
-    let counts = counts();
+    let mut counts = counts();
+    counts.extend([4096, 65536]);
     let max = counts.iter().copied().max().unwrap_or(1);
-    let mut ls = locals(without_ll(|_| {}), max);
+    let mut ls = locals(without_ll(|t| t.direct_min_bytes = 0), max);
     let regs: Vec<_> = [0, 1]
         .iter()
         .flat_map(|&pick| {
@@ -684,6 +687,7 @@ fn gpu2_registered_buffers_matrix() {
         output: true,
         in_place: false,
     };
+    let n = ls.len();
     for op in [
         Op::AllReduce,
         Op::AllGather,
@@ -692,14 +696,14 @@ fn gpu2_registered_buffers_matrix() {
     ] {
         let kind = ls[0]
             .comm
-            .plan_with(&Call::new(op, DataType::F32, 1), access)
+            .plan_with(&Call::new(op, DataType::F32, 4096), access)
             .kind;
-        assert!(kind.is_direct(), "{op}: {kind:?}");
+        let direct = n > 2 || matches!(op, Op::AllGather | Op::ReduceScatter);
+        assert_eq!(kind.is_direct(), direct, "{op}: {kind:?}");
     }
     let s = run_matrix(&mut ls, &Op::ALL, &counts);
     eprintln!("registered: {} cases, {} wrong elements", s.cases, s.wrong);
     for (i, reg) in regs.into_iter().enumerate() {
-        let n = ls.len();
         ls[i % n].comm.deregister(reg).expect("deregister");
     }
     assert_eq!(s.wrong, 0, "wrong results:\n{}", s.failures.join("\n"));

@@ -57,7 +57,8 @@ fn gpu2_process_per_gpu_matrix() {
 }
 
 /// Every collective on buffers each process registered (`Communicator::register`, through CUDA
-/// IPC), LL off so that the direct kernels run at every count.
+/// IPC), LL off and the direct threshold lowered so that the direct kernels run wherever the
+/// planner allows them (16-byte aligned parts).
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_process_per_gpu_registered_matrix() {
@@ -68,13 +69,15 @@ fn gpu2_process_per_gpu_registered_matrix() {
             .expect("device");
         let mut tuning = p2p_collective::plan::Tuning::for_device(device.sm_count(), 2);
         tuning.ll_max_bytes = 0;
+        tuning.direct_min_bytes = 0;
         let options = p2p_collective::Options {
             tuning: Some(tuning),
             ..p2p_collective::Options::default()
         };
         let comm = Communicator::init(&device, &rv, options).expect("init");
         let rank = comm.rank();
-        let counts = counts();
+        let mut counts = counts();
+        counts.extend([4096, 65536]); // parts 16-byte aligned: the direct kernels
         let max = counts.iter().copied().max().unwrap_or(1);
         let mut ls = vec![Local::new(comm, max)];
         // SAFETY: both buffers live in `ls` and are deregistered below, before it drops.
