@@ -249,3 +249,40 @@ fn unreported_nvlink_ends_are_inferred_from_nvml() {
     assert_eq!(t.connection(0, 2), Connection::Pcie(PathLevel::Sys));
     assert_eq!(t.path(0, 2).via, Some(1));
 }
+
+#[test]
+fn h200x4_behind_an_nvswitch_recorded_on_the_machine() {
+    // Recorded on nvidia-h200-x4 (2026-11-22): the VM masks every link's far end
+    // (ffffffff:ff:ff.0), and NVML's remote device type says NVSwitch. nvidia-smi prints NV18
+    // for every pair; the model must too, with the 18 links shared by the three peers.
+    let t = load("h200x4-nvswitch.json");
+    assert_eq!(t.gpus.len(), 4);
+    for g in &t.gpus {
+        assert_eq!(g.nvlinks.len(), 18, "GPU{}", g.index);
+        assert!(g
+            .nvlinks
+            .iter()
+            .all(|l| l.remote_device_type.as_deref() == Some("switch")));
+    }
+    let paths = t.paths();
+    assert_eq!(paths.len(), 12);
+    for p in &paths {
+        assert_eq!(
+            p.connection,
+            Connection::NvSwitch {
+                links: 18,
+                generation: 4
+            },
+            "{} -> {}",
+            p.from,
+            p.to
+        );
+        assert!((p.bandwidth_gbps - 478.125).abs() < 1e-9);
+        assert_eq!(p.shared_by, 3);
+        assert!((p.concurrent_gbps - 478.125 / 3.0).abs() < 1e-9);
+    }
+    // As nvidia-smi topo -m: NV18 in every off-diagonal cell (the old model said NV6).
+    let m = render_matrix(&t);
+    assert_eq!(m.matches("NV18").count(), 12, "{m}");
+    assert!(!m.contains("NV6"), "{m}");
+}

@@ -133,6 +133,12 @@ enum Command {
         #[arg(long)]
         split_kib: Option<usize>,
     },
+    /// Render a `coll` results file again (the Markdown table and the SVG plot beside it), for
+    /// results assembled from several runs.
+    Render {
+        /// The results JSON written by `p2p-bench coll`.
+        json: PathBuf,
+    },
     /// Run a command as N local ranks with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
     /// MASTER_PORT set (as torchrun does); if one rank fails, the others are stopped.
     Launch {
@@ -275,6 +281,7 @@ fn main() -> ExitCode {
             coll_cmd(out, &opts)
         }
         Command::Launch { nprocs, command } => launch_cmd(nprocs, &command),
+        Command::Render { json } => render_cmd(&json),
     }
 }
 
@@ -384,6 +391,34 @@ fn coll_cmd(out: PathBuf, opts: &p2p_benches::coll::Options) -> ExitCode {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+fn render_cmd(json: &std::path::Path) -> ExitCode {
+    let results = match std::fs::read_to_string(json)
+        .map_err(|e| e.to_string())
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).map_err(|e| e.to_string()))
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("p2p-bench render: {}: {e}", json.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let written = std::fs::write(
+        json.with_extension("md"),
+        p2p_benches::coll::render(&results),
+    )
+    .and_then(|_| std::fs::write(json.with_extension("svg"), p2p_benches::coll::svg(&results)));
+    match written {
+        Ok(()) => {
+            eprintln!("wrote {} and .svg", json.with_extension("md").display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("p2p-bench render: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn launch_cmd(n: usize, command: &[String]) -> ExitCode {
