@@ -54,31 +54,40 @@ fn h200_pair_recorded_on_the_machine() {
     );
 }
 
-#[test]
-fn dgx_h100_every_pair_through_nvswitch() {
-    let t = load("dgx-h100-8gpu-nvswitch.json");
+/// Every ordered pair of `t` reaches the other through NVSwitches over 18 NVLink4 links (478
+/// GB/s one way), the links shared by the GPU's `peers` peers.
+fn every_pair_behind_a_switch(t: &Topology, peers: u32) {
     let paths = t.paths();
-    assert_eq!(paths.len(), 56);
+    assert_eq!(paths.len(), t.gpus.len() * (t.gpus.len() - 1));
     for p in &paths {
+        let at = format!("{} -> {}", p.from, p.to);
         assert_eq!(
             p.connection,
             Connection::NvSwitch {
                 links: 18,
                 generation: 4
             },
-            "{} -> {}",
-            p.from,
-            p.to
+            "{at}"
         );
         assert_eq!(
             (p.level, p.hops, p.p2p, p.via),
-            (PathLevel::Nvl, 2, true, None)
+            (PathLevel::Nvl, 2, true, None),
+            "{at}"
         );
-        assert!((p.bandwidth_gbps - 478.125).abs() < 1e-9);
-        // A GPU's 18 links carry its traffic to all 7 peers: one seventh each when all talk.
-        assert_eq!(p.shared_by, 7);
-        assert!((p.concurrent_gbps - 478.125 / 7.0).abs() < 1e-9);
+        assert!((p.bandwidth_gbps - 478.125).abs() < 1e-9, "{at}");
+        assert_eq!(p.shared_by, peers, "{at}");
+        assert!(
+            (p.concurrent_gbps - 478.125 / peers as f64).abs() < 1e-9,
+            "{at}"
+        );
     }
+}
+
+#[test]
+fn dgx_h100_every_pair_through_nvswitch() {
+    let t = load("dgx-h100-8gpu-nvswitch.json");
+    // A GPU's 18 links carry its traffic to all 7 peers: one seventh each when all talk.
+    every_pair_behind_a_switch(&t, 7);
     let some = t.concurrent_bandwidth(0, &[1, 2, 3]);
     assert!(
         some.iter().all(|b| (b - 478.125 / 3.0).abs() < 1e-9),
@@ -264,23 +273,7 @@ fn h200x4_behind_an_nvswitch_recorded_on_the_machine() {
             .iter()
             .all(|l| l.remote_device_type.as_deref() == Some("switch")));
     }
-    let paths = t.paths();
-    assert_eq!(paths.len(), 12);
-    for p in &paths {
-        assert_eq!(
-            p.connection,
-            Connection::NvSwitch {
-                links: 18,
-                generation: 4
-            },
-            "{} -> {}",
-            p.from,
-            p.to
-        );
-        assert!((p.bandwidth_gbps - 478.125).abs() < 1e-9);
-        assert_eq!(p.shared_by, 3);
-        assert!((p.concurrent_gbps - 478.125 / 3.0).abs() < 1e-9);
-    }
+    every_pair_behind_a_switch(&t, 3);
     // As nvidia-smi topo -m: NV18 in every off-diagonal cell (the old model said NV6).
     let m = render_matrix(&t);
     assert_eq!(m.matches("NV18").count(), 12, "{m}");

@@ -228,6 +228,16 @@ __device__ int barrier(const CollArgs& a, u64 step, int* err) {
 
 __device__ __forceinline__ bool aligned16(const void* p) { return (((u64)p) & 15ull) == 0; }
 
+// Elements [lo, hi) of part j, `sub` elements each, of a piece of n elements (empty past its end).
+__device__ __forceinline__ void part_of(u64 j, u64 sub, u64 n, u64& lo, u64& hi) {
+    lo = j * sub < n ? j * sub : n;
+    hi = lo + sub < n ? lo + sub : n;
+}
+
+// Kinds split among the non-roots: rank of the j-th non-root, and the index of non-root q.
+__device__ __forceinline__ int nonroot_rank(int j, int root) { return j < root ? j : j + 1; }
+__device__ __forceinline__ int nonroot_index(int q, int root) { return q < root ? q : q - 1; }
+
 // Copies n bytes within the block: 16-byte vectors where both ends allow it, bytes otherwise.
 // Sources are read with ld.cg: scratch is written by other GPUs, so L1 must not serve it.
 __device__ void copy_bytes(unsigned char* dst, const unsigned char* src, u64 n) {
@@ -759,13 +769,13 @@ __device__ void run(const CollArgs& a) {
                 const u64 sub = ((n + N - 1) / N + vecs - 1) / vecs * vecs;
                 const int par1 = (int)((step + 1) & 1), par2 = (int)((step + 2) & 1);
                 for (int q = 0; q < N; ++q) {
-                    const u64 qlo = (u64)q * sub < n ? (u64)q * sub : n;
-                    const u64 qhi = qlo + sub < n ? qlo + sub : n;
+                    u64 qlo, qhi;
+                    part_of(q, sub, n, qlo, qhi);
                     if (q != me) copy_bytes(SLOT(q, par1, me) + qlo * E, (const unsigned char*)(in + lo + qlo), (qhi - qlo) * E);
                 }
                 if (barrier(a, ++step, &err)) return;
-                const u64 mlo = (u64)me * sub < n ? (u64)me * sub : n;
-                const u64 mhi = mlo + sub < n ? mlo + sub : n;
+                u64 mlo, mhi;
+                part_of(me, sub, n, mlo, mhi);
                 int nd = 0;
                 for (int q = 0; q < N; ++q)
                     if (q != me) dsts[nd++] = SLOT(q, par2, me) + mlo * E;
@@ -775,8 +785,8 @@ __device__ void run(const CollArgs& a) {
                 if (barrier(a, ++step, &err)) return;
                 for (int q = 0; q < N; ++q) {
                     if (q == me) continue;
-                    const u64 qlo = (u64)q * sub < n ? (u64)q * sub : n;
-                    const u64 qhi = qlo + sub < n ? qlo + sub : n;
+                    u64 qlo, qhi;
+                    part_of(q, sub, n, qlo, qhi);
                     copy_bytes((unsigned char*)(out + lo + qlo), SLOT(me, par2, q) + qlo * E, (qhi - qlo) * E);
                 }
                 break;
@@ -794,8 +804,8 @@ __device__ void run(const CollArgs& a) {
                     const int par = (int)((step + 1) & 1), ppar = (int)(step & 1);
                     // The part this rank sends in step s, and the one it received in step s-1.
                     const int send_part = ((me - 1 - s) % N + 2 * N) % N;
-                    const u64 plo = (u64)send_part * sub < n ? (u64)send_part * sub : n;
-                    const u64 phi = plo + sub < n ? plo + sub : n;
+                    u64 plo, phi;
+                    part_of(send_part, sub, n, plo, phi);
                     unsigned char* to = SLOT(next, par, me) + plo * E;
                     if (s == 0) {
                         copy_bytes(to, (const unsigned char*)(in + lo + plo), (phi - plo) * E);
@@ -821,8 +831,8 @@ __device__ void run(const CollArgs& a) {
                 {
                     const int ppar = (int)(step & 1);
                     const int part = ((me - 1 - 2 * (N - 1)) % N + 2 * N) % N;
-                    const u64 plo = (u64)part * sub < n ? (u64)part * sub : n;
-                    const u64 phi = plo + sub < n ? plo + sub : n;
+                    u64 plo, phi;
+                    part_of(part, sub, n, plo, phi);
                     copy_bytes((unsigned char*)(out + lo + plo), SLOT(me, ppar, prev) + plo * E, (phi - plo) * E);
                 }
                 break;
@@ -898,9 +908,9 @@ __device__ void run(const CollArgs& a) {
                 const int par1 = (int)((step + 1) & 1), par2 = (int)((step + 2) & 1);
                 if (me == a.root) {
                     for (int j = 0; j < N - 1; ++j) {
-                        const int q = j < a.root ? j : j + 1;
-                        const u64 jlo = (u64)j * sub < n ? (u64)j * sub : n;
-                        const u64 jhi = jlo + sub < n ? jlo + sub : n;
+                        const int q = nonroot_rank(j, a.root);
+                        u64 jlo, jhi;
+                        part_of(j, sub, n, jlo, jhi);
                         copy_bytes(SLOT(q, par1, me) + jlo * E, (const unsigned char*)(in + lo + jlo), (jhi - jlo) * E);
                     }
                 }
@@ -908,9 +918,9 @@ __device__ void run(const CollArgs& a) {
                 if (me == a.root) copy_bytes((unsigned char*)(out + lo), (const unsigned char*)(in + lo), n * E);
                 if (wait_peers(a, step, &err)) return;
                 if (me != a.root) {
-                    const int j = me < a.root ? me : me - 1;
-                    const u64 mlo = (u64)j * sub < n ? (u64)j * sub : n;
-                    const u64 mhi = mlo + sub < n ? mlo + sub : n;
+                    const int j = nonroot_index(me, a.root);
+                    u64 mlo, mhi;
+                    part_of(j, sub, n, mlo, mhi);
                     int nd = 0;
                     dsts[nd++] = (unsigned char*)(out + lo + mlo);
                     for (int q = 0; q < N; ++q)
@@ -921,9 +931,9 @@ __device__ void run(const CollArgs& a) {
                 if (me != a.root) {
                     for (int q = 0; q < N; ++q) {
                         if (q == me || q == a.root) continue;
-                        const int j = q < a.root ? q : q - 1;
-                        const u64 qlo = (u64)j * sub < n ? (u64)j * sub : n;
-                        const u64 qhi = qlo + sub < n ? qlo + sub : n;
+                        const int j = nonroot_index(q, a.root);
+                        u64 qlo, qhi;
+                        part_of(j, sub, n, qlo, qhi);
                         copy_bytes((unsigned char*)(out + lo + qlo), SLOT(me, par2, q) + qlo * E, (qhi - qlo) * E);
                     }
                 }
@@ -938,17 +948,17 @@ __device__ void run(const CollArgs& a) {
                 const u64 sub = ((n + N - 2) / (N - 1) + vecs - 1) / vecs * vecs;
                 const int par1 = (int)((step + 1) & 1), par2 = (int)((step + 2) & 1);
                 for (int j = 0; j < N - 1; ++j) {
-                    const int q = j < a.root ? j : j + 1;
+                    const int q = nonroot_rank(j, a.root);
                     if (q == me) continue;
-                    const u64 jlo = (u64)j * sub < n ? (u64)j * sub : n;
-                    const u64 jhi = jlo + sub < n ? jlo + sub : n;
+                    u64 jlo, jhi;
+                    part_of(j, sub, n, jlo, jhi);
                     copy_bytes(SLOT(q, par1, me) + jlo * E, (const unsigned char*)(in + lo + jlo), (jhi - jlo) * E);
                 }
                 if (barrier(a, ++step, &err)) return;
                 if (me != a.root) {
-                    const int j = me < a.root ? me : me - 1;
-                    const u64 mlo = (u64)j * sub < n ? (u64)j * sub : n;
-                    const u64 mhi = mlo + sub < n ? mlo + sub : n;
+                    const int j = nonroot_index(me, a.root);
+                    u64 mlo, mhi;
+                    part_of(j, sub, n, mlo, mhi);
                     for (int r = 0; r < N; ++r)
                         srcs[r] = r == me ? in + lo + mlo : (const T*)(SLOT(me, par1, r) + mlo * E);
                     reduce_into<T>((T*)(SLOT(a.root, par2, me) + mlo * E), dsts, 0, srcs, N, mhi - mlo, a.redop, N);
@@ -957,9 +967,9 @@ __device__ void run(const CollArgs& a) {
                 if (me == a.root) {
                     for (int q = 0; q < N; ++q) {
                         if (q == me) continue;
-                        const int j = q < a.root ? q : q - 1;
-                        const u64 qlo = (u64)j * sub < n ? (u64)j * sub : n;
-                        const u64 qhi = qlo + sub < n ? qlo + sub : n;
+                        const int j = nonroot_index(q, a.root);
+                        u64 qlo, qhi;
+                        part_of(j, sub, n, qlo, qhi);
                         copy_bytes((unsigned char*)(out + lo + qlo), SLOT(me, par2, q) + qlo * E, (qhi - qlo) * E);
                     }
                 }
