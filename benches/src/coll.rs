@@ -510,11 +510,7 @@ pub fn run(opts: &Options) -> Result<Value, String> {
             for &imp in &imps {
                 for in_place in [false, true] {
                     let place = if in_place { "in_place" } else { "out_of_place" };
-                    let slot = match imp {
-                        Imp::Nccl(m) => &mut row["nccl"][m.name()][place],
-                        Imp::OursRegistered => &mut row["ours_registered"][place],
-                        _ => &mut row["ours"][place],
-                    };
+                    let slot = figures_slot(&mut row, imp, place);
                     if matches!(imp, Imp::Nccl(_)) && in_place && op == Op::AllToAll {
                         // NCCL's all-to-all has no in-place form (its results are wrong when
                         // send and receive buffers are the same): not measured.
@@ -546,11 +542,7 @@ pub fn run(opts: &Options) -> Result<Value, String> {
                         }
                         Err(e) => json!({"error": e}),
                     };
-                    let slot = match imp {
-                        Imp::Nccl(m) => &mut row["nccl"][m.name()][place],
-                        Imp::OursRegistered => &mut row["ours_registered"][place],
-                        _ => &mut row["ours"][place],
-                    };
+                    let slot = figures_slot(&mut row, imp, place);
                     *slot = json!({
                         "wrong": match &wrong { Ok(w) => json!(w), Err(e) => json!({"error": e}) },
                         "eager": fig(&eager),
@@ -628,6 +620,15 @@ pub fn run(opts: &Options) -> Result<Value, String> {
         "floor_empty_kernel": floor,
         "rows": rows,
     }))
+}
+
+/// Where `imp`'s figures for `place` go in a row.
+fn figures_slot<'r>(row: &'r mut Value, imp: Imp, place: &str) -> &'r mut Value {
+    match imp {
+        Imp::Nccl(m) => &mut row["nccl"][m.name()][place],
+        Imp::OursRegistered => &mut row["ours_registered"][place],
+        _ => &mut row["ours"][place],
+    }
 }
 
 /// Registers every rank's pair of registered-mode buffers (`Communicator::register_all`).
@@ -784,24 +785,19 @@ pub fn render(r: &Value) -> String {
             let g = &row["ours_registered"]["out_of_place"];
             let gi = &row["ours_registered"]["in_place"];
             let best = &row["nccl_best"];
-            let mode_times: String = modes
-                .iter()
-                .map(|m| {
-                    format!(
-                        " {} |",
-                        num(&row["nccl"][m.name()]["out_of_place"]["eager"], "us", 1)
-                    )
-                })
-                .collect();
-            let graph_times: String = modes
-                .iter()
-                .map(|m| {
-                    format!(
-                        " {} |",
-                        num(&row["nccl"][m.name()]["out_of_place"]["graph"], "us", 1)
-                    )
-                })
-                .collect();
+            // Each NCCL mode's out-of-place time, as table cells.
+            let mode_cells = |timing: &str| -> String {
+                modes
+                    .iter()
+                    .map(|m| {
+                        format!(
+                            " {} |",
+                            num(&row["nccl"][m.name()]["out_of_place"][timing], "us", 1)
+                        )
+                    })
+                    .collect()
+            };
+            let (mode_times, graph_times) = (mode_cells("eager"), mode_cells("graph"));
             let nccl_wrong: u64 = modes
                 .iter()
                 .flat_map(|m| {

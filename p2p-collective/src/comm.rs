@@ -913,10 +913,9 @@ impl Communicator {
         reg
     }
 
-    /// Every rank's address of the `bytes` at `ptr` if they lie in one registered window (at
-    /// the same offset on every rank, as symmetric windows require).
-    fn peers_of(&self, ptr: u64, bytes: usize) -> Option<[u64; MAX_RANKS]> {
-        let windows = self.windows.read().ok()?;
+    /// Every rank's address of the `bytes` at `ptr` if they lie in one of `windows` (at the same
+    /// offset on every rank, as symmetric windows require).
+    fn peers_of(&self, windows: &[Window], ptr: u64, bytes: usize) -> Option<[u64; MAX_RANKS]> {
         let w = windows
             .iter()
             .find(|w| ptr >= w.base && ptr + bytes as u64 <= w.base + w.len as u64)?;
@@ -1117,13 +1116,13 @@ impl Communicator {
             }
         }
         let (forced, tuning) = self.planner_inputs();
-        let (in_peers, out_peers) = if self.windows.read().map_or(true, |w| w.is_empty()) {
-            (None, None)
-        } else {
-            (
-                self.peers_of(input.ptr, in_len * size),
-                self.peers_of(output.ptr, out_len * size),
-            )
+        // One read of the registration table per call (the common case: empty).
+        let (in_peers, out_peers) = match self.windows.read() {
+            Ok(w) if !w.is_empty() => (
+                self.peers_of(&w, input.ptr, in_len * size),
+                self.peers_of(&w, output.ptr, out_len * size),
+            ),
+            _ => (None, None),
         };
         let overlap = input.ptr < output.ptr + (out_len * size) as u64
             && output.ptr < input.ptr + (in_len * size) as u64;

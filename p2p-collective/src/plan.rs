@@ -426,9 +426,13 @@ pub fn plan_with(
         Op::AllGather | Op::ReduceScatter | Op::AllToAll => seg_bytes * world,
         _ => seg_bytes,
     };
-    let grid = bytes
-        .div_ceil(tuning.block_bytes.max(16))
-        .clamp(1, tuning.max_blocks.max(1) as usize) as u32;
+    // About `block_bytes` per block, within the resident blocks.
+    let grid_for = |bytes: usize| {
+        bytes
+            .div_ceil(tuning.block_bytes.max(16))
+            .clamp(1, tuning.max_blocks.max(1) as usize) as u32
+    };
+    let grid = grid_for(bytes);
     if kind.is_direct() {
         // One pass, no scratch: each block takes a contiguous share of what this rank handles
         // (its part of the data for all-reduce, a rank's part for the others).
@@ -449,8 +453,7 @@ pub fn plan_with(
             reason,
         };
     }
-    let grid = (seg_bytes.div_ceil(tuning.block_bytes.max(16)))
-        .clamp(1, tuning.max_blocks.max(1) as usize) as u32;
+    let grid = grid_for(seg_bytes);
     let piece_bytes = seg_bytes
         .div_ceil(grid as usize)
         .next_multiple_of(16)

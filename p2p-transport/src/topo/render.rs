@@ -120,13 +120,8 @@ pub fn render_links(t: &Topology) -> String {
                 Remote::Gpu(i) => format!("GPU{i}"),
                 Remote::HiddenGpu => format!("hidden GPU {}", l.remote_bus_id),
                 Remote::NvSwitch => {
-                    let peers: Vec<String> = (0..t.gpus.len())
-                        .filter(|&b| {
-                            b != g.index
-                                && matches!(t.connection(g.index, b), Connection::NvSwitch { .. })
-                        })
-                        .map(|b| format!("GPU{b}"))
-                        .collect();
+                    let peers =
+                        peers_where(t, g.index, |c| matches!(c, Connection::NvSwitch { .. }));
                     if peers.is_empty() {
                         "NVSwitch".into()
                     } else {
@@ -135,13 +130,7 @@ pub fn render_links(t: &Topology) -> String {
                 }
                 Remote::Other => format!("{} (other)", l.remote_bus_id),
                 Remote::Unresolved => {
-                    let peers: Vec<String> = (0..t.gpus.len())
-                        .filter(|&b| {
-                            b != g.index
-                                && matches!(t.connection(g.index, b), Connection::NvLink { .. })
-                        })
-                        .map(|b| format!("GPU{b}"))
-                        .collect();
+                    let peers = peers_where(t, g.index, |c| matches!(c, Connection::NvLink { .. }));
                     format!(
                         "{} (far end not reported; NVML: NVLink P2P OK)",
                         peers.join(", ")
@@ -174,6 +163,14 @@ pub fn render_links(t: &Topology) -> String {
         out += &format!("GPU{:<3} {pcie:<19} {links}\n", g.index);
     }
     out
+}
+
+/// `GPUb` for every other GPU b whose connection from `a` satisfies `keep`.
+fn peers_where(t: &Topology, a: usize, keep: impl Fn(Connection) -> bool) -> Vec<String> {
+    (0..t.gpus.len())
+        .filter(|&b| b != a && keep(t.connection(a, b)))
+        .map(|b| format!("GPU{b}"))
+        .collect()
 }
 
 /// The path model as a table. `est. GB/s` is one peer alone; `all peers` is each peer's share
