@@ -2,8 +2,10 @@
 //!
 //! Every rank owns one workspace: a sync area (flags, per-block step counters, the failure
 //! record) and a scratch area that peers push data into. Each rank holds every peer's
-//! workspace address as its own GPU sees it: a plain pointer with peer access (one process
-//! driving several GPUs), or a CUDA IPC mapping (one process per GPU). A call validates its
+//! workspace address as its own GPU sees it, mapped by the transport's peer layer
+//! (`p2p_transport::peer`): a plain pointer with peer access (one process driving several
+//! GPUs), a cuMem fd or legacy IPC mapping (one process per GPU), or pinned host memory
+//! shared by every rank (host-staged, where GPUs have no P2P). A call validates its
 //! arguments, plans (`plan.rs`) and launches one kernel (`kernels/coll.cu`) on the caller's
 //! stream; it never blocks the host, so it can be captured in a CUDA graph.
 //!
@@ -16,11 +18,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use p2p_mem::ipc::{ImportedBuffer, IpcMemHandle};
-use p2p_mem::{check_peer_mappable, Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
+use p2p_mem::fdpass::{FdChannel, FdListener, PrivateDir};
+use p2p_mem::{check_peer_mappable, Device, DeviceMemory, DeviceMemoryMut, Stream};
 use p2p_transport::config::{Algorithm, Config};
 use p2p_transport::conn::AbortHandle;
 use p2p_transport::kernels::{self, Function, Module, Source};
+use p2p_transport::peer::{self, LocalRegion, PairP2p, PeerRegion, Sharing};
 
 use crate::bootstrap::{Bootstrap, Rendezvous};
 use crate::error::{Error, Result};
@@ -82,6 +85,9 @@ pub struct Options {
     pub timeout: Duration,
     /// Planner knobs (`None`: the defaults for the GPU).
     pub tuning: Option<Tuning>,
+    /// The transport's settings: how ranks reach each other's memory (`P2P_DISABLE`,
+    /// `P2P_MODE`, `P2P_CUMEM`; see [`p2p_transport::peer::choose`]).
+    pub transport: Config,
 }
 
 impl Options {
@@ -92,6 +98,7 @@ impl Options {
             check: config.check,
             timeout: Duration::from_millis(config.timeout_ms),
             tuning: None,
+            transport: config.clone(),
         }
     }
 
@@ -237,8 +244,8 @@ struct Window {
     len: usize,
     /// Rank r's buffer as this GPU addresses it (this rank's: `base`).
     peers: [u64; MAX_RANKS],
-    /// Process per GPU: the peers' buffers mapped through CUDA IPC, held while registered.
-    _mappings: Vec<ImportedBuffer>,
+    /// Process per GPU: the peers' buffers mapped by the peer layer, held while registered.
+    _mappings: Vec<PeerRegion>,
 }
 
 /// One registered buffer on one rank, from [`Communicator::register`] or
@@ -267,8 +274,8 @@ impl Registration {
 /// A peer's workspace, kept alive as long as this rank may write into it (held, never read).
 #[allow(dead_code)]
 enum PeerMemory {
-    Local(Arc<DeviceBuffer<u8>>),
-    Imported(ImportedBuffer),
+    Local(Arc<LocalRegion>),
+    Imported(PeerRegion),
 }
 
 /// A region of a buffer, as a call sees it.
@@ -292,6 +299,8 @@ pub struct Communicator {
     options: Options,
     tuning: Tuning,
     bases: [u64; MAX_RANKS],
+    /// How the ranks reach each other's workspaces (the peer layer's choice).
+    sharing: Sharing,
     abort: AbortHandle,
     failed: Mutex<Option<String>>,
     kernels: Arc<Kernels>,
@@ -301,7 +310,7 @@ pub struct Communicator {
     next_window: AtomicU64,
     // Freed last: peers' mappings, then this rank's workspace.
     _peers: Vec<PeerMemory>,
-    workspace: Arc<DeviceBuffer<u8>>,
+    workspace: Arc<LocalRegion>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -336,8 +345,10 @@ impl Communicator {
     /// One communicator per GPU in `devices`, all in this process (like `ncclCommInitAll`):
     /// rank r is `devices[r]`. Options come from the `P2P_*` environment.
     ///
-    /// Every pair of GPUs needs direct P2P (peer access); where a pair has none this fails
-    /// and says which.
+    /// Where every pair of GPUs has direct P2P the ranks reach each other's workspaces by plain
+    /// pointer (peer access); where a pair has none, or with `P2P_DISABLE=1`, every workspace
+    /// lives in pinned host memory instead (host-staged: correct, and slower). The choice and
+    /// its reason are logged; [`sharing`](Self::sharing) says which.
     ///
     /// ```no_run
     /// use p2p_collective::{Communicator, DataType, RedOp};
@@ -367,6 +378,7 @@ impl Communicator {
     pub fn init_all_with(devices: &[Device], options: Options) -> Result<Vec<Communicator>> {
         let world = devices.len();
         check_world(world)?;
+        let mut pairs = Vec::new();
         for (i, a) in devices.iter().enumerate() {
             for (j, b) in devices.iter().enumerate() {
                 if i != j && a == b {
@@ -380,11 +392,19 @@ impl Communicator {
                     });
                 }
                 if i != j {
+                    pairs.push(PairP2p::probe(a, b)?);
+                }
+            }
+        }
+        let (sharing, why) = peer::choose(&options.transport, true, &pairs);
+        if sharing == Sharing::Pointer {
+            for (i, a) in devices.iter().enumerate() {
+                for b in devices.iter().filter(|b| *b != a) {
                     a.enable_peer_access(b).map_err(|e| Error::InvalidArgument {
                         op: "init_all",
                         rank: i,
                         what: format!(
-                            "GPU {} cannot reach GPU {} directly ({e}); collectives need P2P between every pair (see `p2p-bench doctor`)",
+                            "GPU {} cannot enable peer access to GPU {} ({e}); P2P_DISABLE=1 runs the collectives through host memory instead (see `p2p-bench doctor`)",
                             a.ordinal(),
                             b.ordinal()
                         ),
@@ -408,24 +428,20 @@ impl Communicator {
         log_tuning(&tuning, bytes);
         let mut workspaces = Vec::with_capacity(world);
         for d in devices {
-            workspaces.push(Arc::new(DeviceBuffer::<u8>::zeroed(d, bytes)?));
+            workspaces.push(Arc::new(LocalRegion::allocate(d, bytes, sharing)?));
         }
         let abort = AbortHandle::new(&devices[0])?;
         let mut bases = [0u64; MAX_RANKS];
         for (r, w) in workspaces.iter().enumerate() {
+            // Device pointers with peer access, or pinned host memory: both are UVA addresses
+            // that every GPU of the process reaches.
             bases[r] = w.device_ptr();
         }
-        for (i, a) in devices.iter().enumerate() {
-            for (j, b) in devices.iter().enumerate() {
-                if i != j {
-                    tracing::info!(
-                        "{i}[{}] -> {j}[{}] via P2P/direct pointer (peer access; UVA addresses)",
-                        a.ordinal(),
-                        b.ordinal()
-                    );
-                }
-            }
-        }
+        log_sharing(
+            devices.iter().map(|d| d.ordinal().to_string()).collect(),
+            sharing,
+            &why,
+        );
         let mut comms = Vec::with_capacity(world);
         for (r, d) in devices.iter().enumerate() {
             comms.push(Communicator {
@@ -435,6 +451,7 @@ impl Communicator {
                 options: options.clone(),
                 tuning,
                 bases,
+                sharing,
                 abort: abort.clone(),
                 failed: Mutex::new(None),
                 kernels: loaded[r].clone(),
@@ -488,6 +505,11 @@ impl Communicator {
 
     /// Joins the communicator described by `rv` with `device` as this rank's GPU. Returns once
     /// every rank has joined and mapped every other rank's workspace.
+    ///
+    /// The ranks share their workspaces as the peer layer chooses
+    /// ([`p2p_transport::peer::choose`]): cuMem fds passed over Unix sockets by default, legacy
+    /// IPC with `P2P_CUMEM=0`, pinned host memory with `P2P_DISABLE=1` or where a pair of GPUs
+    /// has no P2P. Every rank proposes; the weakest proposal wins, so all ranks agree.
     pub fn init(device: &Device, rv: &Rendezvous, options: Options) -> Result<Communicator> {
         check_world(rv.world)?;
         let rank = rv.rank;
@@ -502,78 +524,137 @@ impl Communicator {
         });
         let bytes = workspace_bytes(rv.world, &tuning);
         log_tuning(&tuning, bytes);
-        let workspace = Arc::new(DeviceBuffer::<u8>::zeroed(device, bytes)?);
-        let handle = IpcMemHandle::export(workspace.as_ref())?;
         let abort = AbortHandle::new(device)?;
+        // Workspace handles travel over Unix sockets (fds need them): one listener per rank in a
+        // private directory, its path in the bootstrap's first round.
+        let dir = PrivateDir::new("coll")?;
+        let listener = FdListener::bind(&dir.path().join("ws"))?;
         let mut bootstrap = Bootstrap::connect(rv)?;
         let host = p2p_transport::hostname();
+        let path = listener.path().to_string_lossy().into_owned();
         let mut blob = Vec::new();
-        blob.extend_from_slice(&(host.len() as u16).to_le_bytes());
-        blob.extend_from_slice(host.as_bytes());
+        for text in [&host, &path] {
+            blob.extend_from_slice(&(text.len() as u16).to_le_bytes());
+            blob.extend_from_slice(text.as_bytes());
+        }
+        blob.extend_from_slice(device.uuid());
         for w in tuning.to_words() {
             blob.extend_from_slice(&w.to_le_bytes());
         }
-        blob.extend_from_slice(&handle.to_bytes());
         let all = bootstrap.all_gather(&blob)?;
         let fail = |why: String| Error::Bootstrap { rank, why };
-        let mut bases = [0u64; MAX_RANKS];
-        let mut peers = Vec::new();
+        let mut paths = Vec::with_capacity(rv.world);
+        let mut pairs = Vec::new();
         for (r, b) in all.iter().enumerate() {
-            let hl = b
-                .get(..2)
-                .map(|x| u16::from_le_bytes([x[0], x[1]]) as usize)
-                .ok_or_else(|| fail(format!("rank {r} sent a short blob")))?;
-            let their_host = b
-                .get(2..2 + hl)
-                .map(|x| String::from_utf8_lossy(x).into_owned())
-                .ok_or_else(|| fail(format!("rank {r} sent a short blob")))?;
-            let rest = b
-                .get(2 + hl..)
-                .ok_or_else(|| fail(format!("rank {r} sent a short blob")))?;
-            let words = Tuning::WORDS;
-            if rest.len() < 8 * words {
-                return Err(fail(format!("rank {r} sent a short blob")));
+            let short = || fail(format!("rank {r} sent a short blob"));
+            let mut rest = b.as_slice();
+            let mut texts = Vec::new();
+            for _ in 0..2 {
+                let n = rest
+                    .get(..2)
+                    .map(|x| u16::from_le_bytes([x[0], x[1]]) as usize)
+                    .ok_or_else(short)?;
+                let t = rest.get(2..2 + n).ok_or_else(short)?;
+                texts.push(String::from_utf8_lossy(t).into_owned());
+                rest = &rest[2 + n..];
             }
-            let theirs: Vec<u64> = rest[..8 * words]
+            let uuid: [u8; 16] = rest
+                .get(..16)
+                .and_then(|u| u.try_into().ok())
+                .ok_or_else(short)?;
+            let words = Tuning::WORDS;
+            let theirs: Vec<u64> = rest[16..]
                 .chunks_exact(8)
                 .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
                 .collect();
+            if theirs.len() != words {
+                return Err(short());
+            }
             if theirs[..] != tuning.to_words()[..] {
                 return Err(fail(format!(
                     "rank {r} plans with tuning {}, this rank with {tuning:?}: every rank needs the same GPU model and tuning",
                     Tuning::from_words(&theirs).map_or_else(|| format!("{theirs:?}"), |t| format!("{t:?}"))
                 )));
             }
-            if r == rank {
-                bases[r] = workspace.device_ptr();
-                continue;
-            }
-            if their_host != host {
+            if texts[0] != host {
                 return Err(fail(format!(
-                    "rank {r} runs on host {their_host:?}, this rank on {host:?}: process-per-GPU communicators need every rank on one host"
+                    "rank {r} runs on host {:?}, this rank on {host:?}: process-per-GPU communicators need every rank on one host",
+                    texts[0]
                 )));
             }
-            let h = IpcMemHandle::from_bytes(&rest[8 * words..])
-                .map_err(|e| fail(format!("rank {r}'s workspace handle: {e}")))?;
-            if h.device_uuid() == device.uuid() {
-                tracing::warn!(
-                    rank,
-                    peer = r,
-                    "ranks {rank} and {r} share GPU {}: their kernels time-slice and will be slow",
-                    device.ordinal()
-                );
+            if r != rank {
+                if &uuid == device.uuid() {
+                    tracing::warn!(
+                        rank,
+                        peer = r,
+                        "ranks {rank} and {r} share GPU {}: their kernels time-slice and will be slow",
+                        device.ordinal()
+                    );
+                }
+                pairs.push(PairP2p::probe_uuid(device, &uuid)?);
             }
-            let imported = h.open(device)?;
+            paths.push(std::path::PathBuf::from(&texts[1]));
+        }
+        // Every rank proposes a sharing from its own view; the weakest wins everywhere.
+        let (mine, why) = peer::choose(&options.transport, false, &pairs);
+        let mut proposal = vec![mine.code()];
+        proposal.extend_from_slice(why.as_bytes());
+        let proposals = bootstrap.all_gather(&proposal)?;
+        let (mut sharing, mut reason) = (mine, why);
+        for (r, p) in proposals.iter().enumerate() {
+            let theirs = p
+                .first()
+                .and_then(|c| Sharing::from_code(*c))
+                .ok_or_else(|| fail(format!("rank {r} proposed an unknown sharing")))?;
+            if theirs.weaker(sharing) != sharing {
+                sharing = theirs;
+                reason = format!("rank {r}: {}", String::from_utf8_lossy(&p[1..]));
+            }
+        }
+        let workspace = Arc::new(LocalRegion::allocate(device, bytes, sharing)?);
+        let exported = workspace.export()?;
+        // Send to every peer first (a connect completes in the listener's backlog), then take
+        // every peer's: no rank waits on another in a cycle.
+        let mut sent = Vec::with_capacity(rv.world);
+        for (q, p) in paths.iter().enumerate() {
+            if q != rank {
+                let chan = FdChannel::connect(p).map_err(|e| {
+                    fail(format!(
+                        "connecting to rank {q}'s socket {}: {e}",
+                        p.display()
+                    ))
+                })?;
+                peer::send(&chan, &(rank as u32).to_le_bytes(), &exported)?;
+                sent.push(chan);
+            }
+        }
+        let mut bases = [0u64; MAX_RANKS];
+        bases[rank] = workspace.device_ptr();
+        let mut peers = Vec::new();
+        let wait = options.timeout.max(Duration::from_secs(10));
+        for _ in 1..rv.world {
+            let chan = listener
+                .accept(wait)
+                .map_err(|e| fail(format!("waiting for the peers' workspaces: {e}")))?;
+            let (prefix, e) = peer::recv(&chan, sharing, 4)?;
+            let r = u32::from_le_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]) as usize;
+            if r >= rv.world || r == rank || bases[r] != 0 {
+                return Err(fail(format!(
+                    "a workspace came from rank {r}, not an expected peer"
+                )));
+            }
+            let imported = peer::import(device, sharing, r, e)?;
             bases[r] = imported.device_ptr();
-            tracing::info!(
-                "{rank}[{}] -> {r}[{}] via P2P/IPC (legacy CUDA IPC handle of the peer's workspace)",
-                device.ordinal(),
-                p2p_mem::format_uuid(h.device_uuid())
-            );
             peers.push(PeerMemory::Imported(imported));
         }
+        log_sharing(
+            vec![format!("{rank}[{}]", device.ordinal())],
+            sharing,
+            &reason,
+        );
         // Every rank has mapped every workspace before anyone's kernels write into them.
         bootstrap.barrier()?;
+        drop(sent);
         Ok(Communicator {
             rank,
             world: rv.world,
@@ -581,6 +662,7 @@ impl Communicator {
             options,
             tuning,
             bases,
+            sharing,
             abort,
             failed: Mutex::new(None),
             kernels,
@@ -590,6 +672,12 @@ impl Communicator {
             _peers: peers,
             workspace,
         })
+    }
+
+    /// How the ranks reach each other's memory: plain pointers (one process), cuMem fds or
+    /// legacy IPC (one process per GPU), or host-staged (no P2P). Logged at init with why.
+    pub fn sharing(&self) -> Sharing {
+        self.sharing
     }
 
     /// This rank.
@@ -697,13 +785,13 @@ impl Communicator {
         // (nobody waits for a peer that gave up).
         let mine = self
             .check_registrable(buf)
-            .and_then(|()| Ok(IpcMemHandle::export(buf)?));
+            .and_then(|()| Ok(peer::export_memory(buf)?));
         let mut blob = Vec::new();
         match &mine {
             Ok(h) => {
                 blob.push(1u8);
                 blob.extend_from_slice(&(buf.byte_len() as u64).to_le_bytes());
-                blob.extend_from_slice(&h.to_bytes());
+                blob.extend_from_slice(&h.header);
             }
             Err(e) => {
                 blob.push(0u8);
@@ -739,9 +827,11 @@ impl Communicator {
                         peers[r] = buf.device_ptr();
                         continue;
                     }
-                    let h = IpcMemHandle::from_bytes(&rest[8..])
-                        .map_err(|e| fail(format!("rank {r}'s handle: {e}")))?;
-                    let imported = h.open(&self.device)?;
+                    let handle = peer::Exported {
+                        header: rest[8..].to_vec(),
+                        fd: None,
+                    };
+                    let imported = peer::import(&self.device, Sharing::LegacyIpc, r, handle)?;
                     peers[r] = imported.device_ptr();
                     mappings.push(imported);
                 }
@@ -862,6 +952,12 @@ impl Communicator {
                 self.device.ordinal()
             )));
         }
+        if !self.sharing.is_p2p() {
+            return Err(bad(format!(
+                "registered buffers are read and written across the link, and this communicator's ranks have no P2P between them (they reach each other {}): unregistered buffers work, through host memory",
+                self.sharing.name()
+            )));
+        }
         check_peer_mappable(buf).map_err(|e| bad(e.to_string()))?;
         let (lo, hi) = (buf.device_ptr(), buf.device_ptr() + buf.byte_len() as u64);
         let windows = self
@@ -886,7 +982,7 @@ impl Communicator {
         &self,
         buf: &dyn DeviceMemory,
         peers: [u64; MAX_RANKS],
-        mappings: Vec<ImportedBuffer>,
+        mappings: Vec<PeerRegion>,
     ) -> Registration {
         let id = self.next_window.fetch_add(1, Ordering::Relaxed);
         let reg = Registration {
@@ -949,8 +1045,8 @@ impl Communicator {
     /// Reports a call that already stalled, was aborted or did not match, without waiting
     /// (what [`synchronize`](Self::synchronize) does after the stream is idle).
     pub fn check(&self) -> Result<()> {
-        let range = STATUS_OFF * 8..(STATUS_OFF + STATUS_WORDS) * 8;
-        let st = self.workspace.slice(range)?.to_host_vec::<u64>()?;
+        let mut st = [0u64; STATUS_WORDS];
+        self.workspace.copy_range_to_host(STATUS_OFF * 8, &mut st)?;
         if st[0] == 0 {
             return Ok(());
         }
@@ -1412,6 +1508,15 @@ fn warn_occupancy(blocks_per_sm: i32) {
             "collective kernels fit {blocks_per_sm} block(s) of {THREADS} threads per SM, not 2: grids are halved and large collectives run slower"
         );
     }
+}
+
+/// Logs how the ranks `who` reach their peers, and why.
+fn log_sharing(who: Vec<String>, sharing: Sharing, why: &str) {
+    tracing::info!(
+        "ranks {} reach every peer via {} ({why})",
+        who.join(", "),
+        sharing.name()
+    );
 }
 
 fn log_tuning(t: &Tuning, workspace: usize) {

@@ -10,12 +10,19 @@ use p2p_collective::{
     Access, Algorithm, Call, Communicator, DataType, Error, Op, Options, RedOp, Registration,
 };
 use p2p_mem::{DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
+use p2p_transport::config::Config;
+use p2p_transport::peer::Sharing;
 
 fn world() -> usize {
     std::env::var("P2PTEST_WORLD")
         .ok()
         .and_then(|w| w.parse().ok())
         .unwrap_or(2)
+}
+
+/// The options of the environment (`P2P_DISABLE=1` runs every test host-staged).
+fn env_options() -> Options {
+    Options::from_env().expect("the P2P_* settings")
 }
 
 fn locals(options: Options, max_count: usize) -> Vec<Local> {
@@ -40,7 +47,7 @@ fn matrix(ops: &[Op], options: Options) {
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_all_reduce_matrix() {
-    matrix(&[Op::AllReduce], Options::default());
+    matrix(&[Op::AllReduce], env_options());
 }
 
 #[test]
@@ -52,7 +59,7 @@ fn gpu2_all_reduce_matrix_two_shot_ring_and_ll() {
             &[Op::AllReduce],
             Options {
                 algorithm: Some(algorithm),
-                ..Options::default()
+                ..env_options()
             },
         );
     }
@@ -61,7 +68,7 @@ fn gpu2_all_reduce_matrix_two_shot_ring_and_ll() {
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_broadcast_and_reduce_matrix() {
-    matrix(&[Op::Broadcast, Op::Reduce], Options::default());
+    matrix(&[Op::Broadcast, Op::Reduce], env_options());
 }
 
 #[test]
@@ -69,7 +76,7 @@ fn gpu2_broadcast_and_reduce_matrix() {
 fn gpu2_all_gather_reduce_scatter_all_to_all_matrix() {
     matrix(
         &[Op::AllGather, Op::ReduceScatter, Op::AllToAll],
-        Options::default(),
+        env_options(),
     );
 }
 
@@ -81,7 +88,7 @@ fn gpu2_checking_mode_passes_matching_calls() {
         &Op::ALL,
         Options {
             check: true,
-            ..Options::default()
+            ..env_options()
         },
     );
 }
@@ -91,7 +98,7 @@ fn gpu2_checking_mode_passes_matching_calls() {
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_ranks_on_their_own_threads_back_to_back() {
     let devices = gpus(world());
-    let comms = Communicator::init_all_with(&devices, Options::default()).expect("init_all");
+    let comms = Communicator::init_all_with(&devices, env_options()).expect("init_all");
     let n = comms.len();
     let count = 100_003;
     std::thread::scope(|s| {
@@ -121,7 +128,7 @@ fn gpu2_ranks_on_their_own_threads_back_to_back() {
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_graph_replay_with_changing_inputs() {
     let devices = gpus(world());
-    let comms = Communicator::init_all_with(&devices, Options::default()).expect("init_all");
+    let comms = Communicator::init_all_with(&devices, env_options()).expect("init_all");
     let n = comms.len();
     let count = 70_001;
     let streams: Vec<Stream> = devices
@@ -204,7 +211,7 @@ fn gpu2_graph_replay_with_changing_inputs() {
 fn short_timeout() -> Options {
     Options {
         timeout: Duration::from_millis(500),
-        ..Options::default()
+        ..env_options()
     }
 }
 
@@ -257,7 +264,7 @@ fn gpu2_abort_from_another_thread_ends_a_stuck_call() {
     let devices = gpus(2);
     let options = Options {
         timeout: Duration::from_secs(120),
-        ..Options::default()
+        ..env_options()
     };
     let comms = Communicator::init_all_with(&devices[..2], options).expect("init_all");
     let stream = Stream::new(&devices[0]).expect("stream");
@@ -327,7 +334,7 @@ fn gpu2_checking_mode_names_mismatched_calls() {
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_bad_arguments_are_refused_and_zero_counts_do_nothing() {
     let devices = gpus(2);
-    let comms = Communicator::init_all_with(&devices[..2], Options::default()).expect("init_all");
+    let comms = Communicator::init_all_with(&devices[..2], env_options()).expect("init_all");
     let (g0, g1) = (&devices[0], &devices[1]);
     let s0 = Stream::new(g0).expect("stream");
     let small = DeviceBuffer::<f32>::zeroed(g0, 10).expect("buf");
@@ -423,7 +430,7 @@ fn gpu2_rounding_inputs_give_bitwise_identical_results_on_every_rank() {
         };
         let options = Options {
             algorithm: Some(algorithm),
-            ..Options::default()
+            ..env_options()
         };
         let comms = Communicator::init_all_with(&devices, options).expect("init_all");
         let streams: Vec<Stream> = devices
@@ -538,7 +545,7 @@ fn gpu2_varying_sizes_back_to_back_for_every_algorithm() {
         let name = algorithm.map_or("auto", |a| a.name());
         let options = Options {
             algorithm,
-            ..Options::default()
+            ..env_options()
         };
         let comms = Communicator::init_all_with(&devices, options).expect("init_all");
         let streams: Vec<Stream> = devices
@@ -612,7 +619,7 @@ fn gpu2_varying_sizes_back_to_back_for_every_algorithm() {
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_collective_kernels_keep_two_blocks_per_sm() {
     let devices = gpus(world());
-    let comms = Communicator::init_all_with(&devices, Options::default()).expect("init_all");
+    let comms = Communicator::init_all_with(&devices, env_options()).expect("init_all");
     let sms = devices[0].sm_count() as u32;
     let want = (2 * sms).min(p2p_collective::plan::MAX_BLOCKS);
     assert_eq!(
@@ -631,7 +638,7 @@ fn without_ll(change: impl Fn(&mut p2p_collective::plan::Tuning)) -> Options {
     change(&mut tuning);
     Options {
         tuning: Some(tuning),
-        ..Options::default()
+        ..env_options()
     }
 }
 
@@ -665,6 +672,16 @@ fn gpu2_registered_buffers_matrix() {
     counts.extend([4096, 65536]);
     let max = counts.iter().copied().max().unwrap_or(1);
     let mut ls = locals(without_ll(|t| t.direct_min_bytes = 0), max);
+    if !ls[0].comm.sharing().is_p2p() {
+        // Host-staged (P2P_DISABLE=1): registration is refused, saying why.
+        let bufs: Vec<&dyn DeviceMemory> =
+            ls.iter().map(|l| &l.input as &dyn DeviceMemory).collect();
+        let comms: Vec<&Communicator> = ls.iter().map(|l| &l.comm).collect();
+        // SAFETY: nothing is registered (the call fails); the buffers outlive it anyway.
+        let e = unsafe { Communicator::register_all(&comms, &bufs) }.expect_err("host-staged");
+        assert!(e.to_string().contains("no P2P"), "{e}");
+        return;
+    }
     let regs: Vec<_> = [0, 1]
         .iter()
         .flat_map(|&pick| {
@@ -726,6 +743,7 @@ unsafe fn register_locals(ls: &[Local], bufs: &[&dyn DeviceMemory]) -> Vec<Regis
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_registration_refuses_what_it_cannot_map() {
     let devices = gpus(world());
+    // Registration needs P2P: this test is about its checks, so not from the environment.
     let comms = Communicator::init_all_with(&devices, Options::default()).expect("init_all");
     let n = devices.len();
     let bufs: Vec<DeviceBuffer<u8>> = devices
@@ -781,7 +799,7 @@ fn gpu2_back_to_back_calls_under_graph_never_stall() {
     let count = 1023;
     let options = Options {
         timeout: Duration::from_secs(5),
-        ..Options::default()
+        ..env_options()
     };
     let mut ls = locals(options, count);
     for op in Op::ALL {
@@ -833,4 +851,39 @@ fn gpu2_back_to_back_calls_under_graph_never_stall() {
         }
     }
     eprintln!("200 back-to-back LL calls of every collective under graph on {n} ranks: 0 wrong");
+}
+
+/// The peer layer decides how ranks reach each other: plain pointers where every pair has P2P
+/// (both machines here), host memory with `P2P_DISABLE=1`; the host-staged communicator gives
+/// right results for every collective, and refuses registration saying why.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_sharing_follows_the_configuration() {
+    let devices = gpus(world());
+    let p2p = Communicator::init_all_with(&devices, Options::default()).expect("init_all");
+    assert_eq!(p2p[0].sharing(), Sharing::Pointer);
+    drop(p2p);
+    let host = Options {
+        transport: Config {
+            p2p_disable: true,
+            ..Config::default()
+        },
+        ..Options::default()
+    };
+    let counts = [1, 1023, 65537];
+    let mut ls: Vec<Local> = Communicator::init_all_with(&devices, host)
+        .expect("init_all host-staged")
+        .into_iter()
+        .map(|c| Local::new(c, 65537))
+        .collect();
+    assert!(ls.iter().all(|l| l.comm.sharing() == Sharing::HostStaged));
+    let s = run_matrix(&mut ls, &Op::ALL, &counts);
+    eprintln!("host-staged: {} cases, {} wrong elements", s.cases, s.wrong);
+    assert_eq!(s.wrong, 0, "wrong results:\n{}", s.failures.join("\n"));
+    assert!(s.cases > 0);
+    let bufs: Vec<&dyn DeviceMemory> = ls.iter().map(|l| &l.input as &dyn DeviceMemory).collect();
+    let comms: Vec<&Communicator> = ls.iter().map(|l| &l.comm).collect();
+    // SAFETY: nothing is registered (the call fails); the buffers outlive it anyway.
+    let e = unsafe { Communicator::register_all(&comms, &bufs) }.expect_err("host-staged");
+    assert!(e.to_string().contains("no P2P"), "{e}");
 }

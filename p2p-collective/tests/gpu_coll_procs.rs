@@ -6,6 +6,7 @@ mod common;
 
 use common::{counts, run_matrix, Local};
 use p2p_collective::{Communicator, Op};
+use p2p_transport::peer::Sharing;
 
 fn world() -> usize {
     std::env::var("P2PTEST_WORLD")
@@ -42,6 +43,21 @@ fn gpu2_process_per_gpu_matrix() {
     launch_or_run("gpu2_process_per_gpu_matrix", || {
         let comm = Communicator::from_env().expect("from_env");
         let rank = comm.rank();
+        // Between processes: cuMem fds by default, legacy IPC with P2P_CUMEM=0, host memory
+        // with P2P_DISABLE=1 (the bundle's scripts run all three).
+        let cfg = p2p_transport::config::Config::from_env().expect("settings");
+        let expected = if cfg.p2p_disable {
+            Sharing::HostStaged
+        } else if !cfg.cumem {
+            Sharing::LegacyIpc
+        } else {
+            Sharing::CuMem
+        };
+        assert_eq!(comm.sharing(), expected, "rank {rank}");
+        eprintln!(
+            "rank {rank}: workspaces shared via {}",
+            comm.sharing().name()
+        );
         let counts = counts();
         let max = counts.iter().copied().max().unwrap_or(1);
         let mut ls = vec![Local::new(comm, max)];
@@ -72,10 +88,18 @@ fn gpu2_process_per_gpu_registered_matrix() {
         tuning.direct_min_bytes = 0;
         let options = p2p_collective::Options {
             tuning: Some(tuning),
-            ..p2p_collective::Options::default()
+            ..p2p_collective::Options::from_env().expect("settings")
         };
         let comm = Communicator::init(&device, &rv, options).expect("init");
         let rank = comm.rank();
+        if !comm.sharing().is_p2p() {
+            // Host-staged (P2P_DISABLE=1): registration is refused, saying why.
+            let buf = p2p_mem::DeviceBuffer::<u8>::new(&device, 4096).expect("buffer");
+            // SAFETY: nothing is registered (the call fails); the buffer outlives it anyway.
+            let e = unsafe { comm.register(&buf) }.expect_err("host-staged");
+            assert!(e.to_string().contains("no P2P"), "{e}");
+            return;
+        }
         let mut counts = counts();
         counts.extend([4096, 65536]); // parts 16-byte aligned: the direct kernels
         let max = counts.iter().copied().max().unwrap_or(1);

@@ -44,6 +44,37 @@ pub trait DeviceMemory {
         .on(self.device().ordinal())
     }
 
+    /// Copies `dst.len()` elements' bytes starting `offset` bytes into the region into `dst`
+    /// (the range must lie inside the region). Synchronous.
+    fn copy_range_to_host<T: DeviceCopy>(&self, offset: usize, dst: &mut [T]) -> Result<()>
+    where
+        Self: Sized,
+    {
+        let dst = as_bytes_mut(dst);
+        let end = offset.checked_add(dst.len());
+        if end.is_none_or(|e| e > self.byte_len()) {
+            return Err(Error::InvalidArgument(format!(
+                "bytes {offset}..+{} lie outside a {}-byte region",
+                dst.len(),
+                self.byte_len()
+            )));
+        }
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.device().bind_to_thread()?;
+        // SAFETY: the range was checked to lie inside the region; `dst` is as long and alive
+        // for the synchronous copy.
+        unsafe {
+            cu!(cuMemcpyDtoH_v2(
+                dst.as_mut_ptr().cast(),
+                self.device_ptr() + offset as u64,
+                dst.len()
+            ))
+        }
+        .on(self.device().ordinal())
+    }
+
     /// Copies the whole region into a new `Vec` (the length must divide evenly into `T`s).
     fn to_host_vec<T: DeviceCopy + Default>(&self) -> Result<Vec<T>>
     where

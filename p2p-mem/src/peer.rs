@@ -62,6 +62,32 @@ impl Device {
         Ok(v != 0)
     }
 
+    /// Whether this device can map the memory of the visible GPU whose UUID is `uuid` (which
+    /// another process may own): `Some((its ordinal here, can map))`, or `None` where no
+    /// visible GPU has that UUID (`CUDA_VISIBLE_DEVICES` hides it). Creates no context.
+    pub fn can_access_peer_uuid(&self, uuid: &[u8; 16]) -> Result<Option<(i32, bool)>> {
+        if uuid == self.uuid() {
+            return Ok(Some((self.ordinal(), true)));
+        }
+        for ordinal in 0..Device::count()? {
+            let mut dev = 0;
+            // SAFETY: `ordinal` is below the device count; `dev` is an out-pointer.
+            unsafe { cu!(cuDeviceGet(&mut dev, ordinal)) }.on(ordinal)?;
+            let mut got = cuda::CUuuid { bytes: [0; 16] };
+            // SAFETY: `dev` is a valid device handle; `got` is an out-pointer.
+            unsafe { cu!(cuDeviceGetUuid_v2(&mut got, dev)) }.on(ordinal)?;
+            if got.bytes.map(|b| b as u8) != *uuid {
+                continue;
+            }
+            let mut v = 0;
+            // SAFETY: both device handles are valid; `v` is an out-pointer.
+            unsafe { cu!(cuDeviceCanAccessPeer(&mut v, self.cu_device(), dev)) }
+                .between(self.ordinal(), ordinal)?;
+            return Ok(Some((ordinal, v != 0)));
+        }
+        Ok(None)
+    }
+
     /// The P2P attributes of the ordered pair (this device accessing `peer`).
     pub fn p2p_attributes(&self, peer: &Device) -> Result<P2pAttributes> {
         use cuda::CUdevice_P2PAttribute::*;

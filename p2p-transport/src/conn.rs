@@ -16,21 +16,18 @@
 //! operation, the rank and the peer; the connection then refuses further work.
 
 use std::ffi::c_void;
-use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use p2p_mem::fdpass::FdChannel;
-use p2p_mem::ipc::IpcMemHandle;
-use p2p_mem::shm::HostShared;
-use p2p_mem::vmm::{FabricHandle, ShareableHandles, VmmBuffer, VmmHandle};
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, PinnedHostBuffer, Stream};
 
 use crate::copy::Transport;
 use crate::error::{Error, Result};
 use crate::kernels::{Function, Module};
 use crate::mode::{Direction, Engine};
+use crate::peer::{self, LocalRegion};
 
 /// The shape and limits of a connection. Both sides must use the same.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,20 +109,7 @@ fn invalid(msg: String) -> Error {
     Error::Mem(p2p_mem::Error::InvalidArgument(msg))
 }
 
-/// How the two processes share the connection's memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Sharing {
-    /// Legacy CUDA IPC handles.
-    LegacyIpc,
-    /// cuMem allocations passed as POSIX fds.
-    CuMem,
-    /// cuMem fabric handles (plain bytes; need an IMEX channel, so across hosts of one NVLink
-    /// fabric). Where the driver refuses them the handshake fails with `Unsupported`.
-    Fabric,
-    /// Pinned host memory shared through a memory file: for GPUs with no usable P2P. Always
-    /// moves data with the copy engines (device to host, flag, host to device).
-    HostStaged,
-}
+pub use crate::peer::Sharing;
 
 impl Sharing {
     /// The sharing that carries a route between processes chosen by mode selection, if any:
@@ -554,75 +538,25 @@ fn hello(opts: &ConnOptions, sharing: Sharing) -> Vec<u8> {
     let mut m = HELLO.to_vec();
     m.extend_from_slice(&opts.slots.to_le_bytes());
     m.extend_from_slice(&(opts.slot_bytes as u64).to_le_bytes());
-    m.push(sharing as u8);
+    m.push(sharing.code());
     m.push(opts.engine as u8);
     m.push(opts.direction as u8);
     m
 }
 
-/// Allocates zeroed memory to share with the peer and sends its handle.
+/// Allocates zeroed memory to share with the peer and sends its handle (the peer layer).
 fn export(chan: &FdChannel, device: &Device, bytes: usize, sharing: Sharing) -> Result<Shared> {
-    match sharing {
-        Sharing::LegacyIpc => {
-            let buf = DeviceBuffer::<u8>::zeroed(device, bytes)?;
-            chan.send_msg(&IpcMemHandle::export(&buf)?.to_bytes())?;
-            Ok(Arc::new(buf))
-        }
-        Sharing::HostStaged => {
-            let buf = HostShared::new(device, bytes)?;
-            chan.send_fd(&(bytes as u64).to_le_bytes(), buf.fd())?;
-            Ok(Arc::new(buf))
-        }
-        Sharing::Fabric => {
-            let mut buf = VmmBuffer::new(device, bytes, &[], ShareableHandles::FABRIC)?;
-            buf.memset_u8(0)?;
-            chan.send_msg(&buf.export_fabric()?.to_bytes())?;
-            Ok(Arc::new(buf))
-        }
-        Sharing::CuMem => {
-            let mut buf = VmmBuffer::new(device, bytes, &[], ShareableHandles::POSIX_FD)?;
-            buf.memset_u8(0)?;
-            let (desc, fd) = buf.export_fd()?;
-            chan.send_fd(&desc.to_bytes(), fd.as_fd())?;
-            Ok(Arc::new(buf))
-        }
-    }
+    let region = LocalRegion::allocate(device, bytes, sharing)?;
+    peer::send(chan, &[], &region.export()?)?;
+    Ok(Arc::new(region))
 }
 
-/// Receives the peer's handle and maps its memory on `device`.
-fn import(chan: &FdChannel, device: &Device, sharing: Sharing) -> Result<Shared> {
-    match sharing {
-        Sharing::LegacyIpc => {
-            let h = IpcMemHandle::from_bytes(&chan.recv_msg()?).map_err(p2p_mem::Error::from)?;
-            Ok(Arc::new(h.open(device)?))
-        }
-        Sharing::HostStaged => {
-            let (header, fd) = chan.recv_fd()?;
-            let len: [u8; 8] = header.as_slice().try_into().map_err(|_| Error::Handshake {
-                peer: usize::MAX,
-                why: format!("a {}-byte host-memory header, expected 8", header.len()),
-            })?;
-            Ok(Arc::new(HostShared::from_fd(
-                device,
-                fd,
-                u64::from_le_bytes(len) as usize,
-            )?))
-        }
-        Sharing::Fabric => {
-            let h = FabricHandle::from_bytes(&chan.recv_msg()?).map_err(p2p_mem::Error::from)?;
-            Ok(Arc::new(VmmBuffer::import_fabric(device, &h, &[])?))
-        }
-        Sharing::CuMem => {
-            let (header, fd) = chan.recv_fd()?;
-            let desc = VmmHandle::from_bytes(&header).map_err(p2p_mem::Error::from)?;
-            Ok(Arc::new(VmmBuffer::import_fd(
-                device,
-                &desc,
-                fd.as_fd(),
-                &[],
-            )?))
-        }
-    }
+/// Receives the peer's handle and maps its memory on `device` (the peer layer).
+fn import(chan: &FdChannel, device: &Device, sharing: Sharing, peer_rank: usize) -> Result<Shared> {
+    let (_, exported) = peer::recv(chan, sharing, 0)?;
+    Ok(Arc::new(peer::import(
+        device, sharing, peer_rank, exported,
+    )?))
 }
 
 /// The receiving side of a connection between processes: allocates the ring, sends its handle,
@@ -639,7 +573,7 @@ pub fn connect_receiver(
     opts.check()?;
     chan.send_msg(&hello(&opts, sharing))?;
     let ring = export(chan, device, opts.recv_region_bytes(), sharing)?;
-    let flags = import(chan, device, sharing)?;
+    let flags = import(chan, device, sharing, ranks.1)?;
     tracing::debug!(
         rank = ranks.0,
         peer = ranks.1,
@@ -667,7 +601,7 @@ pub fn connect_sender(
     if theirs != hello(&opts, sharing) {
         return Err(Error::Handshake { peer: ranks.1, why: format!("the receiver's connection shape or sharing differs from ours ({opts:?}, {sharing:?})") });
     }
-    let ring = import(chan, device, sharing)?;
+    let ring = import(chan, device, sharing, ranks.1)?;
     let flags = export(chan, device, opts.send_region_bytes(), sharing)?;
     tracing::debug!(rank = ranks.0, peer = ranks.1, ?sharing, "sender connected");
     Ok(SendConn {

@@ -10,6 +10,9 @@
 //!   relay) and [`copy::Transport::copy_peer`], which follows mode selection.
 //! - [`conn`]: send / recv between ranks through slot buffers, in one process or between
 //!   processes (legacy IPC, cuMem fds, fabric handles), with no hangs.
+//! - [`peer`]: one way to reach a peer's memory (plain pointer, legacy IPC, cuMem fd, fabric,
+//!   host-staged), chosen from the configuration and each pair's P2P; used by [`conn`] and by
+//!   `p2p-collective`'s communicators.
 //! - [`latency`]: the small-message one-way latency probe.
 //! - [`kernels`]: CUDA C++ sources compiled by NVRTC for the device's architecture at run time.
 
@@ -21,6 +24,7 @@ mod error;
 pub mod kernels;
 pub mod latency;
 pub mod mode;
+pub mod peer;
 pub mod topo;
 mod util;
 
