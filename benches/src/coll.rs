@@ -112,7 +112,7 @@ struct Harness<'a> {
     nccl_streams: Vec<p2p_sys::cuda::CUstream>,
     pristine_holds: Option<(DataType, Class)>,
     /// Per rank, loaded on first use.
-    floor: Vec<p2p_transport::kernels::EmptyKernel>,
+    floor: Vec<crate::floor::EmptyKernel>,
 }
 
 /// Calls per timed sample: about 1 GiB of traffic, between 5 and 100.
@@ -144,7 +144,7 @@ impl Harness<'_> {
                     self.floor = self
                         .ranks
                         .iter()
-                        .map(|r| p2p_transport::kernels::EmptyKernel::load(r.stream.device()))
+                        .map(|r| crate::floor::EmptyKernel::load(r.stream.device()))
                         .collect::<Result<_, _>>()
                         .map_err(|e| e.to_string())?;
                 }

@@ -7,6 +7,7 @@
 #![deny(unsafe_code)]
 
 pub mod coll;
+pub mod floor;
 #[allow(unsafe_code)]
 pub mod nccl;
 pub mod p2p;

@@ -19,57 +19,29 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use p2p_mem::fdpass::{FdChannel, FdListener, PrivateDir};
+use p2p_mem::kernel::{self as kernels, Function, Module, Source};
 use p2p_mem::{check_peer_mappable, Device, DeviceMemory, DeviceMemoryMut, Stream};
 use p2p_transport::config::{Algorithm, Config};
 use p2p_transport::conn::AbortHandle;
-use p2p_transport::kernels::{self, Function, Module, Source};
 use p2p_transport::peer::{self, LocalRegion, PairP2p, PeerRegion, Sharing};
 
 use crate::bootstrap::{Bootstrap, Rendezvous};
 use crate::error::{Error, Result};
-use crate::plan::{self, Access, Kind, Plan, Tuning, MAX_BLOCKS, MAX_RANKS, THREADS};
+use crate::plan::{self, Access, Kind, Plan, Tuning, MAX_RANKS, THREADS};
 use crate::types::{DataType, Op, RedOp};
 
 /// The collective kernels: `coll_f32` ... `coll_u8`, one per element type.
 pub const COLL: Source = Source {
     name: "coll.cu",
-    code: include_str!("kernels/coll.cu"),
+    code: concat!(
+        include_str!("kernels/coll_abi.h"),
+        include_str!("kernels/coll.cu")
+    ),
 };
 
-// The sync area's layout, in 64-bit words; `coll.cu` defines the same.
-const COUNTERS_OFF: usize = 3 * MAX_BLOCKS as usize * MAX_RANKS;
-const FAIL_OFF: usize = COUNTERS_OFF + MAX_BLOCKS as usize;
-const STATUS_OFF: usize = FAIL_OFF + 1;
-const STATUS_WORDS: usize = 6;
-/// Bytes of the sync area at the start of a workspace (the scratch follows, 64 KiB aligned).
-const SYNC_BYTES: usize = 64 << 10;
-const _: () = assert!((STATUS_OFF + 8) * 8 <= SYNC_BYTES);
-
-/// The kernel's argument block; `struct CollArgs` in `coll.cu`, field for field.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-struct CollArgs {
-    input: u64,
-    output: u64,
-    scratch: [u64; MAX_RANKS],
-    sync: [u64; MAX_RANKS],
-    peer_in: [u64; MAX_RANKS],
-    peer_out: [u64; MAX_RANKS],
-    abort_flag: u64,
-    count: u64,
-    piece: u64,
-    slot_bytes: u64,
-    timeout_ns: u64,
-    sig: u64,
-    kind: i32,
-    redop: i32,
-    rank: i32,
-    nranks: i32,
-    root: i32,
-    check: i32,
-}
-
-// `coll.cu` asserts the same size for its `CollArgs`.
+use crate::abi::{CollArgs, F_ABORT, F_MISMATCH, F_TIMEOUT, STATUS_OFF, STATUS_WORDS, SYNC_BYTES};
+const _: () = assert!((STATUS_OFF + STATUS_WORDS) * 8 <= SYNC_BYTES);
+// `coll_abi.h` asserts the same size for its `CollArgs`.
 const _: () = assert!(std::mem::size_of::<CollArgs>() == 344);
 
 /// How a communicator behaves; [`Options::from_env`] reads the `P2P_*` settings.
@@ -747,7 +719,7 @@ impl Communicator {
     /// on every rank read and write the peers' buffers directly, with no staging copy
     /// ([`Access`]); calls on other buffers keep going through the scratch.
     ///
-    /// The buffer must come from `cuMemAlloc` (a [`DeviceBuffer`], `cudaMalloc`, PyTorch's
+    /// The buffer must come from `cuMemAlloc` (a [`DeviceBuffer`](p2p_mem::DeviceBuffer), `cudaMalloc`, PyTorch's
     /// caching allocator); memory from a stream-ordered pool (cudarc's `CudaSlice`) or cuMem
     /// VMM is refused with the reason, on every rank.
     ///
@@ -1056,7 +1028,7 @@ impl Communicator {
             .unwrap_or_else(|| "a collective".into());
         let (peer, block) = (st[2] as usize, st[3]);
         let err = match st[0] {
-            3 => Error::Mismatch {
+            c if c == F_MISMATCH as u64 => Error::Mismatch {
                 op,
                 rank: self.rank,
                 peer,
@@ -1070,8 +1042,10 @@ impl Communicator {
                 peer,
                 block,
                 why: match code {
-                    1 => format!("timed out after {:?}", self.options.timeout),
-                    2 => "was aborted".into(),
+                    c if c == F_TIMEOUT as u64 => {
+                        format!("timed out after {:?}", self.options.timeout)
+                    }
+                    c if c == F_ABORT as u64 => "was aborted".into(),
                     c => format!("failed (kernel status {c})"),
                 },
             },

@@ -11,17 +11,17 @@ use crate::types::{DataType, Op};
 
 /// Largest all-reduce, in bytes, that can run LL (its lines take twice the data's size in
 /// scratch); [`Tuning::ll_max_bytes`] is where the planner switches by default.
-pub const LL_MAX_BYTES: usize = 512 << 10;
+pub const LL_MAX_BYTES: usize = crate::abi::LL_MAX_BYTES;
 
-/// Bytes of one (parity, source rank) slot of the LL region (`LL_SLOT_BYTES` in `coll.cu`).
-pub const LL_SLOT_BYTES: usize = 2 * LL_MAX_BYTES;
+/// Bytes of one (parity, source rank) slot of the LL region (`LL_SLOT_BYTES` in `coll_abi.h`).
+pub const LL_SLOT_BYTES: usize = crate::abi::LL_SLOT_BYTES;
 
 /// Most ranks a communicator may have (the kernels' fixed-size peer tables).
-pub const MAX_RANKS: usize = 8;
+pub const MAX_RANKS: usize = crate::abi::MAX_RANKS;
 /// Most blocks a collective kernel may use (the sync area's fixed-size tables).
-pub const MAX_BLOCKS: u32 = 256;
+pub const MAX_BLOCKS: u32 = crate::abi::MAX_BLOCKS as u32;
 /// Threads per block of every collective kernel.
-pub const THREADS: u32 = 512;
+pub const THREADS: u32 = crate::abi::THREADS as u32;
 
 /// Knobs of the planner; `Tuning::for_device` is what communicators use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,53 +119,53 @@ impl Tuning {
     }
 }
 
-/// What a kernel launch does; the numbers are the `Kind` enum of `coll.cu`.
+/// What a kernel launch does; the numbers are the `Kind` enum of `coll_abi.h`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(i32)]
 pub enum Kind {
     /// All-reduce, one-shot.
-    AllReduceOneShot = 0,
+    AllReduceOneShot = crate::abi::K_ALLREDUCE_ONESHOT,
     /// All-reduce, two-shot.
-    AllReduceTwoShot = 1,
+    AllReduceTwoShot = crate::abi::K_ALLREDUCE_TWOSHOT,
     /// Reduce to a root.
-    Reduce = 2,
+    Reduce = crate::abi::K_REDUCE,
     /// Broadcast from a root.
-    Broadcast = 3,
+    Broadcast = crate::abi::K_BROADCAST,
     /// All-gather.
-    AllGather = 4,
+    AllGather = crate::abi::K_ALLGATHER,
     /// Reduce-scatter.
-    ReduceScatter = 5,
+    ReduceScatter = crate::abi::K_REDUCESCATTER,
     /// All-to-all.
-    AllToAll = 6,
+    AllToAll = crate::abi::K_ALLTOALL,
     /// All-reduce around a ring.
-    AllReduceRing = 7,
+    AllReduceRing = crate::abi::K_ALLREDUCE_RING,
     /// All-reduce one-shot with flags inside the data (LL).
-    AllReduceLl = 8,
+    AllReduceLl = crate::abi::K_ALLREDUCE_LL,
     /// Broadcast split among the non-roots: the root sends part j to the j-th non-root, which
     /// forwards it to the others.
-    BroadcastSplit = 9,
+    BroadcastSplit = crate::abi::K_BROADCAST_SPLIT,
     /// Reduce split among the non-roots: the j-th non-root reduces part j over every rank and
     /// sends it to the root.
-    ReduceSplit = 10,
+    ReduceSplit = crate::abi::K_REDUCE_SPLIT,
     /// All-gather through LL lines.
-    AllGatherLl = 11,
+    AllGatherLl = crate::abi::K_ALLGATHER_LL,
     /// Reduce-scatter through LL lines.
-    ReduceScatterLl = 12,
+    ReduceScatterLl = crate::abi::K_REDUCESCATTER_LL,
     /// All-to-all through LL lines.
-    AllToAllLl = 13,
+    AllToAllLl = crate::abi::K_ALLTOALL_LL,
     /// Broadcast through LL lines.
-    BroadcastLl = 14,
+    BroadcastLl = crate::abi::K_BROADCAST_LL,
     /// Reduce through LL lines.
-    ReduceLl = 15,
+    ReduceLl = crate::abi::K_REDUCE_LL,
     /// All-reduce on registered buffers: each rank reads its part from every peer's input,
     /// reduces it and writes it into every peer's output.
-    AllReduceDirect = 16,
+    AllReduceDirect = crate::abi::K_ALLREDUCE_DIRECT,
     /// All-gather into every peer's registered output.
-    AllGatherDirect = 17,
+    AllGatherDirect = crate::abi::K_ALLGATHER_DIRECT,
     /// Reduce-scatter reading every peer's registered input.
-    ReduceScatterDirect = 18,
+    ReduceScatterDirect = crate::abi::K_REDUCESCATTER_DIRECT,
     /// All-to-all into every peer's registered output.
-    AllToAllDirect = 19,
+    AllToAllDirect = crate::abi::K_ALLTOALL_DIRECT,
 }
 
 impl Kind {
@@ -922,10 +922,10 @@ mod tests {
 
     #[test]
     fn the_kernel_enum_matches_kind_code_for_code() {
-        // `enum Kind` in coll.cu, e.g. `K_ALLREDUCE_LL = 8,`: same names (case and underscores
+        // `enum Kind` in coll_abi.h, e.g. `K_ALLREDUCE_LL = 8,`: same names (case and underscores
         // aside) and the same numbers, in order.
-        let src = include_str!("kernels/coll.cu");
-        let start = src.find("enum Kind {").expect("enum Kind in coll.cu");
+        let src = include_str!("kernels/coll_abi.h");
+        let start = src.find("enum Kind {").expect("enum Kind in coll_abi.h");
         let body = &src[start..start + src[start..].find("};").expect("end of enum Kind")];
         let entries: Vec<(String, usize)> = body
             .lines()

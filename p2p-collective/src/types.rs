@@ -135,8 +135,15 @@ impl RedOp {
         }
     }
 
+    /// The code `coll.cu` knows it by (`enum RedOp` in coll_abi.h).
     pub(crate) fn code(self) -> i32 {
-        self as i32
+        match self {
+            RedOp::Sum => crate::abi::R_SUM,
+            RedOp::Prod => crate::abi::R_PROD,
+            RedOp::Min => crate::abi::R_MIN,
+            RedOp::Max => crate::abi::R_MAX,
+            RedOp::Avg => crate::abi::R_AVG,
+        }
     }
 }
 

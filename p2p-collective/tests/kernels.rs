@@ -2,7 +2,7 @@
 //! it from PyPI and runs this with `--ignored`; the bundle's run.sh runs it on GPU machines.
 
 use p2p_collective::comm::COLL;
-use p2p_transport::kernels::compile;
+use p2p_mem::kernel::compile;
 
 #[test]
 #[ignore = "needs libnvrtc (CI installs it from PyPI)"]

@@ -129,6 +129,16 @@ pub enum Error {
     /// An argument is outside what the call accepts.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// NVRTC rejected a kernel: the log says why.
+    #[error("NVRTC could not compile {kernel} for {arch}:\n{log}")]
+    Compile {
+        /// The kernel source's name.
+        kernel: String,
+        /// The target, e.g. `sm_90`.
+        arch: String,
+        /// The compiler's log.
+        log: String,
+    },
 }
 
 /// `Result` with [`Error`].

@@ -41,6 +41,7 @@ mod event;
 pub mod fdpass;
 pub mod graph;
 pub mod ipc;
+pub mod kernel;
 mod memory;
 mod peer;
 pub mod shm;

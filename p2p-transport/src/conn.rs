@@ -25,7 +25,7 @@ use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, PinnedHostBuf
 
 use crate::copy::Transport;
 use crate::error::{Error, Result};
-use crate::kernels::{Function, Module};
+use crate::kernels::SrKernels;
 use crate::mode::{Direction, Engine};
 use crate::peer::{self, LocalRegion};
 
@@ -140,29 +140,6 @@ impl Sharing {
 }
 
 type Shared = Arc<dyn DeviceMemory + Send + Sync>;
-
-/// The compiled send/recv kernels of one device.
-pub(crate) struct SrKernels {
-    module: Module,
-    send: Function,
-    recv: Function,
-    wait: Function,
-}
-
-impl SrKernels {
-    pub(crate) fn build(device: &Device) -> Result<SrKernels> {
-        let module = Module::build(device, &crate::kernels::SENDRECV)?;
-        let send = module.function("p2p_send")?;
-        let recv = module.function("p2p_recv")?;
-        let wait = module.function("p2p_wait_flag")?;
-        Ok(SrKernels {
-            module,
-            send,
-            recv,
-            wait,
-        })
-    }
-}
 
 /// Lets any thread stop a connection's kernels: their waits see it and end.
 #[derive(Clone)]

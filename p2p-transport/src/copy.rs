@@ -28,7 +28,7 @@ use p2p_sys::cu;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::kernels::{self, Function, Module};
+use crate::kernels::{self, Function, Module, SrKernels};
 use crate::mode::{select, Direction, Endpoint, Engine, Mode, Route};
 use crate::topo::Topology;
 
@@ -71,18 +71,29 @@ struct Kernels {
     copy: Function,
 }
 
+/// A lazily made resource, or the error its first attempt met (kept whole, shared by every
+/// later use).
+type Cached<T> = std::result::Result<T, Arc<Error>>;
+
+fn earlier(what: &'static str, e: &Arc<Error>) -> Error {
+    Error::Earlier {
+        what,
+        source: e.clone(),
+    }
+}
+
 /// What one process needs to move data between its GPUs. Cheap to share across threads.
 pub struct Transport {
     devices: Vec<Device>,
-    kernels: Vec<OnceLock<std::result::Result<Kernels, String>>>,
+    kernels: Vec<OnceLock<Cached<Kernels>>>,
     peers: Mutex<HashSet<(i32, i32)>>,
     pipelines: Mutex<HashMap<PipelineKey, Arc<Mutex<Pipeline>>>>,
     sm_grid: Mutex<SmGrid>,
     config: Mutex<Option<Config>>,
     routes: Mutex<HashMap<(usize, usize), Route>>,
-    topology: OnceLock<std::result::Result<Topology, String>>,
-    bridges: Vec<OnceLock<std::result::Result<Stream, String>>>,
-    sendrecv: Vec<OnceLock<std::result::Result<Arc<crate::conn::SrKernels>, String>>>,
+    topology: OnceLock<Cached<Topology>>,
+    bridges: Vec<OnceLock<Cached<Stream>>>,
+    sendrecv: Vec<OnceLock<Cached<Arc<SrKernels>>>>,
 }
 
 /// The launch shape of the SM copy kernel: blocks per SM (capped by the data) and threads per
@@ -196,14 +207,9 @@ impl Transport {
 
     fn topology(&self) -> Result<&Topology> {
         self.topology
-            .get_or_init(|| crate::topo::discover().map_err(|e| e.to_string()))
+            .get_or_init(|| crate::topo::discover().map_err(|e| Arc::new(e.into())))
             .as_ref()
-            .map_err(|e| {
-                Error::Mem(p2p_mem::Error::Unsupported {
-                    what: "topology discovery",
-                    reason: e.clone(),
-                })
-            })
+            .map_err(|e| earlier("topology discovery", e))
     }
 
     /// Copies all of `src` into `dst` (on any GPUs of this process) the way mode selection
@@ -250,14 +256,9 @@ impl Transport {
             // Bridge: the runner's stream waits for `stream`, runs the copy, and `stream` waits back.
             let i = self.index_of(&runner)?;
             let bridge = self.bridges[i]
-                .get_or_init(|| Stream::new(&runner).map_err(|e| e.to_string()))
+                .get_or_init(|| Stream::new(&runner).map_err(|e| Arc::new(e.into())))
                 .as_ref()
-                .map_err(|e| {
-                    Error::Mem(p2p_mem::Error::Unsupported {
-                        what: "a bridge stream",
-                        reason: e.clone(),
-                    })
-                })?;
+                .map_err(|e| earlier("a bridge stream", e))?;
             let before = Event::new(stream.device())?;
             before.record(stream)?;
             before.wait_on(bridge)?;
@@ -297,37 +298,28 @@ impl Transport {
         let i = self.index_of(device)?;
         self.kernels[i]
             .get_or_init(|| {
-                let module = Module::build(device, &kernels::COPY).map_err(|e| e.to_string())?;
-                let copy = module
-                    .function("p2p_copy_bytes")
-                    .map_err(|e| e.to_string())?;
-                Ok(Kernels { module, copy })
+                let build = || -> p2p_mem::Result<Kernels> {
+                    let module = Module::build(device, &kernels::COPY)?;
+                    let copy = module.function("p2p_copy_bytes")?;
+                    Ok(Kernels { module, copy })
+                };
+                build().map_err(|e| Arc::new(e.into()))
             })
             .as_ref()
-            .map_err(|e| {
-                Error::Mem(p2p_mem::Error::Unsupported {
-                    what: "the SM copy kernel",
-                    reason: e.clone(),
-                })
-            })
+            .map_err(|e| earlier("the SM copy kernel", e))
     }
 
     /// The send/recv kernels of `device`, compiled on first use.
-    pub(crate) fn sendrecv_kernels(&self, device: &Device) -> Result<Arc<crate::conn::SrKernels>> {
+    pub(crate) fn sendrecv_kernels(&self, device: &Device) -> Result<Arc<SrKernels>> {
         let i = self.index_of(device)?;
         self.sendrecv[i]
             .get_or_init(|| {
-                crate::conn::SrKernels::build(device)
+                SrKernels::build(device)
                     .map(Arc::new)
-                    .map_err(|e| e.to_string())
+                    .map_err(|e| Arc::new(e.into()))
             })
             .clone()
-            .map_err(|e| {
-                Error::Mem(p2p_mem::Error::Unsupported {
-                    what: "the send/recv kernels",
-                    reason: e,
-                })
-            })
+            .map_err(|e| earlier("the send/recv kernels", &e))
     }
 
     /// Enables `device` to access `peer`'s memory, once per pair.
@@ -487,7 +479,8 @@ impl Transport {
         unsafe {
             k.module
                 .launch(k.copy, blocks, grid.threads, &mut params, stream)
-        }
+        }?;
+        Ok(())
     }
 }
 

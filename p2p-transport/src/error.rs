@@ -46,19 +46,18 @@ pub enum Error {
         /// What went wrong.
         why: String,
     },
+    /// A lazily made resource (the topology, a kernel module, a bridge stream) failed when it
+    /// was first made; every later use reports that same error.
+    #[error("{what} could not be set up: {source}")]
+    Earlier {
+        /// What was being made.
+        what: &'static str,
+        /// The original error, kept whole.
+        source: std::sync::Arc<Error>,
+    },
     /// Mode selection refused the pair (a forced mode that cannot work).
     #[error(transparent)]
     Mode(#[from] crate::mode::ModeError),
-    /// NVRTC rejected a kernel: the log says why.
-    #[error("NVRTC could not compile {kernel} for {arch}:\n{log}")]
-    Compile {
-        /// The kernel source's name.
-        kernel: String,
-        /// The target, e.g. `sm_90`.
-        arch: String,
-        /// The compiler's log.
-        log: String,
-    },
 }
 
 /// `Result` with [`Error`].

@@ -54,7 +54,7 @@ pub fn one_way_ns(a: &Device, b: &Device, warmup: u32, iters: u32) -> Result<f64
             // SAFETY: the parameters match p2p_pingpong's signature; `mine` is this GPU's flag,
             // `theirs` the peer's (peer access enabled above), `res` two u64 on this GPU; all stay
             // allocated until both streams are synchronised below.
-            unsafe { m.launch(f, 1, 32, &mut params, s) }
+            Ok(unsafe { m.launch(f, 1, 32, &mut params, s) }?)
         };
     // The responder first, so it is spinning when the starter's first store lands.
     launch(

@@ -26,63 +26,7 @@
 // With `check` on, each signal also carries a 64-bit signature of the call (kind, type, redop,
 // root, count); a waiter that sees a different one from a peer stops with code 3.
 
-#define MAX_RANKS 8
-#define MAX_BLOCKS 256
-
-// Layout of a rank's sync area, in 64-bit words.
-#define FLAGS_OFF 0                                            // [MAX_BLOCKS][MAX_RANKS]
-#define SIGS_OFF (MAX_BLOCKS * MAX_RANKS)                      // [2][MAX_BLOCKS][MAX_RANKS]
-#define COUNTERS_OFF (3 * MAX_BLOCKS * MAX_RANKS)              // [MAX_BLOCKS]
-#define FAIL_OFF (COUNTERS_OFF + MAX_BLOCKS)                   // 1 word
-#define STATUS_OFF (FAIL_OFF + 1)                              // 8 words
-
-enum Kind {
-    K_ALLREDUCE_ONESHOT = 0,
-    K_ALLREDUCE_TWOSHOT = 1,
-    K_REDUCE = 2,
-    K_BROADCAST = 3,
-    K_ALLGATHER = 4,
-    K_REDUCESCATTER = 5,
-    K_ALLTOALL = 6,
-    K_ALLREDUCE_RING = 7,
-    K_ALLREDUCE_LL = 8,
-    K_BROADCAST_SPLIT = 9,
-    K_REDUCE_SPLIT = 10,
-    K_ALLGATHER_LL = 11,
-    K_REDUCESCATTER_LL = 12,
-    K_ALLTOALL_LL = 13,
-    K_BROADCAST_LL = 14,
-    K_REDUCE_LL = 15,
-    K_ALLREDUCE_DIRECT = 16,
-    K_ALLGATHER_DIRECT = 17,
-    K_REDUCESCATTER_DIRECT = 18,
-    K_ALLTOALL_DIRECT = 19,
-};  // plan.rs `Kind`, code for code
-
-enum RedOp { R_SUM = 0, R_PROD = 1, R_MIN = 2, R_MAX = 3, R_AVG = 4 };
-
-enum Fail { F_TIMEOUT = 1, F_ABORT = 2, F_MISMATCH = 3, F_ELSEWHERE = 4 };
-
-typedef unsigned long long u64;
-
-struct CollArgs {
-    const unsigned char* in;
-    unsigned char* out;
-    unsigned char* scratch[MAX_RANKS];  // every rank's scratch, as addressed from this GPU
-    u64* sync[MAX_RANKS];               // every rank's sync area, as addressed from this GPU
-    const unsigned char* peer_in[MAX_RANKS];  // direct kinds: every rank's input, from this GPU
-    unsigned char* peer_out[MAX_RANKS];       // direct kinds: every rank's output, from this GPU
-    const volatile int* abort_flag;     // pinned host memory
-    u64 count;                          // elements per segment (see each kind)
-    u64 piece;                          // elements per block per chunk, a multiple of 16 bytes
-    u64 slot_bytes;                     // bytes per (parity, source rank) slot of scratch
-    u64 timeout_ns;
-    u64 sig;
-    int kind, redop, rank, nranks, root, check;
-};
-
-// The host's `CollArgs` (comm.rs) has the same layout and checks the same size.
-static_assert(sizeof(CollArgs) == 344, "CollArgs changed: update comm.rs to match");
+// Constants, enums and the argument block: coll_abi.h, compiled in front of this file.
 
 struct half_t { unsigned short x; };
 struct bhalf_t { unsigned short x; };
@@ -450,8 +394,6 @@ __device__ void reduce_into(T* out, unsigned char* const* extra, int nextra, con
 // a line is only ever written with block b's step numbers, which only grow: a line left by an
 // earlier call (of any size) never carries the current flag.
 
-#define LL_SLOT_BYTES (1024 * 1024)  // plan.rs LL_SLOT_BYTES
-#define LL_LINES_PER_BLOCK 512      // plan.rs THREADS: a block's piece is at most this many units
 
 __device__ __forceinline__ unsigned char* ll_slot(const CollArgs& a, int r, int par, int src) {
     return a.scratch[r] + 2ull * a.nranks * a.slot_bytes + ((u64)par * a.nranks + src) * LL_SLOT_BYTES;
@@ -572,7 +514,7 @@ __device__ void run_ll(const CollArgs& a) {
     const u64 u = lo + threadIdx.x;  // this thread's unit, if u < hi
     const bool has = u < hi && threadIdx.x < a.piece;
     // Parts at multiples of `bytes` are 8-byte aligned only if `bytes` is.
-    const bool aligned = ((((u64)a.in) | ((u64)a.out) | bytes) & 7ull) == 0;
+    const bool aligned = ((((u64)a.input) | ((u64)a.output) | bytes) & 7ull) == 0;
     const bool parted_in = kind == K_REDUCESCATTER_LL || kind == K_ALLTOALL_LL;
     const bool reduces = kind == K_ALLREDUCE_LL || kind == K_REDUCESCATTER_LL || kind == K_REDUCE_LL;
     __shared__ int err;
@@ -589,7 +531,7 @@ __device__ void run_ll(const CollArgs& a) {
     // Whether this rank's input carries data (a broadcast's non-roots have no input).
     const bool has_input = kind != K_BROADCAST_LL || me == root;
     // Unparted kinds send and use the same 8 bytes of the input: load them now.
-    const uint2 first = has && !parted_in && has_input ? load8(a.in, u, bytes, aligned) : make_uint2(0, 0);
+    const uint2 first = has && !parted_in && has_input ? load8(a.input, u, bytes, aligned) : make_uint2(0, 0);
     __syncthreads();
     if (err) return;  // an earlier call failed: the communicator is unusable, drain at once
     const u64 step = base + 1;
@@ -607,7 +549,7 @@ __device__ void run_ll(const CollArgs& a) {
         } else if (parted_in) {
             for (int q = 0; q < N; ++q)
                 if (q != me)
-                    ll_store(ll_slot(a, q, par, me) + 16 * line, load8(a.in + (u64)q * bytes, u, bytes, aligned), flag);
+                    ll_store(ll_slot(a, q, par, me) + 16 * line, load8(a.input + (u64)q * bytes, u, bytes, aligned), flag);
         } else {
             for (int q = 0; q < N; ++q)
                 if (q != me) ll_store(ll_slot(a, q, par, me) + 16 * line, first, flag);
@@ -624,7 +566,7 @@ __device__ void run_ll(const CollArgs& a) {
             err = e;
         } else {
             // This rank's own 8 bytes, from its input.
-            const uint2 own = parted_in ? load8(a.in + (u64)me * bytes, u, bytes, aligned) : first;
+            const uint2 own = parted_in ? load8(a.input + (u64)me * bytes, u, bytes, aligned) : first;
             if (kind == K_REDUCE_LL && me != root) {
                 // The root's line was its acknowledgement: nothing to write.
             } else if (reduces) {
@@ -641,19 +583,19 @@ __device__ void run_ll(const CollArgs& a) {
                 Vec8<T> o;
 #pragma unroll
                 for (int k = 0; k < E; ++k) o.t[k] = Ty<T>::down(finish<A>(a.redop, acc[k], N));
-                store8(a.out, u, bytes, aligned, o.u);
+                store8(a.output, u, bytes, aligned, o.u);
             } else if (kind == K_BROADCAST_LL) {
                 uint2 w = own;
 #pragma unroll
                 for (int r = 0; r < MAX_RANKS; ++r)
                     if (r == root && r != me) w = got[r];
-                store8(a.out, u, bytes, aligned, w);
+                store8(a.output, u, bytes, aligned, w);
             } else {
                 // All-gather and all-to-all: rank r's segment goes to output part r.
 #pragma unroll
                 for (int r = 0; r < MAX_RANKS; ++r) {
                     if (r >= N) break;
-                    store8(a.out + (u64)r * bytes, u, bytes, aligned, r == me ? own : got[r]);
+                    store8(a.output + (u64)r * bytes, u, bytes, aligned, r == me ? own : got[r]);
                 }
             }
         }
@@ -687,29 +629,29 @@ __device__ void run_direct(const CollArgs& a, u64 base, int* err) {
         case K_ALLREDUCE_DIRECT: {
             int nd = 0;
             for (int r = 0; r < N; ++r) {
-                srcs[r] = (const T*)(r == me ? a.in : a.peer_in[r]) + lo;
+                srcs[r] = (const T*)(r == me ? a.input : a.peer_in[r]) + lo;
                 if (r != me) dsts[nd++] = a.peer_out[r] + lo * E;
             }
-            reduce_into<T>((T*)a.out + lo, dsts, nd, srcs, N, hi - lo, a.redop, N);
+            reduce_into<T>((T*)a.output + lo, dsts, nd, srcs, N, hi - lo, a.redop, N);
             break;
         }
         case K_REDUCESCATTER_DIRECT: {
-            for (int r = 0; r < N; ++r) srcs[r] = (const T*)((r == me ? a.in : a.peer_in[r]) + (u64)me * seg) + lo;
-            reduce_into<T>((T*)a.out + lo, dsts, 0, srcs, N, hi - lo, a.redop, N);
+            for (int r = 0; r < N; ++r) srcs[r] = (const T*)((r == me ? a.input : a.peer_in[r]) + (u64)me * seg) + lo;
+            reduce_into<T>((T*)a.output + lo, dsts, 0, srcs, N, hi - lo, a.redop, N);
             break;
         }
         case K_ALLGATHER_DIRECT: {
             for (int q = 0; q < N; ++q) {
-                unsigned char* d = (q == me ? a.out : a.peer_out[q]) + (u64)me * seg + lo;
-                dsts[q] = d == a.in + lo ? 0 : d;  // in place, the own part is already there
+                unsigned char* d = (q == me ? a.output : a.peer_out[q]) + (u64)me * seg + lo;
+                dsts[q] = d == a.input + lo ? 0 : d;  // in place, the own part is already there
             }
-            copy_bytes_multi(dsts, N, a.in + lo, hi - lo);
+            copy_bytes_multi(dsts, N, a.input + lo, hi - lo);
             break;
         }
         case K_ALLTOALL_DIRECT: {
             for (int k = 1; k <= N; ++k) {
                 const int q = (me + k) % N;  // peers first, staggered, so ranks spread over targets
-                copy_bytes((q == me ? a.out : a.peer_out[q]) + (u64)me * seg + lo, a.in + (u64)q * seg + lo, hi - lo);
+                copy_bytes((q == me ? a.output : a.peer_out[q]) + (u64)me * seg + lo, a.input + (u64)q * seg + lo, hi - lo);
             }
             break;
         }
@@ -759,8 +701,8 @@ __device__ void run(const CollArgs& a) {
     u64 step = base;
     const u64 chunk = a.piece * (u64)G;
     const u64 nchunks = (a.count + chunk - 1) / chunk;
-    const T* in = (const T*)a.in;
-    T* out = (T*)a.out;
+    const T* in = (const T*)a.input;
+    T* out = (T*)a.output;
     // This block's slot in rank r's scratch for parity `par` and source rank `src`.
 #define SLOT(r, par, src) (a.scratch[r] + ((u64)(par) * N + (src)) * a.slot_bytes + (u64)b * a.piece * E)
 

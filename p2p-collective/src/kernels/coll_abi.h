@@ -1,0 +1,73 @@
+// The interface between the host (comm.rs, plan.rs) and coll.cu, written once. NVRTC compiles
+// it in front of coll.cu; p2p-collective's build.rs turns the same text into Rust
+// (`crate::abi`): every #define below becomes a `usize` constant, every enum entry an `i32`
+// constant, and `struct CollArgs` a #[repr(C)] struct (pointers as u64). Keep to those forms:
+// `#define NAME <integer expression of numbers and earlier names>`, `enum X { NAME = n, ... };`,
+// and struct fields of the types build.rs maps.
+
+#define MAX_RANKS 8
+#define MAX_BLOCKS 256
+#define THREADS 512  // threads per block; an LL block's piece is at most this many 8-byte units
+
+// Layout of a rank's sync area, in 64-bit words.
+#define FLAGS_OFF 0                                            // [MAX_BLOCKS][MAX_RANKS]
+#define SIGS_OFF (MAX_BLOCKS * MAX_RANKS)                      // [2][MAX_BLOCKS][MAX_RANKS]
+#define COUNTERS_OFF (3 * MAX_BLOCKS * MAX_RANKS)              // [MAX_BLOCKS]
+#define FAIL_OFF (COUNTERS_OFF + MAX_BLOCKS)                   // 1 word
+#define STATUS_OFF (FAIL_OFF + 1)                              // STATUS_WORDS words
+#define STATUS_WORDS 6  // code, kind, peer, block, this rank's signature, the peer's
+#define SYNC_BYTES (64 * 1024)  // the sync area at the start of a workspace; the scratch follows
+
+// LL: the largest all-reduce it carries, and the bytes of one (parity, source) slot of its region.
+#define LL_MAX_BYTES (512 * 1024)
+#define LL_SLOT_BYTES (2 * LL_MAX_BYTES)
+#define LL_LINES_PER_BLOCK THREADS
+
+enum Kind {
+    K_ALLREDUCE_ONESHOT = 0,
+    K_ALLREDUCE_TWOSHOT = 1,
+    K_REDUCE = 2,
+    K_BROADCAST = 3,
+    K_ALLGATHER = 4,
+    K_REDUCESCATTER = 5,
+    K_ALLTOALL = 6,
+    K_ALLREDUCE_RING = 7,
+    K_ALLREDUCE_LL = 8,
+    K_BROADCAST_SPLIT = 9,
+    K_REDUCE_SPLIT = 10,
+    K_ALLGATHER_LL = 11,
+    K_REDUCESCATTER_LL = 12,
+    K_ALLTOALL_LL = 13,
+    K_BROADCAST_LL = 14,
+    K_REDUCE_LL = 15,
+    K_ALLREDUCE_DIRECT = 16,
+    K_ALLGATHER_DIRECT = 17,
+    K_REDUCESCATTER_DIRECT = 18,
+    K_ALLTOALL_DIRECT = 19,
+};  // plan.rs `Kind`, code for code (checked in plan.rs's tests)
+
+enum RedOp { R_SUM = 0, R_PROD = 1, R_MIN = 2, R_MAX = 3, R_AVG = 4 };
+
+// Failure codes in the status words (F_ELSEWHERE: another block failed first; never recorded).
+enum Fail { F_TIMEOUT = 1, F_ABORT = 2, F_MISMATCH = 3, F_ELSEWHERE = 4 };
+
+typedef unsigned long long u64;
+
+struct CollArgs {
+    const unsigned char* input;
+    unsigned char* output;
+    unsigned char* scratch[MAX_RANKS];  // every rank's scratch, as addressed from this GPU
+    u64* sync[MAX_RANKS];               // every rank's sync area, as addressed from this GPU
+    const unsigned char* peer_in[MAX_RANKS];  // direct kinds: every rank's input, from this GPU
+    unsigned char* peer_out[MAX_RANKS];       // direct kinds: every rank's output, from this GPU
+    const volatile int* abort_flag;     // pinned host memory
+    u64 count;                          // elements per segment (see each kind)
+    u64 piece;                          // elements per block per chunk, a multiple of 16 bytes
+    u64 slot_bytes;                     // bytes per (parity, source rank) slot of scratch
+    u64 timeout_ns;
+    u64 sig;
+    int kind, redop, rank, nranks, root, check;
+};
+
+// The host's `CollArgs` (comm.rs) has the same layout and checks the same size.
+static_assert(sizeof(CollArgs) == 344, "CollArgs changed: comm.rs asserts the same size");

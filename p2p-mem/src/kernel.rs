@@ -1,0 +1,431 @@
+//! The GPU runtime for our own kernels: CUDA C++ compiled by NVRTC for the device's own
+//! architecture at first use, cached on disk, loaded into a device's context and launched.
+//!
+//! Every crate's kernels go through here (the transport's copy, probe, latency and send/recv
+//! kernels, the collectives' `coll.cu`): [`compile_cached`] is the one compile path (in-process
+//! memo plus an on-disk cache keyed by the source, the target and the NVRTC version);
+//! [`compile`] is the uncached step under it, for CI's compile checks. [`Module`] loads a cubin
+//! and launches its [`Function`]s on a [`Stream`].
+//!
+//! ```no_run
+//! use p2p_mem::kernel::{Module, Source};
+//! const K: Source = Source { name: "k.cu", code: "extern \"C\" __global__ void k() {}" };
+//! let gpu = p2p_mem::Device::new(0)?;
+//! let module = Module::build(&gpu, &K)?;
+//! let k = module.function("k")?;
+//! # Ok::<(), p2p_mem::Error>(())
+//! ```
+
+use std::ffi::{c_void, CString};
+
+use p2p_sys::{check_nvrtc, cu, cuda, nvrtc, Library};
+
+use crate::device::{Device, Stream};
+use crate::error::{Error, Result};
+
+/// A kernel source: its name and CUDA C++ text.
+#[derive(Debug, Clone, Copy)]
+pub struct Source {
+    /// File name, used in error messages.
+    pub name: &'static str,
+    /// The CUDA C++ code.
+    pub code: &'static str,
+}
+
+/// `sm_90` for compute capability 9.0.
+pub fn arch_for(device: &Device) -> String {
+    let (major, minor) = device.compute_capability();
+    format!("sm_{major}{minor}")
+}
+
+/// Compiles `source` to a cubin for `arch` (e.g. `sm_90`). Needs libnvrtc, but no GPU.
+pub fn compile(source: &Source, arch: &str) -> Result<Vec<u8>> {
+    p2p_sys::probe::require(Library::Nvrtc)?;
+    let code = CString::new(source.code)
+        .map_err(|_| compile_error(source, arch, "source contains a NUL byte"))?;
+    let name = CString::new(source.name)
+        .map_err(|_| compile_error(source, arch, "name contains a NUL byte"))?;
+    let mut prog: nvrtc::nvrtcProgram = std::ptr::null_mut();
+    // SAFETY: libnvrtc is loaded; the strings are NUL-terminated and outlive the call.
+    check_nvrtc("nvrtcCreateProgram", unsafe {
+        nvrtc::nvrtcCreateProgram(
+            &mut prog,
+            code.as_ptr(),
+            name.as_ptr(),
+            0,
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    })?;
+    let program = Program(prog);
+    let opts: Vec<CString> = [
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".into(),
+        "-default-device".into(),
+    ]
+    .into_iter()
+    .filter_map(|o| CString::new(o).ok())
+    .collect();
+    let opt_ptrs: Vec<*const std::ffi::c_char> = opts.iter().map(|o| o.as_ptr()).collect();
+    // SAFETY: the program is live; `opt_ptrs` holds `len` NUL-terminated strings that outlive the call.
+    let compiled =
+        unsafe { nvrtc::nvrtcCompileProgram(program.0, opt_ptrs.len() as i32, opt_ptrs.as_ptr()) };
+    if compiled != nvrtc::nvrtcResult::NVRTC_SUCCESS {
+        return Err(compile_error(source, arch, &program.log()));
+    }
+    let mut size = 0;
+    // SAFETY: the program compiled; `size` is an out-pointer.
+    check_nvrtc("nvrtcGetCUBINSize", unsafe {
+        nvrtc::nvrtcGetCUBINSize(program.0, &mut size)
+    })?;
+    let mut cubin = vec![0u8; size];
+    // SAFETY: `cubin` has the size NVRTC reported.
+    check_nvrtc("nvrtcGetCUBIN", unsafe {
+        nvrtc::nvrtcGetCUBIN(program.0, cubin.as_mut_ptr().cast())
+    })?;
+    Ok(cubin)
+}
+
+/// As [`compile`], but remembers the cubin: in this process, and on disk under
+/// `$XDG_CACHE_HOME/p2p/kernels` (or `~/.cache/p2p/kernels`), keyed by a hash of the source,
+/// the target and the NVRTC version. Large kernels take NVRTC seconds; a cache hit takes
+/// microseconds. A cache that cannot be read or written is skipped, never an error.
+pub fn compile_cached(source: &Source, arch: &str) -> Result<Vec<u8>> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static MEMO: OnceLock<Mutex<HashMap<u64, Vec<u8>>>> = OnceLock::new();
+    p2p_sys::probe::require(Library::Nvrtc)?;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: libnvrtc is loaded; both are out-pointers.
+    unsafe { nvrtc::nvrtcVersion(&mut major, &mut minor) };
+    let key = fnv1a(&[
+        source.code.as_bytes(),
+        arch.as_bytes(),
+        &major.to_le_bytes(),
+        &minor.to_le_bytes(),
+    ]);
+    let memo = MEMO.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(c) = memo.lock().ok().and_then(|m| m.get(&key).cloned()) {
+        return Ok(c);
+    }
+    let dir = std::env::var_os("XDG_CACHE_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))
+        .map(|d| d.join("p2p").join("kernels"));
+    let file = dir
+        .as_ref()
+        .map(|d| d.join(format!("{}-{arch}-{key:016x}.cubin", source.name)));
+    let cached = file
+        .as_ref()
+        .and_then(|f| std::fs::read(f).ok())
+        .filter(|c| c.starts_with(b"\x7fELF"));
+    let cubin = match cached {
+        Some(c) => {
+            tracing::debug!(kernel = source.name, %arch, "kernel cache hit");
+            c
+        }
+        None => {
+            let t = std::time::Instant::now();
+            let c = compile(source, arch)?;
+            tracing::info!(kernel = source.name, %arch, "compiled in {:.1} s (cached for next time)", t.elapsed().as_secs_f64());
+            if let (Some(d), Some(f)) = (&dir, &file) {
+                let tmp = f.with_extension(format!("tmp{}", std::process::id()));
+                let written = std::fs::create_dir_all(d)
+                    .and_then(|_| std::fs::write(&tmp, &c))
+                    .and_then(|_| std::fs::rename(&tmp, f));
+                if let Err(e) = written {
+                    tracing::debug!("not caching {}: {e}", f.display());
+                    let _ = std::fs::remove_file(&tmp);
+                }
+            }
+            c
+        }
+    };
+    if let Ok(mut m) = memo.lock() {
+        m.insert(key, cubin.clone());
+    }
+    Ok(cubin)
+}
+
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for &b in *p {
+            h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+        h = (h ^ 0xff).wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+fn compile_error(source: &Source, arch: &str, log: &str) -> Error {
+    Error::Compile {
+        kernel: source.name.into(),
+        arch: arch.into(),
+        log: log.into(),
+    }
+}
+
+/// An NVRTC program, destroyed on `Drop`.
+struct Program(nvrtc::nvrtcProgram);
+
+impl Program {
+    fn log(&self) -> String {
+        let mut size = 0;
+        // SAFETY: the program is live; `size` is an out-pointer.
+        if unsafe { nvrtc::nvrtcGetProgramLogSize(self.0, &mut size) }
+            != nvrtc::nvrtcResult::NVRTC_SUCCESS
+        {
+            return "(no log)".into();
+        }
+        let mut log = vec![0u8; size];
+        // SAFETY: `log` has the size NVRTC reported.
+        unsafe { nvrtc::nvrtcGetProgramLog(self.0, log.as_mut_ptr().cast()) };
+        String::from_utf8_lossy(&log)
+            .trim_end_matches('\0')
+            .trim()
+            .to_string()
+    }
+}
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        // SAFETY: created by nvrtcCreateProgram and destroyed once.
+        unsafe { nvrtc::nvrtcDestroyProgram(&mut self.0) };
+    }
+}
+
+/// A kernel in a loaded [`Module`]; valid while the module is.
+#[derive(Debug, Clone, Copy)]
+pub struct Function {
+    raw: cuda::CUfunction,
+    device: i32,
+}
+
+// SAFETY: a CUfunction is an immutable handle usable from any thread.
+unsafe impl Send for Function {}
+// SAFETY: as above.
+unsafe impl Sync for Function {}
+
+impl Function {
+    /// How many blocks of `threads` threads can be resident on one SM at once
+    /// (`cuOccupancyMaxActiveBlocksPerMultiprocessor`, no dynamic shared memory).
+    pub fn max_blocks_per_sm(&self, threads: u32) -> Result<i32> {
+        let mut n = 0;
+        // SAFETY: the function handle is live while its module is; `n` is an out-pointer.
+        unsafe {
+            p2p_sys::cu!(cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut n,
+                self.raw,
+                threads as i32,
+                0
+            ))
+        }
+        .map_err(|e| Error::Cuda {
+            device: self.device,
+            source: e,
+        })?;
+        Ok(n)
+    }
+}
+
+/// A cubin loaded into one device's context; unloaded on `Drop`.
+pub struct Module {
+    device: Device,
+    raw: cuda::CUmodule,
+}
+
+// SAFETY: a CUmodule may be used from any thread; each use binds the device first.
+unsafe impl Send for Module {}
+// SAFETY: as above; the handle is never mutated.
+unsafe impl Sync for Module {}
+
+impl Module {
+    /// Compiles `source` for `device`'s architecture (cached: [`compile_cached`]) and loads it.
+    pub fn build(device: &Device, source: &Source) -> Result<Module> {
+        let arch = arch_for(device);
+        let cubin = compile_cached(source, &arch)?;
+        tracing::debug!(device = device.ordinal(), kernel = source.name, %arch, bytes = cubin.len(), "compiled a kernel");
+        Self::load(device, &cubin)
+    }
+
+    /// Loads a cubin into `device`'s context.
+    pub fn load(device: &Device, cubin: &[u8]) -> Result<Module> {
+        device.bind_to_thread()?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: a context is current; `cubin` is a complete image that outlives the call.
+        unsafe { cu!(cuModuleLoadData(&mut raw, cubin.as_ptr().cast())) }
+            .map_err(|e| on(device, e))?;
+        Ok(Module {
+            device: device.clone(),
+            raw,
+        })
+    }
+
+    /// Looks up a kernel by name, for [`launch`](Self::launch).
+    pub fn function(&self, name: &str) -> Result<Function> {
+        self.device.bind_to_thread()?;
+        let cname = CString::new(name)
+            .map_err(|_| Error::InvalidArgument(format!("kernel name {name:?}")))?;
+        let mut f = std::ptr::null_mut();
+        // SAFETY: the module is loaded; `cname` is NUL-terminated.
+        unsafe { cu!(cuModuleGetFunction(&mut f, self.raw, cname.as_ptr())) }
+            .map_err(|e| on(&self.device, e))?;
+        Ok(Function {
+            raw: f,
+            device: self.device.ordinal(),
+        })
+    }
+
+    /// Queues `function` on `stream` (which must be on this module's device).
+    ///
+    /// # Safety
+    /// As for [`launch_sync`](Self::launch_sync); in addition every buffer the kernel touches
+    /// must stay allocated until the stream has run it.
+    pub unsafe fn launch(
+        &self,
+        function: Function,
+        grid: u32,
+        block: u32,
+        params: &mut [*mut c_void],
+        stream: &Stream,
+    ) -> Result<()> {
+        self.check_stream(function, stream)?;
+        self.device.bind_to_thread()?;
+        // SAFETY: the caller guarantees `params`; the function belongs to this loaded module.
+        unsafe {
+            cu!(cuLaunchKernel(
+                function.raw,
+                grid,
+                1,
+                1,
+                block,
+                1,
+                1,
+                0,
+                stream.cu_stream(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut()
+            ))
+        }
+        .map_err(|e| on(&self.device, e))
+    }
+
+    /// As [`launch`](Self::launch), with programmatic dependent launch on GPUs of compute
+    /// capability 9.0 and newer: the kernel may be scheduled while the previous kernel on the
+    /// stream is still running, hiding the launch gap between the two. Elsewhere a plain launch.
+    ///
+    /// # Safety
+    /// As for [`launch`](Self::launch); in addition the kernel must execute
+    /// `griddepcontrol.wait` before it touches memory that earlier work on the stream writes
+    /// (that instruction waits for the previous kernel to finish and its writes to land).
+    pub unsafe fn launch_overlapped(
+        &self,
+        function: Function,
+        grid: u32,
+        block: u32,
+        params: &mut [*mut c_void],
+        stream: &Stream,
+    ) -> Result<()> {
+        if self.device.compute_capability().0 < 9 {
+            // SAFETY: the caller's guarantees are those of `launch`.
+            return unsafe { self.launch(function, grid, block, params, stream) };
+        }
+        self.check_stream(function, stream)?;
+        self.device.bind_to_thread()?;
+        // SAFETY: an all-zero attribute is a valid "no attribute"; we set the id and value.
+        let mut attr: cuda::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = cuda::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = cuda::CUlaunchConfig {
+            gridDimX: grid,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: `config` and `attr` outlive the call; the caller guarantees `params` and the
+        // kernel's wait; the function belongs to this loaded module.
+        unsafe {
+            cu!(cuLaunchKernelEx(
+                &config,
+                function.raw,
+                params.as_mut_ptr(),
+                std::ptr::null_mut()
+            ))
+        }
+        .map_err(|e| on(&self.device, e))
+    }
+
+    fn check_stream(&self, function: Function, stream: &Stream) -> Result<()> {
+        if stream.device() != &self.device || function.device != self.device.ordinal() {
+            return Err(Error::InvalidArgument(format!(
+                "a kernel of GPU {} launched on a stream of GPU {}",
+                self.device.ordinal(),
+                stream.device().ordinal()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Launches `function` on the legacy default stream and waits for it.
+    ///
+    /// # Safety
+    /// `params` must match the kernel's parameters in number, order and type, and every device
+    /// pointer among them must be valid for what the kernel accesses.
+    pub unsafe fn launch_sync(
+        &self,
+        function: &str,
+        grid: u32,
+        block: u32,
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
+        self.device.bind_to_thread()?;
+        let name = CString::new(function)
+            .map_err(|_| Error::InvalidArgument(format!("kernel name {function:?}")))?;
+        let mut f = std::ptr::null_mut();
+        // SAFETY: the module is loaded; `name` is NUL-terminated.
+        unsafe { cu!(cuModuleGetFunction(&mut f, self.raw, name.as_ptr())) }
+            .map_err(|e| on(&self.device, e))?;
+        // SAFETY: the caller guarantees `params`; dimensions are plain numbers.
+        unsafe {
+            cu!(cuLaunchKernel(
+                f,
+                grid,
+                1,
+                1,
+                block,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut()
+            ))
+        }
+        .map_err(|e| on(&self.device, e))?;
+        self.device.synchronize()
+    }
+}
+
+fn on(device: &Device, source: p2p_sys::Error) -> Error {
+    Error::Cuda {
+        device: device.ordinal(),
+        source,
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        let _ = self.device.bind_to_thread();
+        // SAFETY: loaded by cuModuleLoadData and unloaded once.
+        if let Err(e) = unsafe { cu!(cuModuleUnload(self.raw)) } {
+            tracing::error!(device = self.device.ordinal(), "unloading a module: {e}");
+        }
+    }
+}
