@@ -385,13 +385,7 @@ impl Module {
         block: u32,
         params: &mut [*mut c_void],
     ) -> Result<()> {
-        self.device.bind_to_thread()?;
-        let name = CString::new(function)
-            .map_err(|_| Error::InvalidArgument(format!("kernel name {function:?}")))?;
-        let mut f = std::ptr::null_mut();
-        // SAFETY: the module is loaded; `name` is NUL-terminated.
-        unsafe { cu!(cuModuleGetFunction(&mut f, self.raw, name.as_ptr())) }
-            .map_err(|e| on(&self.device, e))?;
+        let f = self.function(function)?.raw;
         // SAFETY: the caller guarantees `params`; dimensions are plain numbers.
         unsafe {
             cu!(cuLaunchKernel(

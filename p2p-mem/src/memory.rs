@@ -27,21 +27,12 @@ pub trait DeviceMemory {
     where
         Self: Sized,
     {
-        let dst = as_bytes_mut(dst);
-        check_size("host destination", self.byte_len(), dst.len())?;
-        if dst.is_empty() {
-            return Ok(());
-        }
-        self.device().bind_to_thread()?;
-        // SAFETY: both sides are `dst.len()` bytes long and alive for the synchronous copy.
-        unsafe {
-            cu!(cuMemcpyDtoH_v2(
-                dst.as_mut_ptr().cast(),
-                self.device_ptr(),
-                dst.len()
-            ))
-        }
-        .on(self.device().ordinal())
+        check_size(
+            "host destination",
+            self.byte_len(),
+            std::mem::size_of_val(dst),
+        )?;
+        self.copy_range_to_host(0, dst)
     }
 
     /// Copies `dst.len()` elements' bytes starting `offset` bytes into the region into `dst`

@@ -1,15 +1,13 @@
 //! fd passing between two real processes, with a plain file's fd: runs in CI, no GPU needed.
 
-mod common;
-
 use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{child_env, join, random_u8, role, spawn_role};
 use p2p_mem::fdpass::{peer_uid, FdChannel, FdListener, PrivateDir, MAX_MESSAGE};
 use p2p_mem::Error;
+use p2p_testkit::{child_env, join, random_u8, role, spawn_role};
 
 #[test]
 fn a_file_descriptor_crosses_processes_and_bad_messages_are_rejected() {
@@ -18,7 +16,7 @@ fn a_file_descriptor_crosses_processes_and_bad_messages_are_rejected() {
     }
     let dir = PrivateDir::new("fdtest").expect("private dir");
     let listener = FdListener::bind(&dir.path().join("sock")).expect("bind");
-    let content = random_u8(common::fresh_seed(), 10_000);
+    let content = random_u8(p2p_testkit::fresh_seed(), 10_000);
     let file_path = dir.path().join("data");
     std::fs::write(&file_path, &content).expect("write the file");
 

@@ -2,19 +2,17 @@
 //! bundle's `run.sh` does. `gpu1_*` need one GPU, `gpu2_*` two with peer access. A GPU test
 //! that finds too few GPUs fails; it never passes vacuously.
 
-mod common;
-
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{child_env, fresh_seed, gpus, join, random_u32, random_u8, role, spawn_role};
 use p2p_mem::fdpass::{FdChannel, FdListener, PrivateDir};
 use p2p_mem::ipc::{IpcEvent, IpcEventHandle, IpcMemHandle};
 use p2p_mem::vmm::{ShareableHandles, VmmBuffer, VmmHandle};
 use p2p_mem::{
     Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Error, PinnedHostBuffer, Stream,
 };
+use p2p_testkit::{child_env, fresh_seed, gpus, join, random_u32, random_u8, role, spawn_role};
 
 const CHILD_LIMIT: Duration = Duration::from_secs(120);
 const IO_LIMIT: Duration = Duration::from_secs(60);

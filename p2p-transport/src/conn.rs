@@ -25,6 +25,7 @@ use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, PinnedHostBuf
 
 use crate::copy::Transport;
 use crate::error::{Error, Result};
+use crate::kernels::abi::{SrArgs, SrWaitArgs};
 use crate::kernels::SrKernels;
 use crate::mode::{Direction, Engine};
 use crate::peer::{self, LocalRegion};
@@ -291,41 +292,29 @@ impl Side {
         }
         let grid = (chunks.min(self.opts.slots as u64)) as u32;
         let (slots_at, ready, freed) = self.addresses();
-        let (mut buf, mut n, mut slots, mut slot_bytes, mut nslots) = (
+        let mut args = SrArgs {
             buf,
-            bytes as u64,
-            slots_at,
-            self.opts.slot_bytes as u64,
-            self.opts.slots,
-        );
-        let (mut ready, mut freed, mut base) = (ready, freed, self.next_chunk);
-        // The receiver reads the slots across the link in read mode: re-fetch, never cache.
-        let mut slots_remote = i32::from(!sending && self.opts.direction == Direction::Read);
-        let (mut timeout, mut abort, mut status) = (
-            self.opts.timeout.as_nanos() as u64,
-            self.abort.device_ptr(),
-            self.status.device_ptr(),
-        );
-        let mut params = [
-            (&mut buf as *mut u64).cast::<c_void>(),
-            (&mut n as *mut u64).cast(),
-            (&mut slots as *mut u64).cast(),
-            (&mut slot_bytes as *mut u64).cast(),
-            (&mut nslots as *mut u32).cast(),
-            (&mut ready as *mut u64).cast(),
-            (&mut freed as *mut u64).cast(),
-            (&mut base as *mut u64).cast(),
-            (&mut timeout as *mut u64).cast(),
-            (&mut abort as *mut u64).cast(),
-            (&mut status as *mut u64).cast(),
-            (&mut slots_remote as *mut i32).cast(),
-        ];
+            bytes: bytes as u64,
+            slots: slots_at,
+            slot_bytes: self.opts.slot_bytes as u64,
+            ready,
+            freed,
+            base: self.next_chunk,
+            timeout_ns: self.opts.timeout.as_nanos() as u64,
+            abort_flag: self.abort.device_ptr(),
+            status: self.status.device_ptr(),
+            nslots: self.opts.slots,
+            // The receiver reads the slots across the link in read mode: re-fetch, never cache.
+            slots_remote: i32::from(!sending && self.opts.direction == Direction::Read),
+        };
+        let mut params = [(&mut args as *mut SrArgs).cast::<c_void>()];
         let f = if sending {
             self.kernels.send
         } else {
             self.kernels.recv
         };
-        // SAFETY: the parameters match p2p_send / p2p_recv; `buf` holds `bytes` on this GPU; the
+        // SAFETY: p2p_send / p2p_recv take one SrArgs (the layout generated from sendrecv_abi.h);
+        // `buf` holds `bytes` on this GPU; the
         // ring (slots + ready) and the flags are at least as large as the options require
         // (checked in Side::new) and mapped for this GPU; the abort flag is pinned host memory
         // and the status two ints here, all owned by this connection, which outlives the launch
@@ -365,23 +354,16 @@ impl Side {
                 (ready + s * 8, seq, freed + s * 8)
             };
             if want > 0 {
-                let (mut f, mut w, mut t, mut a, mut st, mut c) = (
-                    wait_on,
+                let mut args = SrWaitArgs {
+                    flag: wait_on,
                     want,
-                    self.opts.timeout.as_nanos() as u64,
-                    self.abort.device_ptr(),
-                    self.status.device_ptr(),
-                    k,
-                );
-                let mut params = [
-                    (&mut f as *mut u64).cast::<c_void>(),
-                    (&mut w as *mut u64).cast(),
-                    (&mut t as *mut u64).cast(),
-                    (&mut a as *mut u64).cast(),
-                    (&mut st as *mut u64).cast(),
-                    (&mut c as *mut u64).cast(),
-                ];
-                // SAFETY: the parameters match p2p_wait_flag; the flag lies in this connection's
+                    timeout_ns: self.opts.timeout.as_nanos() as u64,
+                    abort_flag: self.abort.device_ptr(),
+                    status: self.status.device_ptr(),
+                    chunk: k,
+                };
+                let mut params = [(&mut args as *mut SrWaitArgs).cast::<c_void>()];
+                // SAFETY: p2p_wait_flag takes one SrWaitArgs (generated from sendrecv_abi.h); the flag lies in this connection's
                 // mapped flags or ring, the abort flag is pinned host memory, status two ints here.
                 unsafe {
                     self.kernels

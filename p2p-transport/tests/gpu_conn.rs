@@ -2,12 +2,13 @@
 //! (legacy IPC and cuMem fds). Ignored in CI; the bundle's run.sh runs them. `gpu1_*` need one
 //! GPU, `gpu2_*` two with P2P. Two-process tests re-run this executable with P2PTEST_ROLE set.
 
-mod common;
-
-use common::{gpus, random_bytes, seed};
+use p2p_testkit::{
+    all_gpus as gpus, child_env as env, fresh_seed as seed, random_u8 as random_bytes, role,
+    spawn_role,
+};
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+
 use std::time::{Duration, Instant};
 
 use p2p_mem::fdpass::{FdChannel, FdListener, PrivateDir};
@@ -162,32 +163,6 @@ fn gpu1_a_missing_peer_times_out_and_abort_stops_a_wait() {
 
 // ---- two processes ----------------------------------------------------------------------------
 
-fn role() -> Option<String> {
-    std::env::var("P2PTEST_ROLE").ok()
-}
-
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| panic!("child started without {name}"))
-}
-
-fn spawn(test: &str, role: &str, socket: &std::path::Path, vars: &[(&str, String)]) -> Child {
-    let mut cmd = Command::new(std::env::current_exe().expect("current_exe"));
-    cmd.args([
-        test,
-        "--exact",
-        "--include-ignored",
-        "--nocapture",
-        "--test-threads=1",
-    ])
-    .env("P2PTEST_ROLE", role)
-    .env("P2PTEST_SOCKET", socket)
-    .stdout(Stdio::null());
-    for (k, v) in vars {
-        cmd.env(k, v);
-    }
-    cmd.spawn().expect("spawn the child")
-}
-
 fn sharing_from(s: &str) -> Sharing {
     match s {
         "cumem" => Sharing::CuMem,
@@ -203,7 +178,7 @@ fn sender_parent(test: &str, sharing: &str, child_gpu: i32, engine: &str) {
     let dir = PrivateDir::new("conn").expect("dir");
     let listener = FdListener::bind(&dir.path().join("s")).expect("bind");
     let s = seed();
-    let mut child = spawn(
+    let mut child = spawn_role(
         test,
         "receiver",
         listener.path(),

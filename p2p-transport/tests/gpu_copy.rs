@@ -1,9 +1,7 @@
 //! The in-process data paths on real GPUs. Ignored in CI; the bundle's run.sh runs them.
 //! `gpu1_*` need one GPU, `gpu2_*` two with P2P.
 
-mod common;
-
-use common::{gpus, random_bytes, seed};
+use p2p_testkit::{all_gpus as gpus, fresh_seed as seed, random_u8 as random_bytes};
 
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
 use p2p_transport::config::{Config, ForcedMode};

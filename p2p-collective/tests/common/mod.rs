@@ -13,21 +13,12 @@ use p2p_collective::verify::{
     build, class, compare, expected, in_place_input_offset, result_region, value,
 };
 use p2p_collective::{Call, Communicator, DataType, Op, RedOp};
-use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
+use p2p_mem::{DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
+#[allow(unused_imports)] // gpu_coll uses it, gpu_coll_procs does not
+pub use p2p_testkit::gpus;
 
 /// The counts the issue asks for.
 pub const COUNTS: [usize; 7] = [0, 1, 7, 1023, 65537, (1 << 20) + 3, 64 << 20];
-
-/// All visible GPUs, or a panic naming how many the test needs.
-pub fn gpus(n: usize) -> Vec<Device> {
-    let all = Device::all().unwrap_or_else(|e| panic!("this test needs {n} GPU(s): {e}"));
-    assert!(
-        all.len() >= n,
-        "this test needs {n} GPU(s), found {}",
-        all.len()
-    );
-    all.into_iter().take(n).collect()
-}
 
 /// Counts from `P2PTEST_COUNTS` (comma list), else [`COUNTS`].
 pub fn counts() -> Vec<usize> {

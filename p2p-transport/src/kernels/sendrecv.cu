@@ -1,4 +1,5 @@
-// Point-to-point send/recv through a ring of slots in the receiver's memory.
+// Point-to-point send/recv through a ring of slots in the receiver's memory. The arguments:
+// `SrArgs` and `SrWaitArgs` in sendrecv_abi.h, compiled in front of this file.
 //
 // Flags are 64-bit sequence numbers, one per slot, never reset: the chunk with global index g
 // uses slot g % nslots with sequence number g + 1, so counters keep advancing across calls.
@@ -77,11 +78,20 @@ __device__ __forceinline__ void sr_block_copy(unsigned char* dst, const unsigned
     }
 }
 
-extern "C" __global__ void p2p_send(const unsigned char* src, unsigned long long bytes, unsigned char* slots,
-                                    unsigned long long slot_bytes, unsigned nslots,
-                                    volatile unsigned long long* ready, volatile unsigned long long* freed,
-                                    unsigned long long base, unsigned long long timeout_ns,
-                                    volatile int* abort_flag, int* status, int slots_remote) {
+// The fields of `SrArgs` (sendrecv_abi.h) as the kernels' locals.
+#define SR_UNPACK(a)                                                  \
+    const unsigned long long bytes = a.bytes, slot_bytes = a.slot_bytes; \
+    const unsigned nslots = a.nslots;                                  \
+    volatile unsigned long long* ready = a.ready;                      \
+    volatile unsigned long long* freed = a.freed;                      \
+    const unsigned long long base = a.base, timeout_ns = a.timeout_ns; \
+    volatile int* abort_flag = a.abort_flag;                           \
+    int* status = a.status;
+
+extern "C" __global__ void p2p_send(SrArgs a) {
+    SR_UNPACK(a)
+    const unsigned char* src = a.buf;
+    unsigned char* slots = a.slots;
     __shared__ int err;
     const unsigned long long nchunks = (bytes + slot_bytes - 1) / slot_bytes;
     for (unsigned long long k = blockIdx.x; k < nchunks; k += gridDim.x) {
@@ -108,11 +118,11 @@ extern "C" __global__ void p2p_send(const unsigned char* src, unsigned long long
     }
 }
 
-extern "C" __global__ void p2p_recv(unsigned char* dst, unsigned long long bytes, const unsigned char* slots,
-                                    unsigned long long slot_bytes, unsigned nslots,
-                                    volatile unsigned long long* ready, volatile unsigned long long* freed,
-                                    unsigned long long base, unsigned long long timeout_ns,
-                                    volatile int* abort_flag, int* status, int slots_remote) {
+extern "C" __global__ void p2p_recv(SrArgs a) {
+    SR_UNPACK(a)
+    unsigned char* dst = a.buf;
+    const unsigned char* slots = a.slots;
+    const int slots_remote = a.slots_remote;
     __shared__ int err;
     const unsigned long long nchunks = (bytes + slot_bytes - 1) / slot_bytes;
     for (unsigned long long k = blockIdx.x; k < nchunks; k += gridDim.x) {
@@ -146,18 +156,16 @@ extern "C" __global__ void p2p_recv(unsigned char* dst, unsigned long long bytes
 // The copy-engine variant's wait: one thread waits for *flag >= want (same limits as above),
 // so the copy queued after it on the stream starts only once the slot is ready or free. After a
 // failure every later wait returns at once, so a broken connection drains instead of hanging.
-extern "C" __global__ void p2p_wait_flag(volatile unsigned long long* flag, unsigned long long want,
-                                         unsigned long long timeout_ns, volatile int* abort_flag, int* status,
-                                         unsigned long long chunk) {
+extern "C" __global__ void p2p_wait_flag(SrWaitArgs a) {
     if (threadIdx.x != 0 || blockIdx.x != 0) {
         return;
     }
-    if (((volatile int*)status)[0] != 0) {
+    if (((volatile int*)a.status)[0] != 0) {
         return;
     }
-    const int err = sr_wait_ge(flag, want, timeout_ns, abort_flag);
+    const int err = sr_wait_ge(a.flag, a.want, a.timeout_ns, a.abort_flag);
     if (err) {
-        sr_fail(status, err, chunk);
+        sr_fail(a.status, err, a.chunk);
     }
     sr_fence();
 }

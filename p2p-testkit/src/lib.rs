@@ -1,12 +1,32 @@
-//! Helpers shared by the integration tests: random data, GPU gating, and running a role of a
-//! test in a second process (the test executable re-runs itself with `P2PTEST_ROLE` set).
-#![allow(dead_code)]
+//! Helpers shared by the integration tests of every p2p crate (a dev-dependency only): GPU
+//! gating that fails rather than passes vacuously, deterministic random data with a seed that
+//! changes per run, and running one role of a test in a second process (the test executable
+//! re-runs itself with `P2PTEST_ROLE` set).
 
 use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use p2p_mem::Device;
+
+/// The first `n` devices, or a panic that says how many the test needs: a GPU test that finds
+/// no GPU must fail, never pass vacuously.
+pub fn gpus(n: usize) -> Vec<Device> {
+    let mut all = all_gpus(n);
+    all.truncate(n);
+    all
+}
+
+/// Every visible device, at least `n` of them (or the same panic as [`gpus`]).
+pub fn all_gpus(n: usize) -> Vec<Device> {
+    let all = Device::all().unwrap_or_else(|e| panic!("this test needs {n} GPU(s): {e}"));
+    assert!(
+        all.len() >= n,
+        "this test needs {n} GPU(s), found {}",
+        all.len()
+    );
+    all
+}
 
 /// Deterministic pseudo-random data (xorshift64*), different for every seed.
 pub fn random_u32(seed: u64, n: usize) -> Vec<u32> {
@@ -21,7 +41,7 @@ pub fn random_u32(seed: u64, n: usize) -> Vec<u32> {
         .collect()
 }
 
-/// Random bytes.
+/// Random bytes, from [`random_u32`].
 pub fn random_u8(seed: u64, n: usize) -> Vec<u8> {
     random_u32(seed, n).into_iter().map(|v| v as u8).collect()
 }
@@ -37,19 +57,7 @@ pub fn fresh_seed() -> u64 {
     seed
 }
 
-/// The first `n` devices, or a panic that says how many the test needs: a GPU test that
-/// finds no GPU must fail, never pass vacuously.
-pub fn gpus(n: usize) -> Vec<Device> {
-    let all = Device::all().unwrap_or_else(|e| panic!("this test needs {n} GPU(s): {e}"));
-    assert!(
-        all.len() >= n,
-        "this test needs {n} GPU(s), found {}",
-        all.len()
-    );
-    all.into_iter().take(n).collect()
-}
-
-/// The role this process plays, when it is a child started by `spawn_role`.
+/// The role this process plays, when it is a child started by [`spawn_role`].
 pub fn role() -> Option<String> {
     std::env::var("P2PTEST_ROLE").ok()
 }
@@ -59,7 +67,8 @@ pub fn child_env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("child started without {name}"))
 }
 
-/// Runs test `test_name` of this executable in a new process with `role` and `env` set.
+/// Runs test `test_name` of this executable in a new process with `role` and `env` set, and
+/// `P2PTEST_SOCKET` naming the parent's socket.
 pub fn spawn_role(test_name: &str, role: &str, socket: &Path, env: &[(&str, String)]) -> Child {
     let exe = std::env::current_exe().expect("current_exe");
     let mut cmd = Command::new(exe);

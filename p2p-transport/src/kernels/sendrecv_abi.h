@@ -1,0 +1,34 @@
+// The interface between conn.rs and sendrecv.cu, written once: NVRTC compiles it in front of
+// sendrecv.cu, and p2p-transport's build.rs turns it into Rust (`crate::kernels::abi`) with
+// p2p-abigen (which says what forms this file keeps to).
+
+typedef unsigned long long u64;
+
+// One launch of p2p_send or p2p_recv (a message through the ring of slots).
+struct SrArgs {
+    unsigned char* buf;          // the source (send) or the destination (recv)
+    u64 bytes;                   // the message's size
+    unsigned char* slots;        // the ring's first slot
+    u64 slot_bytes;              // bytes per slot
+    volatile u64* ready;         // the ready flags (in the receiver's memory)
+    volatile u64* freed;         // the freed flags (in the sender's memory)
+    u64 base;                    // the connection's chunk counter before this message
+    u64 timeout_ns;              // how long any wait may take
+    volatile int* abort_flag;    // pinned host memory: nonzero once aborted
+    int* status;                 // [code, chunk] of the first failure
+    unsigned nslots;             // slots in the ring
+    int slots_remote;            // recv: the slots are a peer's memory (read mode), reread each round
+};
+
+// One launch of p2p_wait_flag (the copy-engine path's wait before a chunk's copy).
+struct SrWaitArgs {
+    volatile u64* flag;
+    u64 want;                    // wait until *flag >= want
+    u64 timeout_ns;
+    volatile int* abort_flag;
+    int* status;
+    u64 chunk;                   // recorded in status[1] on failure
+};
+
+static_assert(sizeof(SrArgs) == 88, "SrArgs changed: conn.rs asserts the same size");
+static_assert(sizeof(SrWaitArgs) == 48, "SrWaitArgs changed: conn.rs asserts the same size");
