@@ -14,6 +14,10 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export RUST_BACKTRACE=1
 # The tests find the bundle's fixtures and p2p-bench here, not in a source tree.
 export P2PTEST_FIXTURES="${P2PTEST_FIXTURES:-$here/fixtures}" P2PTEST_BENCH_EXE="$here/p2p-bench"
+# The collective matrices at counts up to 65537: with the full sizes (2^20+3 and 64 Mi elements,
+# the tests' default) the whole run took more than the device tool's 10 minutes a command on
+# 2 x H200 (2026-11-22). Set P2PTEST_COUNTS to run those.
+export P2PTEST_COUNTS="${P2PTEST_COUNTS:-0,1,7,1023,65537}"
 
 if ! ls /dev/nvidia[0-9]* >/dev/null 2>&1 && ! nvidia-smi -L >/dev/null 2>&1; then
   echo "run.sh: no NVIDIA GPU found (no /dev/nvidiaN, nvidia-smi failed): this bundle needs a GPU machine" >&2
