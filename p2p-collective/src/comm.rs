@@ -21,7 +21,9 @@ use std::time::Duration;
 use p2p_mem::fdpass::{FdChannel, FdListener, PrivateDir};
 use p2p_mem::kernel::{self as kernels, Function, Module, Source};
 use p2p_mem::{check_peer_mappable, Device, DeviceMemory, DeviceMemoryMut, Stream};
-use p2p_transport::config::{Algorithm, Config};
+use p2p_transport::config::Config;
+
+use crate::settings::{Algorithm, Settings};
 use p2p_transport::conn::AbortHandle;
 use p2p_transport::peer::{self, LocalRegion, PairP2p, PeerRegion, Sharing};
 
@@ -63,26 +65,30 @@ pub struct Options {
 }
 
 impl Options {
-    /// From a [`Config`]: `P2P_ALGO`, `P2P_CHECK`, `P2P_TIMEOUT_MS`.
-    pub fn from_config(config: &Config) -> Options {
+    /// From the collectives' settings (`P2P_ALGO`, `P2P_CHECK`, `P2P_TIMEOUT_MS`) and the
+    /// transport's configuration.
+    pub fn from_settings(settings: Settings, transport: Config) -> Options {
         Options {
-            algorithm: config.algorithm,
-            check: config.check,
-            timeout: Duration::from_millis(config.timeout_ms),
+            algorithm: settings.algorithm,
+            check: settings.check,
+            timeout: settings.timeout,
             tuning: None,
-            transport: config.clone(),
+            transport,
         }
     }
 
-    /// From the process environment; a bad `P2P_*` variable is an error.
+    /// From the process environment; a bad or unknown `P2P_*` variable is an error.
     pub fn from_env() -> Result<Options> {
-        Ok(Self::from_config(&Config::from_env()?))
+        Ok(Self::from_settings(
+            Settings::from_env()?,
+            Config::from_env()?,
+        ))
     }
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self::from_config(&Config::default())
+        Self::from_settings(Settings::default(), Config::default())
     }
 }
 

@@ -40,12 +40,13 @@ pub mod comm;
 mod error;
 pub mod launch;
 pub mod plan;
+pub mod settings;
 pub mod types;
 pub mod verify;
 
 pub use comm::{Call, Communicator, Options, Registration};
 pub use error::{Error, Result};
 pub use p2p_transport;
-pub use p2p_transport::config::Algorithm;
 pub use plan::Access;
+pub use settings::{Algorithm, Settings};
 pub use types::{DataType, Element, Op, RedOp};

@@ -5,7 +5,7 @@
 //! `chunk * grid * piece + b * piece`. Every rank computes the same plan from the same call,
 //! which keeps the per-block step counters in step across ranks.
 
-use p2p_transport::config::Algorithm;
+use crate::settings::Algorithm;
 
 use crate::types::{DataType, Op};
 

@@ -291,11 +291,28 @@ impl Module {
         stream: &Stream,
     ) -> Result<()> {
         self.check_stream(function, stream)?;
-        self.device.bind_to_thread()?;
         // SAFETY: the caller guarantees `params`; the function belongs to this loaded module.
+        unsafe { self.raw_launch(function.raw, grid, block, params, stream.cu_stream()) }
+    }
+
+    /// `cuLaunchKernel` of one of this module's functions on `stream` (null: the legacy default
+    /// stream), with this module's device current.
+    ///
+    /// # Safety
+    /// As for [`launch`](Self::launch); `f` must belong to this module.
+    unsafe fn raw_launch(
+        &self,
+        f: cuda::CUfunction,
+        grid: u32,
+        block: u32,
+        params: &mut [*mut c_void],
+        stream: cuda::CUstream,
+    ) -> Result<()> {
+        self.device.bind_to_thread()?;
+        // SAFETY: the caller guarantees `params` and `f`; dimensions are plain numbers.
         unsafe {
             cu!(cuLaunchKernel(
-                function.raw,
+                f,
                 grid,
                 1,
                 1,
@@ -303,7 +320,7 @@ impl Module {
                 1,
                 1,
                 0,
-                stream.cu_stream(),
+                stream,
                 params.as_mut_ptr(),
                 std::ptr::null_mut()
             ))
@@ -386,23 +403,8 @@ impl Module {
         params: &mut [*mut c_void],
     ) -> Result<()> {
         let f = self.function(function)?.raw;
-        // SAFETY: the caller guarantees `params`; dimensions are plain numbers.
-        unsafe {
-            cu!(cuLaunchKernel(
-                f,
-                grid,
-                1,
-                1,
-                block,
-                1,
-                1,
-                0,
-                std::ptr::null_mut(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut()
-            ))
-        }
-        .map_err(|e| on(&self.device, e))?;
+        // SAFETY: the caller guarantees `params`; `f` was just looked up in this module.
+        unsafe { self.raw_launch(f, grid, block, params, std::ptr::null_mut()) }?;
         self.device.synchronize()
     }
 }

@@ -12,11 +12,11 @@
 //! | `P2P_CUMEM` | boolean | `1` | between processes, share cuMem allocations (fds) rather than legacy IPC handles |
 //! | `P2P_INTERMEDIATE` | boolean | `1` | relay through a third GPU where two have no direct P2P |
 //! | `P2P_MODE` | `auto`, `direct`, `ipc`, `cumem`, `intermediate`, `host` | `auto` | force one mode for every pair; impossible on a pair is an error |
-//! | `P2P_ALGO` | `auto`, `oneshot`, `twoshot`, `ring`, `ll` | `auto` | force one all-reduce algorithm (collectives) |
-//! | `P2P_CHECK` | boolean | `0` | collectives compare every call's operation, type, reduction, root and count across ranks on the GPU and fail on a mismatch |
-//! | `P2P_TIMEOUT_MS` | milliseconds, at least 1 | `30000` | how long a collective's kernel waits for a peer before it gives up with an error |
 //! | `P2P_DEBUG` | `off`, `error`, `warn`, `info`, `debug`, `trace` | `warn` | how much `tracing` output the tools print |
 //! | `P2P_DEBUG_SUBSYS` | comma list of `all`, `mem`, `topo`, `config`, `transport`, `doctor`, `coll` | `all` | which parts log at `P2P_DEBUG` level |
+//!
+//! The collectives' own settings (`P2P_ALGO`, `P2P_CHECK`, `P2P_TIMEOUT_MS`) belong to
+//! p2p-collective, which reads them; here they are accepted and left alone.
 //!
 //! Nothing is silently ignored: a bad value is an error naming the variable, the value and what
 //! is accepted, and so is an unknown `P2P_*` variable (a typo such as `P2P_LEVLE` would otherwise
@@ -106,44 +106,6 @@ pub enum ForcedMode {
     HostStaged,
 }
 
-/// An all-reduce algorithm forced with `P2P_ALGO`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum Algorithm {
-    /// Every rank pushes its whole input to every peer and reduces locally: one step, least
-    /// latency; moves (n-1) x the data per rank.
-    OneShot,
-    /// Reduce-scatter then all-gather over the full mesh: two steps, 2(n-1)/n x the data.
-    TwoShot,
-    /// Reduce-scatter then all-gather around a ring: 2(n-1) steps, 2(n-1)/n x the data, only
-    /// neighbours exchange data.
-    Ring,
-    /// One-shot with the flags inside the data (NCCL's LL layout: 8 data bytes and two flags per
-    /// 16-byte store): no separate flag and no fence, for messages up to 64 KiB (larger ones
-    /// run one-shot).
-    Ll,
-}
-
-impl Algorithm {
-    /// The names `P2P_ALGO` uses (`None` is `auto`).
-    pub const NAMES: [(&'static str, Option<Algorithm>); 5] = [
-        ("auto", None),
-        ("oneshot", Some(Algorithm::OneShot)),
-        ("twoshot", Some(Algorithm::TwoShot)),
-        ("ring", Some(Algorithm::Ring)),
-        ("ll", Some(Algorithm::Ll)),
-    ];
-
-    /// The name, e.g. `oneshot`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Algorithm::OneShot => "oneshot",
-            Algorithm::TwoShot => "twoshot",
-            Algorithm::Ring => "ring",
-            Algorithm::Ll => "ll",
-        }
-    }
-}
-
 /// Logging verbosity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum DebugLevel {
@@ -203,12 +165,6 @@ pub struct Config {
     pub intermediate: bool,
     /// `P2P_MODE`: force one transport mode for every pair (`None`: choose per pair).
     pub force_mode: Option<ForcedMode>,
-    /// `P2P_ALGO`: force one all-reduce algorithm (`None`: chosen by size and world size).
-    pub algorithm: Option<Algorithm>,
-    /// `P2P_CHECK`: collectives check on the GPU that every rank made the same call.
-    pub check: bool,
-    /// `P2P_TIMEOUT_MS`: how long a collective waits for a peer, in milliseconds.
-    pub timeout_ms: u64,
     /// `P2P_DEBUG`: log verbosity.
     pub debug: DebugLevel,
     /// `P2P_DEBUG_SUBSYS`: which subsystems log at `debug` level (empty = all).
@@ -226,9 +182,6 @@ impl Default for Config {
             cumem: true,
             intermediate: true,
             force_mode: None,
-            algorithm: None,
-            check: false,
-            timeout_ms: 30_000,
             debug: DebugLevel::Warn,
             debug_subsystems: Vec::new(),
         }
@@ -259,7 +212,8 @@ pub enum ConfigError {
     },
 }
 
-/// Every variable `Config` reads.
+/// Every `P2P_*` variable: those `Config` reads, and the collectives' own (`P2P_ALGO`,
+/// `P2P_CHECK`, `P2P_TIMEOUT_MS`, read by p2p-collective), which it accepts and leaves alone.
 pub const VARIABLES: [&str; 13] = [
     "P2P_DISABLE",
     "P2P_LEVEL",
@@ -276,7 +230,8 @@ pub const VARIABLES: [&str; 13] = [
     "P2P_DEBUG_SUBSYS",
 ];
 
-fn invalid(variable: &str, value: &str, accepted: &str) -> ConfigError {
+/// The error for `variable=value` where `accepted` says what would do.
+pub fn invalid(variable: &str, value: &str, accepted: &str) -> ConfigError {
     ConfigError::Invalid {
         variable: variable.into(),
         value: value.into(),
@@ -284,7 +239,9 @@ fn invalid(variable: &str, value: &str, accepted: &str) -> ConfigError {
     }
 }
 
-fn parse_bool(variable: &str, value: &str) -> Result<bool, ConfigError> {
+/// Reads a boolean setting (`0`/`1`, `true`/`false`, `yes`/`no`, `on`/`off`), or an error naming
+/// the variable, the value and what is accepted. For the settings of higher layers too.
+pub fn parse_bool(variable: &str, value: &str) -> Result<bool, ConfigError> {
     match value.trim().to_ascii_lowercase().as_str() {
         "1" | "true" | "yes" | "on" => Ok(true),
         "0" | "false" | "no" | "off" => Ok(false),
@@ -296,7 +253,9 @@ fn parse_bool(variable: &str, value: &str) -> Result<bool, ConfigError> {
     }
 }
 
-fn parse_choice<T: Copy>(
+/// Reads one of `choices` (by name, any case), or an error naming the variable, the value and
+/// the choices. For the settings of higher layers too.
+pub fn parse_choice<T: Copy>(
     variable: &str,
     value: &str,
     choices: &[(&str, T)],
@@ -365,20 +324,8 @@ impl Config {
                     ];
                     cfg.force_mode = parse_choice(&name, &value, &choices)?
                 }
-                "P2P_ALGO" => cfg.algorithm = parse_choice(&name, &value, &Algorithm::NAMES)?,
-                "P2P_CHECK" => cfg.check = parse_bool(&name, &value)?,
-                "P2P_TIMEOUT_MS" => {
-                    cfg.timeout_ms = match value.trim().parse::<u64>() {
-                        Ok(ms) if ms > 0 => ms,
-                        _ => {
-                            return Err(invalid(
-                                &name,
-                                &value,
-                                "a whole number of milliseconds, at least 1",
-                            ))
-                        }
-                    }
-                }
+                // The collectives' settings: p2p-collective reads them (`Options::from_env`).
+                "P2P_ALGO" | "P2P_CHECK" | "P2P_TIMEOUT_MS" => {}
                 "P2P_DEBUG" => {
                     let levels = [
                         DebugLevel::Off,
@@ -478,10 +425,6 @@ mod tests {
             ("P2P_DEBUG_SUBSYS", "mem, topo"),
         ])
         .expect("valid");
-        assert_eq!(
-            (c.algorithm, c.check, c.timeout_ms),
-            (Some(Algorithm::Ring), true, 250)
-        );
         assert!(c.p2p_disable && c.direct_disable && c.use_copy_engine);
         assert!(!c.cumem && !c.intermediate);
         assert_eq!(c.force_mode, Some(ForcedMode::HostStaged));
@@ -513,14 +456,6 @@ mod tests {
             e.to_string().contains("a comma list of all, mem, topo"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn a_zero_or_unparsable_timeout_is_refused() {
-        for bad in ["0", "-5", "1.5", "soon"] {
-            let e = cfg(&[("P2P_TIMEOUT_MS", bad)]).expect_err(bad);
-            assert!(e.to_string().contains("P2P_TIMEOUT_MS"), "{e}");
-        }
     }
 
     #[test]
