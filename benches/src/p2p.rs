@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Event, Stream};
 use p2p_transport::conn::{connect_in_process, ConnOptions, RecvConn, SendConn};
-use p2p_transport::copy::{runtime_memcpy_peer, Path, SmGrid, Transport};
+use p2p_transport::copy::{Path, SmGrid, Transport};
 use p2p_transport::mode::Engine;
 use serde_json::{json, Value};
 
@@ -536,7 +536,7 @@ pub fn run(opts: &Options) -> p2p_transport::Result<Value> {
     for &(a, b) in &pairs {
         let samples: Vec<f64> = (0..5)
             .map(|_| {
-                p2p_transport::latency::one_way_ns(&devices[a], &devices[b], 1000, 10_000)
+                crate::latency::one_way_ns(&devices[a], &devices[b], 1000, 10_000)
                     .map(|ns| ns / 1000.0)
             })
             .collect::<p2p_transport::Result<_>>()?;
@@ -818,6 +818,33 @@ pub fn render(r: &Value) -> String {
         out += "\n";
     }
     out
+}
+
+/// `cudaMemcpyPeerAsync` through the runtime API, for comparison in the benchmark.
+#[allow(unsafe_code)] // one runtime-API call
+pub fn runtime_memcpy_peer(
+    dst: u64,
+    dst_dev: &Device,
+    src: u64,
+    src_dev: &Device,
+    bytes: usize,
+    stream: &Stream,
+) -> p2p_transport::Result<()> {
+    p2p_sys::probe::require(p2p_sys::Library::Cudart)?;
+    stream.device().bind_to_thread()?;
+    // SAFETY: libcudart is loaded; both ranges lie in live allocations; the runtime uses the
+    // primary contexts our Devices retain, so the stream is valid for it.
+    let r = unsafe {
+        p2p_sys::cudart::cudaMemcpyPeerAsync(
+            dst as *mut std::ffi::c_void,
+            dst_dev.ordinal(),
+            src as *const std::ffi::c_void,
+            src_dev.ordinal(),
+            bytes,
+            stream.cu_stream() as p2p_sys::cudart::cudaStream_t,
+        )
+    };
+    Ok(p2p_sys::check_cudart("cudaMemcpyPeerAsync", r)?)
 }
 
 #[cfg(test)]

@@ -142,7 +142,7 @@ pub const SUBSYSTEMS: [(&str, &str); 6] = [
     ("topo", "p2p_transport::topo"),
     ("config", "p2p_transport::config"),
     ("transport", "p2p_transport"),
-    ("doctor", "p2p_transport::doctor"),
+    ("doctor", "p2p_benches::doctor"),
     ("coll", "p2p_collective"),
 ];
 

@@ -667,29 +667,3 @@ impl Pipeline {
         }
     }
 }
-
-/// `cudaMemcpyPeerAsync` through the runtime API, for comparison in the benchmark.
-pub fn runtime_memcpy_peer(
-    dst: u64,
-    dst_dev: &Device,
-    src: u64,
-    src_dev: &Device,
-    bytes: usize,
-    stream: &Stream,
-) -> Result<()> {
-    p2p_sys::probe::require(p2p_sys::Library::Cudart)?;
-    stream.device().bind_to_thread()?;
-    // SAFETY: libcudart is loaded; both ranges lie in live allocations; the runtime uses the
-    // primary contexts our Devices retain, so the stream is valid for it.
-    let r = unsafe {
-        p2p_sys::cudart::cudaMemcpyPeerAsync(
-            dst as *mut c_void,
-            dst_dev.ordinal(),
-            src as *const c_void,
-            src_dev.ordinal(),
-            bytes,
-            stream.cu_stream() as p2p_sys::cudart::cudaStream_t,
-        )
-    };
-    Ok(p2p_sys::check_cudart("cudaMemcpyPeerAsync", r)?)
-}

@@ -3,7 +3,6 @@
 //! - [`topo`]: how the GPUs of a machine are joined ([`topo::Topology`], serializable to JSON),
 //!   discovered from CUDA, NVML and sysfs, and the path model for every ordered pair.
 //! - [`config`]: the typed [`Config`](config::Config), in code or from `P2P_*` variables.
-//! - [`doctor`]: whether P2P works between each pair, why not, and what to do.
 //! - [`mode`]: the route (mode, read or write, engine) for every ordered pair of ranks, each
 //!   choice logged with its reason.
 //! - [`copy`]: the data paths within a process (copy engine, SM write and read, host-staged,
@@ -13,16 +12,13 @@
 //! - [`peer`]: one way to reach a peer's memory (plain pointer, legacy IPC, cuMem fd, fabric,
 //!   host-staged), chosen from the configuration and each pair's P2P; used by [`conn`] and by
 //!   `p2p-collective`'s communicators.
-//! - [`latency`]: the small-message one-way latency probe.
 //! - [`kernels`]: CUDA C++ sources compiled by NVRTC for the device's architecture at run time.
 
 pub mod config;
 pub mod conn;
 pub mod copy;
-pub mod doctor;
 mod error;
 pub mod kernels;
-pub mod latency;
 pub mod mode;
 pub mod peer;
 pub mod topo;

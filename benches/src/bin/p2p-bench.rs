@@ -17,12 +17,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use p2p_benches::doctor::{self, Status};
 use p2p_benches::{gpu_table, libraries, GpuInfo};
 use p2p_collective::plan::Tuning;
 use p2p_collective::Op;
 use p2p_mem::Device;
 use p2p_transport::config::Config;
-use p2p_transport::doctor::{self, Status};
 use p2p_transport::topo::{self, P2pMatrix, Topology};
 
 #[derive(Parser)]

@@ -10,9 +10,10 @@ use std::os::raw::c_void;
 
 use serde::{Deserialize, Serialize};
 
-use crate::kernels::{self, Module};
-use crate::topo::{self, Connection, Topology};
+use crate::kernels;
+use p2p_mem::kernel::Module;
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut};
+use p2p_transport::topo::{self, Connection, Topology};
 
 /// How a check came out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -540,7 +541,7 @@ pub fn run(functional: bool) -> Report {
     let source = format!(
         "p2p {} at {}",
         env!("CARGO_PKG_VERSION"),
-        crate::util::utc_now()
+        p2p_transport::utc_now()
     );
     match p2p_sys::driver_version() {
         Ok(v) => findings.push(finding(
@@ -706,7 +707,11 @@ fn functional_test(devices: &[Device], modules: &[Option<Module>], a: usize, b: 
 }
 
 /// Returns the number of wrong elements in the write and the read direction.
-fn write_and_read(da: &Device, db: &Device, module: &Module) -> crate::Result<(usize, usize)> {
+fn write_and_read(
+    da: &Device,
+    db: &Device,
+    module: &Module,
+) -> p2p_transport::Result<(usize, usize)> {
     da.enable_peer_access(db)?;
     let n = TEST_VECTORS;
     let seed = std::process::id().wrapping_mul(0x9e37_79b9)

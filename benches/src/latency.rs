@@ -10,8 +10,9 @@ use std::ffi::c_void;
 
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
 
-use crate::error::{Error, Result};
-use crate::kernels::{self, Module};
+use crate::kernels;
+use p2p_mem::kernel::Module;
+use p2p_transport::{Error, Result};
 
 /// How long one wait may spin before the measurement is abandoned.
 pub const TIMEOUT_NS: u64 = 2_000_000_000;
