@@ -9,6 +9,7 @@
 pub mod coll;
 #[allow(unsafe_code)] // kernel launches and getrlimit, each with its SAFETY line
 pub mod doctor;
+pub mod faults;
 pub mod floor;
 pub mod kernels;
 #[allow(unsafe_code)] // kernel launches

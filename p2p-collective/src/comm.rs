@@ -16,7 +16,7 @@
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use p2p_mem::fdpass::{FdChannel, FdListener, PrivateDir};
 use p2p_mem::kernel::{self as kernels, Function, Module, Source};
@@ -24,13 +24,14 @@ use p2p_mem::{check_peer_mappable, Device, DeviceMemory, DeviceMemoryMut, Stream
 use p2p_transport::config::Config;
 
 use crate::settings::{Algorithm, Settings};
-use p2p_transport::conn::AbortHandle;
+use p2p_transport::conn::{AbortHandle, KERNEL_FAILED};
 use p2p_transport::peer::{self, LocalRegion, PairP2p, PeerRegion, Sharing};
 
-use crate::bootstrap::{Bootstrap, Rendezvous};
 use crate::error::{Error, Result};
 use crate::plan::{self, Access, Kind, Plan, Tuning, MAX_RANKS, THREADS};
 use crate::types::{DataType, Op, RedOp};
+use p2p_mem::wire;
+use p2p_transport::rendezvous::{Group, Rendezvous};
 
 /// The collective kernels: `coll_f32` ... `coll_u8`, one per element type.
 pub const COLL: Source = Source {
@@ -282,7 +283,8 @@ pub struct Communicator {
     abort: AbortHandle,
     failed: Mutex<Option<String>>,
     kernels: Arc<Kernels>,
-    bootstrap: Option<Mutex<Bootstrap>>,
+    /// The other processes of the job (process-per-GPU communicators): exchanges and liveness.
+    group: Option<Group>,
     /// Registered buffers (symmetric windows): calls on them read and write peers directly.
     windows: RwLock<Vec<Window>>,
     next_window: AtomicU64,
@@ -396,12 +398,13 @@ impl Communicator {
             let cubin = kernels::compile_cached(&COLL, &kernels::arch_for(d))?;
             loaded.push(Arc::new(Kernels::load(d, &cubin)?));
         }
+        let sms = devices.iter().map(|d| d.sm_count()).min().unwrap_or(1);
+        let per_sm = loaded.iter().map(|k| k.blocks_per_sm).min().unwrap_or(1);
         let tuning = options.tuning.unwrap_or_else(|| {
-            let sms = devices.iter().map(|d| d.sm_count()).min().unwrap_or(1);
-            let per_sm = loaded.iter().map(|k| k.blocks_per_sm).min().unwrap_or(1);
             warn_occupancy(per_sm);
             Tuning::for_device(sms, per_sm)
         });
+        check_tuning(&tuning, sms, per_sm, world, 0, options.timeout)?;
         let bytes = workspace_bytes(world, &tuning);
         log_tuning(&tuning, bytes);
         let mut workspaces = Vec::with_capacity(world);
@@ -433,7 +436,7 @@ impl Communicator {
                 abort: abort.clone(),
                 failed: Mutex::new(None),
                 kernels: loaded[r].clone(),
-                bootstrap: None,
+                group: None,
                 windows: RwLock::new(Vec::new()),
                 next_window: AtomicU64::new(0),
                 _peers: workspaces
@@ -500,64 +503,64 @@ impl Communicator {
             warn_occupancy(kernels.blocks_per_sm);
             Tuning::for_device(device.sm_count(), kernels.blocks_per_sm)
         });
+        check_tuning(
+            &tuning,
+            device.sm_count(),
+            kernels.blocks_per_sm,
+            rv.world,
+            rank,
+            options.timeout,
+        )?;
         let bytes = workspace_bytes(rv.world, &tuning);
         log_tuning(&tuning, bytes);
         let abort = AbortHandle::new(device)?;
         // Workspace handles travel over Unix sockets (fds need them): one listener per rank in a
-        // private directory, its path in the bootstrap's first round.
+        // private directory, its path in the group's first exchange.
         let dir = PrivateDir::new("coll")?;
         let listener = FdListener::bind(&dir.path().join("ws"))?;
-        let mut bootstrap = Bootstrap::connect(rv)?;
+        let group = Group::join(rv)?;
+        // From here a failure on any rank (its death included) sets this rank's abort flag.
+        group.watch(&abort);
         let host = p2p_transport::hostname();
         let path = listener.path().to_string_lossy().into_owned();
-        let mut blob = Vec::new();
-        for text in [&host, &path] {
-            blob.extend_from_slice(&(text.len() as u16).to_le_bytes());
-            blob.extend_from_slice(text.as_bytes());
-        }
-        blob.extend_from_slice(device.uuid());
-        for w in tuning.to_words() {
-            blob.extend_from_slice(&w.to_le_bytes());
-        }
-        let all = bootstrap.all_gather(&blob)?;
+        let blob = tuning
+            .to_words()
+            .iter()
+            .fold(
+                wire::Writer::new()
+                    .text(&host)
+                    .text(&path)
+                    .bytes(device.uuid()),
+                |w, x| w.u64(*x),
+            )
+            .finish();
+        let all = group.all_gather(&blob)?;
         let fail = |why: String| Error::Bootstrap { rank, why };
         let mut paths = Vec::with_capacity(rv.world);
         let mut pairs = Vec::new();
         for (r, b) in all.iter().enumerate() {
-            let short = || fail(format!("rank {r} sent a short blob"));
-            let mut rest = b.as_slice();
-            let mut texts = Vec::new();
-            for _ in 0..2 {
-                let n = rest
-                    .get(..2)
-                    .map(|x| u16::from_le_bytes([x[0], x[1]]) as usize)
-                    .ok_or_else(short)?;
-                let t = rest.get(2..2 + n).ok_or_else(short)?;
-                texts.push(String::from_utf8_lossy(t).into_owned());
-                rest = &rest[2 + n..];
-            }
-            let uuid: [u8; 16] = rest
-                .get(..16)
-                .and_then(|u| u.try_into().ok())
-                .ok_or_else(short)?;
-            let words = Tuning::WORDS;
-            let theirs: Vec<u64> = rest[16..]
-                .chunks_exact(8)
-                .map(|c| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
-                .collect();
-            if theirs.len() != words {
-                return Err(short());
-            }
+            let mut rd = wire::Reader::new(b);
+            let parsed = (|| {
+                let their_host = rd.text(1024)?.to_string();
+                let their_path = rd.text(4096)?.to_string();
+                let uuid = rd.array::<16>()?;
+                let words: Vec<u64> = (0..Tuning::WORDS)
+                    .map(|_| rd.u64())
+                    .collect::<Option<_>>()?;
+                rd.end()?;
+                Some((their_host, their_path, uuid, words))
+            })();
+            let (their_host, their_path, uuid, theirs) =
+                parsed.ok_or_else(|| fail(format!("rank {r} sent a malformed introduction")))?;
             if theirs[..] != tuning.to_words()[..] {
                 return Err(fail(format!(
                     "rank {r} plans with tuning {}, this rank with {tuning:?}: every rank needs the same GPU model and tuning",
                     Tuning::from_words(&theirs).map_or_else(|| format!("{theirs:?}"), |t| format!("{t:?}"))
                 )));
             }
-            if texts[0] != host {
+            if their_host != host {
                 return Err(fail(format!(
-                    "rank {r} runs on host {:?}, this rank on {host:?}: process-per-GPU communicators need every rank on one host",
-                    texts[0]
+                    "rank {r} runs on host {their_host:?}, this rank on {host:?}: process-per-GPU communicators need every rank on one host"
                 )));
             }
             if r != rank {
@@ -571,22 +574,32 @@ impl Communicator {
                 }
                 pairs.push(PairP2p::probe_uuid(device, &uuid)?);
             }
-            paths.push(std::path::PathBuf::from(&texts[1]));
+            paths.push(std::path::PathBuf::from(their_path));
         }
         // Every rank proposes a sharing from its own view; the weakest wins everywhere.
         let (mine, why) = peer::choose(&options.transport, false, &pairs);
-        let mut proposal = vec![mine.code()];
-        proposal.extend_from_slice(why.as_bytes());
-        let proposals = bootstrap.all_gather(&proposal)?;
+        let proposal = wire::Writer::new()
+            .u16(mine.code() as u16)
+            .text(&why)
+            .finish();
+        let proposals = group.all_gather(&proposal)?;
         let (mut sharing, mut reason) = (mine, why);
         for (r, p) in proposals.iter().enumerate() {
-            let theirs = p
-                .first()
-                .and_then(|c| Sharing::from_code(*c))
+            let mut rd = wire::Reader::new(p);
+            let (code, text) = (|| {
+                let code = rd.u16()?;
+                let text = rd.text(4096)?.to_string();
+                rd.end()?;
+                Some((code, text))
+            })()
+            .ok_or_else(|| fail(format!("rank {r} sent a malformed proposal")))?;
+            let theirs = u8::try_from(code)
+                .ok()
+                .and_then(Sharing::from_code)
                 .ok_or_else(|| fail(format!("rank {r} proposed an unknown sharing")))?;
             if theirs.weaker(sharing) != sharing {
                 sharing = theirs;
-                reason = format!("rank {r}: {}", String::from_utf8_lossy(&p[1..]));
+                reason = format!("rank {r}: {text}");
             }
         }
         let workspace = Arc::new(LocalRegion::allocate(device, bytes, sharing)?);
@@ -609,16 +622,50 @@ impl Communicator {
         let mut bases = [0u64; MAX_RANKS];
         bases[rank] = workspace.device_ptr();
         let mut peers = Vec::new();
-        let wait = options.timeout.max(Duration::from_secs(10));
-        for _ in 1..rv.world {
-            let chan = listener
-                .accept(wait)
-                .map_err(|e| fail(format!("waiting for the peers' workspaces: {e}")))?;
-            let (prefix, e) = peer::recv(&chan, sharing, 4)?;
-            let r = u32::from_le_bytes([prefix[0], prefix[1], prefix[2], prefix[3]]) as usize;
-            if r >= rv.world || r == rank || bases[r] != 0 {
+        let deadline = Instant::now() + options.timeout.max(Duration::from_secs(10));
+        while peers.len() + 1 < rv.world {
+            // Wait in short steps, so that a peer's death ends the wait at once.
+            let chan = loop {
+                if let Some(f) = group.failure() {
+                    return Err(Error::Transport(p2p_transport::Error::PeerFailed {
+                        rank,
+                        peer: f.rank,
+                        why: f.why,
+                    }));
+                }
+                if let Some(c) = listener
+                    .accept_within(Duration::from_millis(5))
+                    .map_err(|e| fail(format!("waiting for the peers' workspaces: {e}")))?
+                {
+                    break c;
+                }
+                if Instant::now() > deadline {
+                    return Err(fail(
+                        "the peers' workspaces did not arrive in time (are all ranks alive?)"
+                            .into(),
+                    ));
+                }
+            };
+            // Only the job's ranks may hand this rank memory: the sender's pid (from the kernel)
+            // must be the one that rank authenticated with at the rendezvous. A stranger's
+            // connection is dropped, and the wait goes on.
+            let pid = chan.peer_cred().map(|c| c.0).unwrap_or(0);
+            let Some(r) =
+                (0..rv.world).find(|&r| group.pids()[r] == pid && r != rank && bases[r] == 0)
+            else {
+                tracing::warn!(
+                    rank,
+                    "dropped a connection to this rank's workspace socket from pid {pid}, which is not a peer of this job"
+                );
+                continue;
+            };
+            let (prefix, e) = match peer::recv(&chan, sharing, 4) {
+                Ok(x) => x,
+                Err(e) => return Err(fail(format!("rank {r}'s workspace: {e}"))),
+            };
+            if wire::Reader::new(&prefix).u32() != Some(r as u32) {
                 return Err(fail(format!(
-                    "a workspace came from rank {r}, not an expected peer"
+                    "rank {r} (pid {pid}) sent its workspace under another rank's name"
                 )));
             }
             let imported = peer::import(device, sharing, r, e)?;
@@ -631,7 +678,7 @@ impl Communicator {
             &reason,
         );
         // Every rank has mapped every workspace before anyone's kernels write into them.
-        bootstrap.barrier()?;
+        group.barrier()?;
         drop(sent);
         Ok(Communicator {
             rank,
@@ -644,7 +691,7 @@ impl Communicator {
             abort,
             failed: Mutex::new(None),
             kernels,
-            bootstrap: Some(Mutex::new(bootstrap)),
+            group: Some(group),
             windows: RwLock::new(Vec::new()),
             next_window: AtomicU64::new(0),
             _peers: peers,
@@ -752,7 +799,7 @@ impl Communicator {
     pub unsafe fn register(&self, buf: &dyn DeviceMemory) -> Result<Registration> {
         let op = "register";
         self.usable(op)?;
-        let Some(bootstrap) = &self.bootstrap else {
+        let Some(group) = &self.group else {
             return Err(Error::InvalidArgument {
                 op,
                 rank: self.rank,
@@ -764,25 +811,15 @@ impl Communicator {
         let mine = self
             .check_registrable(buf)
             .and_then(|()| Ok(peer::export_memory(buf)?));
-        let mut blob = Vec::new();
-        match &mine {
-            Ok(h) => {
-                blob.push(1u8);
-                blob.extend_from_slice(&(buf.byte_len() as u64).to_le_bytes());
-                blob.extend_from_slice(&h.header);
-            }
-            Err(e) => {
-                blob.push(0u8);
-                blob.extend_from_slice(e.to_string().as_bytes());
-            }
+        let blob = match &mine {
+            Ok(h) => wire::Writer::new()
+                .u16(1)
+                .u64(buf.byte_len() as u64)
+                .blob(&h.header),
+            Err(e) => wire::Writer::new().u16(0).text(&e.to_string()),
         }
-        let all = bootstrap
-            .lock()
-            .map_err(|_| Error::Bootstrap {
-                rank: self.rank,
-                why: "the bootstrap lock is poisoned".into(),
-            })?
-            .all_gather(&blob)?;
+        .finish();
+        let all = group.all_gather(&blob)?;
         mine?;
         let fail = |why: String| Error::InvalidArgument {
             op,
@@ -792,9 +829,16 @@ impl Communicator {
         let mut peers = [0u64; MAX_RANKS];
         let mut mappings = Vec::new();
         for (r, b) in all.iter().enumerate() {
-            match b.split_first() {
-                Some((1, rest)) if rest.len() >= 8 => {
-                    let len = u64::from_le_bytes(rest[..8].try_into().unwrap_or_default());
+            let mut rd = wire::Reader::new(b);
+            match rd.u16() {
+                Some(1) => {
+                    let (len, header) = (|| {
+                        let len = rd.u64()?;
+                        let header = rd.blob(4096)?.to_vec();
+                        rd.end()?;
+                        Some((len, header))
+                    })()
+                    .ok_or_else(|| fail(format!("rank {r} sent a malformed registration")))?;
                     if len != buf.byte_len() as u64 {
                         return Err(fail(format!(
                             "rank {r} registered {len} bytes, this rank {}: every rank registers a buffer of the same size",
@@ -805,18 +849,15 @@ impl Communicator {
                         peers[r] = buf.device_ptr();
                         continue;
                     }
-                    let handle = peer::Exported {
-                        header: rest[8..].to_vec(),
-                        fd: None,
-                    };
+                    let handle = peer::Exported { header, fd: None };
                     let imported = peer::import(&self.device, Sharing::LegacyIpc, r, handle)?;
                     peers[r] = imported.device_ptr();
                     mappings.push(imported);
                 }
-                Some((0, why)) => {
+                Some(0) => {
                     return Err(fail(format!(
                         "rank {r} could not register its buffer: {}",
-                        String::from_utf8_lossy(why)
+                        rd.text(4096).unwrap_or("(unreadable reason)")
                     )))
                 }
                 _ => return Err(fail(format!("rank {r} sent a malformed registration"))),
@@ -857,7 +898,7 @@ impl Communicator {
         }
         let mut peers = [0u64; MAX_RANKS];
         for (r, (c, b)) in comms.iter().zip(bufs).enumerate() {
-            if c.rank != r || c.bootstrap.is_some() || c.bases != first.bases {
+            if c.rank != r || c.group.is_some() || c.bases != first.bases {
                 return Err(bad(
                     r,
                     "comms must be the communicators of one init_all, in rank order".into(),
@@ -1016,7 +1057,13 @@ impl Communicator {
     /// aborted or did not match its peers' as an error. After such an error the communicator
     /// is unusable.
     pub fn synchronize(&self, stream: &Stream) -> Result<()> {
-        stream.synchronize()?;
+        if let Err(e) = stream.synchronize() {
+            // A fault on this rank's stream: the other ranks would wait for it until their time
+            // limit, so stop them now.
+            self.abort
+                .abort_because(self.rank, format!("a CUDA error on its stream: {e}"));
+            return Err(e.into());
+        }
         self.check()
     }
 
@@ -1033,7 +1080,26 @@ impl Communicator {
             .map(|k| k.op().name().to_string())
             .unwrap_or_else(|| "a collective".into());
         let (peer, block) = (st[2] as usize, st[3]);
-        let err = match st[0] {
+        let err = match (st[0], self.abort.reason()) {
+            (c, Some((failed, why))) if c == F_ABORT as u64 && failed != self.rank => {
+                Error::PeerFailed {
+                    op,
+                    rank: self.rank,
+                    peer: failed,
+                    why,
+                }
+            }
+            (c, _) => self.kernel_error(c, op, peer, block, &st),
+        };
+        if let Ok(mut f) = self.failed.lock() {
+            f.get_or_insert_with(|| err.to_string());
+        }
+        Err(err)
+    }
+
+    /// The error a kernel's status words describe.
+    fn kernel_error(&self, code: u64, op: String, peer: usize, block: u64, st: &[u64]) -> Error {
+        match code {
             c if c == F_MISMATCH as u64 => Error::Mismatch {
                 op,
                 rank: self.rank,
@@ -1051,15 +1117,18 @@ impl Communicator {
                     c if c == F_TIMEOUT as u64 => {
                         format!("timed out after {:?}", self.options.timeout)
                     }
-                    c if c == F_ABORT as u64 => "was aborted".into(),
+                    c if c == F_ABORT as u64 => match self.abort.reason() {
+                        Some((_, why)) => format!("was aborted ({why})"),
+                        None if self.abort.value() == KERNEL_FAILED => {
+                            "was stopped because another rank's call on this process timed out"
+                                .into()
+                        }
+                        None => "was aborted".into(),
+                    },
                     c => format!("failed (kernel status {c})"),
                 },
             },
-        };
-        if let Ok(mut f) = self.failed.lock() {
-            f.get_or_insert_with(|| err.to_string());
         }
-        Err(err)
     }
 
     fn usable(&self, op: &'static str) -> Result<()> {
@@ -1067,7 +1136,11 @@ impl Communicator {
             return Err(Error::Unusable {
                 op,
                 rank: self.rank,
-                why: "it was aborted".into(),
+                why: match self.abort.reason() {
+                    Some((r, why)) if r != self.rank => format!("rank {r} failed: {why}"),
+                    Some((_, why)) => format!("it was aborted: {why}"),
+                    None => "it was aborted".into(),
+                },
             });
         }
         if let Some(why) = self.failed.lock().ok().and_then(|f| f.clone()) {
@@ -1223,7 +1296,11 @@ impl Communicator {
             count: p.units,
             piece: p.piece,
             slot_bytes: self.tuning.slot_bytes() as u64,
-            timeout_ns: self.options.timeout.as_nanos().min(u64::MAX as u128) as u64,
+            timeout_ns: self
+                .options
+                .timeout
+                .min(crate::settings::MAX_TIMEOUT)
+                .as_nanos() as u64,
             sig: plan::signature(p.kind, call.dtype, redop, root, call.count),
             kind: p.kind as i32,
             redop,
@@ -1464,20 +1541,91 @@ impl Drop for Communicator {
     fn drop(&mut self) {
         // Kernels still running may write into peers' workspaces or wait on them: let them end
         // (at worst at their time limit), then let every process get here before memory goes.
-        if let Err(e) = self.device.synchronize() {
+        // Every wait has a deadline: past the time limit the calls are aborted; if the device is
+        // still busy after that (someone else's endless kernel), the memory is leaked rather
+        // than freed under a running kernel.
+        let limit = self.options.timeout + Duration::from_secs(2);
+        let idle = wait_idle(&self.device, limit)
+            || {
+                tracing::error!(
+                rank = self.rank,
+                "GPU {} still busy {limit:?} after the communicator was dropped: aborting its calls",
+                self.device.ordinal()
+            );
+                self.abort.abort_because(
+                    self.rank,
+                    "the communicator was dropped while its calls still ran",
+                );
+                wait_idle(&self.device, Duration::from_secs(5))
+            };
+        if !idle {
             tracing::error!(
                 rank = self.rank,
-                "synchronising before freeing the workspace: {e}"
+                "GPU {} is still busy: leaking this rank's workspace and peer mappings rather than freeing memory a kernel may use",
+                self.device.ordinal()
             );
+            std::mem::forget(std::mem::take(&mut self._peers));
+            std::mem::forget(self.workspace.clone());
         }
-        if let Some(b) = &self.bootstrap {
-            if let Ok(mut b) = b.lock() {
-                if let Err(e) = b.barrier() {
-                    tracing::warn!(rank = self.rank, "the closing barrier failed: {e}");
-                }
+        if let Some(g) = &self.group {
+            // Fails at once if a rank is known to have failed.
+            if let Err(e) = g.barrier() {
+                tracing::warn!(rank = self.rank, "the closing barrier failed: {e}");
             }
         }
     }
+}
+
+/// Waits until `device` has no work left, at most `limit`: whether it got there.
+fn wait_idle(device: &Device, limit: Duration) -> bool {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let d = device.clone();
+    let started = std::thread::Builder::new()
+        .name("p2p-drop-sync".into())
+        .spawn(move || {
+            let r = d.synchronize();
+            let _ = tx.send(r);
+        });
+    if started.is_err() {
+        return device.synchronize().is_ok();
+    }
+    match rx.recv_timeout(limit) {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            // A sticky CUDA error: nothing more will run on this context.
+            tracing::error!("synchronising GPU {} before freeing: {e}", device.ordinal());
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// Refuses tuning values the kernels cannot run with (see [`Tuning::validate`]).
+fn check_tuning(
+    t: &Tuning,
+    sms: i32,
+    per_sm: i32,
+    world: usize,
+    rank: usize,
+    timeout: Duration,
+) -> Result<()> {
+    if timeout.is_zero() || timeout > crate::settings::MAX_TIMEOUT {
+        return Err(Error::InvalidArgument {
+            op: "init",
+            rank,
+            what: format!(
+                "Options::timeout = {timeout:?}: it must be above zero and at most {:?}",
+                crate::settings::MAX_TIMEOUT
+            ),
+        });
+    }
+    let resident = (sms.max(1) as u32).saturating_mul(per_sm.max(1) as u32);
+    t.validate(resident, world)
+        .map_err(|what| Error::InvalidArgument {
+            op: "init",
+            rank,
+            what: format!("Options::tuning: {what}"),
+        })
 }
 
 /// The planner assumes two resident blocks per SM; fewer halves every grid (and large

@@ -39,6 +39,19 @@ pub enum Error {
         /// `timed out after ...` or `was aborted`.
         why: String,
     },
+    /// Another rank failed (its process died, it aborted, or its call failed) and this rank's
+    /// call stopped because of it.
+    #[error("{op} on rank {rank}: rank {peer} failed: {why}; the communicator is now unusable: create a new one")]
+    PeerFailed {
+        /// The collective that stopped.
+        op: String,
+        /// This rank.
+        rank: usize,
+        /// The rank that failed.
+        peer: usize,
+        /// What happened to it.
+        why: String,
+    },
     /// Ranks made different calls (found in checking mode, `P2P_CHECK=1`).
     #[error("{op} on rank {rank}: rank {peer} made a different call: rank {rank} called {mine}, rank {peer} called {theirs}; the communicator is now unusable")]
     Mismatch {

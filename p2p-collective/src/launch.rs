@@ -1,8 +1,9 @@
 //! Starting N local processes as the ranks of one communicator (what `p2p-bench launch` does).
 //!
-//! Each child gets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR` and
-//! `MASTER_PORT`, as torchrun sets them. If one child fails, the others are killed, so a
-//! crashed rank never leaves its peers waiting. Children share the launcher's process group,
+//! Each child gets `RANK`, `WORLD_SIZE`, `LOCAL_RANK` and `LOCAL_WORLD_SIZE`, as torchrun sets
+//! them, plus the job's identity and a fresh secret (`P2P_JOB_ID`, `P2P_JOB_SECRET`, see
+//! [`crate::rendezvous`]): only these children can join the job. No port is opened. If one
+//! child fails, the others are killed, so a crashed rank never leaves its peers waiting. Children share the launcher's process group,
 //! so Ctrl-C reaches every rank; what a rank itself started is not tracked.
 
 use std::process::{Child, Command, ExitStatus};
@@ -11,9 +12,14 @@ use std::time::Duration;
 /// Runs `program args` as `n` ranks on this host; returns the first failing child's status,
 /// or success once all have exited cleanly.
 pub fn launch(n: usize, program: &str, args: &[String]) -> std::io::Result<ExitStatus> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port();
+    let secret = crate::rendezvous::Secret::generate_text()
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let job = format!(
+        "launch-{}-{}",
+        std::process::id(),
+        &crate::rendezvous::Secret::generate_text()
+            .map_err(|e| std::io::Error::other(e.to_string()))?[..16]
+    );
     let mut children: Vec<(usize, Child)> = Vec::new();
     for rank in 0..n {
         let child = Command::new(program)
@@ -22,8 +28,8 @@ pub fn launch(n: usize, program: &str, args: &[String]) -> std::io::Result<ExitS
             .env("WORLD_SIZE", n.to_string())
             .env("LOCAL_RANK", rank.to_string())
             .env("LOCAL_WORLD_SIZE", n.to_string())
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
+            .env("P2P_JOB_ID", &job)
+            .env("P2P_JOB_SECRET", &secret)
             .spawn();
         match child {
             Ok(c) => children.push((rank, c)),
@@ -78,29 +84,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_rank_gets_the_launcher_environment() {
+    fn every_rank_gets_the_launcher_environment_and_one_job_secret() {
         let dir = std::env::temp_dir().join(format!("p2p-launch-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
         let script = format!(
-            "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $MASTER_ADDR $MASTER_PORT\" > {}/$RANK",
+            "echo \"$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $P2P_JOB_ID $P2P_JOB_SECRET\" > {}/$RANK",
             dir.display()
         );
         let status = launch(3, "sh", &["-c".into(), script]).expect("launch");
         assert!(status.success());
+        let mut jobs = Vec::new();
         for rank in 0..3 {
             let line = std::fs::read_to_string(dir.join(rank.to_string())).expect("written");
             let f: Vec<&str> = line.split_whitespace().collect();
-            assert_eq!(
-                &f[..4],
-                &[
-                    &rank.to_string()[..],
-                    "3",
-                    &rank.to_string()[..],
-                    "127.0.0.1"
-                ]
-            );
-            assert!(f[4].parse::<u16>().is_ok());
+            let r = rank.to_string();
+            assert_eq!(&f[..4], &[&r[..], "3", &r[..], "3"]);
+            assert_eq!(f[5].len(), 64, "a 256-bit secret in hex");
+            jobs.push((f[4].to_string(), f[5].to_string()));
+            // Every rank can build its rendezvous from this environment.
+            let rv = crate::Rendezvous::from_vars(|k| match k {
+                "RANK" => Some(r.clone()),
+                "WORLD_SIZE" | "LOCAL_WORLD_SIZE" => Some("3".into()),
+                "P2P_JOB_ID" => Some(f[4].to_string()),
+                "P2P_JOB_SECRET" => Some(f[5].to_string()),
+                _ => None,
+            })
+            .expect("rendezvous");
+            assert!(rv.secret.is_some());
         }
+        assert!(jobs.iter().all(|j| j == &jobs[0]), "{jobs:?}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

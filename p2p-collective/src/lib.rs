@@ -12,7 +12,7 @@
 //! | [`comm`] | communicators, the calls, [`Options`] (`P2P_ALGO`, `P2P_CHECK`, `P2P_TIMEOUT_MS`) |
 //! | [`plan`] | which algorithm, how many blocks, how the data is cut (host-side, tested in CI) |
 //! | [`types`] | [`DataType`], [`RedOp`], [`Op`] |
-//! | [`bootstrap`] | the TCP rendezvous of process-per-GPU communicators |
+//! | [`rendezvous`] | (re-exported from the transport) how process-per-GPU ranks find each other, authenticate and learn of a failure |
 //! | [`launch`](mod@launch) | starting N local ranks with the rendezvous environment |
 //! | [`verify`] | nccl-tests style exact inputs and the element-by-element checker |
 //!
@@ -26,7 +26,9 @@
 //! among the non-roots. Buffers registered on every rank ([`Communicator::register`],
 //! [`Communicator::register_all`]) are read and written by the peers directly, with no staging
 //! through the scratch and one barrier at each end of the call instead of one per chunk. Every
-//! wait polls an abort flag and has a time limit, so a missing peer is an error, not a hang.
+//! wait polls an abort flag and has a time limit, so a missing peer is an error, not a hang; a
+//! peer process that dies is found at once through the rendezvous connections, and every
+//! rank's calls stop with an error naming it.
 
 #![deny(unsafe_code)]
 
@@ -35,7 +37,6 @@
 mod abi {
     include!(concat!(env!("OUT_DIR"), "/coll_abi.rs"));
 }
-pub mod bootstrap;
 pub mod comm;
 mod error;
 pub mod launch;
@@ -47,6 +48,8 @@ pub mod verify;
 pub use comm::{Call, Communicator, Options, Registration};
 pub use error::{Error, Result};
 pub use p2p_transport;
+pub use p2p_transport::rendezvous;
+pub use p2p_transport::rendezvous::Rendezvous;
 pub use plan::Access;
 pub use settings::{Algorithm, Settings};
 pub use types::{DataType, Element, Op, RedOp};

@@ -102,6 +102,40 @@ impl Tuning {
         })
     }
 
+    /// Checks values that reach the kernels: `max_blocks` in `1..=`[`MAX_BLOCKS`] and at most
+    /// `resident` (the blocks the GPU holds at once: more would wait for peers that cannot
+    /// start), `piece_bytes` from 1 KiB to 64 MiB, `block_bytes` nonzero, `ll_max_bytes` at most
+    /// [`LL_MAX_BYTES`], and a workspace for `world` ranks that fits a `usize`.
+    pub fn validate(&self, resident: u32, world: usize) -> Result<(), String> {
+        if self.max_blocks == 0 || self.max_blocks > MAX_BLOCKS.min(resident.max(1)) {
+            return Err(format!(
+                "max_blocks = {} must be 1 to {} (the kernel's limit {MAX_BLOCKS}, and the {resident} blocks this GPU holds at once)",
+                self.max_blocks,
+                MAX_BLOCKS.min(resident.max(1))
+            ));
+        }
+        if !(1 << 10..=64 << 20).contains(&self.piece_bytes) {
+            return Err(format!(
+                "piece_bytes = {} must be 1 KiB to 64 MiB",
+                self.piece_bytes
+            ));
+        }
+        if self.block_bytes == 0 {
+            return Err("block_bytes must be nonzero".into());
+        }
+        if self.ll_max_bytes > LL_MAX_BYTES {
+            return Err(format!(
+                "ll_max_bytes = {} is above LL_MAX_BYTES = {LL_MAX_BYTES}",
+                self.ll_max_bytes
+            ));
+        }
+        (self.max_blocks as usize)
+            .checked_mul(self.piece_bytes)
+            .and_then(|slot| slot.checked_mul(2 * world))
+            .ok_or_else(|| "the workspace size overflows".to_string())?;
+        Ok(())
+    }
+
     /// Bytes of one (parity, source rank) slot of a rank's scratch.
     pub fn slot_bytes(&self) -> usize {
         self.max_blocks as usize * self.piece_bytes
@@ -582,6 +616,50 @@ pub fn describe(sig: u64) -> String {
         s += &format!(" root {root}");
     }
     s + &format!(", count {count}")
+}
+
+#[cfg(test)]
+mod validate_tests {
+    use super::*;
+
+    #[test]
+    fn tuning_values_that_would_break_the_kernels_are_refused() {
+        let ok = Tuning::for_device(132, 2);
+        assert_eq!(ok.validate(264, 8), Ok(()));
+        let bad = [
+            Tuning {
+                max_blocks: 0,
+                ..ok
+            },
+            Tuning {
+                max_blocks: MAX_BLOCKS + 1,
+                ..ok
+            },
+            Tuning {
+                max_blocks: 200,
+                ..ok
+            }, // more than 132 x 1 resident
+            Tuning {
+                piece_bytes: 0,
+                ..ok
+            },
+            Tuning {
+                piece_bytes: usize::MAX / 2,
+                ..ok
+            },
+            Tuning {
+                block_bytes: 0,
+                ..ok
+            },
+            Tuning {
+                ll_max_bytes: LL_MAX_BYTES + 1,
+                ..ok
+            },
+        ];
+        for t in bad {
+            assert!(t.validate(132, 8).is_err(), "{t:?} accepted");
+        }
+    }
 }
 
 #[cfg(test)]

@@ -5,9 +5,12 @@
 //! | --- | --- | --- | --- |
 //! | `P2P_ALGO` | `auto`, `oneshot`, `twoshot`, `ring`, `ll` | `auto` | force one all-reduce algorithm |
 //! | `P2P_CHECK` | boolean | `0` | compare every call's operation, type, reduction, root and count across ranks on the GPU and fail on a mismatch |
-//! | `P2P_TIMEOUT_MS` | milliseconds, at least 1 | `30000` | how long a collective's kernel waits for a peer before it gives up with an error |
+//! | `P2P_TIMEOUT_MS` | milliseconds, 1 to 86400000 (one day) | `30000` | how long a collective's kernel waits for a peer before it gives up with an error |
 
 use std::time::Duration;
+
+/// The longest time limit a collective accepts (`P2P_TIMEOUT_MS`, `Options::timeout`): one day.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(86_400);
 
 use p2p_transport::config::{invalid, parse_bool, parse_choice, ConfigError};
 
@@ -83,12 +86,14 @@ impl Settings {
                 "P2P_CHECK" => s.check = parse_bool(&name, &value)?,
                 "P2P_TIMEOUT_MS" => {
                     s.timeout = match value.trim().parse::<u64>() {
-                        Ok(ms) if ms > 0 => Duration::from_millis(ms),
+                        Ok(ms) if ms > 0 && ms <= MAX_TIMEOUT.as_millis() as u64 => {
+                            Duration::from_millis(ms)
+                        }
                         _ => {
                             return Err(invalid(
                                 &name,
                                 &value,
-                                "a whole number of milliseconds, at least 1",
+                                "a whole number of milliseconds, 1 to 86400000 (one day)",
                             ))
                         }
                     }

@@ -184,7 +184,9 @@ fn gpu2_graph_replay_with_changing_inputs() {
             gathered[r].memset_u8(0xff).expect("poison");
         }
         for r in 0..n {
-            graphs[r].launch(&streams[r]).expect("replay");
+            // SAFETY: the captured calls use `comms`, `ins`, `outs` and `gathered`, all alive
+            // until the end of the test, and synchronised below before the host touches them.
+            unsafe { graphs[r].launch(&streams[r]) }.expect("replay");
         }
         for r in 0..n {
             comms[r].synchronize(&streams[r]).expect("sync");
@@ -825,7 +827,9 @@ fn gpu2_back_to_back_calls_under_graph_never_stall() {
                 .collect();
             for _ in 0..2 {
                 for (g, l) in execs.iter().zip(&ls) {
-                    g.launch(&l.stream).expect("replay");
+                    // SAFETY: the captured calls use `ls`'s communicators and buffers, alive
+                    // until the end of the test and synchronised before they are read.
+                    unsafe { g.launch(&l.stream) }.expect("replay");
                 }
             }
             for l in &ls {

@@ -79,7 +79,7 @@ fn gpu2_process_per_gpu_matrix() {
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_process_per_gpu_registered_matrix() {
     launch_or_run("gpu2_process_per_gpu_registered_matrix", || {
-        let rv = p2p_collective::bootstrap::Rendezvous::from_env().expect("rendezvous");
+        let rv = p2p_collective::Rendezvous::from_env().expect("rendezvous");
         let visible = p2p_mem::Device::count().expect("devices") as usize;
         let device = p2p_mem::Device::new(if visible == 1 { 0 } else { rv.local_rank } as i32)
             .expect("device");
@@ -126,4 +126,93 @@ fn gpu2_process_per_gpu_registered_matrix() {
             s.failures.join("\n")
         );
     });
+}
+
+/// A rank that is SIGKILLed after a good all-reduce: every survivor's next call fails within a
+/// second with an error naming it (found through the rendezvous connection, not the kernels'
+/// 30 s time limit), and the survivor's drop returns at once. Runs its own processes (the
+/// launcher would stop the survivors when the victim dies).
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_a_killed_rank_is_reported_to_every_survivor_within_a_second() {
+    const NAME: &str = "gpu2_a_killed_rank_is_reported_to_every_survivor_within_a_second";
+    let world = world();
+    let victim = world - 1;
+    if let Ok(rank) = std::env::var("RANK") {
+        let rank: usize = rank.parse().expect("RANK");
+        let comm = Communicator::from_env().expect("from_env");
+        let stream = p2p_mem::Stream::new(comm.device()).expect("stream");
+        let n = 1 << 20;
+        let mut buf =
+            p2p_mem::DeviceBuffer::<f32>::from_host(comm.device(), &vec![1.0; n]).expect("buffer");
+        let sum = |c: &Communicator, b: &mut p2p_mem::DeviceBuffer<f32>| {
+            c.all_reduce_in_place(
+                b,
+                n,
+                p2p_collective::DataType::F32,
+                p2p_collective::RedOp::Sum,
+                &stream,
+            )
+            .and_then(|()| c.synchronize(&stream))
+        };
+        sum(&comm, &mut buf).expect("the first all-reduce");
+        if rank == victim {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            eprintln!("rank {rank}: killing myself");
+            let _ = rustix::process::kill_process(
+                rustix::process::getpid(),
+                rustix::process::Signal::KILL,
+            );
+            unreachable!("SIGKILL does not return");
+        }
+        // The survivors are already waiting inside the next call when the victim dies.
+        let t = std::time::Instant::now();
+        let e = sum(&comm, &mut buf).expect_err("the victim is dead");
+        let took = t.elapsed();
+        eprintln!("rank {rank}: {e} (after {took:?})");
+        assert!(
+            e.to_string().contains(&format!("rank {victim} failed")),
+            "{e}"
+        );
+        // 200 ms of the wait is the victim's sleep before it dies.
+        assert!(took < std::time::Duration::from_millis(1200), "{took:?}");
+        let t = std::time::Instant::now();
+        drop(comm);
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(2),
+            "drop took {:?}",
+            t.elapsed()
+        );
+        return;
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    let job = format!("test-kill-{}", std::process::id());
+    let children: Vec<_> = (0..world)
+        .map(|r| {
+            std::process::Command::new(&exe)
+                .args([
+                    NAME,
+                    "--exact",
+                    "--include-ignored",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", world.to_string())
+                .env("LOCAL_RANK", r.to_string())
+                .env("P2P_JOB_ID", &job)
+                .env("P2P_JOB_SECRET", "a secret for this test only")
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .expect("spawn a rank")
+        })
+        .collect();
+    for (r, mut c) in children.into_iter().enumerate() {
+        let status = c.wait().expect("wait");
+        if r == victim {
+            assert!(!status.success(), "the victim must die");
+        } else {
+            assert!(status.success(), "survivor rank {r}: {status}");
+        }
+    }
 }

@@ -126,6 +126,9 @@ pub enum Error {
     /// A message on the fd socket broke the protocol (truncated, wrong number of fds, ...).
     #[error("fd socket protocol: {0}")]
     Protocol(String),
+    /// The process at the other end closed the socket (it exited, crashed or hung up).
+    #[error("the peer process closed the socket while {0}")]
+    Closed(String),
     /// An argument is outside what the call accepts.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

@@ -98,6 +98,41 @@ impl Drop for PrivateDir {
     }
 }
 
+/// Makes `path` a directory only this user can enter, or checks that it already is one.
+///
+/// Unlike [`PrivateDir`] the directory is shared by this user's processes and outlives them
+/// (a job's rendezvous socket lives in it, at a name every rank can compute). It is created with
+/// mode 0700 if missing; an existing one must be a real directory (not a symlink) owned by this
+/// user with no access for anyone else, or it is refused: nobody can pre-plant it.
+pub fn user_private_dir(path: &Path) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    match std::fs::DirBuilder::new().mode(0o700).create(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(source) => {
+            return Err(Error::Io {
+                op: format!("creating {}", path.display()),
+                source,
+            })
+        }
+    }
+    let meta = std::fs::symlink_metadata(path).map_err(|source| Error::Io {
+        op: format!("checking {}", path.display()),
+        source,
+    })?;
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
+        return Err(Error::Protocol(format!(
+            "{} is not a private directory of uid {uid} (owner {}, mode {:o}): remove it or choose another",
+            path.display(),
+            meta.uid(),
+            meta.mode() & 0o777
+        )));
+    }
+    Ok(())
+}
+
 fn sockaddr(path: &Path) -> Result<(libc::sockaddr_un, libc::socklen_t)> {
     // SAFETY: sockaddr_un is plain data; all-zero is valid.
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
@@ -151,6 +186,12 @@ fn seqpacket_socket() -> Result<OwnedFd> {
 
 /// The uid of the process at the other end of a connected Unix socket.
 pub fn peer_uid(fd: BorrowedFd<'_>) -> Result<u32> {
+    peer_cred(fd).map(|(_, uid)| uid)
+}
+
+/// The process id and uid of the process at the other end of a connected Unix socket, as the
+/// kernel recorded them at `connect` (`SO_PEERCRED`): they cannot be forged by the peer.
+pub fn peer_cred(fd: BorrowedFd<'_>) -> Result<(u32, u32)> {
     // SAFETY: ucred is plain data.
     let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
@@ -167,7 +208,7 @@ pub fn peer_uid(fd: BorrowedFd<'_>) -> Result<u32> {
     if r != 0 {
         return Err(last_os_error("reading SO_PEERCRED"));
     }
-    Ok(cred.uid)
+    Ok((cred.pid as u32, cred.uid))
 }
 
 /// Accepts a peer only if it runs as the same user as this process.
@@ -180,6 +221,18 @@ pub fn check_peer_uid(expected: u32, got: u32) -> Result<()> {
 }
 
 fn wait_readable(fd: RawFd, timeout: Duration, what: &str) -> Result<()> {
+    if poll_readable(fd, timeout, what)? {
+        Ok(())
+    } else {
+        Err(Error::Io {
+            op: format!("{what}: nothing arrived within {timeout:?}"),
+            source: std::io::ErrorKind::TimedOut.into(),
+        })
+    }
+}
+
+/// Whether `fd` became readable (or hung up) within `timeout`.
+fn poll_readable(fd: RawFd, timeout: Duration, what: &str) -> Result<bool> {
     let mut pfd = libc::pollfd {
         fd,
         events: libc::POLLIN,
@@ -189,14 +242,8 @@ fn wait_readable(fd: RawFd, timeout: Duration, what: &str) -> Result<()> {
     loop {
         // SAFETY: one valid pollfd.
         let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if r > 0 {
-            return Ok(());
-        }
-        if r == 0 {
-            return Err(Error::Io {
-                op: format!("{what}: nothing arrived within {timeout:?}"),
-                source: std::io::ErrorKind::TimedOut.into(),
-            });
+        if r >= 0 {
+            return Ok(r > 0);
         }
         let err = std::io::Error::last_os_error();
         if err.kind() != std::io::ErrorKind::Interrupted {
@@ -220,7 +267,7 @@ impl FdListener {
     pub fn bind(path: &Path) -> Result<FdListener> {
         let fd = socket_at(path, libc::bind, "binding")?;
         // SAFETY: listen on a bound socket we own.
-        if unsafe { libc::listen(fd.as_raw_fd(), 16) } != 0 {
+        if unsafe { libc::listen(fd.as_raw_fd(), 128) } != 0 {
             return Err(last_os_error(format!("listening on {}", path.display())));
         }
         Ok(FdListener {
@@ -229,9 +276,42 @@ impl FdListener {
         })
     }
 
+    /// Listens at a well-known `path` (inside a [`user_private_dir`]) that a crashed earlier
+    /// process may have left behind: a socket there that nobody answers is removed and bound
+    /// again; one that a live process answers is an error (`AddrInUse`).
+    pub fn bind_replacing_stale(path: &Path) -> Result<FdListener> {
+        match Self::bind(path) {
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::AddrInUse => {
+                match socket_at(path, libc::connect, "probing") {
+                    Ok(_) => Err(Error::Io {
+                        op: format!("binding {}: a live process listens there", path.display()),
+                        source: std::io::ErrorKind::AddrInUse.into(),
+                    }),
+                    Err(_) => {
+                        tracing::debug!("removing the stale socket {}", path.display());
+                        let _ = std::fs::remove_file(path);
+                        Self::bind(path)
+                    }
+                }
+            }
+            other => other,
+        }
+    }
+
     /// The socket's path, for the other process to connect to.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Waits up to `timeout` for a connection: `None` if none came. A connection from another
+    /// user is an [`Error::PeerCredentials`] (and closed), so a caller serving strangers can log
+    /// it and go on.
+    pub fn accept_within(&self, timeout: Duration) -> Result<Option<FdChannel>> {
+        let what = format!("accepting on {}", self.path.display());
+        if !poll_readable(self.fd.as_raw_fd(), timeout, &what)? {
+            return Ok(None);
+        }
+        self.accept_now().map(Some)
     }
 
     /// Waits up to `timeout` for a connection, and checks the peer's uid.
@@ -241,6 +321,10 @@ impl FdListener {
             timeout,
             &format!("accepting on {}", self.path.display()),
         )?;
+        self.accept_now()
+    }
+
+    fn accept_now(&self) -> Result<FdChannel> {
         // SAFETY: accept4 on our listening socket; we do not need the peer address.
         let fd = unsafe {
             libc::accept4(
@@ -290,15 +374,61 @@ impl FdChannel {
     fn checked(fd: OwnedFd) -> Result<FdChannel> {
         // SAFETY: getuid has no preconditions.
         check_peer_uid(unsafe { libc::getuid() }, peer_uid(fd.as_fd())?)?;
-        Ok(FdChannel {
+        let mut chan = FdChannel {
             fd,
             timeout: DEFAULT_TIMEOUT,
-        })
+        };
+        chan.set_timeout(DEFAULT_TIMEOUT);
+        Ok(chan)
     }
 
-    /// Changes the time limit of every later send and receive.
+    /// Changes the time limit of every later send and receive. A send to a peer that stopped
+    /// reading fails after it (`SO_SNDTIMEO`) rather than blocking for ever.
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
+        let tv = libc::timeval {
+            tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
+            tv_usec: timeout.subsec_micros() as libc::suseconds_t,
+        };
+        // A zero timeval would mean "no limit", so a zero timeout is raised to 1 µs.
+        let tv = if timeout.is_zero() {
+            libc::timeval {
+                tv_sec: 0,
+                tv_usec: 1,
+            }
+        } else {
+            tv
+        };
+        // SAFETY: `tv` is a valid timeval for the duration of the call on our own socket.
+        let r = unsafe {
+            libc::setsockopt(
+                self.fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDTIMEO,
+                (&tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            tracing::warn!(
+                "setting SO_SNDTIMEO on an fd socket: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+
+    /// The process id and uid of the peer, as the kernel recorded them at connect.
+    pub fn peer_cred(&self) -> Result<(u32, u32)> {
+        peer_cred(self.fd.as_fd())
+    }
+
+    /// Receives one message that must carry no fd, waiting at most `timeout`: `None` if none
+    /// arrived in time; [`Error::Closed`] once the peer has hung up.
+    pub fn recv_msg_within(&self, timeout: Duration) -> Result<Option<Vec<u8>>> {
+        if !poll_readable(self.fd.as_raw_fd(), timeout, "receiving on the fd socket")? {
+            return Ok(None);
+        }
+        self.recv_msg().map(Some)
     }
 
     /// Sends `payload` with exactly one fd.
@@ -372,6 +502,20 @@ impl FdChannel {
                 };
             }
             let err = std::io::Error::last_os_error();
+            if err.kind() == std::io::ErrorKind::WouldBlock {
+                return Err(Error::Io {
+                    op: format!(
+                        "sending on the fd socket: the peer read nothing for {:?}",
+                        self.timeout
+                    ),
+                    source: std::io::ErrorKind::TimedOut.into(),
+                });
+            }
+            if err.raw_os_error() == Some(libc::EPIPE)
+                || err.raw_os_error() == Some(libc::ECONNRESET)
+            {
+                return Err(Error::Closed("sending".into()));
+            }
             if err.kind() != std::io::ErrorKind::Interrupted {
                 return Err(Error::Io {
                     op: "sending on the fd socket".into(),
@@ -432,6 +576,9 @@ impl FdChannel {
                 break r as usize;
             }
             let err = std::io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::ECONNRESET) {
+                return Err(Error::Closed("receiving".into()));
+            }
             if err.kind() != std::io::ErrorKind::Interrupted {
                 return Err(Error::Io {
                     op: "receiving on the fd socket".into(),
@@ -441,7 +588,7 @@ impl FdChannel {
         };
         let fds = collect_fds(&msg);
         if n == 0 {
-            return Err(Error::Protocol("the peer closed the connection".into()));
+            return Err(Error::Closed("receiving".into()));
         }
         if msg.msg_flags & libc::MSG_TRUNC != 0 {
             return Err(Error::Protocol(format!(

@@ -8,7 +8,8 @@
 //! stream.begin_capture()?;
 //! // ... queue kernels or copies on `stream` ...
 //! let graph = stream.end_capture()?.instantiate()?;
-//! graph.launch(&stream)?;
+//! // SAFETY: nothing was captured, so the replay touches no memory.
+//! unsafe { graph.launch(&stream)? };
 //! stream.synchronize()?;
 //! # Ok::<(), p2p_mem::Error>(())
 //! ```
@@ -79,22 +80,28 @@ impl Drop for Graph {
 }
 
 /// An instantiated graph: [`launch`](Self::launch) replays everything that was captured.
+///
+/// `Send` but not `Sync`: a `CUgraphExec` must not be launched from two threads at once.
 pub struct GraphExec {
     device: Device,
     raw: cuda::CUgraphExec,
 }
 
-// SAFETY: a CUgraphExec may be launched from any thread; launches are serialised by the driver.
+// SAFETY: a CUgraphExec may be used from any one thread at a time (no `Sync`).
 unsafe impl Send for GraphExec {}
-// SAFETY: as above.
-unsafe impl Sync for GraphExec {}
 
 impl GraphExec {
     /// Queues one replay of the graph on `stream`.
-    pub fn launch(&self, stream: &Stream) -> Result<()> {
+    ///
+    /// # Safety
+    /// The replay uses the raw pointers that were captured: every buffer, communicator and
+    /// other resource the captured work touches must still be alive (not dropped or freed)
+    /// until the replay has finished on the GPU, and must not be used by other work in a way
+    /// the captured work would race with.
+    pub unsafe fn launch(&self, stream: &Stream) -> Result<()> {
         self.device.bind_to_thread()?;
-        // SAFETY: both handles are alive; the graph's buffers are the caller's to keep alive,
-        // as for the work it recorded.
+        // SAFETY: both handles are alive; the captured memory is alive by the caller's
+        // contract above.
         unsafe { cu!(cuGraphLaunch(self.raw, stream.cu_stream())) }.on(self.device.ordinal())
     }
 }

@@ -157,15 +157,37 @@ impl IpcMemHandle {
                     exporter = self.exporter_pid,
                     "opened an IPC memory handle"
                 );
-                let m = Arc::new(IpcMapping {
+                let mut m = IpcMapping {
                     device: device.clone(),
                     base,
+                    size: 0,
                     key,
-                });
+                };
+                let (mut abase, mut asize) = (0, 0);
+                // SAFETY: `base` is a live mapping in the current context; both are
+                // out-pointers. (On error `m` drops and closes the handle.)
+                unsafe { cu!(cuMemGetAddressRange_v2(&mut abase, &mut asize, base)) }
+                    .on(device.ordinal())?;
+                m.size = asize as u64;
+                let m = Arc::new(m);
                 cache.insert(key, Arc::downgrade(&m));
                 m
             }
         };
+        // The handle's range was chosen by the other process: it must lie inside the
+        // allocation the driver actually mapped, or safe code could reach past it.
+        if self
+            .offset
+            .checked_add(self.len)
+            .is_none_or(|end| end > mapping.size)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "an IPC handle names bytes {}..{} of an allocation of {} bytes (a corrupt or forged handle)",
+                self.offset,
+                self.offset.saturating_add(self.len),
+                mapping.size
+            )));
+        }
         let len = usize::try_from(self.len)
             .map_err(|_| Error::InvalidArgument(format!("IPC range of {} bytes", self.len)))?;
         Ok(ImportedBuffer {
@@ -191,6 +213,8 @@ fn lock_cache() -> std::sync::MutexGuard<'static, HashMap<CacheKey, Weak<IpcMapp
 struct IpcMapping {
     device: Device,
     base: cuda::CUdeviceptr,
+    /// The mapped allocation's size, from the driver (`cuMemGetAddressRange`).
+    size: u64,
     key: CacheKey,
 }
 

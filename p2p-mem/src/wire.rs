@@ -14,6 +14,11 @@
 //!
 //! Decoding checks every field and returns a [`DecodeError`]; it never panics, whatever bytes it
 //! is given (the tests feed it truncations, corruptions and random bytes).
+//!
+//! Messages between ranks (the rendezvous, liveness and the communicators' exchanges) use a
+//! second frame, [`encode_message`] / [`decode_message`]: magic `P2PM`, version (`u16`), kind
+//! (`u16`), payload length (`u32`), payload; their fields are written with [`Writer`] and read
+//! with [`Reader`], whose reads return `None` rather than panic.
 
 /// The first four bytes of every encoded handle.
 pub const MAGIC: [u8; 4] = *b"P2PH";
@@ -109,6 +114,14 @@ pub enum DecodeError {
     /// A field inside the payload is invalid.
     #[error("invalid field: {0}")]
     Field(&'static str),
+    /// A message declares more payload than its protocol allows (refused before reading it).
+    #[error("a message declares {declared} payload bytes, at most {max} are allowed")]
+    TooLong {
+        /// The declared payload length.
+        declared: usize,
+        /// The protocol's limit.
+        max: usize,
+    },
 }
 
 /// The decoded header and the payload it frames.
@@ -196,15 +209,21 @@ pub fn decode(bytes: &[u8], expected: HandleKind) -> Result<Envelope<'_>, Decode
 }
 
 /// A cursor over bytes whose reads return `None` instead of panicking past the end.
-pub(crate) struct Reader<'a> {
+///
+/// Every message between ranks is read through one (see [`decode_message`]); with
+/// [`Writer`] it is the only place the project turns fields into bytes and back.
+#[derive(Debug, Clone)]
+pub struct Reader<'a> {
     bytes: &'a [u8],
 }
 
 impl<'a> Reader<'a> {
-    pub(crate) fn new(bytes: &'a [u8]) -> Self {
+    /// A reader over `bytes`.
+    pub fn new(bytes: &'a [u8]) -> Self {
         Reader { bytes }
     }
-    pub(crate) fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+    /// The next `n` bytes.
+    pub fn take(&mut self, n: usize) -> Option<&'a [u8]> {
         if self.bytes.len() < n {
             return None;
         }
@@ -212,21 +231,147 @@ impl<'a> Reader<'a> {
         self.bytes = tail;
         Some(head)
     }
-    pub(crate) fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
+    /// The next `N` bytes as an array.
+    pub fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
         self.take(N)?.try_into().ok()
     }
-    pub(crate) fn u16(&mut self) -> Option<u16> {
+    /// A little-endian `u16`.
+    pub fn u16(&mut self) -> Option<u16> {
         self.array().map(u16::from_le_bytes)
     }
-    pub(crate) fn u32(&mut self) -> Option<u32> {
+    /// A little-endian `u32`.
+    pub fn u32(&mut self) -> Option<u32> {
         self.array().map(u32::from_le_bytes)
     }
-    pub(crate) fn u64(&mut self) -> Option<u64> {
+    /// A little-endian `u64`.
+    pub fn u64(&mut self) -> Option<u64> {
         self.array().map(u64::from_le_bytes)
     }
-    pub(crate) fn rest(&mut self) -> &'a [u8] {
+    /// A `u32`-length-prefixed byte string of at most `max` bytes (longer is `None`, checked
+    /// before anything is taken).
+    pub fn blob(&mut self, max: usize) -> Option<&'a [u8]> {
+        let n = self.u32()? as usize;
+        if n > max {
+            return None;
+        }
+        self.take(n)
+    }
+    /// A `u16`-length-prefixed UTF-8 string of at most `max` bytes.
+    pub fn text(&mut self, max: usize) -> Option<&'a str> {
+        let n = self.u16()? as usize;
+        if n > max {
+            return None;
+        }
+        std::str::from_utf8(self.take(n)?).ok()
+    }
+    /// Everything left.
+    pub fn rest(&mut self) -> &'a [u8] {
         std::mem::take(&mut self.bytes)
     }
+    /// How many bytes are left.
+    pub fn remaining(&self) -> usize {
+        self.bytes.len()
+    }
+    /// `Some(())` only if every byte was read: trailing bytes make a message invalid.
+    pub fn end(&self) -> Option<()> {
+        self.bytes.is_empty().then_some(())
+    }
+}
+
+/// Builds the fields a [`Reader`] reads back, in the same encodings.
+#[derive(Debug, Clone, Default)]
+pub struct Writer {
+    bytes: Vec<u8>,
+}
+
+impl Writer {
+    /// An empty writer.
+    pub fn new() -> Self {
+        Writer::default()
+    }
+    /// Appends raw bytes (a fixed-size field).
+    pub fn bytes(mut self, b: &[u8]) -> Self {
+        self.bytes.extend_from_slice(b);
+        self
+    }
+    /// Appends a little-endian `u16`.
+    pub fn u16(self, v: u16) -> Self {
+        self.bytes(&v.to_le_bytes())
+    }
+    /// Appends a little-endian `u32`.
+    pub fn u32(self, v: u32) -> Self {
+        self.bytes(&v.to_le_bytes())
+    }
+    /// Appends a little-endian `u64`.
+    pub fn u64(self, v: u64) -> Self {
+        self.bytes(&v.to_le_bytes())
+    }
+    /// Appends a `u32`-length-prefixed byte string (see [`Reader::blob`]).
+    pub fn blob(self, b: &[u8]) -> Self {
+        let n = u32::try_from(b.len()).unwrap_or(u32::MAX);
+        self.u32(n).bytes(&b[..n as usize])
+    }
+    /// Appends a `u16`-length-prefixed string, cut to 65535 bytes at a character boundary.
+    pub fn text(self, t: &str) -> Self {
+        let mut n = t.len().min(u16::MAX as usize);
+        while !t.is_char_boundary(n) {
+            n -= 1;
+        }
+        self.u16(n as u16).bytes(&t.as_bytes()[..n])
+    }
+    /// The bytes written.
+    pub fn finish(self) -> Vec<u8> {
+        self.bytes
+    }
+}
+
+/// The first four bytes of every message between ranks (rendezvous, liveness, the
+/// communicators' exchanges).
+pub const MSG_MAGIC: [u8; 4] = *b"P2PM";
+/// The version of the message format this build writes and reads.
+pub const MSG_VERSION: u16 = 1;
+/// The size of a message header: magic, version, kind (`u16`), payload length (`u32`).
+pub const MSG_HEADER_LEN: usize = 12;
+
+/// Frames `payload` as a message of `kind` (the kind numbers belong to the protocol using it).
+pub fn encode_message(kind: u16, payload: &[u8]) -> Vec<u8> {
+    Writer::new()
+        .bytes(&MSG_MAGIC)
+        .u16(MSG_VERSION)
+        .u16(kind)
+        .blob(payload)
+        .finish()
+}
+
+/// Checks a message's header and returns its kind and payload. The payload length must match
+/// the header exactly and be at most `max_payload` bytes.
+pub fn decode_message(bytes: &[u8], max_payload: usize) -> Result<(u16, &[u8]), DecodeError> {
+    let short = DecodeError::TooShort { got: bytes.len() };
+    let mut r = Reader::new(bytes);
+    let magic = r.array::<4>().ok_or(short.clone())?;
+    if magic != MSG_MAGIC {
+        return Err(DecodeError::BadMagic(magic));
+    }
+    let version = r.u16().ok_or(short.clone())?;
+    if version != MSG_VERSION {
+        return Err(DecodeError::UnsupportedVersion { got: version });
+    }
+    let kind = r.u16().ok_or(short.clone())?;
+    let declared = r.u32().ok_or(short)? as usize;
+    if declared > max_payload {
+        return Err(DecodeError::TooLong {
+            declared,
+            max: max_payload,
+        });
+    }
+    let payload = r.rest();
+    if payload.len() != declared {
+        return Err(DecodeError::Length {
+            declared,
+            actual: payload.len(),
+        });
+    }
+    Ok((kind, payload))
 }
 
 #[cfg(test)]
@@ -366,5 +511,94 @@ mod tests {
         assert_eq!(r.array::<1>(), Some([3]));
         assert_eq!(r.u64(), None);
         assert_eq!(r.rest(), &[] as &[u8]);
+    }
+
+    #[test]
+    fn messages_round_trip_and_every_change_is_caught() {
+        let payload = Writer::new()
+            .u32(7)
+            .text("héllo")
+            .blob(&[1, 2, 3])
+            .u64(9)
+            .finish();
+        let m = encode_message(5, &payload);
+        assert_eq!(m.len(), MSG_HEADER_LEN + payload.len());
+        let (kind, p) = decode_message(&m, 64).expect("valid");
+        assert_eq!(kind, 5);
+        let mut r = Reader::new(p);
+        assert_eq!(r.u32(), Some(7));
+        assert_eq!(r.text(16), Some("héllo"));
+        assert_eq!(r.blob(3), Some(&[1u8, 2, 3][..]));
+        assert_eq!(r.u64(), Some(9));
+        assert_eq!(r.end(), Some(()));
+        // Every truncation and every extension is refused.
+        for n in 0..m.len() {
+            assert!(decode_message(&m[..n], 64).is_err(), "truncated to {n}");
+        }
+        let mut longer = m.clone();
+        longer.push(0);
+        assert!(matches!(
+            decode_message(&longer, 64),
+            Err(DecodeError::Length { .. })
+        ));
+        // The limit is checked against the declared length.
+        assert!(matches!(
+            decode_message(&m, payload.len() - 1),
+            Err(DecodeError::TooLong { .. })
+        ));
+        let mut bad = m.clone();
+        bad[0] ^= 1;
+        assert!(matches!(
+            decode_message(&bad, 64),
+            Err(DecodeError::BadMagic(_))
+        ));
+        let mut bad = m.clone();
+        bad[4] = 9;
+        assert!(matches!(
+            decode_message(&bad, 64),
+            Err(DecodeError::UnsupportedVersion { got: 9 })
+        ));
+    }
+
+    #[test]
+    fn length_prefixed_fields_are_bounded_before_they_are_taken() {
+        let b = Writer::new().blob(&[0; 10]).finish();
+        assert_eq!(Reader::new(&b).blob(9), None);
+        assert_eq!(Reader::new(&b).blob(10).map(<[u8]>::len), Some(10));
+        // A length field larger than the bytes present is None, not a panic.
+        let lie = Writer::new().u32(u32::MAX).finish();
+        assert_eq!(Reader::new(&lie).blob(usize::MAX), None);
+        let t = Writer::new().text("abc").finish();
+        assert_eq!(Reader::new(&t).text(2), None);
+        let not_utf8 = Writer::new().u16(2).bytes(&[0xff, 0xfe]).finish();
+        assert_eq!(Reader::new(&not_utf8).text(8), None);
+        // Text is cut at a character boundary.
+        let long = "é".repeat(40_000);
+        let w = Writer::new().text(&long).finish();
+        let got = Reader::new(&w).text(usize::MAX).expect("valid utf-8");
+        assert!(got.len() <= u16::MAX as usize && long.starts_with(got));
+    }
+
+    #[test]
+    fn random_messages_never_panic() {
+        let mut s = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        for _ in 0..50_000 {
+            let len = (next() % 64) as usize;
+            let mut bytes: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            if len >= MSG_HEADER_LEN && next() % 2 == 0 {
+                bytes[..4].copy_from_slice(&MSG_MAGIC);
+                bytes[4..6].copy_from_slice(&MSG_VERSION.to_le_bytes());
+            }
+            if let Ok((_, p)) = decode_message(&bytes, 1 << 20) {
+                let mut r = Reader::new(p);
+                let _ = (r.u32(), r.text(100), r.blob(100), r.u64(), r.end());
+            }
+        }
     }
 }

@@ -213,8 +213,11 @@ pub enum ConfigError {
 }
 
 /// Every `P2P_*` variable: those `Config` reads, and the collectives' own (`P2P_ALGO`,
-/// `P2P_CHECK`, `P2P_TIMEOUT_MS`, read by p2p-collective), which it accepts and leaves alone.
-pub const VARIABLES: [&str; 13] = [
+/// `P2P_CHECK`, `P2P_TIMEOUT_MS`, read by p2p-collective) and the rendezvous's
+/// (`P2P_JOB_ID`, `P2P_JOB_SECRET`, `P2P_RENDEZVOUS_DIR`, `P2P_RENDEZVOUS_TIMEOUT_MS`, read by
+/// [`crate::rendezvous`]), which it
+/// accepts and leaves alone.
+pub const VARIABLES: [&str; 17] = [
     "P2P_DISABLE",
     "P2P_LEVEL",
     "P2P_READ",
@@ -226,6 +229,10 @@ pub const VARIABLES: [&str; 13] = [
     "P2P_ALGO",
     "P2P_CHECK",
     "P2P_TIMEOUT_MS",
+    "P2P_JOB_ID",
+    "P2P_JOB_SECRET",
+    "P2P_RENDEZVOUS_DIR",
+    "P2P_RENDEZVOUS_TIMEOUT_MS",
     "P2P_DEBUG",
     "P2P_DEBUG_SUBSYS",
 ];
@@ -326,6 +333,11 @@ impl Config {
                 }
                 // The collectives' settings: p2p-collective reads them (`Options::from_env`).
                 "P2P_ALGO" | "P2P_CHECK" | "P2P_TIMEOUT_MS" => {}
+                // The rendezvous's: `rendezvous::Rendezvous::from_env` reads them.
+                "P2P_JOB_ID"
+                | "P2P_JOB_SECRET"
+                | "P2P_RENDEZVOUS_DIR"
+                | "P2P_RENDEZVOUS_TIMEOUT_MS" => {}
                 "P2P_DEBUG" => {
                     let levels = [
                         DebugLevel::Off,

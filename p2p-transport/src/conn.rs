@@ -17,7 +17,7 @@
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicI32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use p2p_mem::fdpass::FdChannel;
@@ -142,10 +142,31 @@ impl Sharing {
 
 type Shared = Arc<dyn DeviceMemory + Send + Sync>;
 
-/// Lets any thread stop a connection's kernels: their waits see it and end.
+/// Lets any thread stop a connection's or a communicator's kernels: their waits see it and end.
+///
+/// The flag is an `int` in pinned host memory that every wait of the kernels polls. The host
+/// sets it to [`ABORTED`]; a collective kernel that fails (time limit, mismatch) sets it to
+/// [`KERNEL_FAILED`] itself, so that the other ranks sharing the flag stop at once rather than at
+/// their own time limit. The first reason given with [`abort_because`](Self::abort_because) is
+/// kept for the error reports.
 #[derive(Clone)]
 pub struct AbortHandle {
     flag: Arc<PinnedHostBuffer<i32>>,
+    reason: Arc<OnceLock<(usize, String)>>,
+}
+
+/// The abort flag's value once the host aborted.
+pub const ABORTED: i32 = 1;
+/// The abort flag's value once a kernel failed and stopped its peers.
+pub const KERNEL_FAILED: i32 = 2;
+
+impl std::fmt::Debug for AbortHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AbortHandle")
+            .field("flag", &self.value())
+            .field("reason", &self.reason.get())
+            .finish()
+    }
 }
 
 impl AbortHandle {
@@ -153,18 +174,37 @@ impl AbortHandle {
     pub fn new(device: &Device) -> Result<AbortHandle> {
         Ok(AbortHandle {
             flag: Arc::new(PinnedHostBuffer::<i32>::new(device, 1)?),
+            reason: Arc::new(OnceLock::new()),
         })
     }
-    /// Makes every wait of the connection's kernels give up now, and later calls fail at once.
-    pub fn abort(&self) {
-        // SAFETY: the pinned buffer holds one i32 and lives as long as `self`; kernels read it
-        // with volatile loads, so the host writes it atomically.
-        unsafe { AtomicI32::from_ptr(self.flag.as_ptr() as *mut i32) }.store(1, Ordering::SeqCst);
+    fn atomic(&self) -> &AtomicI32 {
+        // SAFETY: the pinned buffer holds one aligned i32 and lives as long as `self`; kernels
+        // read and write it with volatile accesses, the host only atomically.
+        unsafe { AtomicI32::from_ptr(self.flag.as_ptr() as *mut i32) }
     }
-    /// Whether [`abort`](Self::abort) was called.
+    /// Makes every wait of the kernels give up now, and later calls fail at once.
+    pub fn abort(&self) {
+        let _ = self
+            .atomic()
+            .compare_exchange(0, ABORTED, Ordering::SeqCst, Ordering::SeqCst);
+    }
+    /// As [`abort`](Self::abort), recording that `rank` failed and why (the first reason
+    /// given wins).
+    pub fn abort_because(&self, rank: usize, why: impl Into<String>) {
+        let _ = self.reason.set((rank, why.into()));
+        self.abort();
+    }
+    /// Whether the flag is set (by [`abort`](Self::abort) or by a failing kernel).
     pub fn is_aborted(&self) -> bool {
-        // SAFETY: as above.
-        unsafe { AtomicI32::from_ptr(self.flag.as_ptr() as *mut i32) }.load(Ordering::SeqCst) != 0
+        self.value() != 0
+    }
+    /// The flag's value: 0, [`ABORTED`] or [`KERNEL_FAILED`].
+    pub fn value(&self) -> i32 {
+        self.atomic().load(Ordering::SeqCst)
+    }
+    /// The rank and reason recorded by [`abort_because`](Self::abort_because), if any.
+    pub fn reason(&self) -> Option<(usize, String)> {
+        self.reason.get().cloned()
     }
     /// The flag's address as kernels see it (an `int`, nonzero once aborted).
     pub fn device_ptr(&self) -> u64 {

@@ -55,6 +55,25 @@ pub enum Error {
         /// The original error, kept whole.
         source: std::sync::Arc<Error>,
     },
+    /// Joining a job, or an exchange between its ranks, failed.
+    #[error("rendezvous{}: {why}", rank.map(|r| format!(" of rank {r}")).unwrap_or_default())]
+    Rendezvous {
+        /// This rank, where known.
+        rank: Option<usize>,
+        /// What went wrong and what to check.
+        why: String,
+    },
+    /// Another rank of the job failed (its process died, it aborted, or a kernel of its
+    /// failed); this rank stopped.
+    #[error("rank {rank}: rank {peer} failed: {why}")]
+    PeerFailed {
+        /// This rank.
+        rank: usize,
+        /// The rank that failed.
+        peer: usize,
+        /// What happened.
+        why: String,
+    },
     /// Mode selection refused the pair (a forced mode that cannot work).
     #[error(transparent)]
     Mode(#[from] crate::mode::ModeError),

@@ -21,6 +21,7 @@ mod error;
 pub mod kernels;
 pub mod mode;
 pub mod peer;
+pub mod rendezvous;
 pub mod topo;
 mod util;
 

@@ -7,6 +7,7 @@
 //! - `coll`: every collective from 8 B to 1 GiB beside NCCL in each of its modes (nccl-tests
 //!   columns, the fastest NCCL mode per size), with a plot.
 //! - `launch -n N -- CMD`: runs CMD as N ranks with the torchrun environment.
+//! - `faults -n N`: the fault-injection suite (ranks killed, stalled, aborted; strangers).
 //!
 //! The `P2P_*` configuration is validated first: a bad value exits with status 2 and a message
 //! naming the variable. `P2P_DEBUG` and `P2P_DEBUG_SUBSYS` set the log output (stderr).
@@ -139,8 +140,33 @@ enum Command {
         /// The results JSON written by `p2p-bench coll`.
         json: PathBuf,
     },
-    /// Run a command as N local ranks with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
-    /// MASTER_PORT set (as torchrun does); if one rank fails, the others are stopped.
+    /// The fault-injection suite: jobs of N ranks in which one rank is killed, crashes, exits,
+    /// stalls or aborts at a random point, or strangers try to join; writes
+    /// faults-DATE-NxGPU.{json,md} with detection times, hangs, wrong results, foreign joins
+    /// and leaks. Needs N GPUs (ranks share GPUs round robin when there are fewer).
+    Faults {
+        /// Ranks per job.
+        #[arg(short = 'n', long, default_value_t = 2)]
+        ranks: usize,
+        /// How many trials (every fault kind in turn).
+        #[arg(long, default_value_t = 200)]
+        trials: usize,
+        /// Stop starting trials after this many seconds.
+        #[arg(long, default_value_t = 480)]
+        seconds: u64,
+        /// The collectives' time limit in the jobs (P2P_TIMEOUT_MS): what finds a stalled rank.
+        #[arg(long, default_value_t = 2000)]
+        timeout_ms: u64,
+        /// Directory for the results (created if missing).
+        #[arg(long, default_value = "docs/results")]
+        out: PathBuf,
+    },
+    /// One rank of a fault-injection job (started by `faults`, configured by FAULT_* variables).
+    #[command(hide = true)]
+    FaultWorker,
+    /// Run a command as N local ranks with RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE set
+    /// (as torchrun does) and a fresh job id and secret (P2P_JOB_ID, P2P_JOB_SECRET); if one
+    /// rank fails, the others are stopped.
     Launch {
         /// Number of ranks.
         #[arg(short = 'n', long)]
@@ -282,6 +308,14 @@ fn main() -> ExitCode {
         }
         Command::Launch { nprocs, command } => launch_cmd(nprocs, &command),
         Command::Render { json } => render_cmd(&json),
+        Command::FaultWorker => ExitCode::from(p2p_benches::faults::worker() as u8),
+        Command::Faults {
+            ranks,
+            trials,
+            seconds,
+            timeout_ms,
+            out,
+        } => faults_cmd(ranks, trials, seconds, timeout_ms, &out),
     }
 }
 
@@ -416,6 +450,62 @@ fn render_cmd(json: &std::path::Path) -> ExitCode {
         }
         Err(e) => {
             eprintln!("p2p-bench render: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn faults_cmd(
+    ranks: usize,
+    trials: usize,
+    seconds: u64,
+    timeout_ms: u64,
+    out: &std::path::Path,
+) -> ExitCode {
+    if ranks < 2 {
+        eprintln!("p2p-bench faults: a fault needs at least 2 ranks (-n 2)");
+        return ExitCode::from(2);
+    }
+    let exe = match std::env::current_exe() {
+        Ok(e) => e.to_string_lossy().into_owned(),
+        Err(e) => {
+            eprintln!("p2p-bench faults: finding this executable: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (json, md) = p2p_benches::faults::run_suite(
+        &exe,
+        ranks,
+        trials,
+        std::time::Duration::from_secs(seconds),
+        timeout_ms,
+    );
+    let date: String = p2p_transport::utc_now().chars().take(10).collect();
+    let gpus = p2p_mem::Device::count().unwrap_or(0);
+    let stem = out.join(format!("faults-{date}-{ranks}ranks-{gpus}xgpu"));
+    let written = std::fs::create_dir_all(out)
+        .and_then(|()| {
+            std::fs::write(
+                stem.with_extension("json"),
+                serde_json::to_string_pretty(&json).unwrap_or_default(),
+            )
+        })
+        .and_then(|()| std::fs::write(stem.with_extension("md"), &md));
+    print!("{md}");
+    match written {
+        Ok(()) => {
+            eprintln!("wrote {}.{{json,md}}", stem.display());
+            let bad = json["hangs"].as_u64().unwrap_or(1) > 0
+                || json["wrong"].as_u64().unwrap_or(1) > 0
+                || json["foreign_joins"].as_u64().unwrap_or(1) > 0;
+            if bad {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(e) => {
+            eprintln!("p2p-bench faults: writing {}: {e}", stem.display());
             ExitCode::FAILURE
         }
     }

@@ -20,7 +20,8 @@
 // after it finished reading step s-2 (the last use of that half).
 //
 // No hangs: every wait polls the abort flag (pinned host memory) and the device's failure word,
-// and gives up after `timeout_ns`. The first failure is recorded in `status` (code, kind, peer,
+// and gives up after `timeout_ns`; a kernel that fails sets the abort flag so that the ranks
+// sharing it stop too. The first failure is recorded in `status` (code, kind, peer,
 // block, this rank's signature and the peer's), and later kernels return at once.
 //
 // With `check` on, each signal also carries a 64-bit signature of the call (kind, type, redop,
@@ -83,6 +84,10 @@ __device__ __forceinline__ void fence_sys() { asm volatile("fence.acq_rel.sys;" 
 
 __device__ void record_failure(const CollArgs& a, int code, int peer, u64 peer_sig) {
     u64* my = a.sync[a.rank];
+    // A time limit stops every rank that shares this flag (one process: all of them) at once;
+    // the host's monitor reports it to the other processes. (A mismatch is seen by every rank
+    // itself, since each compares every peer's signature.)
+    if (code == F_TIMEOUT && *a.abort_flag == 0) *a.abort_flag = 2;
     if (atomicCAS((unsigned long long*)(my + FAIL_OFF), 0ull, (unsigned long long)code) == 0ull) {
         volatile u64* st = my + STATUS_OFF;
         st[1] = (u64)a.kind;

@@ -1,0 +1,820 @@
+//! The fault-injection suite (`p2p-bench faults`): process-per-GPU jobs in which one rank dies,
+//! stalls or aborts at a random point, or strangers try to join, with the survivors' detection
+//! times, hangs, wrong results, foreign joins and leaks measured.
+//!
+//! The orchestrator starts every rank of a trial as `p2p-bench fault-worker` with the
+//! rendezvous environment (a fresh job id and secret per trial) and a plan in `FAULT_*`
+//! variables. Workers run all-reduces on 4 MiB of f32 and check every element; the victim
+//! injects its fault and says when (`dying`, a wall-clock time in ns, printed just before).
+//! Survivors report when their call failed and with what error, then drop the communicator and
+//! report their open fds and free GPU memory against the baseline taken before init. Each
+//! worker writes one JSON object per line, prefixed `FAULT `, on stdout.
+//!
+//! Detection time = the survivor's error time - the victim's fault time (one host, one clock).
+//! A trial that is still running 30 s after its start is a hang: its processes are killed.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use p2p_collective::{Communicator, DataType, RedOp};
+use p2p_mem::{DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
+use p2p_transport::rendezvous::{testing, Rendezvous, Secret};
+use serde_json::{json, Value};
+
+/// What a trial injects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// No fault: the control trial (also the job the strangers attack).
+    None,
+    /// The victim is SIGKILLed before it joins the rendezvous.
+    KillBeforeInit,
+    /// SIGKILL at a random moment while the communicator is being made.
+    KillDuringInit,
+    /// SIGKILL while a collective runs.
+    KillMidCollective,
+    /// SIGSEGV while a collective runs.
+    SegfaultMidCollective,
+    /// SIGKILL between two calls.
+    KillBetweenCalls,
+    /// `_exit(3)` between two calls: no destructors, no goodbye.
+    ExitBetweenCalls,
+    /// SIGKILL while the communicator is being dropped.
+    KillInDrop,
+    /// `abort()` from another thread of the victim while a collective runs.
+    AbortFromThread,
+    /// SIGSTOP: the victim stops without dying (found by the kernels' time limit).
+    Stall,
+    /// A job without faults while a stranger process tries to join it, sends junk and forged
+    /// handles.
+    Strangers,
+}
+
+impl Kind {
+    /// Every kind the suite runs, in its round-robin order.
+    pub const ALL: [Kind; 10] = [
+        Kind::KillMidCollective,
+        Kind::KillBetweenCalls,
+        Kind::KillDuringInit,
+        Kind::SegfaultMidCollective,
+        Kind::ExitBetweenCalls,
+        Kind::AbortFromThread,
+        Kind::KillInDrop,
+        Kind::Strangers,
+        Kind::Stall,
+        Kind::KillBeforeInit,
+    ];
+
+    /// The kind's name in the results.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::None => "none",
+            Kind::KillBeforeInit => "kill-before-init",
+            Kind::KillDuringInit => "kill-during-init",
+            Kind::KillMidCollective => "kill-mid-collective",
+            Kind::SegfaultMidCollective => "segfault-mid-collective",
+            Kind::KillBetweenCalls => "kill-between-calls",
+            Kind::ExitBetweenCalls => "exit-between-calls",
+            Kind::KillInDrop => "kill-in-drop",
+            Kind::AbortFromThread => "abort-from-thread",
+            Kind::Stall => "stall",
+            Kind::Strangers => "strangers",
+        }
+    }
+
+    fn from_name(n: &str) -> Option<Kind> {
+        std::iter::once(Kind::None)
+            .chain(Kind::ALL)
+            .find(|k| k.name() == n)
+    }
+
+    /// Whether the victim's process ends (so detection should be quick).
+    fn dies(self) -> bool {
+        matches!(
+            self,
+            Kind::KillDuringInit
+                | Kind::KillMidCollective
+                | Kind::SegfaultMidCollective
+                | Kind::KillBetweenCalls
+                | Kind::ExitBetweenCalls
+                | Kind::KillInDrop
+                | Kind::KillBeforeInit
+        )
+    }
+}
+
+fn now_ns() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0)
+}
+
+fn emit(v: Value) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "FAULT {v}");
+    let _ = out.flush();
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
+}
+
+fn die(kind: Kind) {
+    emit(json!({"event": "dying", "t": now_ns() as u64}));
+    let me = rustix::process::getpid();
+    match kind {
+        Kind::SegfaultMidCollective => {
+            let _ = rustix::process::kill_process(me, rustix::process::Signal::SEGV);
+        }
+        Kind::ExitBetweenCalls => exit_now(3),
+        _ => {
+            let _ = rustix::process::kill_process(me, rustix::process::Signal::KILL);
+        }
+    }
+    // Signals are delivered before kill() returns to the caller; this is never reached.
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+#[allow(unsafe_code)]
+fn exit_now(code: i32) -> ! {
+    // SAFETY: _exit ends the process at once, running no destructors or atexit handlers: the
+    // point of the fault (a process that vanishes without cleaning up).
+    unsafe { libc::_exit(code) }
+}
+
+/// The worker: one rank of a trial (`p2p-bench fault-worker`), configured by `FAULT_KIND`,
+/// `FAULT_VICTIM`, `FAULT_DELAY_US` and `FAULT_ITERS` beside the rendezvous variables.
+pub fn worker() -> i32 {
+    let var = |n: &str| std::env::var(n).unwrap_or_default();
+    let kind = Kind::from_name(&var("FAULT_KIND")).unwrap_or(Kind::None);
+    if kind == Kind::Strangers && var("FAULT_STRANGER") == "1" {
+        return stranger();
+    }
+    let rank: usize = var("RANK").parse().unwrap_or(0);
+    let victim = kind != Kind::None
+        && kind != Kind::Strangers
+        && var("FAULT_VICTIM").parse::<usize>().ok() == Some(rank);
+    let delay = Duration::from_micros(var("FAULT_DELAY_US").parse().unwrap_or(0));
+    let iters: usize = var("FAULT_ITERS").parse().unwrap_or(6);
+    match run_rank(kind, rank, victim, delay, iters) {
+        Ok(()) => 0,
+        Err(e) => {
+            emit(json!({"event": "harness-error", "error": e}));
+            1
+        }
+    }
+}
+
+fn run_rank(
+    kind: Kind,
+    rank: usize,
+    victim: bool,
+    delay: Duration,
+    iters: usize,
+) -> Result<(), String> {
+    let world: usize = std::env::var("WORLD_SIZE")
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(1);
+    let count = p2p_mem::Device::count().map_err(|e| e.to_string())? as usize;
+    let device = p2p_mem::Device::new((rank % count.max(1)) as i32).map_err(|e| e.to_string())?;
+    let stream = Stream::new(&device).map_err(|e| e.to_string())?;
+    // The baseline: after the context exists, before the communicator.
+    let n = 1 << 20;
+    let mut send = DeviceBuffer::<f32>::zeroed(&device, n).map_err(|e| e.to_string())?;
+    let mut recv = DeviceBuffer::<f32>::zeroed(&device, n).map_err(|e| e.to_string())?;
+    stream.synchronize().map_err(|e| e.to_string())?;
+    let fds0 = open_fds();
+    let free0 = device.memory_info().map_err(|e| e.to_string())?.0;
+    if victim && kind == Kind::KillBeforeInit {
+        die(kind);
+    }
+    if victim && kind == Kind::KillDuringInit {
+        std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            die(kind);
+        });
+    }
+    let t_init = Instant::now();
+    let comm = match Communicator::from_env() {
+        Ok(c) => c,
+        Err(e) => {
+            emit(
+                json!({"event": "error", "phase": "init", "t": now_ns() as u64, "error": e.to_string()}),
+            );
+            return leak_report(&device, fds0, free0, None);
+        }
+    };
+    emit(json!({"event": "init-done", "ms": t_init.elapsed().as_secs_f64() * 1e3}));
+    let expected_base = (world * (world + 1) / 2) as f32;
+    let mut host = vec![0f32; n];
+    let mut wrong = 0usize;
+    let mut failed = None;
+    for i in 0..iters {
+        let fault_here = victim && i == iters / 2;
+        if fault_here && matches!(kind, Kind::KillBetweenCalls | Kind::ExitBetweenCalls) {
+            std::thread::sleep(delay);
+            die(kind);
+        }
+        if fault_here && kind == Kind::Stall {
+            std::thread::sleep(delay);
+            emit(json!({"event": "dying", "t": now_ns() as u64}));
+            let _ = rustix::process::kill_process(
+                rustix::process::getpid(),
+                rustix::process::Signal::STOP,
+            );
+        }
+        let v = (rank + 1) as f32 + i as f32;
+        send.copy_from_host(&vec![v; n])
+            .map_err(|e| e.to_string())?;
+        let heavy = fault_here
+            && matches!(
+                kind,
+                Kind::KillMidCollective | Kind::SegfaultMidCollective | Kind::AbortFromThread
+            );
+        let calls = if heavy { 256 } else { 1 };
+        let mut result = Ok(());
+        for _ in 0..calls {
+            result = comm.all_reduce(&send, &mut recv, n, DataType::F32, RedOp::Sum, &stream);
+            if result.is_err() {
+                break;
+            }
+        }
+        if heavy {
+            let handle = comm.abort_handle();
+            std::thread::spawn(move || {
+                std::thread::sleep(delay);
+                if kind == Kind::AbortFromThread {
+                    emit(json!({"event": "dying", "t": now_ns() as u64}));
+                    handle.abort_because(
+                        rank,
+                        "the fault suite aborted this rank from another thread",
+                    );
+                } else {
+                    die(kind);
+                }
+            });
+        }
+        let result = result.and_then(|()| comm.synchronize(&stream));
+        if let Err(e) = result {
+            emit(
+                json!({"event": "error", "phase": "call", "iter": i, "t": now_ns() as u64, "error": e.to_string()}),
+            );
+            failed = Some(e.to_string());
+            break;
+        }
+        recv.copy_to_host(&mut host).map_err(|e| e.to_string())?;
+        let want = expected_base + (world * i) as f32;
+        wrong += host.iter().filter(|&&x| x != want).count();
+    }
+    emit(json!({"event": "calls-done", "wrong": wrong, "failed": failed.is_some()}));
+    if victim && kind == Kind::KillInDrop {
+        std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            die(kind);
+        });
+    }
+    leak_report(&device, fds0, free0, Some(comm))
+}
+
+fn leak_report(
+    device: &p2p_mem::Device,
+    fds0: usize,
+    free0: usize,
+    comm: Option<Communicator>,
+) -> Result<(), String> {
+    let t = Instant::now();
+    drop(comm);
+    let drop_ms = t.elapsed().as_secs_f64() * 1e3;
+    // Freed memory returns to the driver at once; fds close at once.
+    let free1 = device.memory_info().map_err(|e| e.to_string())?.0;
+    emit(json!({
+        "event": "after-drop",
+        "drop_ms": drop_ms,
+        "fd_delta": open_fds() as i64 - fds0 as i64,
+        "gpu_mem_delta": free0 as i64 - free1 as i64,
+    }));
+    Ok(())
+}
+
+/// A stranger: knows the job's id (so it finds the socket) but not its secret. For the job's
+/// duration it tries to join as rank 1 without a secret and with a wrong one, sends junk and
+/// forged messages, holds silent connections, and sends forged workspace handles with an fd to
+/// every workspace socket it can find. Reports its attempts and how many were accepted.
+fn stranger() -> i32 {
+    let Ok(real) = Rendezvous::from_env() else {
+        emit(json!({"event": "harness-error", "error": "stranger without a rendezvous"}));
+        return 1;
+    };
+    let wrong = Rendezvous {
+        secret: Secret::from_text("not the job's secret at all").ok(),
+        ..real.clone()
+    };
+    let none = Rendezvous {
+        secret: None,
+        ..real.clone()
+    };
+    let until = Instant::now() + Duration::from_secs(4);
+    let (mut attempts, mut accepted) = (0u64, 0u64);
+    let mut silent = Vec::new();
+    let path = real.socket_path();
+    let t = Duration::from_millis(300);
+    let forged_handle = p2p_mem::wire::encode(
+        p2p_mem::wire::HandleKind::VmmFd,
+        &[0; 16],
+        std::process::id(),
+        &[0xff; 16],
+    );
+    while Instant::now() < until {
+        for key in [&wrong, &none] {
+            attempts += 1;
+            if testing::try_join(&real, key, 1, t).is_ok() {
+                accepted += 1;
+            }
+        }
+        if let Ok(l) = testing::connect_raw(&path, t) {
+            attempts += 1;
+            let _ = testing::send_raw(&l, &testing::message(2, &[7; 72]));
+        }
+        if let Ok(l) = testing::connect_raw(&path, t) {
+            attempts += 1;
+            let _ = testing::send_raw(&l, b"junk that is not a message");
+        }
+        if silent.len() < 32 {
+            if let Ok(l) = testing::connect_raw(&path, t) {
+                attempts += 1;
+                silent.push(l);
+            }
+        }
+        // Forged workspace handles, with an fd, to every rank's workspace socket found.
+        if let Ok(null) = std::fs::File::open("/dev/null") {
+            for ws in workspace_sockets() {
+                if let Ok(ch) = p2p_mem::fdpass::FdChannel::connect(&ws) {
+                    attempts += 1;
+                    let mut msg = 1u32.to_le_bytes().to_vec();
+                    msg.extend_from_slice(&forged_handle);
+                    use std::os::fd::AsFd;
+                    let _ = ch.send_fd(&msg, null.as_fd());
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    emit(json!({"event": "stranger", "attempts": attempts, "accepted": accepted}));
+    0
+}
+
+/// Every `p2p-coll-*/ws` socket of this user in the temp directories.
+fn workspace_sockets() -> Vec<std::path::PathBuf> {
+    let mut bases = vec![std::env::temp_dir()];
+    if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR") {
+        bases.push(x.into());
+    }
+    let mut out = Vec::new();
+    for b in bases {
+        if let Ok(rd) = std::fs::read_dir(&b) {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with("p2p-coll-") {
+                    out.push(e.path().join("ws"));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// One trial's outcome.
+#[derive(Debug, Clone)]
+pub struct Trial {
+    /// What was injected.
+    pub kind: Kind,
+    /// The ranks.
+    pub world: usize,
+    /// The rank that misbehaved.
+    pub victim: usize,
+    /// The random delay before the fault, µs.
+    pub delay_us: u64,
+    /// Per survivor: (rank, detection ms or None, error text, whether it names the victim).
+    pub survivors: Vec<(usize, Option<f64>, String, bool)>,
+    /// Whether the trial had to be killed at its time limit.
+    pub hang: bool,
+    /// Wrong elements seen by any rank.
+    pub wrong: usize,
+    /// Foreign connections accepted (strangers trials).
+    pub foreign_accepted: u64,
+    /// Injected faults this trial counts (1, or the stranger's attempts).
+    pub faults: u64,
+    /// Survivors' fds and GPU bytes not returned after dropping the communicator.
+    pub fd_leak: i64,
+    /// GPU bytes.
+    pub mem_leak: i64,
+    /// Where the victim was when it died: before init finished or after.
+    pub phase: String,
+    /// Whether every rank exited.
+    pub clean_exit: bool,
+    /// The longest time a survivor took to drop its communicator, ms.
+    pub drop_ms: f64,
+}
+
+/// Whether an error text names rank `r` (as "rank r" or in a list "[.., r, ..]").
+fn names_rank(text: &str, r: usize) -> bool {
+    text.contains(&format!("rank {r}"))
+        || text.contains(&format!("[{r}]"))
+        || text.contains(&format!("[{r},"))
+        || text.contains(&format!(" {r}]"))
+        || text.contains(&format!(" {r},"))
+}
+
+/// Whether a survivor's error came from the rendezvous time limit (the victim never joined).
+fn by_rendezvous_limit(text: &str) -> bool {
+    text.contains("did not join") || text.contains("did not answer")
+}
+
+/// Runs one trial with `world` ranks from executable `exe` and returns what happened.
+pub fn run_trial(
+    exe: &str,
+    kind: Kind,
+    world: usize,
+    victim: usize,
+    delay_us: u64,
+    seq: usize,
+    timeout_ms: u64,
+) -> Trial {
+    let job = format!("faults-{}-{seq}", std::process::id());
+    let secret = Secret::generate_text().unwrap_or_else(|_| "fallback-secret-0123456789".into());
+    let spawn = |rank: usize, stranger: bool| -> std::io::Result<Child> {
+        Command::new(exe)
+            .arg("fault-worker")
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", world.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("LOCAL_WORLD_SIZE", world.to_string())
+            .env("P2P_JOB_ID", &job)
+            .env(
+                "P2P_JOB_SECRET",
+                if stranger {
+                    "a stranger's guess, wrong"
+                } else {
+                    &secret
+                },
+            )
+            .env("P2P_TIMEOUT_MS", timeout_ms.to_string())
+            .env("P2P_RENDEZVOUS_TIMEOUT_MS", "3000")
+            .env("FAULT_KIND", kind.name())
+            .env("FAULT_VICTIM", victim.to_string())
+            .env("FAULT_DELAY_US", delay_us.to_string())
+            .env("FAULT_STRANGER", if stranger { "1" } else { "0" })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+    };
+    let start = Instant::now();
+    let mut children: Vec<(usize, Child)> = Vec::new();
+    for r in 0..world {
+        if let Ok(c) = spawn(r, false) {
+            children.push((r, c));
+        }
+    }
+    if kind == Kind::Strangers {
+        if let Ok(c) = spawn(world, true) {
+            children.push((world, c));
+        }
+    }
+    // Each child's lines, read in threads so no pipe fills.
+    let (tx, rx) = std::sync::mpsc::channel::<(usize, Value)>();
+    for (r, c) in children.iter_mut() {
+        if let Some(out) = c.stdout.take() {
+            let tx = tx.clone();
+            let r = *r;
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    if let Some(j) = line.strip_prefix("FAULT ") {
+                        if let Ok(v) = serde_json::from_str::<Value>(j) {
+                            let _ = tx.send((r, v));
+                        }
+                    }
+                }
+            });
+        }
+    }
+    drop(tx);
+    let limit = Duration::from_secs(30);
+    let mut hang = false;
+    let mut events: Vec<(usize, Value)> = Vec::new();
+    loop {
+        while let Ok(e) = rx.try_recv() {
+            events.push(e);
+        }
+        let mut running = 0;
+        for (r, c) in children.iter_mut() {
+            if c.try_wait().ok().flatten().is_none() {
+                // A stopped victim never exits by itself: once every other rank is done, end it.
+                let others_done = events
+                    .iter()
+                    .filter(|(q, v)| *q != *r && v["event"] == "after-drop")
+                    .count()
+                    >= world - 1;
+                if kind == Kind::Stall && *r == victim && others_done {
+                    let _ = c.kill();
+                    continue;
+                }
+                running += 1;
+            }
+        }
+        if running == 0 {
+            break;
+        }
+        if start.elapsed() > limit {
+            hang = true;
+            for (_, c) in children.iter_mut() {
+                let _ = c.kill();
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut clean_exit = true;
+    for (_, c) in children.iter_mut() {
+        match c.wait() {
+            Ok(s) if s.success() => {}
+            _ => clean_exit = false,
+        }
+    }
+    // Let the readers drain.
+    std::thread::sleep(Duration::from_millis(20));
+    while let Ok(e) = rx.try_recv() {
+        events.push(e);
+    }
+    let of = |r: usize, name: &str| -> Vec<&Value> {
+        events
+            .iter()
+            .filter(|(q, v)| *q == r && v["event"] == name)
+            .map(|(_, v)| v)
+            .collect()
+    };
+    let died_at = of(victim, "dying").first().and_then(|v| v["t"].as_u64());
+    let phase = if of(victim, "init-done").is_empty() {
+        "before init returned"
+    } else {
+        "after init"
+    }
+    .to_string();
+    let mut t = Trial {
+        kind,
+        world,
+        victim,
+        delay_us,
+        survivors: Vec::new(),
+        hang,
+        wrong: 0,
+        foreign_accepted: 0,
+        faults: 1,
+        fd_leak: 0,
+        mem_leak: 0,
+        phase,
+        clean_exit,
+        drop_ms: 0.0,
+    };
+    for r in 0..world {
+        t.wrong += of(r, "calls-done")
+            .iter()
+            .filter_map(|v| v["wrong"].as_u64())
+            .sum::<u64>() as usize;
+        if r == victim && kind != Kind::None && kind != Kind::Strangers {
+            continue;
+        }
+        for v in of(r, "after-drop") {
+            t.drop_ms = t.drop_ms.max(v["drop_ms"].as_f64().unwrap_or(0.0));
+            t.fd_leak += v["fd_delta"].as_i64().unwrap_or(0).max(0);
+            t.mem_leak += v["gpu_mem_delta"].as_i64().unwrap_or(0).max(0);
+        }
+        if let Some(e) = of(r, "error").first() {
+            let text = e["error"].as_str().unwrap_or("").to_string();
+            let ms = match (e["t"].as_u64(), died_at) {
+                (Some(te), Some(td)) => Some((te as f64 - td as f64) / 1e6),
+                _ => None,
+            };
+            let names = names_rank(&text, victim);
+            t.survivors.push((r, ms, text, names));
+        } else if !of(r, "calls-done").is_empty() {
+            t.survivors.push((r, None, String::new(), false));
+        }
+    }
+    if kind == Kind::Strangers {
+        for v in of(world, "stranger") {
+            t.foreign_accepted += v["accepted"].as_u64().unwrap_or(0);
+            t.faults = v["attempts"].as_u64().unwrap_or(0);
+        }
+    }
+    t
+}
+
+fn percentile(v: &mut [f64], p: f64) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    Some(v[i.min(v.len() - 1)])
+}
+
+/// Runs the suite: trials of every kind round robin until `trials` ran or `budget` passed;
+/// returns the results as JSON and Markdown.
+pub fn run_suite(
+    exe: &str,
+    world: usize,
+    trials: usize,
+    budget: Duration,
+    timeout_ms: u64,
+) -> (Value, String) {
+    let start = Instant::now();
+    let mut seed = (now_ns() as u64) | 1;
+    let mut rand = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    // A warm-up job compiles the kernels into the on-disk cache, so no trial pays for it.
+    let warm = run_trial(exe, Kind::None, world, 0, 0, 0, timeout_ms);
+    eprintln!(
+        "warm-up: {} ({:.1} s)",
+        if warm.clean_exit && !warm.hang {
+            "ok"
+        } else {
+            "FAILED"
+        },
+        start.elapsed().as_secs_f64()
+    );
+    let mut all = Vec::new();
+    let mut i = 0;
+    while i < trials && start.elapsed() < budget {
+        let kind = Kind::ALL[i % Kind::ALL.len()];
+        let victim = (rand() % world as u64) as usize;
+        let delay_us = match kind {
+            Kind::KillDuringInit => rand() % 400_000,
+            Kind::KillMidCollective | Kind::SegfaultMidCollective | Kind::AbortFromThread => {
+                rand() % 3_000
+            }
+            Kind::KillInDrop => rand() % 2_000,
+            _ => rand() % 50_000,
+        };
+        let t = run_trial(exe, kind, world, victim, delay_us, i + 1, timeout_ms);
+        i += 1;
+        eprintln!(
+            "[{i:>3}/{trials}] {:<24} victim {} delay {:>6} us: {}{}{} ({:.0} s)",
+            kind.name(),
+            t.victim,
+            t.delay_us,
+            t.survivors
+                .iter()
+                .map(|(r, ms, _, names)| format!(
+                    "rank {r} {}{} ",
+                    ms.map_or("-".into(), |m| format!("{m:.1} ms")),
+                    if *names { "" } else { " (victim not named)" }
+                ))
+                .collect::<String>(),
+            if t.hang { "HANG " } else { "" },
+            if t.wrong > 0 { "WRONG " } else { "" },
+            start.elapsed().as_secs_f64()
+        );
+        all.push(t);
+    }
+    summarize(world, &all, warm.clean_exit && !warm.hang, timeout_ms)
+}
+
+fn summarize(world: usize, all: &[Trial], warm_ok: bool, timeout_ms: u64) -> (Value, String) {
+    let mut rows = Vec::new();
+    let mut md = String::new();
+    md.push_str(&format!(
+        "# Fault injection, {world} ranks\n\nP2P_TIMEOUT_MS={timeout_ms}, P2P_RENDEZVOUS_TIMEOUT_MS=3000; warm-up job {}.\n\n",
+        if warm_ok { "ok" } else { "FAILED" }
+    ));
+    md.push_str("| fault | trials | faults | detected by every survivor | names the rank | detection median / p99 / max (ms) | of which by the rendezvous time limit | survivors' drop, max (ms) | hangs | wrong | foreign joins | fds leaked | GPU bytes leaked |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    let kinds: Vec<Kind> = Kind::ALL.to_vec();
+    let mut totals = (0u64, 0usize, 0usize, 0u64, 0i64, 0i64);
+    let mut dead_ms = Vec::new();
+    for k in kinds {
+        let ts: Vec<&Trial> = all.iter().filter(|t| t.kind == k).collect();
+        if ts.is_empty() {
+            continue;
+        }
+        let faults: u64 = ts.iter().map(|t| t.faults).sum();
+        let mut ms: Vec<f64> = ts
+            .iter()
+            .flat_map(|t| t.survivors.iter().filter_map(|s| s.1))
+            .collect();
+        let by_limit = ts
+            .iter()
+            .flat_map(|t| t.survivors.iter())
+            .filter(|s| by_rendezvous_limit(&s.2))
+            .count();
+        let drop_max = ts.iter().map(|t| t.drop_ms).fold(0.0, f64::max);
+        let detected = ts
+            .iter()
+            .filter(|t| {
+                t.survivors.len() == t.world - 1 && t.survivors.iter().all(|s| s.1.is_some())
+            })
+            .count();
+        let named = ts
+            .iter()
+            .filter(|t| !t.survivors.is_empty() && t.survivors.iter().all(|s| s.3))
+            .count();
+        let hangs = ts.iter().filter(|t| t.hang).count();
+        let wrong: usize = ts.iter().map(|t| t.wrong).sum();
+        let foreign: u64 = ts.iter().map(|t| t.foreign_accepted).sum();
+        let fds: i64 = ts.iter().map(|t| t.fd_leak).sum();
+        let mem: i64 = ts.iter().map(|t| t.mem_leak).sum();
+        if k.dies() && k != Kind::KillBeforeInit {
+            // A victim that died before it joined the rendezvous is found by its time limit:
+            // those detections are counted apart.
+            dead_ms.extend(
+                ts.iter()
+                    .flat_map(|t| t.survivors.iter())
+                    .filter(|s| !by_rendezvous_limit(&s.2))
+                    .filter_map(|s| s.1),
+            );
+        }
+        let (p50, p99, max) = (
+            percentile(&mut ms, 0.5),
+            percentile(&mut ms, 0.99),
+            percentile(&mut ms, 1.0),
+        );
+        let f = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.1}"));
+        let expects_detection = !matches!(k, Kind::Strangers | Kind::KillInDrop);
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} / {} / {} | {} | {:.0} | {} | {} | {} | {} | {} |\n",
+            k.name(),
+            ts.len(),
+            faults,
+            if expects_detection {
+                format!("{detected}/{}", ts.len())
+            } else {
+                "n/a".into()
+            },
+            if expects_detection {
+                format!("{named}/{}", ts.len())
+            } else {
+                "n/a".into()
+            },
+            f(p50),
+            f(p99),
+            f(max),
+            by_limit,
+            drop_max,
+            hangs,
+            wrong,
+            foreign,
+            fds,
+            mem
+        ));
+        totals.0 += faults;
+        totals.1 += hangs;
+        totals.2 += wrong;
+        totals.3 += foreign;
+        totals.4 += fds;
+        totals.5 += mem;
+        rows.push(json!({
+            "fault": k.name(), "trials": ts.len(), "faults": faults,
+            "detected_by_every_survivor": detected, "names_the_rank": named,
+            "detection_ms": {"median": p50, "p99": p99, "max": max},
+            "by_rendezvous_time_limit": by_limit, "survivor_drop_ms_max": drop_max,
+            "hangs": hangs, "wrong": wrong, "foreign_joins": foreign,
+            "fds_leaked": fds, "gpu_bytes_leaked": mem,
+            "trials_detail": ts.iter().map(|t| json!({
+                "victim": t.victim, "delay_us": t.delay_us, "hang": t.hang, "phase": t.phase,
+                "clean_exit": t.clean_exit, "drop_ms": t.drop_ms,
+                "survivors": t.survivors.iter().map(|s| json!({"rank": s.0, "detection_ms": s.1, "error": s.2, "names_victim": s.3})).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+        }));
+    }
+    let (p99, max) = (
+        percentile(&mut dead_ms.clone(), 0.99),
+        percentile(&mut dead_ms, 1.0),
+    );
+    md.push_str(&format!(
+        "\nTotal: {} trials, {} injected faults; dead peer (process ends after it joined) detected at p99 {} ms, max {} ms; {} hangs, {} wrong elements, {} foreign joins, {} fds and {} GPU bytes leaked.\n",
+        all.len(),
+        totals.0,
+        p99.map_or("-".into(), |v| format!("{v:.1}")),
+        max.map_or("-".into(), |v| format!("{v:.1}")),
+        totals.1,
+        totals.2,
+        totals.3,
+        totals.4,
+        totals.5
+    ));
+    let summary = json!({
+        "world": world, "trials": all.len(), "faults": totals.0,
+        "dead_peer_detection_ms": {"p99": p99, "max": max},
+        "hangs": totals.1, "wrong": totals.2, "foreign_joins": totals.3,
+        "fds_leaked": totals.4, "gpu_bytes_leaked": totals.5,
+        "timeout_ms": timeout_ms, "warm_up_ok": warm_ok,
+        "rows": rows,
+    });
+    (summary, md)
+}
