@@ -635,8 +635,11 @@ impl Group {
                 }
             };
             let left = deadline.saturating_duration_since(Instant::now());
-            let ready = expect(&link, READY, 4 * MAX_WORLD, left.max(TICK))
-                .map_err(|why| fail(format!("waiting for every rank to join: {why}")))?;
+            let ready = expect(&link, READY, 4 * MAX_WORLD, left.max(TICK)).map_err(|why| {
+                fail(format!(
+                    "waiting for every rank to join: rank 0 failed or left: {why}"
+                ))
+            })?;
             let mut r = Reader::new(&ready);
             for p in pids.iter_mut() {
                 *p = r
@@ -1208,6 +1211,55 @@ mod tests {
         assert_eq!(g0.all_gather(b"x").expect("gather").len(), 2);
         assert_eq!(other.join().expect("thread").expect("gather"), 2);
         drop(silent);
+    }
+
+    #[test]
+    fn random_and_mutated_handshakes_never_get_in_or_stop_the_real_ranks() {
+        let name = "fuzz";
+        let r0 = std::thread::spawn(move || Group::join(&rv(name, 0, 2)));
+        let real = rv(name, 1, 2);
+        let path = real.socket_path();
+        let t = Duration::from_secs(5);
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        for i in 0..300 {
+            let Ok(l) = connect_raw(&path, t) else {
+                continue;
+            };
+            let len = (next() % 200) as usize;
+            let mut bytes: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            if i % 2 == 0 {
+                // A valid frame of a random kind around random bytes reaches the field checks.
+                let kind = KINDS[(next() % KINDS.len() as u64) as usize];
+                bytes = message(kind, &bytes);
+                if i % 4 == 0 && bytes.len() > 12 {
+                    let at = (next() as usize) % bytes.len();
+                    bytes[at] ^= 1 << (next() % 8);
+                }
+            }
+            // Send without waiting for the challenge, or after it.
+            if i % 3 == 0 {
+                let _ = l.recv_msg_within(Duration::from_millis(50));
+            }
+            let _ = send_raw(&l, &bytes);
+        }
+        let start = Instant::now();
+        let g1 = Group::join(&real).expect("the real rank joins");
+        let g0 = r0.join().expect("thread").expect("rank 0 joins");
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
+        let other = std::thread::spawn(move || g1.barrier().map(|()| g1.failure().is_none()));
+        g0.barrier().expect("barrier");
+        assert!(other.join().expect("thread").expect("barrier"));
+        assert!(g0.failure().is_none());
     }
 
     #[test]
