@@ -492,8 +492,13 @@ impl Communicator {
     /// IPC with `P2P_CUMEM=0`, pinned host memory with `P2P_DISABLE=1` or where a pair of GPUs
     /// has no P2P. Every rank proposes; the weakest proposal wins, so all ranks agree.
     pub fn init(device: &Device, rv: &Rendezvous, options: Options) -> Result<Communicator> {
-        check_world(rv.world)?;
+                check_world(rv.world)?;
         let rank = rv.rank;
+        // Join the job first: from then on a peer's death anywhere in init (or later) is
+        // found at once through the group, not by a time limit.
+        let abort = AbortHandle::new(device)?;
+        let group = Group::join(rv)?;
+        group.watch(&abort);
         let arch = kernels::arch_for(device);
         let kernels = Arc::new(Kernels::load(
             device,
@@ -513,14 +518,10 @@ impl Communicator {
         )?;
         let bytes = workspace_bytes(rv.world, &tuning);
         log_tuning(&tuning, bytes);
-        let abort = AbortHandle::new(device)?;
-        // Workspace handles travel over Unix sockets (fds need them): one listener per rank in a
+                // Workspace handles travel over Unix sockets (fds need them): one listener per rank in a
         // private directory, its path in the group's first exchange.
         let dir = PrivateDir::new("coll")?;
         let listener = FdListener::bind(&dir.path().join("ws"))?;
-        let group = Group::join(rv)?;
-        // From here a failure on any rank (its death included) sets this rank's abort flag.
-        group.watch(&abort);
         let host = p2p_transport::hostname();
         let path = listener.path().to_string_lossy().into_owned();
         let blob = tuning
