@@ -452,8 +452,10 @@ impl Communicator {
     }
 
     /// This process's rank of a communicator with one process per GPU, from the environment
-    /// torchrun and `p2p-bench launch` set (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`,
-    /// `MASTER_PORT`); the GPU is `LOCAL_RANK` (or the only visible one).
+        /// `p2p-bench launch` (and torchrun) set: `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, the job's
+    /// identity and secret (see [`Rendezvous::from_vars`]); the GPU is `LOCAL_RANK` (or the only
+    /// visible one). A peer that dies later is reported by every call as
+    /// [`Error::PeerFailed`] or [`Error::Unusable`], naming it.
     ///
     /// ```no_run
     /// // Run as `p2p-bench launch -n 2 -- ./my-program`.
@@ -492,7 +494,7 @@ impl Communicator {
     /// IPC with `P2P_CUMEM=0`, pinned host memory with `P2P_DISABLE=1` or where a pair of GPUs
     /// has no P2P. Every rank proposes; the weakest proposal wins, so all ranks agree.
     pub fn init(device: &Device, rv: &Rendezvous, options: Options) -> Result<Communicator> {
-                check_world(rv.world)?;
+        check_world(rv.world)?;
         let rank = rv.rank;
         // Join the job first: from then on a peer's death anywhere in init (or later) is
         // found at once through the group, not by a time limit.
@@ -518,7 +520,7 @@ impl Communicator {
         )?;
         let bytes = workspace_bytes(rv.world, &tuning);
         log_tuning(&tuning, bytes);
-                // Workspace handles travel over Unix sockets (fds need them): one listener per rank in a
+        // Workspace handles travel over Unix sockets (fds need them): one listener per rank in a
         // private directory, its path in the group's first exchange.
         let dir = PrivateDir::new("coll")?;
         let listener = FdListener::bind(&dir.path().join("ws"))?;
