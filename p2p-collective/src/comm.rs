@@ -452,7 +452,7 @@ impl Communicator {
     }
 
     /// This process's rank of a communicator with one process per GPU, from the environment
-        /// `p2p-bench launch` (and torchrun) set: `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, the job's
+    /// `p2p-bench launch` (and torchrun) set: `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, the job's
     /// identity and secret (see [`Rendezvous::from_vars`]); the GPU is `LOCAL_RANK` (or the only
     /// visible one). A peer that dies later is reported by every call as
     /// [`Error::PeerFailed`] or [`Error::Unusable`], naming it.
@@ -1581,25 +1581,13 @@ impl Drop for Communicator {
 
 /// Waits until `device` has no work left, at most `limit`: whether it got there.
 fn wait_idle(device: &Device, limit: Duration) -> bool {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let d = device.clone();
-    let started = std::thread::Builder::new()
-        .name("p2p-drop-sync".into())
-        .spawn(move || {
-            let r = d.synchronize();
-            let _ = tx.send(r);
-        });
-    if started.is_err() {
-        return device.synchronize().is_ok();
-    }
-    match rx.recv_timeout(limit) {
-        Ok(Ok(())) => true,
-        Ok(Err(e)) => {
+    match device.synchronize_within(limit) {
+        Ok(idle) => idle,
+        Err(e) => {
             // A sticky CUDA error: nothing more will run on this context.
             tracing::error!("synchronising GPU {} before freeing: {e}", device.ordinal());
             true
         }
-        Err(_) => false,
     }
 }
 

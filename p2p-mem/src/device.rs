@@ -214,6 +214,27 @@ impl Device {
         unsafe { cu!(cuCtxSynchronize()) }.on(self.ordinal())
     }
 
+    /// As [`synchronize`](Self::synchronize), but gives up after `limit`: `Ok(true)` once the
+    /// device is idle, `Ok(false)` if work still runs at the deadline (the wait goes on in a
+    /// helper thread, which ends when the device does). For `Drop`s: free memory only if the
+    /// device became idle, otherwise leak it rather than free memory a kernel may still use.
+    pub fn synchronize_within(&self, limit: std::time::Duration) -> Result<bool> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let d = self.clone();
+        let started = std::thread::Builder::new()
+            .name("p2p-sync".into())
+            .spawn(move || {
+                let _ = tx.send(d.synchronize());
+            });
+        if started.is_err() {
+            return self.synchronize().map(|()| true);
+        }
+        match rx.recv_timeout(limit) {
+            Ok(r) => r.map(|()| true),
+            Err(_) => Ok(false),
+        }
+    }
+
     /// The value of a device attribute.
     pub fn attribute(&self, attribute: cuda::CUdevice_attribute) -> Result<i32> {
         let mut v = 0;

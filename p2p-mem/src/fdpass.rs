@@ -53,7 +53,7 @@ impl PrivateDir {
 
     /// Creates the directory under `base`.
     pub fn new_in(base: &Path, tag: &str) -> Result<PrivateDir> {
-        use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+        use std::os::unix::fs::DirBuilderExt;
         static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let nanos = std::time::SystemTime::now()
@@ -70,19 +70,7 @@ impl PrivateDir {
                 source,
             })?;
         let dir = PrivateDir { path };
-        let meta = std::fs::symlink_metadata(&dir.path).map_err(|source| Error::Io {
-            op: format!("checking {}", dir.path.display()),
-            source,
-        })?;
-        // SAFETY: getuid has no preconditions.
-        let uid = unsafe { libc::getuid() };
-        if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
-            return Err(Error::Protocol(format!(
-                "{} is not a private directory of uid {uid} (mode {:o})",
-                dir.path.display(),
-                meta.mode() & 0o777
-            )));
-        }
+        check_private(&dir.path)?;
         Ok(dir)
     }
 
@@ -105,7 +93,7 @@ impl Drop for PrivateDir {
 /// mode 0700 if missing; an existing one must be a real directory (not a symlink) owned by this
 /// user with no access for anyone else, or it is refused: nobody can pre-plant it.
 pub fn user_private_dir(path: &Path) -> Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    use std::os::unix::fs::DirBuilderExt;
     match std::fs::DirBuilder::new().mode(0o700).create(path) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
@@ -116,6 +104,12 @@ pub fn user_private_dir(path: &Path) -> Result<()> {
             })
         }
     }
+    check_private(path)
+}
+
+/// A real directory (not a symlink) owned by this user that nobody else may enter.
+fn check_private(path: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
     let meta = std::fs::symlink_metadata(path).map_err(|source| Error::Io {
         op: format!("checking {}", path.display()),
         source,

@@ -227,13 +227,25 @@ impl Drop for IpcMapping {
             cache.remove(&self.key);
         }
         let _ = self.device.bind_to_thread();
-        // Work queued on this device may still use the mapping: let it finish first.
-        if let Err(e) = self.device.synchronize() {
-            tracing::error!(
+        // Work queued on this device may still use the mapping: let it finish first, within a
+        // deadline; past it, leave the mapping open (a leak) rather than pull it from under a
+        // running kernel.
+        match self.device.synchronize_within(crate::DROP_WAIT) {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::error!(
+                    device = self.device.ordinal(),
+                    "the GPU is still busy {:?} after an IPC mapping was dropped: leaving it open",
+                    crate::DROP_WAIT
+                );
+                return;
+            }
+            Err(e) => tracing::error!(
                 device = self.device.ordinal(),
                 "before closing an IPC mapping: {e}"
-            );
+            ),
         }
+        let _ = self.device.bind_to_thread();
         // SAFETY: `base` came from cuIpcOpenMemHandle and is closed exactly once.
         if let Err(e) = unsafe { cu!(cuIpcCloseMemHandle(self.base)) } {
             tracing::error!(

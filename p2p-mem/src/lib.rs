@@ -57,3 +57,8 @@ pub use memory::{
     PinnedHostBuffer,
 };
 pub use peer::{check_peer_mappable, P2pAttributes};
+
+/// How long a `Drop` that frees GPU memory waits for the device to finish work that may still
+/// use it ([`Device::synchronize_within`]); past it the memory is leaked (with an error log),
+/// never freed under a running kernel. Our kernels all end within their own time limit.
+pub const DROP_WAIT: std::time::Duration = std::time::Duration::from_secs(120);

@@ -143,8 +143,17 @@ impl DeviceMemoryMut for HostShared {}
 impl Drop for HostShared {
     fn drop(&mut self) {
         let _ = self.device.bind_to_thread();
-        // Work queued on the device may still use the pages.
-        let _ = self.device.synchronize();
+        // Work queued on the device may still use the pages: wait, within a deadline; past it,
+        // leave them registered and mapped (a leak) rather than pull them from under a kernel.
+        if let Ok(false) = self.device.synchronize_within(crate::DROP_WAIT) {
+            tracing::error!(
+                device = self.device.ordinal(),
+                "the GPU is still busy {:?} after shared host memory was dropped: leaking it",
+                crate::DROP_WAIT
+            );
+            return;
+        }
+        let _ = self.device.bind_to_thread();
         // SAFETY: registered in `map` and unregistered once, before the unmap.
         if let Err(e) = unsafe { cu!(cuMemHostUnregister(self.ptr.cast())) } {
             tracing::error!(

@@ -378,9 +378,17 @@ impl Drop for VmmBuffer {
         let ord = self.device.ordinal();
         let _ = self.device.bind_to_thread();
         if self.mapped {
-            // Unmapping does not wait for work still using the range: wait first.
-            // SAFETY: a context is current.
-            let _ = unsafe { cu!(cuCtxSynchronize()) };
+            // Unmapping does not wait for work still using the range: wait first, within a
+            // deadline; past it, leak the whole allocation rather than unmap it under a kernel.
+            if let Ok(false) = self.device.synchronize_within(crate::DROP_WAIT) {
+                tracing::error!(
+                    device = ord,
+                    "the GPU is still busy {:?} after a cuMem buffer was dropped: leaking it",
+                    crate::DROP_WAIT
+                );
+                return;
+            }
+            let _ = self.device.bind_to_thread();
             // SAFETY: the range was mapped by `map_for` and is unmapped once.
             if let Err(e) = unsafe { cu!(cuMemUnmap(self.ptr, self.size)) } {
                 tracing::error!(device = ord, "unmapping a cuMem range: {e}");
