@@ -21,9 +21,9 @@ pub const TIMEOUT_NS: u64 = 2_000_000_000;
 /// (after `warmup` untimed ones) of half a round trip.
 pub fn one_way_ns(a: &Device, b: &Device, warmup: u32, iters: u32) -> Result<f64> {
     if a == b || iters == 0 {
-        return Err(Error::Mem(p2p_mem::Error::InvalidArgument(
+        return Err(Error::InvalidArgument(
             "latency needs two distinct GPUs and iters > 0".into(),
-        )));
+        ));
     }
     a.enable_peer_access(b)?;
     b.enable_peer_access(a)?;

@@ -78,11 +78,12 @@ impl Options {
         }
     }
 
-    /// From the process environment; a bad or unknown `P2P_*` variable is an error.
+    /// From the process environment: a bad value is an error; an unknown `P2P_*` variable is
+    /// a warning naming it (`p2p-bench` refuses it instead).
     pub fn from_env() -> Result<Options> {
         Ok(Self::from_settings(
             Settings::from_env()?,
-            Config::from_env()?,
+            Config::from_env_lenient()?,
         ))
     }
 }

@@ -293,9 +293,29 @@ impl Config {
         }))
     }
 
-    /// Reads `(name, value)` pairs; names not starting with `P2P_` are ignored.
+    /// As [`from_env`](Self::from_env), for libraries inside a user's program: an unknown
+    /// `P2P_*` variable is a warning naming it (a typo must not stop someone's training job),
+    /// a bad value of a known one is still an error. The CLI stays strict.
+    pub fn from_env_lenient() -> Result<Config, ConfigError> {
+        Self::read(
+            std::env::vars_os().filter_map(|(k, v)| {
+                Some((k.into_string().ok()?, v.into_string().unwrap_or_default()))
+            }),
+            false,
+        )
+    }
+
+    /// Reads `(name, value)` pairs; names not starting with `P2P_` are ignored, an unknown
+    /// `P2P_*` name is an error.
     pub fn from_vars(
         vars: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        Self::read(vars, true)
+    }
+
+    fn read(
+        vars: impl IntoIterator<Item = (String, String)>,
+        strict: bool,
     ) -> Result<Config, ConfigError> {
         let mut cfg = Config::default();
         for (name, value) in vars {
@@ -353,10 +373,14 @@ impl Config {
                 }
                 "P2P_DEBUG_SUBSYS" => cfg.debug_subsystems = parse_subsystems(&name, &value)?,
                 _ => {
-                    return Err(ConfigError::Unknown {
+                    let e = ConfigError::Unknown {
                         variable: name,
                         known: VARIABLES.join(", "),
-                    })
+                    };
+                    if strict {
+                        return Err(e);
+                    }
+                    tracing::warn!("ignoring {e}");
                 }
             }
         }
@@ -468,6 +492,16 @@ mod tests {
             e.to_string().contains("a comma list of all, mem, topo"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn unknown_p2p_variables_only_warn_in_the_lenient_reader() {
+        let vars = vec![("P2P_LEVLE".to_string(), "NVL".to_string())];
+        assert!(Config::read(vars.clone(), false).is_ok());
+        assert!(Config::read(vars, true).is_err());
+        // A bad value of a known variable stays an error.
+        let bad = vec![("P2P_LEVEL".to_string(), "nowhere".to_string())];
+        assert!(Config::read(bad, false).is_err());
     }
 
     #[test]

@@ -107,7 +107,7 @@ impl ConnOptions {
 }
 
 fn invalid(msg: String) -> Error {
-    Error::Mem(p2p_mem::Error::InvalidArgument(msg))
+    Error::InvalidArgument(msg)
 }
 
 pub use crate::peer::Sharing;

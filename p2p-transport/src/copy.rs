@@ -181,9 +181,7 @@ impl Transport {
                 .into_iter()
                 .find(|r| r.from.gpu == a && r.to.gpu == b)
                 .ok_or_else(|| {
-                    Error::Mem(p2p_mem::Error::InvalidArgument(format!(
-                        "no route from GPU {a} to GPU {b}"
-                    )))
+                    Error::InvalidArgument(format!("no route from GPU {a} to GPU {b}"))
                 })?
         };
         self.routes
@@ -202,7 +200,7 @@ impl Transport {
         {
             return Ok(c);
         }
-        Config::from_env().map_err(|e| Error::Mem(p2p_mem::Error::InvalidArgument(e.to_string())))
+        Ok(Config::from_env_lenient()?)
     }
 
     fn topology(&self) -> Result<&Topology> {
@@ -287,10 +285,10 @@ impl Transport {
             .iter()
             .position(|d| d == device)
             .ok_or_else(|| {
-                Error::Mem(p2p_mem::Error::InvalidArgument(format!(
+                Error::InvalidArgument(format!(
                     "GPU {} is not part of this transport",
                     device.ordinal()
-                )))
+                ))
             })
     }
 
@@ -388,11 +386,11 @@ impl Transport {
                     } else {
                         "destination"
                     };
-                    return Err(Error::Mem(p2p_mem::Error::InvalidArgument(format!(
+                    return Err(Error::InvalidArgument(format!(
                         "{path:?} runs on the {who} GPU {}, but the stream is on GPU {}",
                         runner.ordinal(),
                         stream.device().ordinal()
-                    ))));
+                    )));
                 }
                 self.ensure_peer_access(runner, other)?;
                 self.sm_copy(runner, dst.device_ptr(), src.device_ptr(), bytes, stream)
@@ -445,9 +443,9 @@ impl Transport {
             (Mode::HostStaged, _, _) => Path::HostStaged,
             (Mode::Intermediate { via }, _, _) => Path::Relay { via: via as i32 },
             (Mode::LegacyIpc | Mode::CuMem, _, _) => {
-                return Err(Error::Mem(p2p_mem::Error::InvalidArgument(format!(
+                return Err(Error::InvalidArgument(format!(
                     "{route} is between processes: it needs a connection, not an in-process copy"
-                ))))
+                )))
             }
         };
         tracing::debug!(target: "p2p_transport::copy", "{route}: {path:?}, {} bytes", src.byte_len());

@@ -74,6 +74,12 @@ pub enum Error {
         /// What happened.
         why: String,
     },
+    /// An argument is outside what the call accepts; nothing was done.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// A `P2P_*` setting could not be used.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     /// Mode selection refused the pair (a forced mode that cannot work).
     #[error(transparent)]
     Mode(#[from] crate::mode::ModeError),

@@ -215,7 +215,7 @@ pub fn choose(cfg: &Config, one_process: bool, pairs: &[PairP2p]) -> (Sharing, S
 }
 
 fn invalid(msg: String) -> Error {
-    Error::Mem(p2p_mem::Error::InvalidArgument(msg))
+    Error::InvalidArgument(msg)
 }
 
 enum Owned {

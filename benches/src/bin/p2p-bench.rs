@@ -567,7 +567,7 @@ fn list(json: bool) -> ExitCode {
         Err(e) => println!("\nno GPU found: {e}"),
     }
     println!(
-        "\nThe transport and collective benchmarks are not built yet; see `topo` and `doctor`."
+        "\nNext: `p2p-bench doctor` (does P2P work, and why not), `p2p-bench p2p` (bandwidth and latency), `p2p-bench coll` (collectives beside NCCL), `p2p-bench faults -n 2` (fault injection)."
     );
     ExitCode::SUCCESS
 }
