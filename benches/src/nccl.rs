@@ -460,7 +460,9 @@ impl<'a> Borrowed<'a> {
     }
 }
 
-impl p2p_mem::DeviceMemory for Borrowed<'_> {
+// SAFETY: the pointer and length describe memory this value owns or borrows for its
+// lifetime (see the type's constructor).
+unsafe impl p2p_mem::DeviceMemory for Borrowed<'_> {
     fn device(&self) -> &Device {
         self.mem.device()
     }
@@ -472,7 +474,9 @@ impl p2p_mem::DeviceMemory for Borrowed<'_> {
     }
 }
 
-impl p2p_mem::DeviceMemoryMut for Borrowed<'_> {}
+// SAFETY: the pointer and length describe memory this value owns or borrows for its
+// lifetime (see the type's constructor).
+unsafe impl p2p_mem::DeviceMemoryMut for Borrowed<'_> {}
 
 impl NcclGroup {
     /// Rank r's registered send and receive buffers (window modes only).

@@ -384,7 +384,10 @@ struct RawRegion<'a> {
     bytes: usize,
 }
 
-impl DeviceMemory for RawRegion<'_> {
+// SAFETY: a RawRegion is only made in this module, from a sub-range of one of the benchmark's
+// own live buffers, and used while that buffer lives.
+#[allow(unsafe_code)]
+unsafe impl DeviceMemory for RawRegion<'_> {
     fn device(&self) -> &Device {
         self.device
     }
@@ -395,7 +398,9 @@ impl DeviceMemory for RawRegion<'_> {
         self.bytes
     }
 }
-impl DeviceMemoryMut for RawRegion<'_> {}
+// SAFETY: as above; the benchmark writes only its own destination buffers.
+#[allow(unsafe_code)]
+unsafe impl DeviceMemoryMut for RawRegion<'_> {}
 
 /// CPU-side latency: a 4-byte `cuMemcpyPeerAsync` plus stream synchronisation, timed on the host.
 fn cpu_latency_us(t: &Transport, a: &Device, b: &Device) -> p2p_transport::Result<Stat> {

@@ -266,10 +266,13 @@ fn c_chars_to_string(buf: &[std::ffi::c_char]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-/// A non-blocking CUDA stream on one device, destroyed on `Drop`.
+/// A non-blocking CUDA stream on one device, destroyed on `Drop` (unless borrowed with
+/// [`Stream::from_raw`]).
 pub struct Stream {
     device: Device,
     raw: cuda::CUstream,
+    /// Whether `Drop` destroys the stream (false for a borrowed one).
+    owned: bool,
 }
 
 // SAFETY: a CUstream may be used from any thread; every use binds its device's context first.
@@ -288,7 +291,27 @@ impl Stream {
         Ok(Stream {
             device: device.clone(),
             raw,
+            owned: true,
         })
+    }
+
+    /// Borrows a stream someone else created (cudarc's `CudaStream::cu_stream()`, a C++
+    /// library's `cudaStream_t`), so that p2p's calls queue on the user's own stream. Dropping
+    /// the result does not destroy the stream.
+    ///
+    /// p2p uses each device's primary context, which is the one the CUDA runtime, cudarc's
+    /// `CudaContext` and PyTorch use, so their streams work here.
+    ///
+    /// # Safety
+    /// `raw` must be a live stream of `device`'s primary context (or the legacy default stream,
+    /// null), and must stay alive for as long as the returned value and any work p2p queued on
+    /// it.
+    pub unsafe fn from_raw(device: &Device, raw: cuda::CUstream) -> Stream {
+        Stream {
+            device: device.clone(),
+            raw,
+            owned: false,
+        }
     }
     /// The device the stream belongs to.
     pub fn device(&self) -> &Device {
@@ -308,6 +331,9 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         let _ = self.device.bind_to_thread();
         // SAFETY: the stream was created by us and is destroyed once; pending work still completes.
         if let Err(e) = unsafe { cu!(cuStreamDestroy_v2(self.raw)) } {

@@ -271,7 +271,9 @@ impl ImportedBuffer {
     }
 }
 
-impl DeviceMemory for ImportedBuffer {
+// SAFETY: the pointer and length describe memory this value owns or borrows for its
+// lifetime (see the type's constructor).
+unsafe impl DeviceMemory for ImportedBuffer {
     fn device(&self) -> &Device {
         &self.mapping.device
     }
@@ -282,7 +284,9 @@ impl DeviceMemory for ImportedBuffer {
         self.len
     }
 }
-impl DeviceMemoryMut for ImportedBuffer {}
+// SAFETY: the pointer and length describe memory this value owns or borrows for its
+// lifetime (see the type's constructor).
+unsafe impl DeviceMemoryMut for ImportedBuffer {}
 
 // SAFETY: the mapping is process-wide device memory usable from any thread.
 unsafe impl Send for IpcMapping {}

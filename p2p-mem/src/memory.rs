@@ -14,7 +14,14 @@ use crate::device::{as_bytes, as_bytes_mut, Device, DeviceCopy, Stream};
 use crate::error::{Error, OnDevice, Result};
 
 /// A region of device memory that can be read: the common face of every buffer kind.
-pub trait DeviceMemory {
+///
+/// # Safety
+/// The kernels and copies of p2p read `byte_len()` bytes at `device_ptr()` on `device()`
+/// trusting this trait, so an implementation must guarantee that those bytes are memory the
+/// device can access, allocated for as long as the value lives (and as long as any work queued
+/// with it runs). For memory p2p did not allocate, use [`ExternalMemory::from_raw`] rather than
+/// a new implementation.
+pub unsafe trait DeviceMemory {
     /// The device the memory lives on (or, for imported memory, is mapped into).
     fn device(&self) -> &Device;
     /// The device address of the first byte.
@@ -86,7 +93,11 @@ pub trait DeviceMemory {
 }
 
 /// A region of device memory that can also be written.
-pub trait DeviceMemoryMut: DeviceMemory {
+///
+/// # Safety
+/// As for [`DeviceMemory`], and the region must be writable: no other live value may rely on
+/// its contents while p2p writes it.
+pub unsafe trait DeviceMemoryMut: DeviceMemory {
     /// Copies `src`, which must be exactly as large as the region, to the device. Synchronous:
     /// returns once the data is in device memory.
     fn copy_from_host<T: DeviceCopy>(&mut self, src: &[T]) -> Result<()>
@@ -304,7 +315,9 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
     }
 }
 
-impl<T: DeviceCopy> DeviceMemory for DeviceBuffer<T> {
+// SAFETY: the pointer and length describe memory this value owns or borrows for its
+// lifetime (see the type's constructor).
+unsafe impl<T: DeviceCopy> DeviceMemory for DeviceBuffer<T> {
     fn device(&self) -> &Device {
         &self.device
     }
@@ -315,7 +328,9 @@ impl<T: DeviceCopy> DeviceMemory for DeviceBuffer<T> {
         self.len * std::mem::size_of::<T>()
     }
 }
-impl<T: DeviceCopy> DeviceMemoryMut for DeviceBuffer<T> {}
+// SAFETY: the pointer and length describe memory this value owns or borrows for its
+// lifetime (see the type's constructor).
+unsafe impl<T: DeviceCopy> DeviceMemoryMut for DeviceBuffer<T> {}
 
 impl<T: DeviceCopy> Drop for DeviceBuffer<T> {
     fn drop(&mut self) {
@@ -367,7 +382,9 @@ macro_rules! view_memory {
                 self.len == 0
             }
         }
-        impl<T: DeviceCopy> DeviceMemory for $view<'_, T> {
+        // SAFETY: the pointer and length describe memory this value owns or borrows for its
+        // lifetime (see the type's constructor).
+        unsafe impl<T: DeviceCopy> DeviceMemory for $view<'_, T> {
             fn device(&self) -> &Device {
                 self.device
             }
@@ -382,7 +399,9 @@ macro_rules! view_memory {
 }
 view_memory!(DeviceView);
 view_memory!(DeviceViewMut);
-impl<T: DeviceCopy> DeviceMemoryMut for DeviceViewMut<'_, T> {}
+// SAFETY: the pointer and length describe memory this value owns or borrows for its
+// lifetime (see the type's constructor).
+unsafe impl<T: DeviceCopy> DeviceMemoryMut for DeviceViewMut<'_, T> {}
 
 /// Device memory that something else allocated and frees (NCCL's `ncclMemAlloc`, cudarc, a
 /// framework's allocator), seen through the [`DeviceMemory`] traits. It frees nothing.
@@ -423,7 +442,9 @@ impl ExternalMemory {
     }
 }
 
-impl DeviceMemory for ExternalMemory {
+// SAFETY: the pointer and length describe memory this value owns or borrows for its
+// lifetime (see the type's constructor).
+unsafe impl DeviceMemory for ExternalMemory {
     fn device(&self) -> &Device {
         &self.device
     }
@@ -435,7 +456,9 @@ impl DeviceMemory for ExternalMemory {
     }
 }
 
-impl DeviceMemoryMut for ExternalMemory {}
+// SAFETY: the pointer and length describe memory this value owns or borrows for its
+// lifetime (see the type's constructor).
+unsafe impl DeviceMemoryMut for ExternalMemory {}
 
 /// Page-locked host memory from `cuMemHostAlloc` (portable: usable with every context), zeroed
 /// at allocation and freed on `Drop`. Dereferences to `[T]`.

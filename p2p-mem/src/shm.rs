@@ -127,7 +127,9 @@ impl HostShared {
     }
 }
 
-impl DeviceMemory for HostShared {
+// SAFETY: the pointer and length describe memory this value owns or borrows for its
+// lifetime (see the type's constructor).
+unsafe impl DeviceMemory for HostShared {
     fn device(&self) -> &Device {
         &self.device
     }
@@ -138,7 +140,9 @@ impl DeviceMemory for HostShared {
         self.len
     }
 }
-impl DeviceMemoryMut for HostShared {}
+// SAFETY: the pointer and length describe memory this value owns or borrows for its
+// lifetime (see the type's constructor).
+unsafe impl DeviceMemoryMut for HostShared {}
 
 impl Drop for HostShared {
     fn drop(&mut self) {

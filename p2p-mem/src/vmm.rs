@@ -360,7 +360,9 @@ impl VmmBuffer {
     }
 }
 
-impl DeviceMemory for VmmBuffer {
+// SAFETY: the pointer and length describe memory this value owns or borrows for its
+// lifetime (see the type's constructor).
+unsafe impl DeviceMemory for VmmBuffer {
     fn device(&self) -> &Device {
         &self.device
     }
@@ -371,7 +373,9 @@ impl DeviceMemory for VmmBuffer {
         self.size
     }
 }
-impl DeviceMemoryMut for VmmBuffer {}
+// SAFETY: the pointer and length describe memory this value owns or borrows for its
+// lifetime (see the type's constructor).
+unsafe impl DeviceMemoryMut for VmmBuffer {}
 
 impl Drop for VmmBuffer {
     fn drop(&mut self) {

@@ -543,3 +543,37 @@ fn gpu1_shared_host_memory_maps_twice_and_round_trips() {
         Err(Error::SizeMismatch { .. })
     ));
 }
+
+/// A stream borrowed from its owner (`Stream::from_raw`) queues work on the owner's stream, and
+/// dropping it leaves the stream alive; memory named by raw pointer (`ExternalMemory`) is read
+/// and written in place.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu1_borrowed_streams_and_external_memory() {
+    let d = &gpus(1)[0];
+    let owner = Stream::new(d).expect("stream");
+    let mut buf = DeviceBuffer::<u8>::new(d, 4096).expect("alloc");
+    {
+        // SAFETY: `owner` is a live stream of d's primary context and outlives `borrowed`.
+        let borrowed = unsafe { Stream::from_raw(d, owner.cu_stream()) };
+        // SAFETY: `buf` is live device memory of `d`, 4096 bytes, and outlives `ext`.
+        let mut ext = unsafe { p2p_mem::ExternalMemory::from_raw(d, buf.device_ptr(), 4096) };
+        ext.memset_u8_async(0x5a, &borrowed)
+            .expect("memset on the borrowed stream");
+        borrowed.synchronize().expect("sync");
+    }
+    assert!(buf
+        .to_host_vec::<u8>()
+        .expect("download")
+        .iter()
+        .all(|&b| b == 0x5a));
+    // The owner's stream still works after the borrow was dropped.
+    buf.memset_u8_async(0xa5, &owner)
+        .expect("memset on the owner");
+    owner.synchronize().expect("sync");
+    assert!(buf
+        .to_host_vec::<u8>()
+        .expect("download")
+        .iter()
+        .all(|&b| b == 0xa5));
+}

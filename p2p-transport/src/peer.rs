@@ -293,7 +293,9 @@ impl LocalRegion {
     }
 }
 
-impl DeviceMemory for LocalRegion {
+// SAFETY: the pointer and length describe memory this value owns or borrows for its
+// lifetime (see the type's constructor).
+unsafe impl DeviceMemory for LocalRegion {
     fn device(&self) -> &Device {
         match &self.mem {
             Owned::Device(b) => b.device(),
@@ -316,7 +318,9 @@ impl DeviceMemory for LocalRegion {
         }
     }
 }
-impl DeviceMemoryMut for LocalRegion {}
+// SAFETY: the pointer and length describe memory this value owns or borrows for its
+// lifetime (see the type's constructor).
+unsafe impl DeviceMemoryMut for LocalRegion {}
 
 /// Exports memory this layer did not allocate (a user's buffer from `cudaMalloc`, a
 /// framework's allocator) for peers in other processes: such memory crosses processes only as
@@ -347,7 +351,9 @@ pub enum PeerRegion {
     Host(HostShared),
 }
 
-impl DeviceMemory for PeerRegion {
+// SAFETY: the pointer and length describe memory this value owns or borrows for its
+// lifetime (see the type's constructor).
+unsafe impl DeviceMemory for PeerRegion {
     fn device(&self) -> &Device {
         match self {
             PeerRegion::Ipc(b) => b.device(),
@@ -370,7 +376,9 @@ impl DeviceMemory for PeerRegion {
         }
     }
 }
-impl DeviceMemoryMut for PeerRegion {}
+// SAFETY: the pointer and length describe memory this value owns or borrows for its
+// lifetime (see the type's constructor).
+unsafe impl DeviceMemoryMut for PeerRegion {}
 
 /// Maps a peer's exported region on `device`. `peer` names the peer rank in errors.
 pub fn import(device: &Device, sharing: Sharing, peer: usize, e: Exported) -> Result<PeerRegion> {
