@@ -619,7 +619,7 @@ impl Communicator {
                         p.display()
                     ))
                 })?;
-                peer::send(&chan, &(rank as u32).to_le_bytes(), &exported)?;
+                peer::send(&chan, rank, &exported)?;
                 sent.push(chan);
             }
         }
@@ -663,11 +663,11 @@ impl Communicator {
                 );
                 continue;
             };
-            let (prefix, e) = match peer::recv(&chan, sharing, 4) {
+            let (from, e) = match peer::recv(&chan, sharing) {
                 Ok(x) => x,
                 Err(e) => return Err(fail(format!("rank {r}'s workspace: {e}"))),
             };
-            if wire::Reader::new(&prefix).u32() != Some(r as u32) {
+            if from != r {
                 return Err(fail(format!(
                     "rank {r} (pid {pid}) sent its workspace under another rank's name"
                 )));

@@ -531,28 +531,31 @@ pub fn connect_in_process(
     Ok((SendConn { side: s }, RecvConn { side: r }))
 }
 
-const HELLO: &[u8; 4] = b"P2PC";
+/// The `wire` message kind of a connection's hello (its shape: slots, slot size, sharing,
+/// engine, direction), compared byte for byte by the sender.
+const HELLO: u16 = 0x0C01;
 
 fn hello(opts: &ConnOptions, sharing: Sharing) -> Vec<u8> {
-    let mut m = HELLO.to_vec();
-    m.extend_from_slice(&opts.slots.to_le_bytes());
-    m.extend_from_slice(&(opts.slot_bytes as u64).to_le_bytes());
-    m.push(sharing.code());
-    m.push(opts.engine as u8);
-    m.push(opts.direction as u8);
-    m
+    let shape = p2p_mem::wire::Writer::new()
+        .u64(opts.slots as u64)
+        .u64(opts.slot_bytes as u64)
+        .u16(sharing.code() as u16)
+        .u16(opts.engine as u16)
+        .u16(opts.direction as u16)
+        .finish();
+    p2p_mem::wire::encode_message(HELLO, &shape)
 }
 
 /// Allocates zeroed memory to share with the peer and sends its handle (the peer layer).
 fn export(chan: &FdChannel, device: &Device, bytes: usize, sharing: Sharing) -> Result<Shared> {
     let region = LocalRegion::allocate(device, bytes, sharing)?;
-    peer::send(chan, &[], &region.export()?)?;
+    peer::send(chan, 0, &region.export()?)?;
     Ok(Arc::new(region))
 }
 
 /// Receives the peer's handle and maps its memory on `device` (the peer layer).
 fn import(chan: &FdChannel, device: &Device, sharing: Sharing, peer_rank: usize) -> Result<Shared> {
-    let (_, exported) = peer::recv(chan, sharing, 0)?;
+    let (_, exported) = peer::recv(chan, sharing)?;
     Ok(Arc::new(peer::import(
         device, sharing, peer_rank, exported,
     )?))

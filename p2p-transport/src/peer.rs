@@ -426,10 +426,19 @@ pub fn import(device: &Device, sharing: Sharing, peer: usize, e: Exported) -> Re
     }
 }
 
-/// Sends an export over `chan`, prefixed with `prefix` (a caller's own header, e.g. its rank).
-pub fn send(chan: &FdChannel, prefix: &[u8], e: &Exported) -> Result<()> {
-    let mut msg = prefix.to_vec();
-    msg.extend_from_slice(&e.header);
+/// The `wire` message kind that carries an export.
+const EXPORT: u16 = 0x0E01;
+
+/// Sends an export over `chan` as rank `from` (a `wire` message: the rank, then the handle;
+/// the fd, if any, beside it).
+pub fn send(chan: &FdChannel, from: usize, e: &Exported) -> Result<()> {
+    let msg = p2p_mem::wire::encode_message(
+        EXPORT,
+        &p2p_mem::wire::Writer::new()
+            .u32(u32::try_from(from).unwrap_or(u32::MAX))
+            .blob(&e.header)
+            .finish(),
+    );
     match &e.fd {
         Some(fd) => chan.send_fd(&msg, fd.as_fd())?,
         None => chan.send_msg(&msg)?,
@@ -437,26 +446,33 @@ pub fn send(chan: &FdChannel, prefix: &[u8], e: &Exported) -> Result<()> {
     Ok(())
 }
 
-/// Receives an export of `sharing` sent by [`send`]; returns the caller's prefix bytes (the
-/// first `prefix_len`) and the export.
-pub fn recv(chan: &FdChannel, sharing: Sharing, prefix_len: usize) -> Result<(Vec<u8>, Exported)> {
-    let (mut msg, fd) = if sharing.carries_fd() {
+/// Receives an export of `sharing` sent by [`send`]; returns the rank the sender named and
+/// the export. A message that is not a well-formed export is an error (its fd is closed).
+pub fn recv(chan: &FdChannel, sharing: Sharing) -> Result<(usize, Exported)> {
+    let (msg, fd) = if sharing.carries_fd() {
         let (m, fd) = chan.recv_fd()?;
         (m, Some(fd))
     } else {
         (chan.recv_msg()?, None)
     };
-    if msg.len() < prefix_len {
-        return Err(Error::Handshake {
-            peer: usize::MAX,
-            why: format!(
-                "a {}-byte message, shorter than its {prefix_len}-byte header",
-                msg.len()
-            ),
-        });
+    let bad = |why: String| Error::Handshake {
+        peer: usize::MAX,
+        why,
+    };
+    let (kind, payload) = p2p_mem::wire::decode_message(&msg, p2p_mem::fdpass::MAX_MESSAGE)
+        .map_err(|e| bad(format!("not an export: {e}")))?;
+    if kind != EXPORT {
+        return Err(bad(format!("message kind {kind}, not an export")));
     }
-    let header = msg.split_off(prefix_len);
-    Ok((msg, Exported { header, fd }))
+    let mut r = p2p_mem::wire::Reader::new(payload);
+    let (from, header) = (|| {
+        let from = r.u32()?;
+        let header = r.blob(p2p_mem::fdpass::MAX_MESSAGE)?.to_vec();
+        r.end()?;
+        Some((from as usize, header))
+    })()
+    .ok_or_else(|| bad("a malformed export".into()))?;
+    Ok((from, Exported { header, fd }))
 }
 
 #[cfg(test)]
