@@ -479,6 +479,43 @@ pub fn recv(chan: &FdChannel, sharing: Sharing) -> Result<(usize, Exported)> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn exports_travel_as_wire_messages_with_and_without_fds() {
+        use p2p_mem::fdpass::{FdChannel, FdListener, PrivateDir};
+        let dir = PrivateDir::new("peer-unit").expect("dir");
+        let listener = FdListener::bind(&dir.path().join("s")).expect("bind");
+        let a = FdChannel::connect(listener.path()).expect("connect");
+        let b = listener
+            .accept(std::time::Duration::from_secs(5))
+            .expect("accept");
+        // Legacy IPC: no fd.
+        let e = Exported {
+            header: vec![1, 2, 3, 4, 5],
+            fd: None,
+        };
+        send(&a, 3, &e).expect("send");
+        let (from, got) = recv(&b, Sharing::LegacyIpc).expect("recv");
+        assert_eq!(
+            (from, got.header, got.fd.is_none()),
+            (3, vec![1, 2, 3, 4, 5], true)
+        );
+        // cuMem: the fd travels beside the handle.
+        let file = std::fs::File::open("/dev/null").expect("fd");
+        let e = Exported {
+            header: vec![9; 40],
+            fd: Some(file.into()),
+        };
+        send(&a, 1, &e).expect("send");
+        let (from, got) = recv(&b, Sharing::CuMem).expect("recv");
+        assert_eq!((from, got.header.len(), got.fd.is_some()), (1, 40, true));
+        // Anything else is refused.
+        a.send_msg(b"not an export").expect("send");
+        assert!(recv(&b, Sharing::LegacyIpc).is_err());
+        a.send_msg(&p2p_mem::wire::encode_message(0x0C01, &[0; 22]))
+            .expect("send");
+        assert!(recv(&b, Sharing::LegacyIpc).is_err());
+    }
+
     fn pair(p2p: bool) -> PairP2p {
         PairP2p {
             from: 0,
