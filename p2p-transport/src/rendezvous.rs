@@ -276,31 +276,25 @@ fn default_dir() -> PathBuf {
     base.join(format!("p2p-{uid}"))
 }
 
-fn mac(key: &[u8; 32], label: &[u8], fields: &[&[u8]]) -> [u8; 32] {
-    // HMAC accepts keys of any length, so `new_from_slice` cannot fail here.
-    let mut m = match HmacSha256::new_from_slice(key) {
-        Ok(m) => m,
-        Err(_) => return [0; 32],
-    };
+/// HMAC-SHA256 with `key` over `label` and each field, length-prefixed (so fields cannot be
+/// shifted into one another). `None` only if the key were refused, which HMAC never does.
+fn hmac_of(key: &[u8; 32], label: &[u8], fields: &[&[u8]]) -> Option<HmacSha256> {
+    let mut m = HmacSha256::new_from_slice(key).ok()?;
     m.update(label);
     for f in fields {
         m.update(&(f.len() as u32).to_le_bytes());
         m.update(f);
     }
-    m.finalize().into_bytes().into()
+    Some(m)
+}
+
+fn mac(key: &[u8; 32], label: &[u8], fields: &[&[u8]]) -> [u8; 32] {
+    hmac_of(key, label, fields).map_or([0; 32], |m| m.finalize().into_bytes().into())
 }
 
 fn mac_ok(key: &[u8; 32], label: &[u8], fields: &[&[u8]], got: &[u8; 32]) -> bool {
-    let Ok(mut m) = HmacSha256::new_from_slice(key) else {
-        return false;
-    };
-    m.update(label);
-    for f in fields {
-        m.update(&(f.len() as u32).to_le_bytes());
-        m.update(f);
-    }
-    // Constant-time comparison.
-    m.verify_slice(got).is_ok()
+    // `verify_slice` compares in constant time.
+    hmac_of(key, label, fields).is_some_and(|m| m.verify_slice(got).is_ok())
 }
 
 /// Why a group stopped: which rank failed and how it was found out.
