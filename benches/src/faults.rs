@@ -467,6 +467,17 @@ pub struct Trial {
     pub init_ms: f64,
 }
 
+impl Trial {
+    /// "ok" if every process exited cleanly within the trial's limit, else "FAILED".
+    fn verdict(&self) -> &'static str {
+        if self.clean_exit && !self.hang {
+            "ok"
+        } else {
+            "FAILED"
+        }
+    }
+}
+
 /// Whether an error text names rank `r` (as "rank r" or in a list "[.., r, ..]").
 fn names_rank(text: &str, r: usize) -> bool {
     text.contains(&format!("rank {r}"))
@@ -698,17 +709,12 @@ pub fn run_suite(
         seed ^= seed << 17;
         seed
     };
-    // A warm-up job compiles the kernels into the on-disk cache, so no trial pays for it.
     // The first job compiles the kernels into the on-disk cache; the second measures how long
     // making a communicator takes once they are cached (the window kill-during-init aims at).
     let compile = run_trial(exe, Kind::None, world, 0, 0, 0, timeout_ms);
     eprintln!(
         "compile job: {} ({:.1} s)",
-        if compile.clean_exit && !compile.hang {
-            "ok"
-        } else {
-            "FAILED"
-        },
+        compile.verdict(),
         start.elapsed().as_secs_f64()
     );
     let warm = run_trial(exe, Kind::None, world, 0, 0, usize::MAX, timeout_ms);
@@ -717,11 +723,7 @@ pub fn run_suite(
     eprintln!("warm-up: communicator init took {:.1} ms", warm.init_ms);
     eprintln!(
         "warm-up: {} ({:.1} s)",
-        if warm.clean_exit && !warm.hang {
-            "ok"
-        } else {
-            "FAILED"
-        },
+        warm.verdict(),
         start.elapsed().as_secs_f64()
     );
     let mut all = Vec::new();
@@ -762,7 +764,7 @@ pub fn run_suite(
         );
         all.push(t);
     }
-    summarize(world, &all, warm.clean_exit && !warm.hang, timeout_ms)
+    summarize(world, &all, warm.verdict() == "ok", timeout_ms)
 }
 
 fn summarize(world: usize, all: &[Trial], warm_ok: bool, timeout_ms: u64) -> (Value, String) {
