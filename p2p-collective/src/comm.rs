@@ -377,6 +377,8 @@ impl Communicator {
                 }
             }
         }
+        peer::limit_to_level(&options.transport, &mut pairs)?;
+        warn_unused_settings(&options.transport, true);
         let (sharing, why) = peer::choose(&options.transport, true, &pairs);
         if sharing == Sharing::Pointer {
             for (i, a) in devices.iter().enumerate() {
@@ -581,6 +583,10 @@ impl Communicator {
             paths.push(std::path::PathBuf::from(their_path));
         }
         // Every rank proposes a sharing from its own view; the weakest wins everywhere.
+        peer::limit_to_level(&options.transport, &mut pairs)?;
+        if rank == 0 {
+            warn_unused_settings(&options.transport, false);
+        }
         let (mine, why) = peer::choose(&options.transport, false, &pairs);
         let proposal = wire::Writer::new()
             .u16(mine.code() as u16)
@@ -1647,4 +1653,95 @@ fn log_tuning(t: &Tuning, workspace: usize) {
         t.piece_bytes >> 10,
         workspace >> 20
     );
+}
+
+/// Transport settings that the collectives do not use, each with why: a user who sets one
+/// expecting it to change the collectives is told so (once per communicator, by rank 0) instead
+/// of being ignored silently.
+fn unused_settings(cfg: &Config, one_process: bool) -> Vec<String> {
+    use p2p_transport::config::{ForcedMode, Switch};
+    let mut out = Vec::new();
+    if cfg.read != Switch::Auto {
+        let v = if cfg.read == Switch::On { "on" } else { "off" };
+        out.push(format!("P2P_READ={v} (the collective kernels read and write peer memory as each algorithm needs)"));
+    }
+    if cfg.use_copy_engine {
+        out.push("P2P_USE_COPY_ENGINE=1 (the collectives move data with their own kernels)".into());
+    }
+    if !cfg.intermediate {
+        out.push("P2P_INTERMEDIATE=0 (the collectives never relay through a third GPU)".into());
+    }
+    match cfg.force_mode {
+        Some(ForcedMode::Intermediate) => out.push(
+            "P2P_MODE=intermediate (the collectives never relay through a third GPU; without P2P they go host-staged)".into(),
+        ),
+        Some(ForcedMode::Direct) if !one_process => out.push(
+            "P2P_MODE=direct (ranks in different processes share memory with cuMem fds or legacy IPC)".into(),
+        ),
+        Some(m @ (ForcedMode::Ipc | ForcedMode::CuMem)) if one_process => out.push(format!(
+            "P2P_MODE={} (one process shares plain pointers: IPC handles cannot be opened in the process that made them)",
+            if m == ForcedMode::Ipc { "ipc" } else { "cumem" }
+        )),
+        _ => {}
+    }
+    if cfg.direct_disable && one_process {
+        out.push("P2P_DIRECT_DISABLE=1 (one process shares plain pointers: IPC handles cannot be opened in the process that made them)".into());
+    }
+    out
+}
+
+fn warn_unused_settings(cfg: &Config, one_process: bool) {
+    for what in unused_settings(cfg, one_process) {
+        tracing::warn!(target: "p2p_collective::comm", "not used by the collectives: {what}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unused_settings;
+    use p2p_transport::config::Config;
+
+    fn cfg(vars: &[(&str, &str)]) -> Config {
+        Config::from_vars(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+            .expect("valid settings")
+    }
+
+    #[test]
+    fn the_defaults_leave_nothing_unused() {
+        assert!(unused_settings(&Config::default(), true).is_empty());
+        assert!(unused_settings(&Config::default(), false).is_empty());
+        // The settings the collectives do use are not reported.
+        let used = cfg(&[
+            ("P2P_LEVEL", "NVL"),
+            ("P2P_CUMEM", "0"),
+            ("P2P_MODE", "host"),
+        ]);
+        assert!(unused_settings(&used, false).is_empty());
+    }
+
+    #[test]
+    fn transport_only_settings_are_named() {
+        let c = cfg(&[
+            ("P2P_READ", "on"),
+            ("P2P_USE_COPY_ENGINE", "1"),
+            ("P2P_INTERMEDIATE", "0"),
+        ]);
+        let unused = unused_settings(&c, false);
+        assert_eq!(unused.len(), 3, "{unused:?}");
+        assert!(unused[0].starts_with("P2P_READ=on"), "{unused:?}");
+        assert!(unused[1].starts_with("P2P_USE_COPY_ENGINE=1"));
+        assert!(unused[2].starts_with("P2P_INTERMEDIATE=0"));
+    }
+
+    #[test]
+    fn forced_modes_that_cannot_apply_are_named() {
+        let direct = cfg(&[("P2P_MODE", "direct")]);
+        assert!(unused_settings(&direct, true).is_empty());
+        assert!(unused_settings(&direct, false)[0].starts_with("P2P_MODE=direct"));
+        let ipc = cfg(&[("P2P_MODE", "ipc")]);
+        assert!(unused_settings(&ipc, false).is_empty());
+        assert!(unused_settings(&ipc, true)[0].starts_with("P2P_MODE=ipc"));
+        let relay = cfg(&[("P2P_MODE", "intermediate")]);
+        assert!(unused_settings(&relay, false)[0].starts_with("P2P_MODE=intermediate"));
+    }
 }

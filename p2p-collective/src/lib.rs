@@ -47,6 +47,7 @@ pub mod verify;
 
 pub use comm::{Call, Communicator, Options, Registration};
 pub use error::{Error, Result};
+pub use p2p_mem;
 pub use p2p_transport;
 pub use p2p_transport::rendezvous;
 pub use p2p_transport::rendezvous::Rendezvous;

@@ -44,9 +44,11 @@ fn gpu2_process_per_gpu_matrix() {
         let comm = Communicator::from_env().expect("from_env");
         let rank = comm.rank();
         // Between processes: cuMem fds by default, legacy IPC with P2P_CUMEM=0, host memory
-        // with P2P_DISABLE=1 (the bundle's scripts run all three).
+        // with P2P_DISABLE=1 or P2P_LEVEL=LOC (the GPU machines' pairs are NVLink, which every
+        // other level allows; the bundle's scripts run all four).
         let cfg = p2p_transport::config::Config::from_env().expect("settings");
-        let expected = if cfg.p2p_disable {
+        let expected = if cfg.p2p_disable || cfg.p2p_level == p2p_transport::config::PathLevel::Loc
+        {
             Sharing::HostStaged
         } else if !cfg.cumem {
             Sharing::LegacyIpc

@@ -273,6 +273,9 @@ pub struct Stream {
     raw: cuda::CUstream,
     /// Whether `Drop` destroys the stream (false for a borrowed one).
     owned: bool,
+    /// The cudarc stream this one borrows, kept alive for as long as this value.
+    #[cfg(feature = "cudarc")]
+    pub(crate) cudarc: Option<std::sync::Arc<cudarc::driver::CudaStream>>,
 }
 
 // SAFETY: a CUstream may be used from any thread; every use binds its device's context first.
@@ -292,6 +295,8 @@ impl Stream {
             device: device.clone(),
             raw,
             owned: true,
+            #[cfg(feature = "cudarc")]
+            cudarc: None,
         })
     }
 
@@ -311,6 +316,8 @@ impl Stream {
             device: device.clone(),
             raw,
             owned: false,
+            #[cfg(feature = "cudarc")]
+            cudarc: None,
         }
     }
     /// The device the stream belongs to.

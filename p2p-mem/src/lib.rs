@@ -35,6 +35,8 @@
 //! each call binds the device's context to the calling thread first. Shared references only
 //! read; anything that writes device memory takes `&mut`.
 
+#[cfg(feature = "cudarc")]
+pub mod cudarc_interop;
 mod device;
 mod error;
 mod event;

@@ -577,3 +577,40 @@ fn gpu1_borrowed_streams_and_external_memory() {
         .iter()
         .all(|&b| b == 0xa5));
 }
+
+/// cudarc's own context, stream and pool-allocated slices used directly (feature `cudarc`): the
+/// views read and write the slices' memory in place, on the cudarc stream; the rules are
+/// enforced (a view needs a cudarc stream; pool memory cannot be shared with peers).
+#[cfg(feature = "cudarc")]
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu1_cudarc_slices_and_streams_in_place() {
+    use p2p_mem::cudarc_interop::{view, view_mut};
+    let ctx = cudarc::driver::CudaContext::new(0).expect("cudarc context");
+    let cu = ctx.new_stream().expect("cudarc stream");
+    let d = Device::from_cudarc(&ctx).expect("primary context");
+    let s = Stream::from_cudarc(&d, &cu).expect("borrowed stream");
+    assert_eq!(s.cu_stream(), cu.cu_stream());
+    let host: Vec<u32> = (0..10_001).map(|i| i * 3 + 1).collect();
+    let mut slice = cu.clone_htod(&host).expect("upload");
+    {
+        // Read in place through p2p.
+        let v = view(&s, &slice).expect("view");
+        assert_eq!(v.byte_len(), host.len() * 4);
+        assert_eq!(v.to_host_vec::<u32>().expect("read"), host);
+        // The pool rule: peers cannot map cudarc's stream-ordered pool memory.
+        let e = p2p_mem::check_peer_mappable(&v).expect_err("pool memory");
+        assert!(e.to_string().contains("stream-ordered memory pool"), "{e}");
+    }
+    {
+        // Write in place through p2p, on the cudarc stream.
+        let mut v = view_mut(&s, &mut slice).expect("view_mut");
+        v.memset_u8_async(0x11, &s)
+            .expect("memset on the cudarc stream");
+    }
+    let back: Vec<u32> = cu.clone_dtoh(&slice).expect("download");
+    assert!(back.iter().all(|&x| x == 0x1111_1111), "{:?}", &back[..4]);
+    // A view needs a stream that came from cudarc.
+    let plain = Stream::new(&d).expect("stream");
+    assert!(view(&plain, &slice).is_err());
+}

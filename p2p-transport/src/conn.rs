@@ -416,12 +416,7 @@ impl Side {
             } else {
                 (buf + off, slot)
             };
-            let on = |source| {
-                Error::Mem(p2p_mem::Error::Cuda {
-                    device: self.device.ordinal(),
-                    source,
-                })
-            };
+            let on = crate::error::cuda(self.device.ordinal(), None);
             // SAFETY: `src` and `dst` are `len` bytes inside the caller's buffer and the ring, both
             // mapped in this context (UVA); the stream orders this after the wait above.
             unsafe { p2p_sys::cu!(cuMemcpyAsync(dst, src, len, stream.cu_stream())) }

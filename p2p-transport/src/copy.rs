@@ -273,10 +273,12 @@ impl Transport {
         self.devices
             .iter()
             .find(|d| d.ordinal() == ordinal)
-            .ok_or(Error::Mem(p2p_mem::Error::NoSuchDevice {
-                ordinal,
-                count: self.devices.len() as i32,
-            }))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "GPU {ordinal} is not one of this transport's devices ({:?})",
+                    self.devices.iter().map(Device::ordinal).collect::<Vec<_>>()
+                ))
+            })
     }
 
     /// The position of `device` among this transport's devices.
@@ -357,11 +359,10 @@ impl Transport {
     ) -> Result<()> {
         let bytes = src.byte_len();
         if dst.byte_len() != bytes {
-            return Err(Error::Mem(p2p_mem::Error::SizeMismatch {
-                what: "copy destination",
-                expected: bytes,
-                got: dst.byte_len(),
-            }));
+            return Err(Error::InvalidArgument(format!(
+                "copy destination holds {} bytes but the source {bytes}: they must be equal",
+                dst.byte_len()
+            )));
         }
         if bytes == 0 {
             return Ok(());
@@ -506,13 +507,7 @@ fn copy_engine(
                 stream.cu_stream()
             ))
         }
-        .map_err(|source| {
-            Error::Mem(p2p_mem::Error::Peer {
-                device: sd.ordinal(),
-                peer: dd.ordinal(),
-                source,
-            })
-        })?;
+        .map_err(crate::error::cuda(sd.ordinal(), Some(dd.ordinal())))?;
         off += len;
     }
     Ok(())
@@ -630,12 +625,7 @@ impl Pipeline {
                         s.cu_stream()
                     ))
                 }
-                .map_err(|source| {
-                    Error::Mem(p2p_mem::Error::Cuda {
-                        device: sd.ordinal(),
-                        source,
-                    })
-                })
+                .map_err(crate::error::cuda(sd.ordinal(), None))
             }
         }
     }
@@ -655,12 +645,7 @@ impl Pipeline {
                         s.cu_stream()
                     ))
                 }
-                .map_err(|source| {
-                    Error::Mem(p2p_mem::Error::Cuda {
-                        device: dd.ordinal(),
-                        source,
-                    })
-                })
+                .map_err(crate::error::cuda(dd.ordinal(), None))
             }
         }
     }

@@ -10,6 +10,18 @@ pub enum Error {
     /// From the FFI layer (a missing library, a failed NVRTC call).
     #[error(transparent)]
     Sys(#[from] p2p_sys::Error),
+    /// A CUDA call the transport made itself (a peer copy, a staged leg, a connection's chunk
+    /// copy) failed.
+    #[error("on GPU {device}{}: {source}", peer.map(|p| format!(" (to or from GPU {p})")).unwrap_or_default())]
+    Cuda {
+        /// The device whose context made the call.
+        device: i32,
+        /// The other device of a copy between two GPUs, if any.
+        peer: Option<i32>,
+        /// The failed call (it names the CUDA function and its result).
+        #[source]
+        source: p2p_sys::Error,
+    },
     /// A send or recv waited for its peer past the time limit, or was aborted.
     #[error("{op} on rank {rank} (GPU {device}) stalled waiting for rank {peer} at chunk {chunk}: {why}; the connection is now unusable")]
     Stalled {
@@ -83,6 +95,16 @@ pub enum Error {
     /// Mode selection refused the pair (a forced mode that cannot work).
     #[error(transparent)]
     Mode(#[from] crate::mode::ModeError),
+}
+
+/// Turns a failed CUDA call into [`Error::Cuda`] on `device` (and `peer`, for a copy between two
+/// GPUs).
+pub(crate) fn cuda(device: i32, peer: Option<i32>) -> impl Fn(p2p_sys::Error) -> Error + Copy {
+    move |source| Error::Cuda {
+        device,
+        peer,
+        source,
+    }
 }
 
 /// `Result` with [`Error`].

@@ -159,7 +159,15 @@ fn link_name(t: &Topology, a: usize, b: usize) -> String {
 }
 
 /// Whether the configuration lets `a` and `b` use direct P2P, and if not, why.
-fn p2p_allowed(t: &Topology, cfg: &Config, a: usize, b: usize) -> Result<(), String> {
+/// Whether `cfg` lets GPUs `a` and `b` (CUDA ordinals of `t`) use direct P2P: not disabled, possible
+/// as `t` records it, and the path no farther than `P2P_LEVEL`. Otherwise, why not.
+pub fn p2p_allowed(t: &Topology, cfg: &Config, a: usize, b: usize) -> Result<(), String> {
+    if a >= t.gpus.len() || b >= t.gpus.len() {
+        return Err(format!(
+            "GPU {a} or GPU {b} is not in the topology ({} GPUs)",
+            t.gpus.len()
+        ));
+    }
     if cfg.p2p_disable {
         return Err("P2P_DISABLE=1".into());
     }

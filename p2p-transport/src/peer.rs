@@ -1,6 +1,7 @@
 //! One way to reach a peer's memory, for everything above the memory layer: the connections
 //! of [`crate::conn`], and the workspaces of `p2p-collective`'s communicators.
 //!
+//! - [`limit_to_level`] refuses P2P on pairs farther apart than `P2P_LEVEL`.
 //! - [`choose`] picks the [`Sharing`] for a group of ranks from the configuration (`P2P_MODE`,
 //!   `P2P_DISABLE`, `P2P_CUMEM`, `P2P_DIRECT_DISABLE`) and whether each pair of GPUs has direct
 //!   P2P, and says why; one group shares one way (the weakest pair decides).
@@ -31,7 +32,7 @@ use p2p_mem::shm::HostShared;
 use p2p_mem::vmm::{FabricHandle, ShareableHandles, VmmBuffer, VmmHandle};
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut};
 
-use crate::config::{Config, ForcedMode};
+use crate::config::{Config, ForcedMode, PathLevel};
 use crate::error::{Error, Result};
 
 /// How one rank's memory reaches another rank.
@@ -166,6 +167,29 @@ impl PairP2p {
             },
         })
     }
+}
+
+/// Applies `P2P_LEVEL` to probed pairs, as the transport's own copies do: a pair whose topology
+/// path is farther than the level loses direct P2P (and the group goes host-staged). At the
+/// default level (`SYS`) this does nothing; otherwise it reads the topology once (NVML and
+/// sysfs). A pair whose far GPU this process cannot see (`CUDA_VISIBLE_DEVICES`) loses P2P too,
+/// because its path cannot be checked.
+pub fn limit_to_level(cfg: &Config, pairs: &mut [PairP2p]) -> Result<()> {
+    if cfg.p2p_level == PathLevel::Sys || pairs.iter().all(|p| p.p2p.is_err()) {
+        return Ok(());
+    }
+    let t = crate::topo::discover()?;
+    for p in pairs.iter_mut().filter(|p| p.p2p.is_ok()) {
+        p.p2p = match (usize::try_from(p.from), usize::try_from(p.to)) {
+            (Ok(a), Ok(b)) => crate::mode::p2p_allowed(&t, cfg, a, b),
+            _ => Err(format!(
+                "P2P_LEVEL={} is set and GPU {}'s peer is not visible to this process \
+                 (CUDA_VISIBLE_DEVICES), so the path between them cannot be checked",
+                cfg.p2p_level, p.from
+            )),
+        };
+    }
+    Ok(())
 }
 
 /// The sharing for a group of ranks: one process (`one_process`) or one process per GPU, and
@@ -479,6 +503,34 @@ pub fn recv(chan: &FdChannel, sharing: Sharing) -> Result<(usize, Exported)> {
 mod tests {
     use super::*;
 
+    fn pair(ok: bool) -> PairP2p {
+        pair_of(0, 1, ok)
+    }
+
+    fn pair_of(from: i32, to: i32, ok: bool) -> PairP2p {
+        PairP2p {
+            from,
+            to,
+            p2p: if ok { Ok(()) } else { Err("no".into()) },
+        }
+    }
+
+    #[test]
+    fn the_default_level_leaves_pairs_alone_without_reading_the_topology() {
+        // At SYS nothing is read (this machine has no NVML) and nothing changes.
+        let mut pairs = [pair_of(0, 1, true), pair_of(1, 0, false)];
+        limit_to_level(&Config::default(), &mut pairs).expect("no topology needed");
+        assert_eq!(pairs, [pair_of(0, 1, true), pair_of(1, 0, false)]);
+        // A stricter level with no pair left to refuse reads nothing either.
+        let nvl = Config {
+            p2p_level: PathLevel::Nvl,
+            ..Config::default()
+        };
+        let mut none = [pair(false)];
+        limit_to_level(&nvl, &mut none).expect("nothing to check");
+        assert!(none[0].p2p.is_err());
+    }
+
     #[test]
     fn exports_travel_as_wire_messages_with_and_without_fds() {
         use p2p_mem::fdpass::{FdChannel, FdListener, PrivateDir};
@@ -514,14 +566,6 @@ mod tests {
         a.send_msg(&p2p_mem::wire::encode_message(0x0C01, &[0; 22]))
             .expect("send");
         assert!(recv(&b, Sharing::LegacyIpc).is_err());
-    }
-
-    fn pair(p2p: bool) -> PairP2p {
-        PairP2p {
-            from: 0,
-            to: 1,
-            p2p: if p2p { Ok(()) } else { Err("no".into()) },
-        }
     }
 
     #[test]

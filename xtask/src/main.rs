@@ -10,6 +10,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+mod readme;
+
 type Result<T> = std::result::Result<T, String>;
 
 /// The headers bindings are generated from: PyPI's `nvidia-cuda-runtime`, pinned.
@@ -24,6 +26,7 @@ fn main() -> ExitCode {
         Some(cmd @ ("topo" | "doctor")) => bench(&[&[cmd.to_string()], &args[1..]].concat()),
         Some("bundle") => bundle(),
         Some("bindgen") => bindgen(),
+        Some("readme") => readme::check(&root(), &cargo()),
         Some("-h") | Some("--help") | None => {
             println!("{}", usage());
             Ok(())
@@ -46,6 +49,7 @@ fn usage() -> &'static str {
      topo [ARGS]   p2p-bench topo: how the GPUs are joined (--json, --load FILE)\n  \
      doctor [ARGS] p2p-bench doctor: does P2P work between each pair, why not, what to do\n  \
      bundle        build tests and p2p-bench into target/bundle with run.sh, for a GPU machine\n  \
+     readme        compile the README's Rust programs as new crates (CI runs this)\n  \
      bindgen       regenerate p2p-sys/src/checkpoint.rs from pinned CUDA headers (needs bindgen-cli, libclang, pip)"
 }
 
@@ -114,6 +118,23 @@ fn bundle() -> Result<()> {
         &root.join("target/release/p2p-bench"),
         &out.join("p2p-bench"),
     )?;
+
+    // The example programs (examples/src/bin), which run.sh runs after the tests.
+    std::fs::create_dir_all(out.join("examples"))
+        .map_err(|e| format!("creating {}: {e}", out.display()))?;
+    run(Command::new(cargo()).current_dir(&root).args([
+        "build",
+        "--release",
+        "--package",
+        "p2p-examples",
+        "--bins",
+    ]))?;
+    for example in EXAMPLES {
+        copy(
+            &root.join("target/release").join(example),
+            &out.join("examples").join(example),
+        )?;
+    }
 
     eprintln!("xtask: building test executables (release)");
     let output = Command::new(cargo())
@@ -223,6 +244,8 @@ fn make_executable(path: &Path) -> Result<()> {
 /// The script that runs the bundle on a GPU machine. It fails when no GPU is found, runs every
 /// test executable with the GPU tests included, and ends with `N passed, N failed`.
 const RUNNER: &str = include_str!("run.sh");
+/// The example programs the bundle carries (the binaries of `examples/src/bin`).
+const EXAMPLES: [&str; 3] = ["data_parallel", "tensor_parallel_graph", "torchrun_job"];
 
 /// The collective suites and benchmark at every world size from 2 to the GPU count (for 4- and
 /// 8-GPU machines).

@@ -52,6 +52,33 @@ for exe in "$here"/tests/*; do
   if [ "$f" -gt 0 ]; then grep -E -A30 '^---- ' "$log" | head -n 80 | sed 's/^/   | /'; fi
   if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then broken=$((broken + 1)); failed=$((failed + 1)); fi
 done
+# The example programs (examples/src/bin): each checks its own results and exits non-zero on a
+# wrong element. One process over every GPU, then one process per GPU under p2p-bench launch and,
+# where it is installed, under real torchrun.
+if [ -z "$filter" ] || [ "$filter" = examples ]; then
+  gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+  [ "$gpus" -ge 1 ] || gpus=1
+  run_example() {
+    local name=$1; shift
+    local log="$logs/example-$name.log"
+    echo "== example $name"
+    timeout 300 "$@" >"$log" 2>&1
+    local rc=$?
+    if [ "$rc" -eq 0 ]; then
+      passed=$((passed + 1)); grep -E "wrong" "$log" | tail -n 1 | sed 's/^/   /'
+    else
+      failed=$((failed + 1)); echo "   FAILED (exit $rc): see $log"; tail -n 20 "$log" | sed 's/^/   | /'
+    fi
+  }
+  run_example data_parallel "$here/examples/data_parallel"
+  run_example tensor_parallel_graph "$here/examples/tensor_parallel_graph"
+  run_example torchrun_job-launch "$here/p2p-bench" launch -n "$gpus" -- "$here/examples/torchrun_job"
+  if command -v torchrun >/dev/null 2>&1; then
+    run_example torchrun_job-torchrun torchrun --nproc_per_node="$gpus" --no-python "$here/examples/torchrun_job"
+  else
+    echo "== example torchrun_job-torchrun: torchrun is not installed here, not run"
+  fi
+fi
 if [ -n "${OUT:-}" ]; then tar czf "$OUT/bundle-logs.tgz" -C "$here" bundle-logs && echo "logs: $OUT/bundle-logs.tgz"; fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1,0 +1,82 @@
+//! What the example programs share: a readable error exit and the values they check.
+//!
+//! The programs themselves are in `src/bin`: `data_parallel` (gradients in cudarc slices,
+//! all-reduced in place on the callers' streams), `tensor_parallel_graph` (small activations
+//! all-reduced inside a CUDA graph captured on cudarc streams) and `torchrun_job` (one process
+//! per GPU, started by torchrun or `p2p-bench launch`). Each checks every element it computes
+//! and exits non-zero on a wrong one.
+
+/// The error type of the examples' `main`s.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Runs `body` and turns an error into a readable message and exit status 1 (rather than the
+/// Debug form `main` would print).
+pub fn run(name: &str, body: impl FnOnce() -> Result<(), BoxError>) {
+    if let Err(e) = body() {
+        eprintln!("{name}: error: {e}");
+        let mut source = e.source();
+        while let Some(s) = source {
+            eprintln!("  caused by: {s}");
+            source = s.source();
+        }
+        std::process::exit(1);
+    }
+}
+
+/// Rank `rank`'s value at element `i` of a buffer of `step`: small integers, so that sums over
+/// eight ranks are exact in f32.
+pub fn value(rank: usize, i: usize, step: usize) -> f32 {
+    ((i * 7 + rank * 13 + step * 5) % 61) as f32
+}
+
+/// The sum over `world` ranks of [`value`].
+pub fn sum(world: usize, i: usize, step: usize) -> f32 {
+    (0..world).map(|r| value(r, i, step)).sum()
+}
+
+/// How many elements of `got` differ from `want(i)`; prints the first few.
+pub fn count_wrong(what: &str, got: &[f32], want: impl Fn(usize) -> f32) -> usize {
+    let mut wrong = 0;
+    for (i, &g) in got.iter().enumerate() {
+        let w = want(i);
+        if g != w {
+            if wrong < 5 {
+                eprintln!("{what}: element {i} is {g}, expected {w}");
+            }
+            wrong += 1;
+        }
+    }
+    wrong
+}
+
+/// The number of GPUs to use: `P2P_EXAMPLE_GPUS` if set, else every visible one.
+pub fn gpus() -> Result<usize, BoxError> {
+    let visible = p2p_mem::Device::count()? as usize;
+    match std::env::var("P2P_EXAMPLE_GPUS") {
+        Ok(v) => {
+            let n: usize = v
+                .parse()
+                .map_err(|_| format!("P2P_EXAMPLE_GPUS={v:?} is not a number"))?;
+            if n == 0 || n > visible {
+                return Err(
+                    format!("P2P_EXAMPLE_GPUS={n}, but {visible} GPU(s) are visible").into(),
+                );
+            }
+            Ok(n)
+        }
+        Err(_) => Ok(visible),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_sum_exactly_and_wrong_elements_are_counted() {
+        assert_eq!(sum(2, 0, 0), value(0, 0, 0) + value(1, 0, 0));
+        assert_eq!(sum(8, 3, 1), (0..8).map(|r| value(r, 3, 1)).sum::<f32>());
+        let got = [sum(2, 0, 0), sum(2, 1, 0) + 1.0];
+        assert_eq!(count_wrong("t", &got, |i| sum(2, i, 0)), 1);
+    }
+}
