@@ -44,6 +44,8 @@ pub const COLL: Source = Source {
 
 use crate::abi::{CollArgs, F_ABORT, F_MISMATCH, F_TIMEOUT, STATUS_OFF, STATUS_WORDS, SYNC_BYTES};
 const _: () = assert!((STATUS_OFF + STATUS_WORDS) * 8 <= SYNC_BYTES);
+const _: () = assert!(STATUS_OFF + STATUS_WORDS <= crate::abi::P2P_READY_OFF);
+const _: () = assert!(crate::abi::P2P_END_OFF * 8 <= SYNC_BYTES);
 // `coll_abi.h` asserts the same size for its `CollArgs`.
 const _: () = assert!(std::mem::size_of::<CollArgs>() == 344);
 
@@ -174,6 +176,8 @@ impl Family {
 struct Kernels {
     /// `[family][type]`.
     functions: [[Function; 7]; 4],
+    /// Send and recv (`p2p_sendrecv`), for every type.
+    sendrecv: Function,
     /// Resident blocks per SM of the least-occupant kernel.
     blocks_per_sm: i32,
     module: Module,
@@ -204,8 +208,10 @@ impl Kernels {
                 rank: 0,
                 what: "the collective module is missing kernels".into(),
             })?;
+        let sendrecv = module.function("p2p_sendrecv")?;
         Ok(Kernels {
             functions,
+            sendrecv,
             blocks_per_sm,
             module,
         })
@@ -305,10 +311,19 @@ impl std::fmt::Debug for Communicator {
     }
 }
 
-/// The sync area, the scratch (2 parities x `world` sources x a slot), then the LL region
-/// (2 x `world` x `LL_SLOT_BYTES`).
+/// The sync area, the scratch (2 parities x `world` sources x a slot), the LL region
+/// (2 x `world` x `LL_SLOT_BYTES`), then the send/recv inboxes (one per source rank).
 fn workspace_bytes(world: usize, tuning: &Tuning) -> usize {
-    SYNC_BYTES + 2 * world * tuning.slot_bytes() + 2 * world * plan::LL_SLOT_BYTES
+    inbox_offset(world, tuning, world)
+}
+
+/// Where, from the start of a workspace, the send/recv inbox for messages from rank `source`
+/// begins (`source == world`: the end of the workspace).
+fn inbox_offset(world: usize, tuning: &Tuning, source: usize) -> usize {
+    SYNC_BYTES
+        + 2 * world * tuning.slot_bytes()
+        + 2 * world * plan::LL_SLOT_BYTES
+        + source * crate::abi::P2P_INBOX_BYTES
 }
 
 fn check_world(world: usize) -> Result<()> {
@@ -1085,10 +1100,13 @@ impl Communicator {
         if st[0] == 0 {
             return Ok(());
         }
-        let kind = Kind::from_code(st[1]);
-        let op = kind
-            .map(|k| k.op().name().to_string())
-            .unwrap_or_else(|| "a collective".into());
+        let op = match st[1] as usize {
+            crate::abi::K_SEND => "send".to_string(),
+            crate::abi::K_RECV => "recv".to_string(),
+            code => Kind::from_code(code as u64)
+                .map(|k| k.op().name().to_string())
+                .unwrap_or_else(|| "a collective".into()),
+        };
         let (peer, block) = (st[2] as usize, st[3]);
         let err = match (st[0], self.abort.reason()) {
             (c, Some((failed, why))) if c == F_ABORT as u64 && failed != self.rank => {
@@ -1110,6 +1128,13 @@ impl Communicator {
     /// The error a kernel's status words describe.
     fn kernel_error(&self, code: u64, op: String, peer: usize, block: u64, st: &[u64]) -> Error {
         match code {
+            c if c == F_MISMATCH as u64 && op == "recv" => Error::Mismatch {
+                op,
+                rank: self.rank,
+                peer,
+                mine: format!("recv of {} bytes", st[4]),
+                theirs: format!("send of {} bytes", st[5]),
+            },
             c if c == F_MISMATCH as u64 => Error::Mismatch {
                 op,
                 rank: self.rank,
@@ -1526,6 +1551,215 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         self.call_in_place(&Call::new(Op::AllToAll, dtype, count), buf, stream)
+    }
+}
+
+/// Point-to-point: NCCL's `ncclSend` / `ncclRecv`.
+impl Communicator {
+    /// Sends `count` elements of `buf` to rank `peer`, which calls [`recv`](Self::recv) (or
+    /// [`send_recv`](Self::send_recv)) with the same count and type. Queued on `stream` like
+    /// the collectives (asynchronous, capturable in a CUDA graph); a count of zero does nothing.
+    ///
+    /// The message travels through `peer`'s inbox for this rank (4 MiB: 32 lanes of two
+    /// 64 KiB slots), so a send larger than that completes only as `peer` receives: two ranks
+    /// that exchange messages must use [`send_recv`](Self::send_recv), not a `send` each
+    /// followed by a `recv` (that waits until the time limit, as NCCL would hang outside a
+    /// group). A receive of a different size is reported as [`Error::Mismatch`] by the
+    /// receiver.
+    ///
+    /// ```no_run
+    /// use p2p_collective::{Communicator, DataType};
+    /// use p2p_mem::{DeviceBuffer, Stream};
+    /// let comm = Communicator::from_env()?;
+    /// let stream = Stream::new(comm.device())?;
+    /// let mut buf = DeviceBuffer::<f32>::zeroed(comm.device(), 1 << 20)?;
+    /// if comm.rank() == 0 {
+    ///     comm.send(&buf, 1 << 20, DataType::F32, 1, &stream)?;
+    /// } else if comm.rank() == 1 {
+    ///     comm.recv(&mut buf, 1 << 20, DataType::F32, 0, &stream)?;
+    /// }
+    /// comm.synchronize(&stream)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn send(
+        &self,
+        buf: &impl DeviceMemory,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let region = Region {
+            ptr: buf.device_ptr(),
+            bytes: buf.byte_len(),
+            device: buf.device(),
+        };
+        self.enqueue_p2p("send", Some((region, peer)), None, count, dtype, stream)
+    }
+
+    /// Receives `count` elements from rank `peer` into `buf` (see [`send`](Self::send)).
+    pub fn recv(
+        &self,
+        buf: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let region = Region {
+            ptr: buf.device_ptr(),
+            bytes: buf.byte_len(),
+            device: buf.device(),
+        };
+        self.enqueue_p2p("recv", None, Some((region, peer)), count, dtype, stream)
+    }
+
+    /// Sends `count` elements of `send` to rank `to` and receives `count` elements from rank
+    /// `from` into `recv`, both in one kernel, so that neither waits for the other: the
+    /// exchange of a ring or a pipeline stage (NCCL's grouped send and recv). `to` and `from`
+    /// may be the same rank.
+    #[allow(clippy::too_many_arguments)]
+    pub fn send_recv(
+        &self,
+        send: &impl DeviceMemory,
+        to: usize,
+        recv: &mut impl DeviceMemoryMut,
+        from: usize,
+        count: usize,
+        dtype: DataType,
+        stream: &Stream,
+    ) -> Result<()> {
+        let s = Region {
+            ptr: send.device_ptr(),
+            bytes: send.byte_len(),
+            device: send.device(),
+        };
+        let r = Region {
+            ptr: recv.device_ptr(),
+            bytes: recv.byte_len(),
+            device: recv.device(),
+        };
+        self.enqueue_p2p(
+            "send_recv",
+            Some((s, to)),
+            Some((r, from)),
+            count,
+            dtype,
+            stream,
+        )
+    }
+
+    #[allow(unsafe_code)] // the kernel launch
+    fn enqueue_p2p(
+        &self,
+        op: &'static str,
+        send: Option<(Region<'_>, usize)>,
+        recv: Option<(Region<'_>, usize)>,
+        count: usize,
+        dtype: DataType,
+        stream: &Stream,
+    ) -> Result<()> {
+        use crate::abi::{P2pArgs, P2P_BLOCKS};
+        self.usable(op)?;
+        let bad = |what: String| Error::InvalidArgument {
+            op,
+            rank: self.rank,
+            what,
+        };
+        if stream.device() != &self.device {
+            return Err(bad(format!(
+                "the stream is on GPU {}, this rank's GPU is {}",
+                stream.device().ordinal(),
+                self.device.ordinal()
+            )));
+        }
+        let bytes = count
+            .checked_mul(dtype.size())
+            .filter(|b| *b < 1 << 46)
+            .ok_or_else(|| bad(format!("count {count} is too large")))?;
+        for (what, side) in [("send", &send), ("recv", &recv)] {
+            let Some((region, peer)) = side else { continue };
+            if *peer >= self.world {
+                return Err(bad(format!(
+                    "peer {peer} is out of range: there are {} ranks",
+                    self.world
+                )));
+            }
+            if *peer == self.rank {
+                return Err(bad(format!(
+                    "rank {} cannot {what} to or from itself: copy the buffer locally",
+                    self.rank
+                )));
+            }
+            if bytes == 0 {
+                continue;
+            }
+            if region.device != &self.device {
+                return Err(bad(format!(
+                    "the {what} buffer is on GPU {}, this rank's GPU is {}",
+                    region.device.ordinal(),
+                    self.device.ordinal()
+                )));
+            }
+            if region.bytes < bytes {
+                return Err(bad(format!(
+                    "the {what} buffer holds {} bytes; {count} elements of {dtype} need {bytes}",
+                    region.bytes
+                )));
+            }
+        }
+        if bytes == 0 {
+            return Ok(());
+        }
+        let (to, from) = (send.map(|(_, p)| p), recv.map(|(_, p)| p));
+        let inbox = |owner: usize, source: usize| {
+            self.bases[owner] + inbox_offset(self.world, &self.tuning, source) as u64
+        };
+        let mut args = P2pArgs {
+            abort_flag: self.abort.device_ptr(),
+            my_sync: self.bases[self.rank],
+            timeout_ns: self
+                .options
+                .timeout
+                .min(crate::settings::MAX_TIMEOUT)
+                .as_nanos() as u64,
+            rank: self.rank as i32,
+            to: -1,
+            from: -1,
+            ..P2pArgs::default()
+        };
+        if let (Some((region, _)), Some(to)) = (send, to) {
+            args.input = region.ptr;
+            args.send_bytes = bytes as u64;
+            args.send_inbox = inbox(to, self.rank);
+            args.to_sync = self.bases[to];
+            args.to = to as i32;
+            args.send_blocks = P2P_BLOCKS as i32;
+        }
+        if let (Some((region, _)), Some(from)) = (recv, from) {
+            args.output = region.ptr;
+            args.recv_bytes = bytes as u64;
+            args.recv_inbox = inbox(self.rank, from);
+            args.from_sync = self.bases[from];
+            args.from = from as i32;
+        }
+        let grid = (args.send_blocks as usize + if recv.is_some() { P2P_BLOCKS } else { 0 }) as u32;
+        tracing::debug!(
+            rank = self.rank,
+            "{op} {dtype} x {count}: to {to:?}, from {from:?}, {grid} blocks"
+        );
+        let mut params = [(&mut args as *mut P2pArgs).cast::<c_void>()];
+        // SAFETY: `P2pArgs` matches the kernel's one by-value parameter field for field (the
+        // layout is generated from coll_abi.h). Its buffers were checked above to hold `bytes`
+        // bytes on this rank's GPU; the inboxes and sync areas lie in the workspaces of this
+        // rank and its peers (alive while this communicator is, which synchronises before
+        // freeing them); the abort flag is pinned memory held by `self.abort`.
+        unsafe {
+            self.kernels
+                .module
+                .launch(self.kernels.sendrecv, grid, THREADS, &mut params, stream)
+        }?;
+        Ok(())
     }
 }
 

@@ -891,3 +891,184 @@ fn gpu2_sharing_follows_the_configuration() {
     let e = unsafe { Communicator::register_all(&comms, &bufs) }.expect_err("host-staged");
     assert!(e.to_string().contains("no P2P"), "{e}");
 }
+
+/// Send/recv like the collectives: every type, every count (rings of each lane wrapped), a ring
+/// exchange with `send_recv` and a plain `send` / `recv` pair, byte-exact.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_send_recv_matrix() {
+    let counts = common::p2p_counts();
+    let max = counts.iter().copied().max().unwrap_or(1);
+    let mut ls = locals(env_options(), max);
+    let s = common::run_p2p_matrix(&mut ls, &counts);
+    eprintln!("send/recv: {} checks, {} wrong bytes", s.cases, s.wrong);
+    assert_eq!(s.wrong, 0, "wrong results:\n{}", s.failures.join("\n"));
+    assert!(s.cases > 0);
+}
+
+/// A ring exchange captured once in a CUDA graph and replayed with new inputs: the lanes'
+/// counters live on the GPU, so every replay lines up.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_send_recv_graph_replay() {
+    let devices = gpus(world());
+    let comms = Communicator::init_all_with(&devices, env_options()).expect("init_all");
+    let n = comms.len();
+    let count = 1_500_001; // 6 MB of f32: every lane wraps its ring
+    let streams: Vec<Stream> = devices
+        .iter()
+        .map(|d| Stream::new(d).expect("stream"))
+        .collect();
+    let mut ins: Vec<DeviceBuffer<f32>> = devices
+        .iter()
+        .map(|d| DeviceBuffer::new(d, count).expect("in"))
+        .collect();
+    let mut outs: Vec<DeviceBuffer<f32>> = devices
+        .iter()
+        .map(|d| DeviceBuffer::new(d, count).expect("out"))
+        .collect();
+    let mut graphs = Vec::new();
+    for r in 0..n {
+        streams[r].begin_capture().expect("begin capture");
+        comms[r]
+            .send_recv(
+                &ins[r],
+                (r + 1) % n,
+                &mut outs[r],
+                (r + n - 1) % n,
+                count,
+                DataType::F32,
+                &streams[r],
+            )
+            .expect("capture send_recv");
+        graphs.push(
+            streams[r]
+                .end_capture()
+                .expect("end capture")
+                .instantiate()
+                .expect("instantiate"),
+        );
+    }
+    let value = |replay: usize, r: usize, i: usize| ((i * 3 + replay * 17 + r * 5) % 1000) as f32;
+    for replay in 0..10 {
+        for r in 0..n {
+            let host: Vec<f32> = (0..count).map(|i| value(replay, r, i)).collect();
+            ins[r].copy_from_host(&host).expect("input");
+            outs[r].memset_u8(0xff).expect("poison");
+        }
+        for r in 0..n {
+            // SAFETY: the captured call uses `comms`, `ins` and `outs`, alive until the end of
+            // the test and synchronised below before the host touches them.
+            unsafe { graphs[r].launch(&streams[r]) }.expect("replay");
+        }
+        for r in 0..n {
+            comms[r].synchronize(&streams[r]).expect("sync");
+            let got = outs[r].to_host_vec::<f32>().expect("read");
+            let from = (r + n - 1) % n;
+            let wrong = (0..count)
+                .filter(|&i| got[i] != value(replay, from, i))
+                .count();
+            assert_eq!(wrong, 0, "replay {replay}, rank {r}");
+        }
+    }
+    // A rough figure (host clock around 50 replays, after the checked ones): the benchmark
+    // beside NCCL is not built yet.
+    let t = Instant::now();
+    for _ in 0..50 {
+        for r in 0..n {
+            // SAFETY: as above.
+            unsafe { graphs[r].launch(&streams[r]) }.expect("replay");
+        }
+    }
+    for r in 0..n {
+        comms[r].synchronize(&streams[r]).expect("sync");
+    }
+    let per = t.elapsed() / 50;
+    eprintln!(
+        "10 replays of a send_recv ring of {count} f32 on {n} ranks: 0 wrong; then {per:?} per exchange, {:.1} GB/s per direction",
+        (count * 4) as f64 / per.as_secs_f64() / 1e9
+    );
+}
+
+/// Send/recv errors: bad arguments are refused before anything is queued; a receive of another
+/// size than the send is a mismatch naming both sizes; a receive nobody sends to times out
+/// naming the peer; afterwards the communicator refuses calls.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_send_recv_errors_are_named() {
+    let devices = gpus(2);
+    let stream0 = Stream::new(&devices[0]).expect("stream");
+    let stream1 = Stream::new(&devices[1]).expect("stream");
+    let comms = Communicator::init_all_with(&devices[..2], short_timeout()).expect("init_all");
+    let mut a = DeviceBuffer::<f32>::zeroed(&devices[0], 1000).expect("buf");
+    let mut b = DeviceBuffer::<f32>::zeroed(&devices[1], 1000).expect("buf");
+    // Bad arguments.
+    for e in [
+        comms[0]
+            .send(&a, 1000, DataType::F32, 2, &stream0)
+            .expect_err("peer out of range"),
+        comms[0]
+            .send(&a, 1000, DataType::F32, 0, &stream0)
+            .expect_err("self"),
+        comms[0]
+            .send(&a, 1001, DataType::F32, 1, &stream0)
+            .expect_err("too small"),
+        comms[0]
+            .recv(&mut a, 10, DataType::F32, 1, &stream1)
+            .expect_err("stream on GPU 1"),
+        comms[0]
+            .send(&b, 10, DataType::F32, 1, &stream0)
+            .expect_err("buffer on GPU 1"),
+    ] {
+        eprintln!("{e}");
+        assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+    }
+    // Zero counts do nothing (no peer needed).
+    comms[0]
+        .recv(&mut a, 0, DataType::F32, 1, &stream0)
+        .expect("count 0");
+    comms[0].synchronize(&stream0).expect("nothing queued");
+    // A size mismatch: rank 0 sends 100 elements, rank 1 expects 200.
+    comms[0]
+        .send(&a, 100, DataType::F32, 1, &stream0)
+        .expect("send");
+    comms[1]
+        .recv(&mut b, 200, DataType::F32, 0, &stream1)
+        .expect("recv");
+    let e = comms[1].synchronize(&stream1).expect_err("mismatch");
+    eprintln!("{e}");
+    assert!(matches!(e, Error::Mismatch { peer: 0, .. }), "{e:?}");
+    assert!(
+        e.to_string().contains("800 bytes") && e.to_string().contains("400 bytes"),
+        "{e}"
+    );
+    let again = comms[1]
+        .recv(&mut b, 200, DataType::F32, 0, &stream1)
+        .expect_err("unusable");
+    assert!(matches!(again, Error::Unusable { .. }), "{again:?}");
+    drop(comms);
+    // A receive that nobody answers.
+    let comms = Communicator::init_all_with(&devices[..2], short_timeout()).expect("init_all");
+    let t = Instant::now();
+    comms[0]
+        .recv(&mut a, 1000, DataType::F32, 1, &stream0)
+        .expect("recv");
+    let e = comms[0].synchronize(&stream0).expect_err("must time out");
+    eprintln!("{e} (after {:?})", t.elapsed());
+    assert!(
+        matches!(
+            e,
+            Error::Stalled {
+                peer: 1,
+                rank: 0,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string().contains("recv") && e.to_string().contains("timed out"),
+        "{e}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(10));
+}

@@ -74,6 +74,34 @@ fn gpu2_process_per_gpu_matrix() {
     });
 }
 
+/// Send/recv between processes: every type and count, a ring exchange with `send_recv` and a
+/// plain `send` / `recv` pair, byte-exact, through the sharing the configuration gives.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_process_per_gpu_send_recv() {
+    launch_or_run("gpu2_process_per_gpu_send_recv", || {
+        let comm = Communicator::from_env().expect("from_env");
+        let rank = comm.rank();
+        let counts = common::p2p_counts();
+        let max = counts.iter().copied().max().unwrap_or(1);
+        let mut ls = vec![Local::new(comm, max)];
+        let s = common::run_p2p_matrix(&mut ls, &counts);
+        eprintln!(
+            "rank {rank}: send/recv {} checks, {} wrong bytes ({})",
+            s.cases,
+            s.wrong,
+            ls[0].comm.sharing().name()
+        );
+        assert_eq!(
+            s.wrong,
+            0,
+            "rank {rank}: wrong results:\n{}",
+            s.failures.join("\n")
+        );
+        assert!(s.cases > 0);
+    });
+}
+
 /// Every collective on buffers each process registered (`Communicator::register`, through CUDA
 /// IPC), LL off and the direct threshold lowered so that the direct kernels run wherever the
 /// planner allows them (16-byte aligned parts).

@@ -969,3 +969,122 @@ COLL_KERNEL(coll_bf16, bhalf_t)
 COLL_KERNEL(coll_i32, int)
 COLL_KERNEL(coll_i64, long long)
 COLL_KERNEL(coll_u8, unsigned char)
+
+// ---------------------------------------------------------------------------------------------
+// Point-to-point: send and recv between two ranks, outside the collectives' step counters.
+//
+// Rank s sends to rank d through d's inbox for s: P2P_BLOCKS lanes (one per block), each a ring
+// of P2P_SLOTS slots. A message of n bytes is cut into chunks of P2P_CHUNK; chunk k travels in
+// lane k % P2P_BLOCKS. Each lane keeps lifetime counts on both sides, in device memory (so a
+// call captured in a CUDA graph replays correctly):
+//   s: SENT[d][lane] (chunks it put in the lane), and FREED[d][lane] in s's sync area, written
+//      by d (chunks d has taken out);
+//   d: RECVD[s][lane], and READY[s][lane] in d's sync area, written by s.
+// The sender's i-th chunk of a lane goes into slot i % P2P_SLOTS once FREED > i - P2P_SLOTS;
+// it pushes the data and the slot's header (message number + 1, message bytes), fences, and
+// stores READY = i + 1. The receiver waits for READY > i, checks the header against its own
+// message number and size (a different size is a mismatch, never silent), copies out, and
+// stores FREED = i + 1 in the sender's sync area. Every lane counts every message (MSGS), even
+// one that carries none of its chunks, so the message numbers agree on both sides.
+
+__device__ void p2p_fail(const P2pArgs& a, int code, int kind, int peer, u64 mine, u64 theirs) {
+    if (code == F_TIMEOUT && *a.abort_flag == 0) *a.abort_flag = 2;
+    u64* my = a.my_sync;
+    if (atomicCAS((unsigned long long*)(my + FAIL_OFF), 0ull, (unsigned long long)code) == 0ull) {
+        volatile u64* st = my + STATUS_OFF;
+        st[1] = (u64)kind;
+        st[2] = (u64)peer;
+        st[3] = (u64)blockIdx.x;
+        st[4] = mine;
+        st[5] = theirs;
+        __threadfence();
+        st[0] = (u64)code;
+    }
+}
+
+// Waits until *flag >= want (thread 0 of the block only).
+__device__ int p2p_wait(const P2pArgs& a, volatile u64* flag, u64 want) {
+    u64 deadline = 0;
+    unsigned spins = 0;
+    volatile u64* fail = a.my_sync + FAIL_OFF;
+    while (*flag < want) {
+        WAIT_LIMITS(a, fail, spins, deadline);
+    }
+    return 0;
+}
+
+extern "C" __global__ void __launch_bounds__(512, 2) p2p_sendrecv(P2pArgs a) {
+    __shared__ int err;
+    if (threadIdx.x == 0) err = 0;
+    __syncthreads();
+    volatile u64* my = a.my_sync;
+    if (my[FAIL_OFF]) return;  // an earlier call failed: the communicator is unusable
+    const bool sending = (int)blockIdx.x < a.send_blocks;
+    const int lane = sending ? (int)blockIdx.x : (int)blockIdx.x - a.send_blocks;
+    const int peer = sending ? a.to : a.from;
+    const u64 bytes = sending ? a.send_bytes : a.recv_bytes;
+    const u64 chunks = (bytes + P2P_CHUNK - 1) / P2P_CHUNK;
+    volatile u64* msgs = my + P2P_MSGS_OFF + ((sending ? 0 : 1) * MAX_RANKS + peer) * P2P_BLOCKS + lane;
+    const u64 msg = *msgs;
+    volatile u64* count = my + (sending ? P2P_SENT_OFF : P2P_RECVD_OFF) + peer * P2P_BLOCKS + lane;
+    u64 i = *count;
+    for (u64 k = lane; k < chunks; k += P2P_BLOCKS, ++i) {
+        const u64 off = k * P2P_CHUNK;
+        const u64 len = bytes - off < P2P_CHUNK ? bytes - off : P2P_CHUNK;
+        const u64 slot = (u64)lane * P2P_SLOTS + i % P2P_SLOTS;
+        if (sending) {
+            unsigned char* s = a.send_inbox + slot * P2P_SLOT_BYTES;
+            if (threadIdx.x == 0 && i >= P2P_SLOTS) {
+                const int e = p2p_wait(a, my + P2P_FREED_OFF + peer * P2P_BLOCKS + lane, i - P2P_SLOTS + 1);
+                if (e) {
+                    if (e != F_ELSEWHERE) p2p_fail(a, e, K_SEND, peer, msg, 0);
+                    err = e;
+                }
+            }
+            __syncthreads();
+            if (err) return;
+            copy_bytes(s + P2P_HEADER, a.input + off, len);
+            if (threadIdx.x == 0) {
+                ((volatile u64*)s)[0] = msg + 1;
+                ((volatile u64*)s)[1] = bytes;
+            }
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                fence_sys();  // release: the chunk and its header before the flag
+                ((volatile u64*)a.to_sync)[P2P_READY_OFF + a.rank * P2P_BLOCKS + lane] = i + 1;
+            }
+        } else {
+            const unsigned char* s = a.recv_inbox + slot * P2P_SLOT_BYTES;
+            if (threadIdx.x == 0) {
+                int e = p2p_wait(a, my + P2P_READY_OFF + peer * P2P_BLOCKS + lane, i + 1);
+                fence_sys();  // acquire: the sender's chunk is visible after its flag
+                u64 theirs = 0;
+                if (!e) {
+                    const u64 their_msg = ((volatile const u64*)s)[0];
+                    const u64 their_bytes = ((volatile const u64*)s)[1];
+                    if (their_msg != msg + 1 || their_bytes != bytes) {
+                        e = F_MISMATCH;
+                        theirs = their_bytes;
+                    }
+                }
+                if (e) {
+                    if (e != F_ELSEWHERE) p2p_fail(a, e, K_RECV, peer, bytes, theirs);
+                    err = e;
+                }
+            }
+            __syncthreads();
+            if (err) return;
+            copy_bytes(a.output + off, s + P2P_HEADER, len);
+            __syncthreads();  // every thread's loads of the slot are done
+            if (threadIdx.x == 0) {
+                fence_sys();
+                ((volatile u64*)a.from_sync)[P2P_FREED_OFF + a.rank * P2P_BLOCKS + lane] = i + 1;
+            }
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        *count = i;
+        *msgs = msg + 1;
+    }
+}

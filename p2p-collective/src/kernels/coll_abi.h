@@ -16,6 +16,22 @@
 #define FAIL_OFF (COUNTERS_OFF + MAX_BLOCKS)                   // 1 word
 #define STATUS_OFF (FAIL_OFF + 1)                              // STATUS_WORDS words
 #define STATUS_WORDS 6  // code, kind, peer, block, this rank's signature, the peer's
+// Point-to-point (send/recv): per peer and per block of a direction, lifetime counts of chunks.
+#define P2P_BLOCKS 32      // blocks per direction of a send/recv kernel
+#define P2P_SLOTS 2        // slots per (source, block) in a receiver's inbox
+#define P2P_CHUNK (64 * 1024)  // data bytes per slot
+#define P2P_HEADER 16      // each slot starts with (message number + 1, message bytes)
+#define P2P_SLOT_BYTES (P2P_HEADER + P2P_CHUNK)
+#define P2P_INBOX_BYTES (P2P_BLOCKS * P2P_SLOTS * P2P_SLOT_BYTES)  // per source rank
+#define P2P_READY_OFF (STATUS_OFF + 8)                         // [MAX_RANKS src][P2P_BLOCKS], written by src
+#define P2P_FREED_OFF (P2P_READY_OFF + MAX_RANKS * P2P_BLOCKS)  // [MAX_RANKS dst][P2P_BLOCKS], written by dst
+#define P2P_SENT_OFF (P2P_FREED_OFF + MAX_RANKS * P2P_BLOCKS)   // [MAX_RANKS dst][P2P_BLOCKS], local
+#define P2P_RECVD_OFF (P2P_SENT_OFF + MAX_RANKS * P2P_BLOCKS)   // [MAX_RANKS src][P2P_BLOCKS], local
+#define P2P_MSGS_OFF (P2P_RECVD_OFF + MAX_RANKS * P2P_BLOCKS)   // [2 send/recv][MAX_RANKS][P2P_BLOCKS], local
+#define P2P_END_OFF (P2P_MSGS_OFF + 2 * MAX_RANKS * P2P_BLOCKS)
+// The status word `kind` of a failed send or recv (the collectives use `enum Kind`).
+#define K_SEND 64
+#define K_RECV 65
 #define SYNC_BYTES (64 * 1024)  // the sync area at the start of a workspace; the scratch follows
 
 // LL: the largest all-reduce it carries, and the bytes of one (parity, source) slot of its region.
@@ -68,6 +84,24 @@ struct CollArgs {
     u64 sig;
     int kind, redop, rank, nranks, root, check;
 };
+
+// One send/recv kernel: this rank sends `send_bytes` of `input` to rank `to` and receives
+// `recv_bytes` into `output` from rank `from` (either side may be absent: bytes 0).
+struct P2pArgs {
+    const unsigned char* input;
+    unsigned char* output;
+    unsigned char* send_inbox;        // rank `to`'s inbox for this rank, as addressed from this GPU
+    const unsigned char* recv_inbox;  // this rank's inbox for rank `from`
+    u64* my_sync;                     // this rank's sync area
+    u64* to_sync;                     // rank `to`'s sync area, from this GPU
+    u64* from_sync;                   // rank `from`'s sync area, from this GPU
+    volatile int* abort_flag;
+    u64 send_bytes;
+    u64 recv_bytes;
+    u64 timeout_ns;
+    int rank, to, from, send_blocks;  // blocks [0, send_blocks) send, the rest receive
+};
+static_assert(sizeof(P2pArgs) == 104, "P2pArgs changed: comm.rs asserts the same size");
 
 // The host's `CollArgs` (comm.rs) has the same layout and checks the same size.
 static_assert(sizeof(CollArgs) == 344, "CollArgs changed: comm.rs asserts the same size");

@@ -192,3 +192,111 @@ pub fn run_case(locals: &mut [Local], call: &Call, in_place: bool) -> (usize, St
     }
     (wrong, detail)
 }
+
+/// Counts for the send/recv matrix: the collectives' counts plus counts whose messages wrap
+/// every lane's two-slot ring (more than 4 MiB) at every element size.
+pub fn p2p_counts() -> Vec<usize> {
+    let mut c = counts();
+    c.extend([(1 << 20) + 3, 3_000_017]);
+    c.sort_unstable();
+    c.dedup();
+    c
+}
+
+/// The bytes rank `from` sends in case `case` of the send/recv matrix.
+pub fn p2p_message(case: u64, from: usize, bytes: usize) -> Vec<u8> {
+    p2p_testkit::random_u8(case * 131 + from as u64 + 1, bytes)
+}
+
+/// NCCL-style send/recv on every rank in `locals` (all ranks of a process, or this process's
+/// one), for every type and count: a ring exchange (`send_recv` to rank + 1, from rank - 1),
+/// then a plain `send` from rank 0 and `recv` on rank 1. Outputs are poisoned first; every byte
+/// is compared with the sender's.
+pub fn run_p2p_matrix(locals: &mut [Local], counts: &[usize]) -> Summary {
+    let mut s = Summary::default();
+    let mut case = 0u64;
+    for dtype in DataType::ALL {
+        for &count in counts {
+            for pair in [false, true] {
+                case += 1;
+                let bytes = count * dtype.size();
+                for l in locals.iter_mut() {
+                    let (rank, n) = (l.comm.rank(), l.comm.world_size());
+                    l.output.memset_u8(0xff).expect("poison");
+                    let mine = p2p_message(case, rank, bytes);
+                    l.input
+                        .slice_mut(..bytes)
+                        .expect("input")
+                        .copy_from_host(&mine)
+                        .expect("upload");
+                    let send = l.input.slice(..bytes).expect("input");
+                    let mut recv = l.output.slice_mut(..bytes).expect("output");
+                    let r = if !pair {
+                        l.comm.send_recv(
+                            &send,
+                            (rank + 1) % n,
+                            &mut recv,
+                            (rank + n - 1) % n,
+                            count,
+                            dtype,
+                            &l.stream,
+                        )
+                    } else if rank == 0 {
+                        l.comm.send(&send, count, dtype, 1, &l.stream)
+                    } else if rank == 1 {
+                        l.comm.recv(&mut recv, count, dtype, 0, &l.stream)
+                    } else {
+                        Ok(())
+                    };
+                    r.unwrap_or_else(|e| panic!("rank {rank}: enqueue: {e}"));
+                }
+                for l in locals.iter() {
+                    l.comm
+                        .synchronize(&l.stream)
+                        .unwrap_or_else(|e| panic!("rank {}: {e}", l.comm.rank()));
+                }
+                for l in locals.iter() {
+                    let (rank, n) = (l.comm.rank(), l.comm.world_size());
+                    let from = match (pair, rank) {
+                        (false, _) => Some((rank + n - 1) % n),
+                        (true, 1) => Some(0),
+                        (true, _) => None,
+                    };
+                    let Some(from) = from else { continue };
+                    s.cases += 1;
+                    let got = if bytes == 0 {
+                        Vec::new()
+                    } else {
+                        l.output
+                            .slice(..bytes)
+                            .expect("output")
+                            .to_host_vec::<u8>()
+                            .expect("download")
+                    };
+                    let want = p2p_message(case, from, bytes);
+                    let wrong = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+                    // Nothing past the message was written.
+                    let mut after = [0u8; 16];
+                    let spill = if bytes + 16 <= l.output.len() {
+                        l.output
+                            .slice(bytes..bytes + 16)
+                            .expect("tail")
+                            .copy_to_host(&mut after)
+                            .expect("download");
+                        after.iter().filter(|&&b| b != 0xff).count()
+                    } else {
+                        0
+                    };
+                    if wrong + spill > 0 {
+                        s.failures.push(format!(
+                            "rank {rank}: {} {dtype} x {count} from rank {from}: {wrong} wrong bytes, {spill} written past the end",
+                            if pair { "recv" } else { "send_recv" }
+                        ));
+                    }
+                    s.wrong += wrong + spill;
+                }
+            }
+        }
+    }
+    s
+}
