@@ -168,10 +168,11 @@ impl<T> OnDevice<T> for std::result::Result<T, p2p_sys::Error> {
     }
 }
 
-/// An `Io` error from `errno`.
-pub(crate) fn last_os_error(op: impl Into<String>) -> Error {
-    Error::Io {
-        op: op.into(),
-        source: std::io::Error::last_os_error(),
+/// An OS error from `op` (a rustix call), in this crate's error type.
+pub(crate) fn os(op: impl Into<String>) -> impl FnOnce(rustix::io::Errno) -> Error {
+    let op = op.into();
+    move |e| Error::Io {
+        op,
+        source: e.into(),
     }
 }

@@ -23,12 +23,20 @@
 //! # Ok::<(), p2p_mem::Error>(())
 //! ```
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::error::{last_os_error, Error, Result};
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::io::Errno;
+use rustix::net::{
+    self, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags,
+    SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
+};
+
+use crate::error::{os, Error, Result};
 
 /// The largest message payload this module sends or accepts.
 pub const MAX_MESSAGE: usize = 64 * 1024;
@@ -114,8 +122,7 @@ fn check_private(path: &Path) -> Result<()> {
         op: format!("checking {}", path.display()),
         source,
     })?;
-    // SAFETY: getuid has no preconditions.
-    let uid = unsafe { libc::getuid() };
+    let uid = rustix::process::getuid().as_raw();
     if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o077 != 0 {
         return Err(Error::Protocol(format!(
             "{} is not a private directory of uid {uid} (owner {}, mode {:o}): remove it or choose another",
@@ -127,55 +134,37 @@ fn check_private(path: &Path) -> Result<()> {
     Ok(())
 }
 
-fn sockaddr(path: &Path) -> Result<(libc::sockaddr_un, libc::socklen_t)> {
-    // SAFETY: sockaddr_un is plain data; all-zero is valid.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+/// The socket address of `path`, refused if it does not fit `sun_path` (108 bytes with the NUL).
+fn sockaddr(path: &Path) -> Result<SocketAddrUnix> {
+    use std::os::unix::ffi::OsStrExt;
+    const SUN_PATH: usize = 108;
     let bytes = path.as_os_str().as_bytes();
-    if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+    if bytes.len() >= SUN_PATH || bytes.contains(&0) {
         return Err(Error::InvalidArgument(format!(
-            "socket path {} must be under {} bytes with no NUL",
-            path.display(),
-            addr.sun_path.len()
+            "socket path {} must be under {SUN_PATH} bytes with no NUL",
+            path.display()
         )));
     }
-    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
-        *d = *s as libc::c_char;
-    }
-    let len = std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1;
-    Ok((addr, len as libc::socklen_t))
+    SocketAddrUnix::new(path).map_err(os(format!("socket path {}", path.display())))
 }
 
-/// A new SEQPACKET socket on which `op` (`bind` or `connect`) was called with `path`.
-fn socket_at(
-    path: &Path,
-    op: unsafe extern "C" fn(libc::c_int, *const libc::sockaddr, libc::socklen_t) -> libc::c_int,
-    what: &str,
-) -> Result<OwnedFd> {
-    let (addr, len) = sockaddr(path)?;
-    let fd = seqpacket_socket()?;
-    // SAFETY: `addr` is an initialised sockaddr_un of `len` bytes and `fd` is our socket.
-    if unsafe {
-        op(
-            fd.as_raw_fd(),
-            (&addr as *const libc::sockaddr_un).cast(),
-            len,
-        )
-    } != 0
-    {
-        return Err(last_os_error(format!("{what} {}", path.display())));
-    }
-    Ok(fd)
-}
-
+/// A new close-on-exec SEQPACKET socket.
 fn seqpacket_socket() -> Result<OwnedFd> {
-    // SAFETY: socket() with constant arguments.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(last_os_error("creating a Unix socket"));
-    }
-    // SAFETY: socket() returned a new fd that we now own.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(os("creating a Unix socket"))
+}
+
+/// A new SEQPACKET socket connected to `path`.
+fn connect_to(path: &Path, what: &str) -> Result<OwnedFd> {
+    let addr = sockaddr(path)?;
+    let fd = seqpacket_socket()?;
+    net::connect(&fd, &addr).map_err(os(format!("{what} {}", path.display())))?;
+    Ok(fd)
 }
 
 /// The uid of the process at the other end of a connected Unix socket.
@@ -186,23 +175,8 @@ pub fn peer_uid(fd: BorrowedFd<'_>) -> Result<u32> {
 /// The process id and uid of the process at the other end of a connected Unix socket, as the
 /// kernel recorded them at `connect` (`SO_PEERCRED`): they cannot be forged by the peer.
 pub fn peer_cred(fd: BorrowedFd<'_>) -> Result<(u32, u32)> {
-    // SAFETY: ucred is plain data.
-    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `cred` and `len` are valid for getsockopt to write.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 {
-        return Err(last_os_error("reading SO_PEERCRED"));
-    }
-    Ok((cred.pid as u32, cred.uid))
+    let cred = net::sockopt::socket_peercred(fd).map_err(os("reading SO_PEERCRED"))?;
+    Ok((cred.pid.as_raw_nonzero().get() as u32, cred.uid.as_raw()))
 }
 
 /// Accepts a peer only if it runs as the same user as this process.
@@ -214,7 +188,7 @@ pub fn check_peer_uid(expected: u32, got: u32) -> Result<()> {
     }
 }
 
-fn wait_readable(fd: RawFd, timeout: Duration, what: &str) -> Result<()> {
+fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration, what: &str) -> Result<()> {
     if poll_readable(fd, timeout, what)? {
         Ok(())
     } else {
@@ -226,25 +200,17 @@ fn wait_readable(fd: RawFd, timeout: Duration, what: &str) -> Result<()> {
 }
 
 /// Whether `fd` became readable (or hung up) within `timeout`.
-fn poll_readable(fd: RawFd, timeout: Duration, what: &str) -> Result<bool> {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+fn poll_readable(fd: BorrowedFd<'_>, timeout: Duration, what: &str) -> Result<bool> {
+    let limit = Timespec::try_from(timeout).unwrap_or(Timespec {
+        tv_sec: i64::MAX,
+        tv_nsec: 0,
+    });
     loop {
-        // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if r >= 0 {
-            return Ok(r > 0);
-        }
-        let err = std::io::Error::last_os_error();
-        if err.kind() != std::io::ErrorKind::Interrupted {
-            return Err(Error::Io {
-                op: what.to_string(),
-                source: err,
-            });
+        let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+        match poll(&mut fds, Some(&limit)) {
+            Ok(n) => return Ok(n > 0),
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(os(what)(e)),
         }
     }
 }
@@ -259,11 +225,10 @@ pub struct FdListener {
 impl FdListener {
     /// Listens at `path`, which should be inside a [`PrivateDir`].
     pub fn bind(path: &Path) -> Result<FdListener> {
-        let fd = socket_at(path, libc::bind, "binding")?;
-        // SAFETY: listen on a bound socket we own.
-        if unsafe { libc::listen(fd.as_raw_fd(), 128) } != 0 {
-            return Err(last_os_error(format!("listening on {}", path.display())));
-        }
+        let addr = sockaddr(path)?;
+        let fd = seqpacket_socket()?;
+        net::bind(&fd, &addr).map_err(os(format!("binding {}", path.display())))?;
+        net::listen(&fd, 128).map_err(os(format!("listening on {}", path.display())))?;
         Ok(FdListener {
             fd,
             path: path.to_path_buf(),
@@ -276,7 +241,7 @@ impl FdListener {
     pub fn bind_replacing_stale(path: &Path) -> Result<FdListener> {
         match Self::bind(path) {
             Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::AddrInUse => {
-                match socket_at(path, libc::connect, "probing") {
+                match connect_to(path, "probing") {
                     Ok(_) => Err(Error::Io {
                         op: format!("binding {}: a live process listens there", path.display()),
                         source: std::io::ErrorKind::AddrInUse.into(),
@@ -302,7 +267,7 @@ impl FdListener {
     /// it and go on.
     pub fn accept_within(&self, timeout: Duration) -> Result<Option<FdChannel>> {
         let what = format!("accepting on {}", self.path.display());
-        if !poll_readable(self.fd.as_raw_fd(), timeout, &what)? {
+        if !poll_readable(self.fd.as_fd(), timeout, &what)? {
             return Ok(None);
         }
         self.accept_now().map(Some)
@@ -311,7 +276,7 @@ impl FdListener {
     /// Waits up to `timeout` for a connection, and checks the peer's uid.
     pub fn accept(&self, timeout: Duration) -> Result<FdChannel> {
         wait_readable(
-            self.fd.as_raw_fd(),
+            self.fd.as_fd(),
             timeout,
             &format!("accepting on {}", self.path.display()),
         )?;
@@ -319,23 +284,9 @@ impl FdListener {
     }
 
     fn accept_now(&self) -> Result<FdChannel> {
-        // SAFETY: accept4 on our listening socket; we do not need the peer address.
-        let fd = unsafe {
-            libc::accept4(
-                self.fd.as_raw_fd(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                libc::SOCK_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(last_os_error(format!(
-                "accepting on {}",
-                self.path.display()
-            )));
-        }
-        // SAFETY: accept4 returned a new fd that we now own.
-        FdChannel::checked(unsafe { OwnedFd::from_raw_fd(fd) })
+        let fd = net::accept_with(&self.fd, SocketFlags::CLOEXEC)
+            .map_err(os(format!("accepting on {}", self.path.display())))?;
+        FdChannel::checked(fd)
     }
 }
 
@@ -361,13 +312,12 @@ impl AsFd for FdChannel {
 impl FdChannel {
     /// Connects to a listener at `path` and checks the peer's uid.
     pub fn connect(path: &Path) -> Result<FdChannel> {
-        let fd = socket_at(path, libc::connect, "connecting to")?;
+        let fd = connect_to(path, "connecting to")?;
         Self::checked(fd)
     }
 
     fn checked(fd: OwnedFd) -> Result<FdChannel> {
-        // SAFETY: getuid has no preconditions.
-        check_peer_uid(unsafe { libc::getuid() }, peer_uid(fd.as_fd())?)?;
+        check_peer_uid(rustix::process::getuid().as_raw(), peer_uid(fd.as_fd())?)?;
         let mut chan = FdChannel {
             fd,
             timeout: DEFAULT_TIMEOUT,
@@ -380,34 +330,12 @@ impl FdChannel {
     /// reading fails after it (`SO_SNDTIMEO`) rather than blocking for ever.
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
-        let tv = libc::timeval {
-            tv_sec: timeout.as_secs().min(i32::MAX as u64) as libc::time_t,
-            tv_usec: timeout.subsec_micros() as libc::suseconds_t,
-        };
-        // A zero timeval would mean "no limit", so a zero timeout is raised to 1 µs.
-        let tv = if timeout.is_zero() {
-            libc::timeval {
-                tv_sec: 0,
-                tv_usec: 1,
-            }
-        } else {
-            tv
-        };
-        // SAFETY: `tv` is a valid timeval for the duration of the call on our own socket.
-        let r = unsafe {
-            libc::setsockopt(
-                self.fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_SNDTIMEO,
-                (&tv as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            )
-        };
-        if r != 0 {
-            tracing::warn!(
-                "setting SO_SNDTIMEO on an fd socket: {}",
-                std::io::Error::last_os_error()
-            );
+        // No value would mean "no limit", so a zero timeout is raised to 1 µs.
+        let limit = timeout.max(Duration::from_micros(1));
+        if let Err(e) =
+            net::sockopt::set_socket_timeout(&self.fd, net::sockopt::Timeout::Send, Some(limit))
+        {
+            tracing::warn!("setting SO_SNDTIMEO on an fd socket: {e}");
         }
     }
 
@@ -419,7 +347,7 @@ impl FdChannel {
     /// Receives one message that must carry no fd, waiting at most `timeout`: `None` if none
     /// arrived in time; [`Error::Closed`] once the peer has hung up.
     pub fn recv_msg_within(&self, timeout: Duration) -> Result<Option<Vec<u8>>> {
-        if !poll_readable(self.fd.as_raw_fd(), timeout, "receiving on the fd socket")? {
+        if !poll_readable(self.fd.as_fd(), timeout, "receiving on the fd socket")? {
             return Ok(None);
         }
         self.recv_msg().map(Some)
@@ -453,68 +381,37 @@ impl FdChannel {
 
     /// `sendmsg` with no limits checked (the tests use it to break the protocol on purpose).
     fn send_unchecked(&self, payload: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
-        let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
-        let data_len = std::mem::size_of_val(raw.as_slice());
-        let mut control = vec![0u8; cmsg_space(raw.len().max(1))];
-        let mut iov = libc::iovec {
-            iov_base: payload.as_ptr() as *mut libc::c_void,
-            iov_len: payload.len(),
-        };
-        // SAFETY: msghdr is plain data.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        if !raw.is_empty() {
-            // SAFETY: CMSG_SPACE is a pure size computation.
-            msg.msg_controllen = unsafe { libc::CMSG_SPACE(data_len as u32) } as _;
-            msg.msg_control = control.as_mut_ptr().cast();
-            // SAFETY: msg_control points to a buffer of msg_controllen bytes, so the first
-            // header and its data fit; we write exactly `data_len` bytes of fd values.
-            unsafe {
-                let cmsg = libc::CMSG_FIRSTHDR(&msg);
-                (*cmsg).cmsg_level = libc::SOL_SOCKET;
-                (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-                (*cmsg).cmsg_len = libc::CMSG_LEN(data_len as u32) as _;
-                std::ptr::copy_nonoverlapping(
-                    raw.as_ptr().cast::<u8>(),
-                    libc::CMSG_DATA(cmsg),
-                    data_len,
-                );
-            }
+        let mut space =
+            vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(fds.len().max(1)))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
+            return Err(Error::InvalidArgument(format!(
+                "{} fds do not fit one message's control data",
+                fds.len()
+            )));
         }
+        let iov = [IoSlice::new(payload)];
         loop {
-            // SAFETY: `msg` describes valid buffers for the duration of the call.
-            let r = unsafe { libc::sendmsg(self.fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-            if r >= 0 {
-                return if r as usize == payload.len() {
-                    Ok(())
-                } else {
-                    Err(Error::Protocol(format!(
-                        "sent {r} of {} bytes",
+            match net::sendmsg(&self.fd, &iov, &mut control, SendFlags::NOSIGNAL) {
+                Ok(n) if n == payload.len() => return Ok(()),
+                Ok(n) => {
+                    return Err(Error::Protocol(format!(
+                        "sent {n} of {} bytes",
                         payload.len()
                     )))
-                };
-            }
-            let err = std::io::Error::last_os_error();
-            if err.kind() == std::io::ErrorKind::WouldBlock {
-                return Err(Error::Io {
-                    op: format!(
-                        "sending on the fd socket: the peer read nothing for {:?}",
-                        self.timeout
-                    ),
-                    source: std::io::ErrorKind::TimedOut.into(),
-                });
-            }
-            if err.raw_os_error() == Some(libc::EPIPE)
-                || err.raw_os_error() == Some(libc::ECONNRESET)
-            {
-                return Err(Error::Closed("sending".into()));
-            }
-            if err.kind() != std::io::ErrorKind::Interrupted {
-                return Err(Error::Io {
-                    op: "sending on the fd socket".into(),
-                    source: err,
-                });
+                }
+                Err(Errno::INTR) => continue,
+                Err(Errno::AGAIN) => {
+                    return Err(Error::Io {
+                        op: format!(
+                            "sending on the fd socket: the peer read nothing for {:?}",
+                            self.timeout
+                        ),
+                        source: std::io::ErrorKind::TimedOut.into(),
+                    })
+                }
+                Err(Errno::PIPE | Errno::CONNRESET) => return Err(Error::Closed("sending".into())),
+                Err(e) => return Err(os("sending on the fd socket")(e)),
             }
         }
     }
@@ -544,86 +441,43 @@ impl FdChannel {
 
     /// Receives one message and whatever fds came with it (all owned, so dropped on error).
     fn recv_raw(&self) -> Result<(Vec<u8>, Vec<OwnedFd>)> {
-        wait_readable(
-            self.fd.as_raw_fd(),
-            self.timeout,
-            "receiving on the fd socket",
-        )?;
+        wait_readable(self.fd.as_fd(), self.timeout, "receiving on the fd socket")?;
         let mut buf = vec![0u8; MAX_MESSAGE];
         // Room for more fds than any valid message carries, so extras are seen and closed
         // rather than silently dropped by the kernel.
-        let mut control = vec![0u8; cmsg_space(8)];
-        let mut iov = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
-        // SAFETY: msghdr is plain data.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = control.len() as _;
-        let n = loop {
-            // SAFETY: `msg` describes valid, writable buffers for the duration of the call.
-            let r = unsafe { libc::recvmsg(self.fd.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-            if r >= 0 {
-                break r as usize;
-            }
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() == Some(libc::ECONNRESET) {
-                return Err(Error::Closed("receiving".into()));
-            }
-            if err.kind() != std::io::ErrorKind::Interrupted {
-                return Err(Error::Io {
-                    op: "receiving on the fd socket".into(),
-                    source: err,
-                });
+        let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(8))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let msg = loop {
+            let mut iov = [IoSliceMut::new(&mut buf)];
+            match net::recvmsg(&self.fd, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC) {
+                Ok(m) => break m,
+                Err(Errno::INTR) => continue,
+                Err(Errno::CONNRESET) => return Err(Error::Closed("receiving".into())),
+                Err(e) => return Err(os("receiving on the fd socket")(e)),
             }
         };
-        let fds = collect_fds(&msg);
-        if n == 0 {
+        let mut fds = Vec::new();
+        for m in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(received) = m {
+                fds.extend(received);
+            }
+        }
+        if msg.bytes == 0 {
             return Err(Error::Closed("receiving".into()));
         }
-        if msg.msg_flags & libc::MSG_TRUNC != 0 {
+        if msg.flags.contains(ReturnFlags::TRUNC) {
             return Err(Error::Protocol(format!(
                 "message longer than {MAX_MESSAGE} bytes was truncated (rejected)"
             )));
         }
-        if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        if msg.flags.contains(ReturnFlags::CTRUNC) {
             return Err(Error::Protocol(
                 "control data was truncated: too many fds (rejected)".into(),
             ));
         }
-        buf.truncate(n);
+        buf.truncate(msg.bytes);
         Ok((buf, fds))
     }
-}
-
-fn cmsg_space(fds: usize) -> usize {
-    // SAFETY: CMSG_SPACE is a pure size computation.
-    unsafe { libc::CMSG_SPACE((fds * std::mem::size_of::<RawFd>()) as u32) as usize }
-}
-
-/// Takes ownership of every fd in the `SCM_RIGHTS` messages of `msg`.
-fn collect_fds(msg: &libc::msghdr) -> Vec<OwnedFd> {
-    let mut out = Vec::new();
-    // SAFETY: `msg` was filled by recvmsg; the CMSG macros walk its control buffer within
-    // msg_controllen, and each SCM_RIGHTS payload holds (cmsg_len - CMSG_LEN(0)) / 4 fds.
-    unsafe {
-        let mut cmsg = libc::CMSG_FIRSTHDR(msg);
-        while !cmsg.is_null() {
-            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let bytes = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                let data = libc::CMSG_DATA(cmsg);
-                for i in 0..bytes / std::mem::size_of::<RawFd>() {
-                    let fd = std::ptr::read_unaligned(data.cast::<RawFd>().add(i));
-                    out.push(OwnedFd::from_raw_fd(fd));
-                }
-            }
-            cmsg = libc::CMSG_NXTHDR(msg, cmsg);
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -674,11 +528,9 @@ mod tests {
         client.send_fd(b"hello", file.as_fd()).expect("send");
         let (payload, fd) = server.recv_fd().expect("recv");
         assert_eq!(payload, b"hello");
-        // SAFETY: fcntl with integer arguments on an fd we own.
-        let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFD) };
-        assert_eq!(
-            flags & libc::FD_CLOEXEC,
-            libc::FD_CLOEXEC,
+        let flags = rustix::io::fcntl_getfd(&fd).expect("F_GETFD");
+        assert!(
+            flags.contains(rustix::io::FdFlags::CLOEXEC),
             "received fds must be close-on-exec"
         );
 

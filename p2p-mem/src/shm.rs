@@ -6,12 +6,12 @@
 //! device address. Its fd goes to another process with [`crate::fdpass`], where
 //! [`HostShared::from_fd`] maps and registers the same pages. `Drop` unregisters, then unmaps.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use p2p_sys::{cu, cuda};
 
 use crate::device::Device;
-use crate::error::{last_os_error, Error, OnDevice, Result};
+use crate::error::{os, Error, OnDevice, Result};
 use crate::memory::{DeviceMemory, DeviceMemoryMut};
 
 /// Shared, pinned host memory with a device address. Zeroed when created.
@@ -37,30 +37,17 @@ impl HostShared {
                 "shared host memory cannot be empty".into(),
             ));
         }
-        // SAFETY: memfd_create with a static NUL-terminated name and constant flags.
-        let raw = unsafe { libc::memfd_create(c"p2p-host-staged".as_ptr(), libc::MFD_CLOEXEC) };
-        if raw < 0 {
-            return Err(last_os_error("memfd_create for shared host memory"));
-        }
-        // SAFETY: memfd_create returned a new fd that we now own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: ftruncate on our fd; a new memfd reads as zeros.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-            return Err(last_os_error(format!(
-                "sizing shared host memory to {len} bytes"
-            )));
-        }
+        let fd = rustix::fs::memfd_create(c"p2p-host-staged", rustix::fs::MemfdFlags::CLOEXEC)
+            .map_err(os("memfd_create for shared host memory"))?;
+        // A new memfd reads as zeros.
+        rustix::fs::ftruncate(&fd, len as u64)
+            .map_err(os(format!("sizing shared host memory to {len} bytes")))?;
         Self::map(device, fd, len)
     }
 
     /// Maps `len` bytes of a memory file received from another process.
     pub fn from_fd(device: &Device, fd: OwnedFd, len: usize) -> Result<HostShared> {
-        // SAFETY: stat is plain data; fstat writes it.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: fstat on an fd we own.
-        if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-            return Err(last_os_error("fstat of a shared host memory fd"));
-        }
+        let st = rustix::fs::fstat(&fd).map_err(os("fstat of a shared host memory fd"))?;
         if (st.st_size as u64) < len as u64 || len == 0 {
             return Err(Error::SizeMismatch {
                 what: "shared host memory file",
@@ -72,25 +59,23 @@ impl HostShared {
     }
 
     fn map(device: &Device, fd: OwnedFd, len: usize) -> Result<HostShared> {
-        // SAFETY: a shared read-write mapping of `len` bytes of a file at least that long.
+        use rustix::mm::{MapFlags, ProtFlags};
+        // SAFETY: a new shared read-write mapping of `len` bytes of a file at least that long,
+        // placed by the kernel (no fixed address, so nothing existing is replaced).
         let ptr = unsafe {
-            libc::mmap(
+            rustix::mm::mmap(
                 std::ptr::null_mut(),
                 len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                &fd,
                 0,
             )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(last_os_error(format!(
-                "mapping {len} bytes of shared host memory"
-            )));
         }
-        let unmap = |p: *mut libc::c_void| {
-            // SAFETY: `p` is the mapping made above, of `len` bytes.
-            unsafe { libc::munmap(p, len) };
+        .map_err(os(format!("mapping {len} bytes of shared host memory")))?;
+        let unmap = |p: *mut std::ffi::c_void| {
+            // SAFETY: `p` is the mapping made above, of `len` bytes, used by nothing else.
+            let _ = unsafe { rustix::mm::munmap(p, len) };
         };
         if let Err(e) = device.bind_to_thread() {
             unmap(ptr);
@@ -165,7 +150,7 @@ impl Drop for HostShared {
                 "unregistering shared host memory: {e}"
             );
         }
-        // SAFETY: the mapping of `len` bytes made in `map`.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+        // SAFETY: the mapping of `len` bytes made in `map`, unregistered above.
+        let _ = unsafe { rustix::mm::munmap(self.ptr.cast(), self.len) };
     }
 }

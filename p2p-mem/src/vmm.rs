@@ -450,14 +450,10 @@ fn fabric_error(device: i32, e: p2p_sys::Error) -> Error {
 }
 
 fn set_cloexec(fd: &OwnedFd) -> Result<()> {
-    // SAFETY: fcntl on an fd we own, with integer arguments only.
-    let r = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
-    if r == -1 {
-        return Err(crate::error::last_os_error(
-            "setting FD_CLOEXEC on an exported cuMem fd",
-        ));
-    }
-    Ok(())
+    rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::CLOEXEC).map_err(|e| Error::Io {
+        op: "setting FD_CLOEXEC on an exported cuMem fd".into(),
+        source: e.into(),
+    })
 }
 
 /// What an importer needs to map a cuMem allocation besides its fd: size and origin.
