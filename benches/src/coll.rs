@@ -469,6 +469,17 @@ pub fn run(opts: &Options) -> Result<Value, String> {
     let sizes = sizes(opts.min_bytes, opts.max_bytes, opts.factor);
     let total = jobs.len() * sizes.len();
     let tty = std::io::stderr().is_terminal();
+    // On a terminal a progress bar (with the last row beside it); in a log one line per row.
+    let bar = if tty {
+        let style = indicatif::ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:30}] {pos}/{len} eta {eta} {msg}",
+        )
+        .map(|s| s.progress_chars("=> "))
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+        indicatif::ProgressBar::new(total as u64).with_style(style)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
     let started = Instant::now();
     let mut rows = Vec::new();
     let mut done = 0;
@@ -568,16 +579,15 @@ pub fn run(opts: &Options) -> Result<Value, String> {
                 row["nccl_best"]["out_of_place"]["eager"]["mode"].as_str().unwrap_or("-"),
             );
             if tty {
-                eprint!("\r{line:<110}");
+                bar.set_message(line);
+                bar.inc(1);
             } else {
                 eprintln!("{line}");
             }
             rows.push(row);
         }
     }
-    if tty {
-        eprintln!();
-    }
+    bar.finish_and_clear();
     // Host cost of issuing one call (8 KiB float all-reduce, eager).
     let small = Call::new(Op::AllReduce, DataType::F32, 2048);
     let mut host = json!({});

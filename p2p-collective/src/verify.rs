@@ -97,78 +97,59 @@ pub fn encode(dtype: DataType, v: i64, out: &mut [u8]) {
     }
 }
 
-fn threads() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(4)
-        .min(32)
-}
+/// Elements per parallel task: large enough that rayon's scheduling costs nothing next to it.
+const TASK: usize = 1 << 16;
 
-/// `len` elements of `dtype` made by `f`, built on every core.
+/// `len` elements of `dtype` made by `f`, built on every core (rayon).
 pub fn build(dtype: DataType, len: usize, f: impl Fn(usize) -> i64 + Sync) -> Vec<u8> {
+    use rayon::prelude::*;
     let size = dtype.size();
     let mut out = vec![0u8; len * size];
-    let per = len.div_ceil(threads()).max(4096);
-    std::thread::scope(|s| {
-        for (ci, chunk) in out.chunks_mut(per * size).enumerate() {
-            let f = &f;
-            s.spawn(move || {
-                for (k, e) in chunk.chunks_mut(size).enumerate() {
-                    encode(dtype, f(ci * per + k), e);
-                }
-            });
-        }
-    });
+    out.par_chunks_mut(TASK * size)
+        .enumerate()
+        .for_each(|(ci, chunk)| {
+            for (k, e) in chunk.chunks_mut(size).enumerate() {
+                encode(dtype, f(ci * TASK + k), e);
+            }
+        });
     out
 }
 
 /// Elements of `got` that differ from `f` (`None`: must still be the 0xFF poison), and the
-/// first few, checked on every core.
+/// first few, checked on every core (rayon).
 pub fn compare(
     dtype: DataType,
     got: &[u8],
     f: impl Fn(usize) -> Option<i64> + Sync,
 ) -> (usize, Vec<String>) {
+    use rayon::prelude::*;
     let size = dtype.size();
-    let len = got.len() / size;
-    let per = len.div_ceil(threads()).max(4096);
-    let results: Vec<(usize, Vec<String>)> = std::thread::scope(|s| {
-        let hs: Vec<_> = got
-            .chunks(per * size)
-            .enumerate()
-            .map(|(ci, chunk)| {
-                let f = &f;
-                s.spawn(move || {
-                    let mut wrong = 0;
-                    let mut first = Vec::new();
-                    let mut want = [0u8; 8];
-                    for (k, e) in chunk.chunks(size).enumerate() {
-                        let j = ci * per + k;
-                        let ok = match f(j) {
-                            Some(v) => {
-                                encode(dtype, v, &mut want[..size]);
-                                e == &want[..size]
-                            }
-                            None => e.iter().all(|&b| b == 0xff),
-                        };
-                        if !ok {
-                            wrong += 1;
-                            if first.len() < 3 {
-                                first.push(format!("[{j}] = {e:02x?}, want {:?}", f(j)));
-                            }
-                        }
+    let results: Vec<(usize, Vec<String>)> = got
+        .par_chunks(TASK * size)
+        .enumerate()
+        .map(|(ci, chunk)| {
+            let mut wrong = 0;
+            let mut first = Vec::new();
+            let mut want = [0u8; 8];
+            for (k, e) in chunk.chunks(size).enumerate() {
+                let j = ci * TASK + k;
+                let ok = match f(j) {
+                    Some(v) => {
+                        encode(dtype, v, &mut want[..size]);
+                        e == &want[..size]
                     }
-                    (wrong, first)
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or((usize::MAX / 2, vec!["checker panicked".into()]))
-            })
-            .collect()
-    });
+                    None => e.iter().all(|&b| b == 0xff),
+                };
+                if !ok {
+                    wrong += 1;
+                    if first.len() < 3 {
+                        first.push(format!("[{j}] = {e:02x?}, want {:?}", f(j)));
+                    }
+                }
+            }
+            (wrong, first)
+        })
+        .collect();
     let wrong = results.iter().map(|r| r.0).sum();
     let first = results.into_iter().flat_map(|r| r.1).take(3).collect();
     (wrong, first)
