@@ -49,15 +49,19 @@ pub fn count_wrong(what: &str, got: &[f32], want: impl Fn(usize) -> f32) -> usiz
     wrong
 }
 
-/// The number of GPUs to use: `P2P_EXAMPLE_GPUS` if set, else every visible one.
+/// The number of GPUs to use: `P2P_EXAMPLE_GPUS` if set, else every visible one; at least two
+/// (on one GPU a sum over ranks is the rank's own value, so nothing would be shown).
 pub fn gpus() -> Result<usize, BoxError> {
     let visible = p2p_mem::Device::count()? as usize;
+    if visible < 2 {
+        return Err(format!("this example needs at least 2 GPUs; {visible} visible").into());
+    }
     match std::env::var("P2P_EXAMPLE_GPUS") {
         Ok(v) => {
             let n: usize = v
                 .parse()
                 .map_err(|_| format!("P2P_EXAMPLE_GPUS={v:?} is not a number"))?;
-            if n == 0 || n > visible {
+            if n < 2 || n > visible {
                 return Err(
                     format!("P2P_EXAMPLE_GPUS={n}, but {visible} GPU(s) are visible").into(),
                 );

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use p2p_mem::fdpass::{FdChannel, FdListener, PrivateDir};
 use p2p_mem::kernel::{self as kernels, Function, Module, Source};
-use p2p_mem::{check_peer_mappable, Device, DeviceMemory, DeviceMemoryMut, Stream};
+use p2p_mem::{check_peer_mappable, check_stream, Device, DeviceMemory, DeviceMemoryMut, Stream};
 use p2p_transport::config::Config;
 
 use crate::settings::{Algorithm, Settings};
@@ -48,6 +48,7 @@ const _: () = assert!(STATUS_OFF + STATUS_WORDS <= crate::abi::P2P_READY_OFF);
 const _: () = assert!(crate::abi::P2P_END_OFF * 8 <= SYNC_BYTES);
 // `coll_abi.h` asserts the same size for its `CollArgs`.
 const _: () = assert!(std::mem::size_of::<CollArgs>() == 344);
+const _: () = assert!(std::mem::size_of::<crate::abi::P2pArgs>() == 104);
 
 /// How a communicator behaves; [`Options::from_env`] reads the `P2P_*` settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1155,7 +1156,7 @@ impl Communicator {
                     c if c == F_ABORT as u64 => match self.abort.reason() {
                         Some((_, why)) => format!("was aborted ({why})"),
                         None if self.abort.value() == KERNEL_FAILED => {
-                            "was stopped because another rank's call on this process timed out"
+                            "was stopped because another rank's call on this process timed out or found a mismatched send"
                                 .into()
                         }
                         None => "was aborted".into(),
@@ -1197,6 +1198,8 @@ impl Communicator {
         recv: &mut dyn DeviceMemoryMut,
         stream: &Stream,
     ) -> Result<()> {
+        check_stream(send, stream)?;
+        check_stream(recv, stream)?;
         let input = Region {
             ptr: send.device_ptr(),
             bytes: send.byte_len(),
@@ -1219,6 +1222,7 @@ impl Communicator {
         buf: &mut dyn DeviceMemoryMut,
         stream: &Stream,
     ) -> Result<()> {
+        check_stream(buf, stream)?;
         let whole = Region {
             ptr: buf.device_ptr(),
             bytes: buf.byte_len(),
@@ -1589,6 +1593,7 @@ impl Communicator {
         peer: usize,
         stream: &Stream,
     ) -> Result<()> {
+        check_stream(buf, stream)?;
         let region = Region {
             ptr: buf.device_ptr(),
             bytes: buf.byte_len(),
@@ -1606,6 +1611,7 @@ impl Communicator {
         peer: usize,
         stream: &Stream,
     ) -> Result<()> {
+        check_stream(buf, stream)?;
         let region = Region {
             ptr: buf.device_ptr(),
             bytes: buf.byte_len(),
@@ -1629,6 +1635,8 @@ impl Communicator {
         dtype: DataType,
         stream: &Stream,
     ) -> Result<()> {
+        check_stream(send, stream)?;
+        check_stream(recv, stream)?;
         let s = Region {
             ptr: send.device_ptr(),
             bytes: send.byte_len(),
@@ -1708,9 +1716,8 @@ impl Communicator {
                 )));
             }
         }
-        if bytes == 0 {
-            return Ok(());
-        }
+        // A zero-byte message still travels (a header only), so that a count of 0 on one side
+        // and N on the other is a mismatch rather than a silent shift of every later message.
         let (to, from) = (send.map(|(_, p)| p), recv.map(|(_, p)| p));
         let inbox = |owner: usize, source: usize| {
             self.bases[owner] + inbox_offset(self.world, &self.tuning, source) as u64

@@ -1023,29 +1023,60 @@ fn gpu2_send_recv_errors_are_named() {
         eprintln!("{e}");
         assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
     }
-    // Zero counts do nothing (no peer needed).
+    // Zero counts still pair up: an empty message travels, so both sides agree.
     comms[0]
-        .recv(&mut a, 0, DataType::F32, 1, &stream0)
-        .expect("count 0");
-    comms[0].synchronize(&stream0).expect("nothing queued");
-    // A size mismatch: rank 0 sends 100 elements, rank 1 expects 200.
+        .send(&a, 0, DataType::F32, 1, &stream0)
+        .expect("send 0");
+    comms[1]
+        .recv(&mut b, 0, DataType::F32, 0, &stream1)
+        .expect("recv 0");
+    comms[0].synchronize(&stream0).expect("send 0");
+    comms[1].synchronize(&stream1).expect("recv 0");
+    // A count of 0 against 100 is a mismatch, not a silent shift of later messages.
     comms[0]
-        .send(&a, 100, DataType::F32, 1, &stream0)
+        .send(&a, 0, DataType::F32, 1, &stream0)
         .expect("send");
     comms[1]
-        .recv(&mut b, 200, DataType::F32, 0, &stream1)
+        .recv(&mut b, 100, DataType::F32, 0, &stream1)
         .expect("recv");
-    let e = comms[1].synchronize(&stream1).expect_err("mismatch");
+    let e = comms[1].synchronize(&stream1).expect_err("0 against 100");
     eprintln!("{e}");
     assert!(matches!(e, Error::Mismatch { peer: 0, .. }), "{e:?}");
     assert!(
-        e.to_string().contains("800 bytes") && e.to_string().contains("400 bytes"),
+        e.to_string().contains("recv of 400 bytes") && e.to_string().contains("send of 0 bytes"),
         "{e}"
     );
     let again = comms[1]
         .recv(&mut b, 200, DataType::F32, 0, &stream1)
         .expect_err("unusable");
     assert!(matches!(again, Error::Unusable { .. }), "{again:?}");
+    let _ = comms[0].synchronize(&stream0);
+    drop(comms);
+    // A sender larger than the inbox whose receiver expects less: the receiver names the sizes
+    // and the sender, waiting for slots that are never freed, stops at once instead of at its
+    // time limit.
+    let comms = Communicator::init_all_with(&devices[..2], short_timeout()).expect("init_all");
+    let big = DeviceBuffer::<f32>::zeroed(&devices[0], 2 << 20).expect("buf");
+    let mut half = DeviceBuffer::<f32>::zeroed(&devices[1], 1 << 20).expect("buf");
+    comms[0]
+        .send(&big, 2 << 20, DataType::F32, 1, &stream0)
+        .expect("send");
+    comms[1]
+        .recv(&mut half, 1 << 20, DataType::F32, 0, &stream1)
+        .expect("recv");
+    let e = comms[1].synchronize(&stream1).expect_err("mismatch");
+    eprintln!("{e}");
+    assert!(matches!(e, Error::Mismatch { peer: 0, .. }), "{e:?}");
+    assert!(
+        e.to_string().contains("recv of 4194304 bytes")
+            && e.to_string().contains("send of 8388608 bytes"),
+        "{e}"
+    );
+    let e = comms[0]
+        .synchronize(&stream0)
+        .expect_err("the sender is stopped");
+    eprintln!("{e}");
+    assert!(e.to_string().contains("mismatched send"), "{e}");
     drop(comms);
     // A receive that nobody answers.
     let comms = Communicator::init_all_with(&devices[..2], short_timeout()).expect("init_all");

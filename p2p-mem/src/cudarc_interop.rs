@@ -35,6 +35,12 @@
 //!   slice's last write on any other stream (when the context manages multi-stream
 //!   synchronisation, cudarc's default), and dropping the view records cudarc's read (or write)
 //!   event after the work p2p queued. Drop a view only after the calls that use it.
+//! - **A view is bound to its stream.** cudarc frees a slice after the work of the stream its
+//!   events were recorded on, so every p2p call refuses a view on any other stream
+//!   ([`check_stream`](crate::check_stream)), and host copies through a view wait for its
+//!   stream first. As with cudarc's own `device_ptr` guards, leaking a view
+//!   (`std::mem::forget`) skips the event: cudarc may then free the slice while p2p's work on
+//!   it still runs.
 //! - **Pool memory.** `CudaSlice` memory comes from the stream-ordered pool
 //!   (`cuMemAllocAsync`). p2p's collectives and copies only touch a call's buffers from the
 //!   local GPU (peers read and write p2p's own shared workspaces), so pool memory works in
@@ -99,6 +105,7 @@ impl Stream {
 /// and the stream; dropping it records cudarc's read event after the work queued with it.
 pub struct CudarcView<'a> {
     memory: ExternalMemory,
+    stream: cuda::CUstream,
     _sync: SyncOnDrop<'a>,
 }
 
@@ -107,6 +114,7 @@ pub struct CudarcView<'a> {
 /// queued with it.
 pub struct CudarcViewMut<'a> {
     memory: ExternalMemory,
+    stream: cuda::CUstream,
     _sync: SyncOnDrop<'a>,
 }
 
@@ -115,6 +123,16 @@ fn cudarc_of(stream: &Stream) -> Result<&Arc<CudaStream>> {
         Error::InvalidArgument(
             "a view of a cudarc slice needs a stream made by Stream::from_cudarc".into(),
         )
+    })
+}
+
+/// cudarc records a failed wait of the stream for the slice's last write in its context
+/// instead of returning it: take it back, so that p2p never runs unordered with that write.
+fn waited(cu: &CudaStream) -> Result<()> {
+    cu.context().check_err().map_err(|e| {
+        Error::InvalidArgument(format!(
+            "cudarc could not order the stream after the slice's last write: {e}"
+        ))
     })
 }
 
@@ -151,12 +169,14 @@ pub fn view<'a, T, S: DevicePtr<T>>(stream: &'a Stream, slice: &'a S) -> Result<
     let cu = cudarc_of(stream)?;
     let bytes = slice.num_bytes();
     let (ptr, sync) = slice.device_ptr(cu);
+    waited(cu)?;
     check_on(stream.device(), ptr, bytes)?;
     // SAFETY: cudarc guarantees `bytes` bytes at `ptr` stay allocated while `slice` is
     // borrowed, which outlives the view ('a); `check_on` showed they are on the stream's GPU.
     let memory = unsafe { ExternalMemory::from_raw(stream.device(), ptr, bytes) };
     Ok(CudarcView {
         memory,
+        stream: cu.cu_stream(),
         _sync: sync,
     })
 }
@@ -171,11 +191,13 @@ pub fn view_mut<'a, T, S: DevicePtrMut<T>>(
     let cu = cudarc_of(stream)?;
     let bytes = slice.num_bytes();
     let (ptr, sync) = slice.device_ptr_mut(cu);
+    waited(cu)?;
     check_on(stream.device(), ptr, bytes)?;
     // SAFETY: as in `view`; the slice is borrowed mutably for 'a, so nothing else writes it.
     let memory = unsafe { ExternalMemory::from_raw(stream.device(), ptr, bytes) };
     Ok(CudarcViewMut {
         memory,
+        stream: cu.cu_stream(),
         _sync: sync,
     })
 }
@@ -192,6 +214,9 @@ macro_rules! delegate_memory {
             }
             fn byte_len(&self) -> usize {
                 self.memory.byte_len()
+            }
+            fn bound_stream(&self) -> Option<cuda::CUstream> {
+                Some(self.stream)
             }
         }
     };

@@ -174,9 +174,40 @@ pub fn peer_uid(fd: BorrowedFd<'_>) -> Result<u32> {
 
 /// The process id and uid of the process at the other end of a connected Unix socket, as the
 /// kernel recorded them at `connect` (`SO_PEERCRED`): they cannot be forged by the peer.
+///
+/// The pid is 0 when the peer lives in another PID namespace (the kernel cannot name it there);
+/// callers that match pids then refuse it, and the uid check still applies. (Read with
+/// `getsockopt` directly: rustix 1.1's `socket_peercred` keeps the pid in a non-zero type and
+/// cannot represent that 0.)
 pub fn peer_cred(fd: BorrowedFd<'_>) -> Result<(u32, u32)> {
-    let cred = net::sockopt::socket_peercred(fd).map_err(os("reading SO_PEERCRED"))?;
-    Ok((cred.pid.as_raw_nonzero().get() as u32, cred.uid.as_raw()))
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: u32::MAX,
+        gid: u32::MAX,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for getsockopt to write, `len` is their size, and
+    // `fd` is a live socket for the duration of the call.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(Error::Io {
+            op: "reading SO_PEERCRED".into(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    if len as usize != std::mem::size_of::<libc::ucred>() {
+        return Err(Error::Protocol(format!("SO_PEERCRED gave {len} bytes")));
+    }
+    Ok((cred.pid.max(0) as u32, cred.uid))
 }
 
 /// Accepts a peer only if it runs as the same user as this process.

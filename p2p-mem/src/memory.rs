@@ -29,6 +29,14 @@ pub unsafe trait DeviceMemory {
     /// The size in bytes.
     fn byte_len(&self) -> usize;
 
+    /// The stream this memory is bound to, if any: p2p then queues work on it only on that
+    /// stream ([`check_stream`]), and waits for that stream before the host touches it. `None`,
+    /// the default (every buffer p2p allocates), means any stream. A view of a cudarc slice is
+    /// bound to the stream it was made with, the one whose events cudarc's free waits for.
+    fn bound_stream(&self) -> Option<cuda::CUstream> {
+        None
+    }
+
     /// Copies the whole region into `dst`, which must be exactly as large. Synchronous.
     fn copy_to_host<T: DeviceCopy>(&self, dst: &mut [T]) -> Result<()>
     where
@@ -60,7 +68,7 @@ pub unsafe trait DeviceMemory {
         if dst.is_empty() {
             return Ok(());
         }
-        self.device().bind_to_thread()?;
+        wait_bound(self)?;
         // SAFETY: the range was checked to lie inside the region; `dst` is as long and alive
         // for the synchronous copy.
         unsafe {
@@ -109,7 +117,7 @@ pub unsafe trait DeviceMemoryMut: DeviceMemory {
         if src.is_empty() {
             return Ok(());
         }
-        self.device().bind_to_thread()?;
+        wait_bound(self)?;
         // SAFETY: both sides are `src.len()` bytes long and alive for the synchronous copy.
         unsafe {
             cu!(cuMemcpyHtoD_v2(
@@ -132,7 +140,7 @@ pub unsafe trait DeviceMemoryMut: DeviceMemory {
         if self.byte_len() == 0 {
             return Ok(());
         }
-        self.device().bind_to_thread()?;
+        wait_bound(self)?;
         // SAFETY: the region is `byte_len` bytes of live device memory.
         unsafe { cu!(cuMemsetD8_v2(self.device_ptr(), value, self.byte_len())) }
             .on(self.device().ordinal())?;
@@ -150,6 +158,7 @@ pub unsafe trait DeviceMemoryMut: DeviceMemory {
         if self.byte_len() == 0 {
             return Ok(());
         }
+        check_stream(self, stream)?;
         stream.device().bind_to_thread()?;
         // SAFETY: the region is live device memory of `byte_len` bytes; see the note above.
         unsafe {
@@ -175,7 +184,8 @@ pub unsafe trait DeviceMemoryMut: DeviceMemory {
             return Ok(());
         }
         let (dst_dev, src_dev) = (self.device().clone(), src.device().clone());
-        dst_dev.bind_to_thread()?;
+        wait_bound(src)?;
+        wait_bound(self)?;
         // SAFETY: both regions are live and `byte_len` bytes long; the contexts are retained.
         unsafe {
             cu!(cuMemcpyPeer(
@@ -191,6 +201,32 @@ pub unsafe trait DeviceMemoryMut: DeviceMemory {
         // (destination) context, so synchronising it waits for the copy.
         dst_dev.synchronize()
     }
+}
+
+/// Checks that work on `memory` may be queued on `stream`: a region bound to a stream
+/// ([`DeviceMemory::bound_stream`], a view of a cudarc slice) only on that one, since cudarc
+/// frees the slice after the work of that stream alone.
+pub fn check_stream(memory: &dyn DeviceMemory, stream: &Stream) -> Result<()> {
+    match memory.bound_stream() {
+        Some(bound) if bound != stream.cu_stream() => Err(Error::InvalidArgument(format!(
+            "the memory at {:#x} is a view bound to stream {bound:?} (a cudarc slice's view, made \
+             with that stream); queue work on it on that stream, not on {:?}",
+            memory.device_ptr(),
+            stream.cu_stream()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Binds the region's device and, for memory bound to a stream, waits for that stream, so that
+/// a synchronous host access follows the stream's work on the memory.
+fn wait_bound(memory: &dyn DeviceMemory) -> Result<()> {
+    memory.device().bind_to_thread()?;
+    if let Some(s) = memory.bound_stream() {
+        // SAFETY: a bound region's stream outlives the region (the view borrows it).
+        unsafe { cu!(cuStreamSynchronize(s)) }.on(memory.device().ordinal())?;
+    }
+    Ok(())
 }
 
 pub(crate) fn check_size(what: &'static str, expected: usize, got: usize) -> Result<()> {

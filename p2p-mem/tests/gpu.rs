@@ -607,6 +607,17 @@ fn gpu1_cudarc_slices_and_streams_in_place() {
         let mut v = view_mut(&s, &mut slice).expect("view_mut");
         v.memset_u8_async(0x11, &s)
             .expect("memset on the cudarc stream");
+        // The view is bound to its stream: work on another stream is refused (cudarc frees
+        // the slice after that stream's work only).
+        let other = Stream::new(&d).expect("stream");
+        let e = v.memset_u8_async(0x22, &other).expect_err("another stream");
+        assert!(e.to_string().contains("bound to stream"), "{e}");
+        // A host read through the view waits for the stream's queued memset.
+        assert!(v
+            .to_host_vec::<u32>()
+            .expect("read")
+            .iter()
+            .all(|&x| x == 0x1111_1111));
     }
     let back: Vec<u32> = cu.clone_dtoh(&slice).expect("download");
     assert!(back.iter().all(|&x| x == 0x1111_1111), "{:?}", &back[..4]);

@@ -303,6 +303,7 @@ impl Side {
     fn launch(&mut self, sending: bool, mem: &dyn DeviceMemory, stream: &Stream) -> Result<()> {
         let op = if sending { "send" } else { "recv" };
         self.usable(op)?;
+        p2p_mem::check_stream(mem, stream)?;
         if mem.device() != &self.device {
             let what = if sending { "source" } else { "destination" };
             return Err(invalid(format!(

@@ -236,6 +236,8 @@ impl Transport {
         src: &S,
         stream: &Stream,
     ) -> Result<Route> {
+        p2p_mem::check_stream(dst, stream)?;
+        p2p_mem::check_stream(src, stream)?;
         let (a, b) = (
             src.device().ordinal() as usize,
             dst.device().ordinal() as usize,
@@ -357,6 +359,8 @@ impl Transport {
         path: Path,
         stream: &Stream,
     ) -> Result<()> {
+        p2p_mem::check_stream(dst, stream)?;
+        p2p_mem::check_stream(src, stream)?;
         let bytes = src.byte_len();
         if dst.byte_len() != bytes {
             return Err(Error::InvalidArgument(format!(

@@ -86,10 +86,17 @@ fn local(line: &str, root: &Path) -> Result<String> {
             "the README depends on {name}, which is not a crate of this checkout"
         ));
     }
-    Ok(line.replace(
+    let local = line.replace(
         &format!("git = \"{REPO_URL}\""),
         &format!("path = \"{}\"", dir.display()),
-    ))
+    );
+    if local.contains(REPO_URL) {
+        // Anything but the exact `git = "URL"` form would silently build the published crate.
+        return Err(format!(
+            "the README's dependency line {line:?} names the repository in a form this check cannot point at the checkout: write `git = \"{REPO_URL}\"`"
+        ));
+    }
+    Ok(local)
 }
 
 /// Builds every group as its own crate under `target/readme-check`.
@@ -140,7 +147,8 @@ pub fn check(root: &Path, cargo: &str) -> Result<()> {
                 .current_dir(&dir)
                 .env("CARGO_TARGET_DIR", base.join("target"))
                 // A snippet that warns (an unused import, a variable never read) is not as
-                // shown; dependencies' lints are capped by cargo as usual.
+                // shown. This also denies warnings in the p2p crates themselves (path
+                // dependencies are not lint-capped), which CI's clippy step demands anyway.
                 .env("RUSTFLAGS", "-D warnings")
                 .args(["build", "--bins", "--quiet"]),
         )?;
@@ -204,5 +212,7 @@ mod tests {
             "cudarc = \"0.19\""
         );
         assert!(local("nope = { git = \"https://github.com/p2p-rs/p2p\" }", root).is_err());
+        // Another spelling of the repository would fall back to the network: refused.
+        assert!(local("p2p-mem = { git=\"https://github.com/p2p-rs/p2p\" }", root).is_err());
     }
 }

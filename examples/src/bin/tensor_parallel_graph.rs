@@ -55,8 +55,10 @@ fn forward() -> Result<(), BoxError> {
         .collect::<Result<_, _>>()?;
 
     // Capture each rank's forward pass (its all-reduces) on its own stream. The views are made
-    // before the capture (cudarc's event waits happen outside it) and live until the graphs are
-    // done with the memory.
+    // before the capture (cudarc's event waits happen outside it) and dropped after it, so
+    // cudarc's events cover the capture only, not the replays: the replays stay correct because
+    // every access to these slices (the uploads, the replays, the reads) is on the same stream,
+    // and the slices outlive the graphs.
     let mut graphs = Vec::with_capacity(n);
     {
         let mut views = Vec::with_capacity(n);

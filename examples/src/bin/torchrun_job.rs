@@ -21,6 +21,9 @@ fn main() {
 fn job() -> Result<(), BoxError> {
     let comm = Communicator::from_env()?;
     let (rank, n) = (comm.rank(), comm.world_size());
+    if n < 2 {
+        return Err("this example needs at least 2 ranks".into());
+    }
     let ctx = CudaContext::new(comm.device().ordinal() as usize)?;
     let cu_stream = ctx.new_stream()?;
     let stream = Stream::from_cudarc(comm.device(), &cu_stream)?;

@@ -988,7 +988,10 @@ COLL_KERNEL(coll_u8, unsigned char)
 // one that carries none of its chunks, so the message numbers agree on both sides.
 
 __device__ void p2p_fail(const P2pArgs& a, int code, int kind, int peer, u64 mine, u64 theirs) {
-    if (code == F_TIMEOUT && *a.abort_flag == 0) *a.abort_flag = 2;
+    // A mismatch stops this process's ranks too, so that the sender (which may be waiting for
+    // slots this receiver will never free) ends at once; other processes learn it from the
+    // host's monitor.
+    if ((code == F_TIMEOUT || code == F_MISMATCH) && *a.abort_flag == 0) *a.abort_flag = 2;
     u64* my = a.my_sync;
     if (atomicCAS((unsigned long long*)(my + FAIL_OFF), 0ull, (unsigned long long)code) == 0ull) {
         volatile u64* st = my + STATUS_OFF;
@@ -1023,7 +1026,8 @@ extern "C" __global__ void __launch_bounds__(512, 2) p2p_sendrecv(P2pArgs a) {
     const int lane = sending ? (int)blockIdx.x : (int)blockIdx.x - a.send_blocks;
     const int peer = sending ? a.to : a.from;
     const u64 bytes = sending ? a.send_bytes : a.recv_bytes;
-    const u64 chunks = (bytes + P2P_CHUNK - 1) / P2P_CHUNK;
+    // A zero-byte message is one empty chunk: its header still tells the receiver the size.
+    const u64 chunks = bytes == 0 ? 1 : (bytes + P2P_CHUNK - 1) / P2P_CHUNK;
     volatile u64* msgs = my + P2P_MSGS_OFF + ((sending ? 0 : 1) * MAX_RANKS + peer) * P2P_BLOCKS + lane;
     const u64 msg = *msgs;
     volatile u64* count = my + (sending ? P2P_SENT_OFF : P2P_RECVD_OFF) + peer * P2P_BLOCKS + lane;
@@ -1036,6 +1040,7 @@ extern "C" __global__ void __launch_bounds__(512, 2) p2p_sendrecv(P2pArgs a) {
             unsigned char* s = a.send_inbox + slot * P2P_SLOT_BYTES;
             if (threadIdx.x == 0 && i >= P2P_SLOTS) {
                 const int e = p2p_wait(a, my + P2P_FREED_OFF + peer * P2P_BLOCKS + lane, i - P2P_SLOTS + 1);
+                fence_sys();  // acquire: the receiver's reads of the slot are done before we overwrite it
                 if (e) {
                     if (e != F_ELSEWHERE) p2p_fail(a, e, K_SEND, peer, msg, 0);
                     err = e;
