@@ -17,6 +17,7 @@ pub mod latency;
 #[allow(unsafe_code)]
 pub mod nccl;
 pub mod p2p;
+pub mod sendrecv;
 
 use p2p_mem::Device;
 use p2p_sys::Library;

@@ -388,6 +388,60 @@ impl NcclGroup {
     }
 }
 
+impl NcclGroup {
+    /// One ring exchange of `bytes` bytes in one NCCL group: rank r sends `bufs[r].send` to
+    /// rank r + 1 and receives `bufs[r].recv` from rank r - 1 (NCCL's grouped send and recv).
+    pub fn issue_ring(
+        &self,
+        bytes: usize,
+        bufs: &[Bufs],
+        streams: &[p2p_sys::cuda::CUstream],
+    ) -> Result<(), String> {
+        let n = self.comms.len();
+        // SAFETY: plain call; it only opens a group.
+        check_nccl("ncclGroupStart", unsafe { nccl::ncclGroupStart() })
+            .map_err(|e| e.to_string())?;
+        let mut result = Ok(());
+        for (r, comm) in self.comms.iter().enumerate() {
+            let stream = streams[r] as nccl::cudaStream_t;
+            let (to, from) = ((r + 1) % n, (r + n - 1) % n);
+            // SAFETY: rank r's buffers on its GPU hold at least `bytes` bytes (the benchmark
+            // sizes them for the largest message); the stream is rank r's.
+            let rc = unsafe {
+                nccl::ncclSend(
+                    bufs[r].send as *const c_void,
+                    bytes,
+                    nccl::ncclDataType_t::ncclUint8,
+                    to as i32,
+                    *comm,
+                    stream,
+                )
+            };
+            if result.is_ok() {
+                result = check_nccl("ncclSend", rc).map_err(|e| e.to_string());
+            }
+            // SAFETY: as above.
+            let rc = unsafe {
+                nccl::ncclRecv(
+                    bufs[r].recv as *mut c_void,
+                    bytes,
+                    nccl::ncclDataType_t::ncclUint8,
+                    from as i32,
+                    *comm,
+                    stream,
+                )
+            };
+            if result.is_ok() {
+                result = check_nccl("ncclRecv", rc).map_err(|e| e.to_string());
+            }
+        }
+        // SAFETY: closes the group opened above (also after an error, as NCCL requires).
+        let end =
+            check_nccl("ncclGroupEnd", unsafe { nccl::ncclGroupEnd() }).map_err(|e| e.to_string());
+        result.and(end)
+    }
+}
+
 impl Drop for NcclGroup {
     fn drop(&mut self) {
         let report = |what: &'static str, rc| {

@@ -161,6 +161,32 @@ enum Command {
         #[arg(long, default_value = "docs/results")]
         out: PathBuf,
     },
+    /// Send/recv between the GPUs of this process: ours (`Communicator::send_recv`, a ring
+    /// exchange) beside NCCL's grouped ncclSend/ncclRecv, eager and under CUDA graph, each size
+    /// checked first; writes JSON and Markdown.
+    Sendrecv {
+        /// Directory for the results (created if missing).
+        #[arg(long, default_value = "docs/results")]
+        out: PathBuf,
+        /// Smallest message, bytes.
+        #[arg(long, default_value_t = 8)]
+        min_bytes: usize,
+        /// Largest message, MiB.
+        #[arg(long, default_value_t = 256)]
+        max_mib: usize,
+        /// Each size is this many times the one before.
+        #[arg(long, default_value_t = 4)]
+        factor: usize,
+        /// Timed samples per figure (the median is reported).
+        #[arg(long, default_value_t = 10)]
+        samples: usize,
+        /// How many GPUs (default: all).
+        #[arg(long, default_value_t = 0)]
+        gpus: usize,
+        /// Skip NCCL.
+        #[arg(long)]
+        no_nccl: bool,
+    },
     /// One rank of a fault-injection job (started by `faults`, configured by FAULT_* variables).
     #[command(hide = true)]
     FaultWorker,
@@ -211,6 +237,32 @@ fn main() -> ExitCode {
             max_mib,
             samples,
         } => p2p_cmd(out, matrix_mib, max_mib, samples),
+        Command::Sendrecv {
+            out,
+            min_bytes,
+            max_mib,
+            factor,
+            samples,
+            gpus,
+            no_nccl,
+        } => {
+            let opts = p2p_benches::sendrecv::Options {
+                min_bytes,
+                max_bytes: max_mib << 20,
+                factor,
+                samples: samples.max(1),
+                gpus,
+                nccl: !no_nccl,
+                out,
+            };
+            match p2p_benches::sendrecv::run(&opts) {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("p2p-bench sendrecv: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Coll {
             out,
             ops,

@@ -1,0 +1,456 @@
+//! `p2p-bench sendrecv`: point-to-point between the GPUs of this process, ours
+//! (`Communicator::send_recv`, a ring exchange: rank r sends to r + 1 and receives from r - 1)
+//! beside NCCL's grouped `ncclSend` / `ncclRecv` doing the same, on the same buffers and streams,
+//! eager and under CUDA graph.
+//!
+//! Method: CUDA events on each rank's stream around `iters` back-to-back exchanges after 3
+//! warm-up exchanges; the slowest rank's time per exchange; median of `samples`. Before the
+//! figures of each size, one exchange of random bytes by each implementation, every received
+//! byte compared. Bandwidth is bytes per exchange over time: each rank sends and receives that
+//! much at once, so it is the bandwidth per direction of each link of the ring.
+
+use std::path::PathBuf;
+
+use p2p_collective::{Communicator, DataType};
+use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Event, GraphExec, Stream};
+use serde_json::{json, Value};
+
+use crate::nccl::{Bufs, NcclGroup, NcclMode};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Smallest message, bytes.
+    pub min_bytes: usize,
+    /// Largest message, bytes.
+    pub max_bytes: usize,
+    /// Each size is this many times the one before.
+    pub factor: usize,
+    /// Timed samples per figure.
+    pub samples: usize,
+    /// How many GPUs (0: all).
+    pub gpus: usize,
+    /// Run NCCL beside ours.
+    pub nccl: bool,
+    /// Where to write the results.
+    pub out: PathBuf,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Imp {
+    Ours,
+    Nccl,
+}
+
+struct Rank {
+    stream: Stream,
+    send: DeviceBuffer<u8>,
+    recv: DeviceBuffer<u8>,
+    start: Event,
+    stop: Event,
+}
+
+struct Harness<'a> {
+    comms: &'a [Communicator],
+    nccl: Option<&'a NcclGroup>,
+    ranks: Vec<Rank>,
+    bufs: Vec<Bufs>,
+    streams: Vec<p2p_sys::cuda::CUstream>,
+}
+
+impl Harness<'_> {
+    fn issue(&mut self, imp: Imp, bytes: usize) -> Result<(), String> {
+        let n = self.ranks.len();
+        match imp {
+            Imp::Ours => {
+                for (r, (comm, rank)) in self.comms.iter().zip(self.ranks.iter_mut()).enumerate() {
+                    let send = rank.send.slice(..bytes).map_err(|e| e.to_string())?;
+                    let mut recv = rank.recv.slice_mut(..bytes).map_err(|e| e.to_string())?;
+                    comm.send_recv(
+                        &send,
+                        (r + 1) % n,
+                        &mut recv,
+                        (r + n - 1) % n,
+                        bytes,
+                        DataType::U8,
+                        &rank.stream,
+                    )
+                    .map_err(|e| e.to_string())?;
+                }
+                Ok(())
+            }
+            Imp::Nccl => {
+                self.nccl
+                    .ok_or("NCCL is not set up")?
+                    .issue_ring(bytes, &self.bufs, &self.streams)
+            }
+        }
+    }
+
+    fn sync(&self) -> Result<(), String> {
+        for r in &self.ranks {
+            r.stream.synchronize().map_err(|e| e.to_string())?;
+        }
+        for c in self.comms {
+            c.check().map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// Wrong bytes after one exchange of random data.
+    fn check(&mut self, imp: Imp, bytes: usize, seed: u64) -> Result<usize, String> {
+        let n = self.ranks.len();
+        for (r, rank) in self.ranks.iter_mut().enumerate() {
+            let data = random_bytes(seed + r as u64, bytes);
+            rank.send
+                .slice_mut(..bytes)
+                .and_then(|mut s| s.copy_from_host(&data))
+                .map_err(|e| e.to_string())?;
+            rank.recv.memset_u8(0xff).map_err(|e| e.to_string())?;
+        }
+        self.issue(imp, bytes)?;
+        self.sync()?;
+        let mut wrong = 0;
+        for (r, rank) in self.ranks.iter().enumerate() {
+            let want = random_bytes(seed + ((r + n - 1) % n) as u64, bytes);
+            let got = rank
+                .recv
+                .slice(..bytes)
+                .and_then(|s| s.to_host_vec::<u8>())
+                .map_err(|e| e.to_string())?;
+            wrong += got.iter().zip(&want).filter(|(a, b)| a != b).count();
+        }
+        Ok(wrong)
+    }
+
+    /// Microseconds per exchange: events around `body` on every rank, slowest rank, median.
+    fn sample(
+        &mut self,
+        iters: usize,
+        samples: usize,
+        mut body: impl FnMut(&mut Self) -> Result<(), String>,
+    ) -> Result<f64, String> {
+        let mut v = Vec::with_capacity(samples);
+        for _ in 0..samples {
+            for r in &self.ranks {
+                r.start.record(&r.stream).map_err(|e| e.to_string())?;
+            }
+            body(self)?;
+            for r in &self.ranks {
+                r.stop.record(&r.stream).map_err(|e| e.to_string())?;
+            }
+            self.sync()?;
+            let mut worst = 0.0f64;
+            for r in &self.ranks {
+                let ms = r.start.elapsed_ms(&r.stop).map_err(|e| e.to_string())?;
+                worst = worst.max(ms as f64 * 1000.0 / iters as f64);
+            }
+            v.push(worst);
+        }
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2)
+            .copied()
+            .ok_or_else(|| "no samples were taken".to_string())
+    }
+
+    fn time_eager(
+        &mut self,
+        imp: Imp,
+        bytes: usize,
+        iters: usize,
+        samples: usize,
+    ) -> Result<f64, String> {
+        for _ in 0..3 {
+            self.issue(imp, bytes)?;
+        }
+        self.sync()?;
+        self.sample(iters, samples, |h| {
+            for _ in 0..iters {
+                h.issue(imp, bytes)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn time_graph(
+        &mut self,
+        imp: Imp,
+        bytes: usize,
+        iters: usize,
+        samples: usize,
+    ) -> Result<f64, String> {
+        for r in &self.ranks {
+            r.stream.begin_capture().map_err(|e| e.to_string())?;
+        }
+        let mut issued = Ok(());
+        for _ in 0..iters {
+            issued = self.issue(imp, bytes);
+            if issued.is_err() {
+                break;
+            }
+        }
+        // End every capture before instantiating any (see coll.rs).
+        let captured: Vec<_> = self.ranks.iter().map(|r| r.stream.end_capture()).collect();
+        let mut graphs: Vec<GraphExec> = Vec::new();
+        let mut ended = Ok(());
+        for g in captured {
+            match g.and_then(|g| g.instantiate()) {
+                Ok(g) => graphs.push(g),
+                Err(e) => ended = Err(e.to_string()),
+            }
+        }
+        issued?;
+        ended?;
+        #[allow(unsafe_code)] // a graph replay (its contract: what it captured is alive)
+        let launch = |h: &Self| -> Result<(), String> {
+            for (g, r) in graphs.iter().zip(&h.ranks) {
+                // SAFETY: the captured exchanges use `h`'s buffers and communicators, which
+                // live as long as `h` (borrowed here) and are only used by these replays.
+                unsafe { g.launch(&r.stream) }.map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        };
+        launch(self)?;
+        self.sync()?;
+        self.sample(iters, samples, |h| launch(h))
+    }
+}
+
+/// Random bytes from a seed (xorshift), the same on every call.
+fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 24) as u8
+        })
+        .collect()
+}
+
+/// Exchanges per timed sample: about 1 GiB of traffic, between 5 and 100.
+fn iters_for(bytes: usize) -> usize {
+    ((1usize << 30) / bytes.max(1)).clamp(5, 100)
+}
+
+/// The sizes: `min`, `min * factor`, ... up to `max`.
+pub fn sizes(min: usize, max: usize, factor: usize) -> Vec<usize> {
+    let mut v = Vec::new();
+    let mut b = min.max(1);
+    while b <= max {
+        v.push(b);
+        b = b.saturating_mul(factor.max(2));
+    }
+    v
+}
+
+/// Runs the benchmark; writes `sendrecv-DATE-NxGPU.{json,md}` under `opts.out`.
+pub fn run(opts: &Options) -> Result<Value, String> {
+    let all = Device::all().map_err(|e| e.to_string())?;
+    let devices: Vec<Device> = if opts.gpus == 0 {
+        all
+    } else {
+        all.into_iter().take(opts.gpus).collect()
+    };
+    let n = devices.len();
+    if n < 2 {
+        return Err(format!("sendrecv needs at least 2 GPUs, found {n}"));
+    }
+    let comms = Communicator::init_all(&devices).map_err(|e| e.to_string())?;
+    let bytes_max = opts.max_bytes.max(1);
+    let nccl = if opts.nccl {
+        match NcclGroup::init(&devices, NcclMode::Plain, 0) {
+            Ok(g) => Some(g),
+            Err(e) => {
+                eprintln!("sendrecv: NCCL could not be set up, running ours alone: {e}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let mut ranks = Vec::with_capacity(n);
+    for d in &devices {
+        let e = |e: p2p_mem::Error| e.to_string();
+        ranks.push(Rank {
+            stream: Stream::new(d).map_err(e)?,
+            send: DeviceBuffer::zeroed(d, bytes_max).map_err(e)?,
+            recv: DeviceBuffer::zeroed(d, bytes_max).map_err(e)?,
+            start: Event::new(d).map_err(e)?,
+            stop: Event::new(d).map_err(e)?,
+        });
+    }
+    let bufs = ranks
+        .iter()
+        .map(|r| Bufs {
+            send: r.send.device_ptr(),
+            recv: r.recv.device_ptr(),
+        })
+        .collect();
+    let streams = ranks.iter().map(|r| r.stream.cu_stream()).collect();
+    let mut h = Harness {
+        comms: &comms,
+        nccl: nccl.as_ref(),
+        ranks,
+        bufs,
+        streams,
+    };
+    let mut imps = vec![(Imp::Ours, "ours")];
+    if h.nccl.is_some() {
+        imps.push((Imp::Nccl, "nccl"));
+    }
+    let sizes = sizes(opts.min_bytes, bytes_max, opts.factor);
+    let mut rows = Vec::new();
+    for (i, &bytes) in sizes.iter().enumerate() {
+        let iters = iters_for(bytes);
+        let mut row = json!({ "bytes": bytes });
+        for &(imp, name) in &imps {
+            let wrong = h.check(imp, bytes, 1000 + i as u64)?;
+            let eager = h.time_eager(imp, bytes, iters, opts.samples)?;
+            let graph = h.time_graph(imp, bytes, iters, opts.samples.min(10))?;
+            row[name] = json!({
+                "wrong": wrong,
+                "eager_us": eager,
+                "graph_us": graph,
+                "eager_gbps": bytes as f64 / eager / 1e3,
+                "graph_gbps": bytes as f64 / graph / 1e3,
+            });
+        }
+        eprintln!(
+            "[{:>2}/{}] {:>10} B: ours {:.2} us eager, {:.2} us graph{}",
+            i + 1,
+            sizes.len(),
+            bytes,
+            row["ours"]["eager_us"].as_f64().unwrap_or(f64::NAN),
+            row["ours"]["graph_us"].as_f64().unwrap_or(f64::NAN),
+            match row.get("nccl") {
+                Some(x) => format!(
+                    "; NCCL {:.2} us eager, {:.2} us graph",
+                    x["eager_us"].as_f64().unwrap_or(f64::NAN),
+                    x["graph_us"].as_f64().unwrap_or(f64::NAN)
+                ),
+                None => String::new(),
+            }
+        );
+        rows.push(row);
+    }
+    let gpu = devices[0].name().to_string();
+    let result = json!({
+        "gpus": n,
+        "gpu": gpu,
+        "nccl": crate::nccl::version().unwrap_or_else(|e| format!("unavailable ({e})")),
+        "method": "a ring exchange (rank r sends to r + 1, receives from r - 1); ours: Communicator::send_recv; NCCL: ncclSend + ncclRecv per rank in one group (plain mode); CUDA events around `iters` exchanges after 3 warm-ups, slowest rank, median of samples (graph: up to 10); GB/s = bytes per exchange / time (per direction of each link); one checked exchange of random bytes per size and implementation",
+        "rows": rows,
+    });
+    std::fs::create_dir_all(&opts.out)
+        .map_err(|e| format!("creating {}: {e}", opts.out.display()))?;
+    let date: String = p2p_transport::utc_now().chars().take(10).collect();
+    let stem = format!("sendrecv-{date}-{n}xgpu");
+    let json_path = opts.out.join(format!("{stem}.json"));
+    let md_path = opts.out.join(format!("{stem}.md"));
+    std::fs::write(
+        &json_path,
+        serde_json::to_string_pretty(&result).unwrap_or_default(),
+    )
+    .map_err(|e| format!("writing {}: {e}", json_path.display()))?;
+    std::fs::write(&md_path, render(&result))
+        .map_err(|e| format!("writing {}: {e}", md_path.display()))?;
+    eprintln!("wrote {} and {}", json_path.display(), md_path.display());
+    let wrong: u64 = result["rows"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|row| [&row["ours"]["wrong"], &row["nccl"]["wrong"]])
+        .filter_map(Value::as_u64)
+        .sum();
+    if wrong > 0 {
+        return Err(format!(
+            "{wrong} wrong bytes received (see the #wrong column of {})",
+            md_path.display()
+        ));
+    }
+    Ok(result)
+}
+
+/// The Markdown table of a result.
+pub fn render(r: &Value) -> String {
+    let mut s = format!(
+        "# Send/recv ring exchange, {} x {} (NCCL {})\n\n{}\n\n\
+         | bytes | ours eager us | GB/s | ours graph us | GB/s | NCCL eager us | GB/s | NCCL graph us | GB/s | ours/NCCL eager | ours/NCCL graph | wrong (ours, NCCL) |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        r["gpus"], r["gpu"].as_str().unwrap_or("?"), r["nccl"].as_str().unwrap_or("?"),
+        r["method"].as_str().unwrap_or("")
+    );
+    let f = |v: &Value, d: usize| v.as_f64().map_or("-".to_string(), |x| format!("{x:.d$}"));
+    let ratio = |a: &Value, b: &Value| match (a.as_f64(), b.as_f64()) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+        _ => "-".into(),
+    };
+    for row in r["rows"].as_array().into_iter().flatten() {
+        let (o, c) = (&row["ours"], &row["nccl"]);
+        let nccl_wrong = if c.is_null() {
+            "-".to_string()
+        } else {
+            c["wrong"].to_string()
+        };
+        s += &format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}, {} |\n",
+            row["bytes"],
+            f(&o["eager_us"], 2),
+            f(&o["eager_gbps"], 1),
+            f(&o["graph_us"], 2),
+            f(&o["graph_gbps"], 1),
+            f(&c["eager_us"], 2),
+            f(&c["eager_gbps"], 1),
+            f(&c["graph_us"], 2),
+            f(&c["graph_gbps"], 1),
+            ratio(&o["eager_us"], &c["eager_us"]),
+            ratio(&o["graph_us"], &c["graph_us"]),
+            o["wrong"],
+            nccl_wrong,
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_grow_by_the_factor_up_to_the_largest() {
+        assert_eq!(sizes(8, 100, 4), vec![8, 32]);
+        assert_eq!(sizes(1, 1, 2), vec![1]);
+        assert_eq!(sizes(0, 4, 0), vec![1, 2, 4]);
+    }
+
+    #[test]
+    fn the_table_shows_both_and_their_ratio() {
+        let r = json!({
+            "gpus": 2, "gpu": "H200", "nccl": "2.28.9", "method": "m",
+            "rows": [
+                {"bytes": 8, "ours": {"wrong": 0, "eager_us": 4.0, "graph_us": 3.0, "eager_gbps": 0.002, "graph_gbps": 0.003},
+                 "nccl": {"wrong": 0, "eager_us": 8.0, "graph_us": 6.0, "eager_gbps": 0.001, "graph_gbps": 0.0013}},
+                {"bytes": 16, "ours": {"wrong": 0, "eager_us": 4.0, "graph_us": 3.0, "eager_gbps": 0.004, "graph_gbps": 0.005}}
+            ]
+        });
+        let t = render(&r);
+        assert!(
+            t.contains(
+                "| 8 | 4.00 | 0.0 | 3.00 | 0.0 | 8.00 | 0.0 | 6.00 | 0.0 | 0.50 | 0.50 | 0, 0 |"
+            ),
+            "{t}"
+        );
+        assert!(
+            t.contains("| 16 | 4.00 | 0.0 | 3.00 | 0.0 | - | - | - | - | - | - | 0, - |"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn random_bytes_are_repeatable_and_differ_by_seed() {
+        assert_eq!(random_bytes(3, 64), random_bytes(3, 64));
+        assert_ne!(random_bytes(3, 64), random_bytes(4, 64));
+    }
+}
