@@ -288,3 +288,22 @@ fn connection_options_follow_the_route() {
         (Engine::CopyEngine, Direction::Write)
     );
 }
+
+/// The rule communicators share with mode selection (`peer::limit_to_level`): the level, P2P
+/// being disabled, and GPUs outside the topology, each refused with its reason.
+#[test]
+fn p2p_allowed_applies_the_level_and_refuses_unknown_gpus() {
+    use p2p_transport::mode::p2p_allowed;
+    let t = load("h200x2-nv18.json");
+    assert_eq!(p2p_allowed(&t, &Config::default(), 0, 1), Ok(()));
+    assert_eq!(
+        p2p_allowed(&t, &with(|c| c.p2p_level = PathLevel::Nvl), 0, 1),
+        Ok(())
+    );
+    let loc = p2p_allowed(&t, &with(|c| c.p2p_level = PathLevel::Loc), 0, 1).expect_err("LOC");
+    assert!(loc.contains("beyond P2P_LEVEL=LOC"), "{loc}");
+    let off = p2p_allowed(&t, &with(|c| c.p2p_disable = true), 0, 1).expect_err("disabled");
+    assert!(off.contains("P2P_DISABLE=1"), "{off}");
+    let unknown = p2p_allowed(&t, &Config::default(), 0, 5).expect_err("GPU 5");
+    assert!(unknown.contains("not in the topology"), "{unknown}");
+}
