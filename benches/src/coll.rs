@@ -19,11 +19,12 @@ use p2p_collective::verify::{
 use p2p_collective::{
     Access, Call, Communicator, DataType, Op, Options as CommOptions, Registration,
 };
-use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Event, GraphExec, Stream};
+use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Event, Stream};
 use serde_json::{json, Value};
 
 use crate::nccl::{Borrowed, Bufs, NcclGroup, NcclMode};
 use crate::p2p::{size_name, Stat};
+use crate::timing;
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -120,6 +121,19 @@ fn iters_for(bytes: usize) -> usize {
     ((1usize << 30) / bytes.max(1)).clamp(5, 100)
 }
 
+impl timing::Ranks for Harness<'_> {
+    fn timers(&self) -> Vec<(&Stream, &Event, &Event)> {
+        self.ranks
+            .iter()
+            .map(|r| (&r.stream, &r.start, &r.stop))
+            .collect()
+    }
+
+    fn sync(&self) -> Result<(), String> {
+        timing::sync_all(self.ranks.iter().map(|r| &r.stream), self.comms)
+    }
+}
+
 impl Harness<'_> {
     fn issue(&mut self, imp: Imp, call: &Call, in_place: bool) -> Result<(), String> {
         match imp {
@@ -170,13 +184,7 @@ impl Harness<'_> {
     }
 
     fn sync(&self) -> Result<(), String> {
-        for r in &self.ranks {
-            r.stream.synchronize().map_err(|e| e.to_string())?;
-        }
-        for c in self.comms {
-            c.check().map_err(|e| e.to_string())?;
-        }
-        Ok(())
+        timing::Ranks::sync(self)
     }
 
     fn group(&self, mode: NcclMode) -> Result<usize, String> {
@@ -273,43 +281,12 @@ impl Harness<'_> {
             self.issue(imp, call, in_place)?;
         }
         self.sync()?;
-        self.sample(iters, samples, |h| {
+        timing::sample(self, iters, samples, |h| {
             for _ in 0..iters {
                 h.issue(imp, call, in_place)?;
             }
             Ok(())
         })
-    }
-
-    /// `samples` times: events around `body` (which queues `iters` calls) on every rank.
-    fn sample(
-        &mut self,
-        iters: usize,
-        samples: usize,
-        mut body: impl FnMut(&mut Self) -> Result<(), String>,
-    ) -> Result<Stat, String> {
-        let mut v = Vec::with_capacity(samples);
-        for _ in 0..samples {
-            for r in &self.ranks {
-                r.start.record(&r.stream).map_err(|e| e.to_string())?;
-            }
-            body(self)?;
-            for r in &self.ranks {
-                r.stop.record(&r.stream).map_err(|e| e.to_string())?;
-            }
-            v.push(self.slowest_us(iters)?);
-        }
-        Ok(Stat::of(v))
-    }
-
-    fn slowest_us(&self, iters: usize) -> Result<f64, String> {
-        self.sync()?;
-        let mut worst = 0.0f64;
-        for r in &self.ranks {
-            let ms = r.start.elapsed_ms(&r.stop).map_err(|e| e.to_string())?;
-            worst = worst.max(ms as f64 * 1000.0 / iters as f64);
-        }
-        Ok(worst)
     }
 
     /// Microseconds per call with `iters` calls captured in one CUDA graph per rank.
@@ -321,41 +298,7 @@ impl Harness<'_> {
         iters: usize,
         samples: usize,
     ) -> Result<Stat, String> {
-        for r in &self.ranks {
-            r.stream.begin_capture().map_err(|e| e.to_string())?;
-        }
-        let mut issued = Ok(());
-        for _ in 0..iters {
-            issued = self.issue(imp, call, in_place);
-            if issued.is_err() {
-                break;
-            }
-        }
-        // End every capture before instantiating any: instantiating while another stream of
-        // this thread still captures invalidates that capture.
-        let captured: Vec<_> = self.ranks.iter().map(|r| r.stream.end_capture()).collect();
-        let mut graphs: Vec<GraphExec> = Vec::new();
-        let mut ended = Ok(());
-        for g in captured {
-            match g.and_then(|g| g.instantiate()) {
-                Ok(g) => graphs.push(g),
-                Err(e) => ended = Err(e.to_string()),
-            }
-        }
-        issued?;
-        ended?;
-        #[allow(unsafe_code)] // a graph replay (its contract: what it captured is alive)
-        let launch = |h: &Self| -> Result<(), String> {
-            for (g, r) in graphs.iter().zip(&h.ranks) {
-                // SAFETY: the captured calls use `h`'s buffers and communicators, which live
-                // as long as `h` (borrowed here) and are only used by these replays meanwhile.
-                unsafe { g.launch(&r.stream) }.map_err(|e| e.to_string())?;
-            }
-            Ok(())
-        };
-        launch(self)?;
-        self.sync()?;
-        self.sample(iters, samples, |h| launch(h))
+        timing::graph(self, iters, samples, |h| h.issue(imp, call, in_place))
     }
 
     /// Host microseconds to issue one call on one rank (enqueue only).

@@ -18,6 +18,7 @@ pub mod latency;
 pub mod nccl;
 pub mod p2p;
 pub mod sendrecv;
+pub mod timing;
 
 use p2p_mem::Device;
 use p2p_sys::Library;

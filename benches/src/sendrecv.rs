@@ -12,10 +12,11 @@
 use std::path::PathBuf;
 
 use p2p_collective::{Communicator, DataType};
-use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Event, GraphExec, Stream};
+use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Event, Stream};
 use serde_json::{json, Value};
 
 use crate::nccl::{Bufs, NcclGroup, NcclMode};
+use crate::timing;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -58,6 +59,19 @@ struct Harness<'a> {
     streams: Vec<p2p_sys::cuda::CUstream>,
 }
 
+impl timing::Ranks for Harness<'_> {
+    fn timers(&self) -> Vec<(&Stream, &Event, &Event)> {
+        self.ranks
+            .iter()
+            .map(|r| (&r.stream, &r.start, &r.stop))
+            .collect()
+    }
+
+    fn sync(&self) -> Result<(), String> {
+        timing::sync_all(self.ranks.iter().map(|r| &r.stream), self.comms)
+    }
+}
+
 impl Harness<'_> {
     fn issue(&mut self, imp: Imp, bytes: usize) -> Result<(), String> {
         let n = self.ranks.len();
@@ -88,13 +102,7 @@ impl Harness<'_> {
     }
 
     fn sync(&self) -> Result<(), String> {
-        for r in &self.ranks {
-            r.stream.synchronize().map_err(|e| e.to_string())?;
-        }
-        for c in self.comms {
-            c.check().map_err(|e| e.to_string())?;
-        }
-        Ok(())
+        timing::Ranks::sync(self)
     }
 
     /// Wrong bytes after one exchange of random data.
@@ -123,36 +131,7 @@ impl Harness<'_> {
         Ok(wrong)
     }
 
-    /// Microseconds per exchange: events around `body` on every rank, slowest rank, median.
-    fn sample(
-        &mut self,
-        iters: usize,
-        samples: usize,
-        mut body: impl FnMut(&mut Self) -> Result<(), String>,
-    ) -> Result<f64, String> {
-        let mut v = Vec::with_capacity(samples);
-        for _ in 0..samples {
-            for r in &self.ranks {
-                r.start.record(&r.stream).map_err(|e| e.to_string())?;
-            }
-            body(self)?;
-            for r in &self.ranks {
-                r.stop.record(&r.stream).map_err(|e| e.to_string())?;
-            }
-            self.sync()?;
-            let mut worst = 0.0f64;
-            for r in &self.ranks {
-                let ms = r.start.elapsed_ms(&r.stop).map_err(|e| e.to_string())?;
-                worst = worst.max(ms as f64 * 1000.0 / iters as f64);
-            }
-            v.push(worst);
-        }
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2)
-            .copied()
-            .ok_or_else(|| "no samples were taken".to_string())
-    }
-
+    /// Microseconds per exchange, eager: the slowest rank, median over samples.
     fn time_eager(
         &mut self,
         imp: Imp,
@@ -164,14 +143,16 @@ impl Harness<'_> {
             self.issue(imp, bytes)?;
         }
         self.sync()?;
-        self.sample(iters, samples, |h| {
+        let stat = timing::sample(self, iters, samples, |h| {
             for _ in 0..iters {
                 h.issue(imp, bytes)?;
             }
             Ok(())
-        })
+        })?;
+        Ok(stat.median)
     }
 
+    /// Microseconds per exchange with `iters` exchanges captured in one CUDA graph per rank.
     fn time_graph(
         &mut self,
         imp: Imp,
@@ -179,40 +160,7 @@ impl Harness<'_> {
         iters: usize,
         samples: usize,
     ) -> Result<f64, String> {
-        for r in &self.ranks {
-            r.stream.begin_capture().map_err(|e| e.to_string())?;
-        }
-        let mut issued = Ok(());
-        for _ in 0..iters {
-            issued = self.issue(imp, bytes);
-            if issued.is_err() {
-                break;
-            }
-        }
-        // End every capture before instantiating any (see coll.rs).
-        let captured: Vec<_> = self.ranks.iter().map(|r| r.stream.end_capture()).collect();
-        let mut graphs: Vec<GraphExec> = Vec::new();
-        let mut ended = Ok(());
-        for g in captured {
-            match g.and_then(|g| g.instantiate()) {
-                Ok(g) => graphs.push(g),
-                Err(e) => ended = Err(e.to_string()),
-            }
-        }
-        issued?;
-        ended?;
-        #[allow(unsafe_code)] // a graph replay (its contract: what it captured is alive)
-        let launch = |h: &Self| -> Result<(), String> {
-            for (g, r) in graphs.iter().zip(&h.ranks) {
-                // SAFETY: the captured exchanges use `h`'s buffers and communicators, which
-                // live as long as `h` (borrowed here) and are only used by these replays.
-                unsafe { g.launch(&r.stream) }.map_err(|e| e.to_string())?;
-            }
-            Ok(())
-        };
-        launch(self)?;
-        self.sync()?;
-        self.sample(iters, samples, |h| launch(h))
+        Ok(timing::graph(self, iters, samples, |h| h.issue(imp, bytes))?.median)
     }
 }
 

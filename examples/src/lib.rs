@@ -6,6 +6,50 @@
 //! per GPU, started by torchrun or `p2p-bench launch`). Each checks every element it computes
 //! and exits non-zero on a wrong one.
 
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaStream};
+use p2p_collective::Communicator;
+use p2p_mem::{Device, Stream};
+
+/// A trainer's world on `n` GPUs of one process: cudarc's context and stream per GPU, and p2p's
+/// communicators and streams on those same contexts and streams.
+pub struct World {
+    /// cudarc's contexts (the GPUs' primary contexts).
+    pub ctxs: Vec<Arc<CudaContext>>,
+    /// The trainer's own streams, from cudarc.
+    pub cu_streams: Vec<Arc<CudaStream>>,
+    /// The same streams, as p2p borrows them.
+    pub streams: Vec<Stream>,
+    /// One communicator per GPU.
+    pub comms: Vec<Communicator>,
+}
+
+/// Makes the [`World`] of GPUs `0..n`.
+pub fn world(n: usize) -> Result<World, BoxError> {
+    let ctxs: Vec<Arc<CudaContext>> = (0..n).map(CudaContext::new).collect::<Result<_, _>>()?;
+    let cu_streams: Vec<Arc<CudaStream>> = ctxs
+        .iter()
+        .map(|c| c.new_stream())
+        .collect::<Result<_, _>>()?;
+    let devices: Vec<Device> = ctxs
+        .iter()
+        .map(|c| Device::from_cudarc(c))
+        .collect::<Result<_, _>>()?;
+    let streams: Vec<Stream> = devices
+        .iter()
+        .zip(&cu_streams)
+        .map(|(d, s)| Stream::from_cudarc(d, s))
+        .collect::<Result<_, _>>()?;
+    let comms = Communicator::init_all(&devices)?;
+    Ok(World {
+        ctxs,
+        cu_streams,
+        streams,
+        comms,
+    })
+}
+
 /// The error type of the examples' `main`s.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

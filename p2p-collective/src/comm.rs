@@ -273,6 +273,18 @@ struct Region<'a> {
     device: &'a Device,
 }
 
+impl<'a> Region<'a> {
+    /// The whole of `m`, checked to be usable on `stream` ([`check_stream`]).
+    fn of<M: DeviceMemory + ?Sized>(m: &'a M, stream: &Stream) -> Result<Region<'a>> {
+        check_stream(m, stream)?;
+        Ok(Region {
+            ptr: m.device_ptr(),
+            bytes: m.byte_len(),
+            device: m.device(),
+        })
+    }
+}
+
 /// One rank of a communicator.
 ///
 /// Made by [`Communicator::init_all`] (one process, several GPUs: one handle per rank) or
@@ -1167,6 +1179,55 @@ impl Communicator {
         }
     }
 
+    /// Before queueing `op` on `stream`: the communicator is usable and the stream is on this
+    /// rank's GPU.
+    fn ready_on(&self, op: &'static str, stream: &Stream) -> Result<()> {
+        self.usable(op)?;
+        if stream.device() != &self.device {
+            return Err(Error::InvalidArgument {
+                op,
+                rank: self.rank,
+                what: format!(
+                    "the stream is on GPU {}, this rank's GPU is {}",
+                    stream.device().ordinal(),
+                    self.device.ordinal()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The `what` buffer of `op` is on this rank's GPU and holds `len` elements of `dtype`.
+    fn check_region(
+        &self,
+        op: &'static str,
+        what: &str,
+        region: &Region<'_>,
+        len: usize,
+        dtype: DataType,
+    ) -> Result<()> {
+        let bad = |what: String| Error::InvalidArgument {
+            op,
+            rank: self.rank,
+            what,
+        };
+        if region.device != &self.device {
+            return Err(bad(format!(
+                "the {what} buffer is on GPU {}, this rank's GPU is {}",
+                region.device.ordinal(),
+                self.device.ordinal()
+            )));
+        }
+        let need = len * dtype.size();
+        if region.bytes < need {
+            return Err(bad(format!(
+                "the {what} buffer holds {} bytes; {len} elements of {dtype} need {need}",
+                region.bytes
+            )));
+        }
+        Ok(())
+    }
+
     fn usable(&self, op: &'static str) -> Result<()> {
         if self.abort.is_aborted() {
             return Err(Error::Unusable {
@@ -1198,18 +1259,8 @@ impl Communicator {
         recv: &mut dyn DeviceMemoryMut,
         stream: &Stream,
     ) -> Result<()> {
-        check_stream(send, stream)?;
-        check_stream(recv, stream)?;
-        let input = Region {
-            ptr: send.device_ptr(),
-            bytes: send.byte_len(),
-            device: send.device(),
-        };
-        let output = Region {
-            ptr: recv.device_ptr(),
-            bytes: recv.byte_len(),
-            device: recv.device(),
-        };
+        let input = Region::of(send, stream)?;
+        let output = Region::of(recv, stream)?;
         self.enqueue(call, input, output, stream)
     }
 
@@ -1222,12 +1273,7 @@ impl Communicator {
         buf: &mut dyn DeviceMemoryMut,
         stream: &Stream,
     ) -> Result<()> {
-        check_stream(buf, stream)?;
-        let whole = Region {
-            ptr: buf.device_ptr(),
-            bytes: buf.byte_len(),
-            device: buf.device(),
-        };
+        let whole = Region::of(buf, stream)?;
         let part_off = (self.rank * call.count * call.dtype.size()) as u64;
         let part = Region {
             ptr: whole.ptr + part_off,
@@ -1249,19 +1295,12 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         let op = call.op.name();
-        self.usable(op)?;
+        self.ready_on(op, stream)?;
         let bad = |what: String| Error::InvalidArgument {
             op,
             rank: self.rank,
             what,
         };
-        if stream.device() != &self.device {
-            return Err(bad(format!(
-                "the stream is on GPU {}, this rank's GPU is {}",
-                stream.device().ordinal(),
-                self.device.ordinal()
-            )));
-        }
         if call.op.rooted() && call.root >= self.world {
             return Err(bad(format!(
                 "root {} is out of range: there are {} ranks",
@@ -1284,23 +1323,8 @@ impl Communicator {
             .buffer_lens(call.count, self.world, self.rank, call.root);
         let size = call.dtype.size();
         for (what, region, len) in [("send", input, in_len), ("recv", output, out_len)] {
-            if len == 0 {
-                continue;
-            }
-            if region.device != &self.device {
-                return Err(bad(format!(
-                    "the {what} buffer is on GPU {}, this rank's GPU is {}",
-                    region.device.ordinal(),
-                    self.device.ordinal()
-                )));
-            }
-            if region.bytes < len * size {
-                return Err(bad(format!(
-                    "the {what} buffer holds {} bytes; {len} elements of {} need {}",
-                    region.bytes,
-                    call.dtype,
-                    len * size
-                )));
+            if len > 0 {
+                self.check_region(op, what, &region, len, call.dtype)?;
             }
         }
         let (forced, tuning) = self.planner_inputs();
@@ -1593,12 +1617,7 @@ impl Communicator {
         peer: usize,
         stream: &Stream,
     ) -> Result<()> {
-        check_stream(buf, stream)?;
-        let region = Region {
-            ptr: buf.device_ptr(),
-            bytes: buf.byte_len(),
-            device: buf.device(),
-        };
+        let region = Region::of(buf, stream)?;
         self.enqueue_p2p("send", Some((region, peer)), None, count, dtype, stream)
     }
 
@@ -1611,12 +1630,7 @@ impl Communicator {
         peer: usize,
         stream: &Stream,
     ) -> Result<()> {
-        check_stream(buf, stream)?;
-        let region = Region {
-            ptr: buf.device_ptr(),
-            bytes: buf.byte_len(),
-            device: buf.device(),
-        };
+        let region = Region::of(buf, stream)?;
         self.enqueue_p2p("recv", None, Some((region, peer)), count, dtype, stream)
     }
 
@@ -1635,18 +1649,8 @@ impl Communicator {
         dtype: DataType,
         stream: &Stream,
     ) -> Result<()> {
-        check_stream(send, stream)?;
-        check_stream(recv, stream)?;
-        let s = Region {
-            ptr: send.device_ptr(),
-            bytes: send.byte_len(),
-            device: send.device(),
-        };
-        let r = Region {
-            ptr: recv.device_ptr(),
-            bytes: recv.byte_len(),
-            device: recv.device(),
-        };
+        let s = Region::of(send, stream)?;
+        let r = Region::of(recv, stream)?;
         self.enqueue_p2p(
             "send_recv",
             Some((s, to)),
@@ -1668,19 +1672,12 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         use crate::abi::{P2pArgs, P2P_BLOCKS};
-        self.usable(op)?;
+        self.ready_on(op, stream)?;
         let bad = |what: String| Error::InvalidArgument {
             op,
             rank: self.rank,
             what,
         };
-        if stream.device() != &self.device {
-            return Err(bad(format!(
-                "the stream is on GPU {}, this rank's GPU is {}",
-                stream.device().ordinal(),
-                self.device.ordinal()
-            )));
-        }
         let bytes = count
             .checked_mul(dtype.size())
             .filter(|b| *b < 1 << 46)
@@ -1699,21 +1696,8 @@ impl Communicator {
                     self.rank
                 )));
             }
-            if bytes == 0 {
-                continue;
-            }
-            if region.device != &self.device {
-                return Err(bad(format!(
-                    "the {what} buffer is on GPU {}, this rank's GPU is {}",
-                    region.device.ordinal(),
-                    self.device.ordinal()
-                )));
-            }
-            if region.bytes < bytes {
-                return Err(bad(format!(
-                    "the {what} buffer holds {} bytes; {count} elements of {dtype} need {bytes}",
-                    region.bytes
-                )));
+            if bytes > 0 {
+                self.check_region(op, what, region, count, dtype)?;
             }
         }
         // A zero-byte message still travels (a header only), so that a count of 0 on one side

@@ -206,7 +206,7 @@ pub unsafe trait DeviceMemoryMut: DeviceMemory {
 /// Checks that work on `memory` may be queued on `stream`: a region bound to a stream
 /// ([`DeviceMemory::bound_stream`], a view of a cudarc slice) only on that one, since cudarc
 /// frees the slice after the work of that stream alone.
-pub fn check_stream(memory: &dyn DeviceMemory, stream: &Stream) -> Result<()> {
+pub fn check_stream<M: DeviceMemory + ?Sized>(memory: &M, stream: &Stream) -> Result<()> {
     match memory.bound_stream() {
         Some(bound) if bound != stream.cu_stream() => Err(Error::InvalidArgument(format!(
             "the memory at {:#x} is a view bound to stream {bound:?} (a cudarc slice's view, made \
@@ -220,7 +220,7 @@ pub fn check_stream(memory: &dyn DeviceMemory, stream: &Stream) -> Result<()> {
 
 /// Binds the region's device and, for memory bound to a stream, waits for that stream, so that
 /// a synchronous host access follows the stream's work on the memory.
-fn wait_bound(memory: &dyn DeviceMemory) -> Result<()> {
+fn wait_bound<M: DeviceMemory + ?Sized>(memory: &M) -> Result<()> {
     memory.device().bind_to_thread()?;
     if let Some(s) = memory.bound_stream() {
         // SAFETY: a bound region's stream outlives the region (the view borrows it).

@@ -7,13 +7,10 @@
 //! Run: `cargo run --release -p p2p-examples --bin data_parallel` (every visible GPU;
 //! `P2P_EXAMPLE_GPUS=N` for fewer).
 
-use std::sync::Arc;
-
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
-use p2p_collective::{Communicator, DataType, RedOp};
-use p2p_examples::{count_wrong, gpus, run, sum, value, BoxError};
+use cudarc::driver::CudaSlice;
+use p2p_collective::{DataType, RedOp};
+use p2p_examples::{count_wrong, gpus, run, sum, value, world, BoxError, World};
 use p2p_mem::cudarc_interop::view_mut;
-use p2p_mem::{Device, Stream};
 
 /// Gradient buckets (elements): a large one, an odd-sized one, a small one.
 const BUCKETS: [usize; 3] = [(4 << 20) + 3, 300_007, 1_000];
@@ -26,23 +23,14 @@ fn main() {
 
 fn step() -> Result<(), BoxError> {
     let n = gpus()?;
-    // The trainer's world: a context and a stream per GPU, from cudarc.
-    let ctxs: Vec<Arc<CudaContext>> = (0..n).map(CudaContext::new).collect::<Result<_, _>>()?;
-    let cu_streams: Vec<Arc<CudaStream>> = ctxs
-        .iter()
-        .map(|c| c.new_stream())
-        .collect::<Result<_, _>>()?;
-    // p2p on the same contexts and streams.
-    let devices: Vec<Device> = ctxs
-        .iter()
-        .map(|c| Device::from_cudarc(c))
-        .collect::<Result<_, _>>()?;
-    let streams: Vec<Stream> = devices
-        .iter()
-        .zip(&cu_streams)
-        .map(|(d, s)| Stream::from_cudarc(d, s))
-        .collect::<Result<_, _>>()?;
-    let comms = Communicator::init_all(&devices)?;
+    // The trainer's world: a context and a stream per GPU from cudarc, and p2p on the same
+    // contexts and streams.
+    let World {
+        cu_streams,
+        streams,
+        comms,
+        ..
+    } = world(n)?;
     eprintln!(
         "data_parallel: {n} GPU(s), workspaces shared via {}",
         comms[0].sharing().name()

@@ -6,14 +6,11 @@
 //! Run: `cargo run --release -p p2p-examples --bin tensor_parallel_graph` (every visible GPU;
 //! `P2P_EXAMPLE_GPUS=N` for fewer).
 
-use std::sync::Arc;
-
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
-use p2p_collective::{Communicator, DataType, RedOp};
-use p2p_examples::{count_wrong, gpus, run, sum, value, BoxError};
+use cudarc::driver::CudaSlice;
+use p2p_collective::{DataType, RedOp};
+use p2p_examples::{count_wrong, gpus, run, sum, value, world, BoxError, World};
 use p2p_mem::cudarc_interop::view_mut;
-use p2p_mem::{Device, Stream};
 
 /// Activations per layer: batch 4 x hidden 1024 f32 (16 KiB).
 const ACTIVATIONS: usize = 4 * 1024;
@@ -28,21 +25,12 @@ fn main() {
 
 fn forward() -> Result<(), BoxError> {
     let n = gpus()?;
-    let ctxs: Vec<Arc<CudaContext>> = (0..n).map(CudaContext::new).collect::<Result<_, _>>()?;
-    let cu_streams: Vec<Arc<CudaStream>> = ctxs
-        .iter()
-        .map(|c| c.new_stream())
-        .collect::<Result<_, _>>()?;
-    let devices: Vec<Device> = ctxs
-        .iter()
-        .map(|c| Device::from_cudarc(c))
-        .collect::<Result<_, _>>()?;
-    let streams: Vec<Stream> = devices
-        .iter()
-        .zip(&cu_streams)
-        .map(|(d, s)| Stream::from_cudarc(d, s))
-        .collect::<Result<_, _>>()?;
-    let comms = Communicator::init_all(&devices)?;
+    let World {
+        cu_streams,
+        streams,
+        comms,
+        ..
+    } = world(n)?;
 
     // One activation buffer per layer and rank, allocated once: the graph keeps their addresses.
     let mut acts: Vec<Vec<CudaSlice<f32>>> = cu_streams
