@@ -277,16 +277,7 @@ impl Harness<'_> {
         iters: usize,
         samples: usize,
     ) -> Result<Stat, String> {
-        for _ in 0..3 {
-            self.issue(imp, call, in_place)?;
-        }
-        self.sync()?;
-        timing::sample(self, iters, samples, |h| {
-            for _ in 0..iters {
-                h.issue(imp, call, in_place)?;
-            }
-            Ok(())
-        })
+        timing::eager(self, iters, samples, |h| h.issue(imp, call, in_place))
     }
 
     /// Microseconds per call with `iters` calls captured in one CUDA graph per rank.

@@ -139,17 +139,7 @@ impl Harness<'_> {
         iters: usize,
         samples: usize,
     ) -> Result<f64, String> {
-        for _ in 0..3 {
-            self.issue(imp, bytes)?;
-        }
-        self.sync()?;
-        let stat = timing::sample(self, iters, samples, |h| {
-            for _ in 0..iters {
-                h.issue(imp, bytes)?;
-            }
-            Ok(())
-        })?;
-        Ok(stat.median)
+        Ok(timing::eager(self, iters, samples, |h| h.issue(imp, bytes))?.median)
     }
 
     /// Microseconds per exchange with `iters` exchanges captured in one CUDA graph per rank.

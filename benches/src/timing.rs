@@ -60,6 +60,25 @@ pub fn sample<H: Ranks>(
     Ok(Stat::of(v))
 }
 
+/// Eager timing: 3 warm-up calls of `issue`, then [`sample`] over batches of `iters` calls.
+pub fn eager<H: Ranks>(
+    h: &mut H,
+    iters: usize,
+    samples: usize,
+    mut issue: impl FnMut(&mut H) -> Result<(), String>,
+) -> Result<Stat, String> {
+    for _ in 0..3 {
+        issue(h)?;
+    }
+    h.sync()?;
+    sample(h, iters, samples, |h| {
+        for _ in 0..iters {
+            issue(h)?;
+        }
+        Ok(())
+    })
+}
+
 /// Captures `iters` calls of `issue` in one CUDA graph per rank, replays it once, then times
 /// `samples` replays with [`sample`].
 pub fn graph<H: Ranks>(
