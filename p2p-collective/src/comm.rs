@@ -48,7 +48,7 @@ const _: () = assert!(STATUS_OFF + STATUS_WORDS <= crate::abi::P2P_READY_OFF);
 const _: () = assert!(crate::abi::P2P_END_OFF * 8 <= SYNC_BYTES);
 // `coll_abi.h` asserts the same size for its `CollArgs`.
 const _: () = assert!(std::mem::size_of::<CollArgs>() == 344);
-const _: () = assert!(std::mem::size_of::<crate::abi::P2pArgs>() == 104);
+const _: () = assert!(std::mem::size_of::<crate::abi::P2pArgs>() == 1568);
 
 /// How a communicator behaves; [`Options::from_env`] reads the `P2P_*` settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,14 +174,14 @@ impl Family {
     }
 }
 
-struct Kernels {
+pub(crate) struct Kernels {
     /// `[family][type]`.
     functions: [[Function; 7]; 4],
     /// Send and recv (`p2p_sendrecv`), for every type.
-    sendrecv: Function,
+    pub(crate) sendrecv: Function,
     /// Resident blocks per SM of the least-occupant kernel.
-    blocks_per_sm: i32,
-    module: Module,
+    pub(crate) blocks_per_sm: i32,
+    pub(crate) module: Module,
 }
 
 impl Kernels {
@@ -267,15 +267,15 @@ enum PeerMemory {
 
 /// A region of a buffer, as a call sees it.
 #[derive(Clone, Copy)]
-struct Region<'a> {
-    ptr: u64,
-    bytes: usize,
-    device: &'a Device,
+pub(crate) struct Region<'a> {
+    pub(crate) ptr: u64,
+    pub(crate) bytes: usize,
+    pub(crate) device: &'a Device,
 }
 
 impl<'a> Region<'a> {
     /// The whole of `m`, checked to be usable on `stream` ([`check_stream`]).
-    fn of<M: DeviceMemory + ?Sized>(m: &'a M, stream: &Stream) -> Result<Region<'a>> {
+    pub(crate) fn of<M: DeviceMemory + ?Sized>(m: &'a M, stream: &Stream) -> Result<Region<'a>> {
         check_stream(m, stream)?;
         Ok(Region {
             ptr: m.device_ptr(),
@@ -292,17 +292,17 @@ impl<'a> Region<'a> {
 /// asynchronous on the stream it is given; [`synchronize`](Self::synchronize) waits and
 /// reports a stalled, aborted or mismatched call as an error.
 pub struct Communicator {
-    rank: usize,
-    world: usize,
-    device: Device,
-    options: Options,
-    tuning: Tuning,
-    bases: [u64; MAX_RANKS],
+    pub(crate) rank: usize,
+    pub(crate) world: usize,
+    pub(crate) device: Device,
+    pub(crate) options: Options,
+    pub(crate) tuning: Tuning,
+    pub(crate) bases: [u64; MAX_RANKS],
     /// How the ranks reach each other's workspaces (the peer layer's choice).
     sharing: Sharing,
-    abort: AbortHandle,
+    pub(crate) abort: AbortHandle,
     failed: Mutex<Option<String>>,
-    kernels: Arc<Kernels>,
+    pub(crate) kernels: Arc<Kernels>,
     /// The other processes of the job (process-per-GPU communicators): exchanges and liveness.
     group: Option<Group>,
     /// Registered buffers (symmetric windows): calls on them read and write peers directly.
@@ -332,7 +332,7 @@ fn workspace_bytes(world: usize, tuning: &Tuning) -> usize {
 
 /// Where, from the start of a workspace, the send/recv inbox for messages from rank `source`
 /// begins (`source == world`: the end of the workspace).
-fn inbox_offset(world: usize, tuning: &Tuning, source: usize) -> usize {
+pub(crate) fn inbox_offset(world: usize, tuning: &Tuning, source: usize) -> usize {
     SYNC_BYTES
         + 2 * world * tuning.slot_bytes()
         + 2 * world * plan::LL_SLOT_BYTES
@@ -1181,7 +1181,7 @@ impl Communicator {
 
     /// Before queueing `op` on `stream`: the communicator is usable and the stream is on this
     /// rank's GPU.
-    fn ready_on(&self, op: &'static str, stream: &Stream) -> Result<()> {
+    pub(crate) fn ready_on(&self, op: &'static str, stream: &Stream) -> Result<()> {
         self.usable(op)?;
         if stream.device() != &self.device {
             return Err(Error::InvalidArgument {
@@ -1198,7 +1198,7 @@ impl Communicator {
     }
 
     /// The `what` buffer of `op` is on this rank's GPU and holds `len` elements of `dtype`.
-    fn check_region(
+    pub(crate) fn check_region(
         &self,
         op: &'static str,
         what: &str,
@@ -1273,7 +1273,12 @@ impl Communicator {
         buf: &mut dyn DeviceMemoryMut,
         stream: &Stream,
     ) -> Result<()> {
-        let whole = Region::of(buf, stream)?;
+        let (input, output) = self.in_place(call, Region::of(buf, stream)?);
+        self.enqueue(call, input, output, stream)
+    }
+
+    /// The input and output regions of `call` run in place in `whole`.
+    pub(crate) fn in_place<'a>(&self, call: &Call, whole: Region<'a>) -> (Region<'a>, Region<'a>) {
         let part_off = (self.rank * call.count * call.dtype.size()) as u64;
         let part = Region {
             ptr: whole.ptr + part_off,
@@ -1281,21 +1286,21 @@ impl Communicator {
             device: whole.device,
         };
         match call.op {
-            Op::AllGather => self.enqueue(call, part, whole, stream),
-            Op::ReduceScatter => self.enqueue(call, whole, part, stream),
-            _ => self.enqueue(call, whole, whole, stream),
+            Op::AllGather => (part, whole),
+            Op::ReduceScatter => (whole, part),
+            _ => (whole, whole),
         }
     }
 
-    fn enqueue(
+    /// Checks `call`'s arguments: its input and output lengths in elements, or `None` for a
+    /// call with nothing to do (count 0).
+    pub(crate) fn check_call(
         &self,
         call: &Call,
-        input: Region<'_>,
-        output: Region<'_>,
-        stream: &Stream,
-    ) -> Result<()> {
+        input: &Region<'_>,
+        output: &Region<'_>,
+    ) -> Result<Option<(usize, usize)>> {
         let op = call.op.name();
-        self.ready_on(op, stream)?;
         let bad = |what: String| Error::InvalidArgument {
             op,
             rank: self.rank,
@@ -1308,7 +1313,7 @@ impl Communicator {
             )));
         }
         if call.count == 0 {
-            return Ok(());
+            return Ok(None);
         }
         if call.count >= 1 << 40
             || call
@@ -1321,12 +1326,27 @@ impl Communicator {
         let (in_len, out_len) = call
             .op
             .buffer_lens(call.count, self.world, self.rank, call.root);
-        let size = call.dtype.size();
         for (what, region, len) in [("send", input, in_len), ("recv", output, out_len)] {
             if len > 0 {
-                self.check_region(op, what, &region, len, call.dtype)?;
+                self.check_region(op, what, region, len, call.dtype)?;
             }
         }
+        Ok(Some((in_len, out_len)))
+    }
+
+    pub(crate) fn enqueue(
+        &self,
+        call: &Call,
+        input: Region<'_>,
+        output: Region<'_>,
+        stream: &Stream,
+    ) -> Result<()> {
+        let op = call.op.name();
+        self.ready_on(op, stream)?;
+        let Some((in_len, out_len)) = self.check_call(call, &input, &output)? else {
+            return Ok(());
+        };
+        let size = call.dtype.size();
         let (forced, tuning) = self.planner_inputs();
         // One read of the registration table per call (the common case: empty).
         let (in_peers, out_peers) = match self.windows.read() {
@@ -1579,178 +1599,6 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         self.call_in_place(&Call::new(Op::AllToAll, dtype, count), buf, stream)
-    }
-}
-
-/// Point-to-point: NCCL's `ncclSend` / `ncclRecv`.
-impl Communicator {
-    /// Sends `count` elements of `buf` to rank `peer`, which calls [`recv`](Self::recv) (or
-    /// [`send_recv`](Self::send_recv)) with the same count and type. Queued on `stream` like
-    /// the collectives (asynchronous, capturable in a CUDA graph); a count of zero does nothing.
-    ///
-    /// The message travels through `peer`'s inbox for this rank (4 MiB: 32 lanes of two
-    /// 64 KiB slots), so a send larger than that completes only as `peer` receives: two ranks
-    /// that exchange messages must use [`send_recv`](Self::send_recv), not a `send` each
-    /// followed by a `recv` (that waits until the time limit, as NCCL would hang outside a
-    /// group). A receive of a different size is reported as [`Error::Mismatch`] by the
-    /// receiver.
-    ///
-    /// ```no_run
-    /// use p2p_collective::{Communicator, DataType};
-    /// use p2p_mem::{DeviceBuffer, Stream};
-    /// let comm = Communicator::from_env()?;
-    /// let stream = Stream::new(comm.device())?;
-    /// let mut buf = DeviceBuffer::<f32>::zeroed(comm.device(), 1 << 20)?;
-    /// if comm.rank() == 0 {
-    ///     comm.send(&buf, 1 << 20, DataType::F32, 1, &stream)?;
-    /// } else if comm.rank() == 1 {
-    ///     comm.recv(&mut buf, 1 << 20, DataType::F32, 0, &stream)?;
-    /// }
-    /// comm.synchronize(&stream)?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn send(
-        &self,
-        buf: &impl DeviceMemory,
-        count: usize,
-        dtype: DataType,
-        peer: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        let region = Region::of(buf, stream)?;
-        self.enqueue_p2p("send", Some((region, peer)), None, count, dtype, stream)
-    }
-
-    /// Receives `count` elements from rank `peer` into `buf` (see [`send`](Self::send)).
-    pub fn recv(
-        &self,
-        buf: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        peer: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        let region = Region::of(buf, stream)?;
-        self.enqueue_p2p("recv", None, Some((region, peer)), count, dtype, stream)
-    }
-
-    /// Sends `count` elements of `send` to rank `to` and receives `count` elements from rank
-    /// `from` into `recv`, both in one kernel, so that neither waits for the other: the
-    /// exchange of a ring or a pipeline stage (NCCL's grouped send and recv). `to` and `from`
-    /// may be the same rank.
-    #[allow(clippy::too_many_arguments)]
-    pub fn send_recv(
-        &self,
-        send: &impl DeviceMemory,
-        to: usize,
-        recv: &mut impl DeviceMemoryMut,
-        from: usize,
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<()> {
-        let s = Region::of(send, stream)?;
-        let r = Region::of(recv, stream)?;
-        self.enqueue_p2p(
-            "send_recv",
-            Some((s, to)),
-            Some((r, from)),
-            count,
-            dtype,
-            stream,
-        )
-    }
-
-    #[allow(unsafe_code)] // the kernel launch
-    fn enqueue_p2p(
-        &self,
-        op: &'static str,
-        send: Option<(Region<'_>, usize)>,
-        recv: Option<(Region<'_>, usize)>,
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<()> {
-        use crate::abi::{P2pArgs, P2P_BLOCKS};
-        self.ready_on(op, stream)?;
-        let bad = |what: String| Error::InvalidArgument {
-            op,
-            rank: self.rank,
-            what,
-        };
-        let bytes = count
-            .checked_mul(dtype.size())
-            .filter(|b| *b < 1 << 46)
-            .ok_or_else(|| bad(format!("count {count} is too large")))?;
-        for (what, side) in [("send", &send), ("recv", &recv)] {
-            let Some((region, peer)) = side else { continue };
-            if *peer >= self.world {
-                return Err(bad(format!(
-                    "peer {peer} is out of range: there are {} ranks",
-                    self.world
-                )));
-            }
-            if *peer == self.rank {
-                return Err(bad(format!(
-                    "rank {} cannot {what} to or from itself: copy the buffer locally",
-                    self.rank
-                )));
-            }
-            if bytes > 0 {
-                self.check_region(op, what, region, count, dtype)?;
-            }
-        }
-        // A zero-byte message still travels (a header only), so that a count of 0 on one side
-        // and N on the other is a mismatch rather than a silent shift of every later message.
-        let (to, from) = (send.map(|(_, p)| p), recv.map(|(_, p)| p));
-        let inbox = |owner: usize, source: usize| {
-            self.bases[owner] + inbox_offset(self.world, &self.tuning, source) as u64
-        };
-        let mut args = P2pArgs {
-            abort_flag: self.abort.device_ptr(),
-            my_sync: self.bases[self.rank],
-            timeout_ns: self
-                .options
-                .timeout
-                .min(crate::settings::MAX_TIMEOUT)
-                .as_nanos() as u64,
-            rank: self.rank as i32,
-            to: -1,
-            from: -1,
-            ..P2pArgs::default()
-        };
-        if let (Some((region, _)), Some(to)) = (send, to) {
-            args.input = region.ptr;
-            args.send_bytes = bytes as u64;
-            args.send_inbox = inbox(to, self.rank);
-            args.to_sync = self.bases[to];
-            args.to = to as i32;
-            args.send_blocks = P2P_BLOCKS as i32;
-        }
-        if let (Some((region, _)), Some(from)) = (recv, from) {
-            args.output = region.ptr;
-            args.recv_bytes = bytes as u64;
-            args.recv_inbox = inbox(self.rank, from);
-            args.from_sync = self.bases[from];
-            args.from = from as i32;
-        }
-        let grid = (args.send_blocks as usize + if recv.is_some() { P2P_BLOCKS } else { 0 }) as u32;
-        tracing::debug!(
-            rank = self.rank,
-            "{op} {dtype} x {count}: to {to:?}, from {from:?}, {grid} blocks"
-        );
-        let mut params = [(&mut args as *mut P2pArgs).cast::<c_void>()];
-        // SAFETY: `P2pArgs` matches the kernel's one by-value parameter field for field (the
-        // layout is generated from coll_abi.h). Its buffers were checked above to hold `bytes`
-        // bytes on this rank's GPU; the inboxes and sync areas lie in the workspaces of this
-        // rank and its peers (alive while this communicator is, which synchronises before
-        // freeing them); the abort flag is pinned memory held by `self.abort`.
-        unsafe {
-            self.kernels
-                .module
-                .launch(self.kernels.sendrecv, grid, THREADS, &mut params, stream)
-        }?;
-        Ok(())
     }
 }
 

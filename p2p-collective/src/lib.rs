@@ -10,6 +10,7 @@
 //! | module | what it is |
 //! | --- | --- |
 //! | [`comm`] | communicators, the calls, [`Options`] (`P2P_ALGO`, `P2P_CHECK`, `P2P_TIMEOUT_MS`) |
+//! | [`p2p`](mod@p2p) | send and receive, alone or in groups ([`P2pGroup`], NCCL's `ncclGroupStart` / `ncclGroupEnd`) |
 //! | [`plan`] | which algorithm, how many blocks, how the data is cut (host-side, tested in CI) |
 //! | [`types`] | [`DataType`], [`RedOp`], [`Op`] |
 //! | [`rendezvous`] | (re-exported from the transport) how process-per-GPU ranks find each other, authenticate and learn of a failure |
@@ -40,6 +41,7 @@ mod abi {
 pub mod comm;
 mod error;
 pub mod launch;
+pub mod p2p;
 pub mod plan;
 pub mod settings;
 pub mod types;
@@ -47,6 +49,7 @@ pub mod verify;
 
 pub use comm::{Call, Communicator, Options, Registration};
 pub use error::{Error, Result};
+pub use p2p::P2pGroup;
 pub use p2p_mem;
 pub use p2p_transport;
 pub use p2p_transport::rendezvous;

@@ -906,6 +906,131 @@ fn gpu2_send_recv_matrix() {
     assert!(s.cases > 0);
 }
 
+/// Groups like NCCL's: every rank sends a message of its own size to every rank (itself
+/// included) and a second one to the next rank, all in one group with an all-reduce, every
+/// type and count, byte-exact.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_send_recv_groups_matrix() {
+    let counts = common::p2p_counts();
+    let max = counts.iter().copied().max().unwrap_or(1);
+    let mut ls = locals(env_options(), 2 * max);
+    let s = common::run_p2p_group_matrix(&mut ls, &counts);
+    eprintln!("groups: {} checks, {} wrong bytes", s.cases, s.wrong);
+    assert_eq!(s.wrong, 0, "wrong results:\n{}", s.failures.join("\n"));
+    assert!(s.cases > 0);
+}
+
+/// An all-to-all written as a group, captured once in a CUDA graph and replayed with new
+/// inputs; then groups the host refuses (a message to itself with no receive, too many
+/// operations) queue nothing and leave the communicator usable.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_group_all_to_all_under_graph_and_refused_groups() {
+    let devices = gpus(world());
+    let comms = Communicator::init_all_with(&devices, env_options()).expect("init_all");
+    let n = comms.len();
+    let part = 700_001; // f32 per pair: every lane wraps its ring
+    let streams: Vec<Stream> = devices
+        .iter()
+        .map(|d| Stream::new(d).expect("stream"))
+        .collect();
+    let mut ins: Vec<DeviceBuffer<f32>> = devices
+        .iter()
+        .map(|d| DeviceBuffer::new(d, part * n).expect("in"))
+        .collect();
+    let mut outs: Vec<DeviceBuffer<f32>> = devices
+        .iter()
+        .map(|d| DeviceBuffer::new(d, part * n).expect("out"))
+        .collect();
+    let mut graphs = Vec::new();
+    for r in 0..n {
+        let mut recv_parts = Vec::new();
+        let mut rest = outs[r].slice_mut(..).expect("out");
+        for _ in 0..n {
+            let (p, tail) = rest.split_at_mut(part).expect("split");
+            recv_parts.push(p);
+            rest = tail;
+        }
+        let send_parts: Vec<_> = (0..n)
+            .map(|p| ins[r].slice(p * part..(p + 1) * part).expect("in"))
+            .collect();
+        streams[r].begin_capture().expect("begin capture");
+        let mut g = comms[r].group(&streams[r]);
+        for (p, v) in recv_parts.iter_mut().enumerate() {
+            g.recv(v, part, DataType::F32, p).expect("recv");
+        }
+        for (p, v) in send_parts.iter().enumerate() {
+            g.send(v, part, DataType::F32, p).expect("send");
+        }
+        g.launch().expect("capture the group");
+        graphs.push(
+            streams[r]
+                .end_capture()
+                .expect("end capture")
+                .instantiate()
+                .expect("instantiate"),
+        );
+    }
+    // Rank r's part for rank p in replay k.
+    let value =
+        |k: usize, r: usize, p: usize, i: usize| ((i * 7 + k * 31 + r * 5 + p * 3) % 2000) as f32;
+    for k in 0..5 {
+        for r in 0..n {
+            let host: Vec<f32> = (0..n)
+                .flat_map(|p| (0..part).map(move |i| value(k, r, p, i)))
+                .collect();
+            ins[r].copy_from_host(&host).expect("input");
+            outs[r].memset_u8(0xff).expect("poison");
+        }
+        for r in 0..n {
+            // SAFETY: the captured group uses `comms`, `ins` and `outs`, alive until the end of
+            // the test and synchronised below before the host touches them.
+            unsafe { graphs[r].launch(&streams[r]) }.expect("replay");
+        }
+        for r in 0..n {
+            comms[r].synchronize(&streams[r]).expect("sync");
+            let got = outs[r].to_host_vec::<f32>().expect("read");
+            let wrong = (0..n * part)
+                .filter(|&j| got[j] != value(k, j / part, r, j % part))
+                .count();
+            assert_eq!(wrong, 0, "replay {k}, rank {r}");
+        }
+    }
+    eprintln!("5 replays of an all-to-all group of {part} f32 per pair on {n} ranks: 0 wrong");
+    // Refused before anything is queued.
+    let a = DeviceBuffer::<f32>::zeroed(&devices[0], 64).expect("buf");
+    let mut g = comms[0].group(&streams[0]);
+    g.send(&a, 64, DataType::F32, 0)
+        .expect("a send to itself is added");
+    let e = g.launch().expect_err("no receive from itself");
+    eprintln!("{e}");
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+    assert!(e.to_string().contains("to itself"), "{e}");
+    let mut g = comms[0].group(&streams[0]);
+    for _ in 0..=p2p_collective::p2p::MAX_GROUP_OPS {
+        g.send(&a, 64, DataType::F32, 1).expect("added");
+    }
+    let e = g.launch().expect_err("too many");
+    eprintln!("{e}");
+    assert!(e.to_string().contains("at most"), "{e}");
+    // Still usable: one more exchange with sizes that differ per direction.
+    let mut b = DeviceBuffer::<f32>::zeroed(&devices[1], 64).expect("buf");
+    let mut a_in = DeviceBuffer::<f32>::zeroed(&devices[0], 32).expect("buf");
+    let b_out = DeviceBuffer::from_host(&devices[1], &[5.0f32; 32]).expect("buf");
+    let mut g0 = comms[0].group(&streams[0]);
+    g0.send(&a, 64, DataType::F32, 1).expect("send");
+    g0.recv(&mut a_in, 32, DataType::F32, 1).expect("recv");
+    g0.launch().expect("launch");
+    let mut g1 = comms[1].group(&streams[1]);
+    g1.recv(&mut b, 64, DataType::F32, 0).expect("recv");
+    g1.send(&b_out, 32, DataType::F32, 0).expect("send");
+    g1.launch().expect("launch");
+    comms[0].synchronize(&streams[0]).expect("sync");
+    comms[1].synchronize(&streams[1]).expect("sync");
+    assert_eq!(a_in.to_host_vec::<f32>().expect("read"), vec![5.0f32; 32]);
+}
+
 /// A ring exchange captured once in a CUDA graph and replayed with new inputs: the lanes'
 /// counters live on the GPU, so every replay lines up.
 #[test]

@@ -75,7 +75,8 @@ fn gpu2_process_per_gpu_matrix() {
 }
 
 /// Send/recv between processes: every type and count, a ring exchange with `send_recv` and a
-/// plain `send` / `recv` pair, byte-exact, through the sharing the configuration gives.
+/// plain `send` / `recv` pair, then groups (every rank to every rank, itself included, with an
+/// all-reduce in the group), byte-exact, through the sharing the configuration gives.
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_process_per_gpu_send_recv() {
@@ -84,21 +85,26 @@ fn gpu2_process_per_gpu_send_recv() {
         let rank = comm.rank();
         let counts = common::p2p_counts();
         let max = counts.iter().copied().max().unwrap_or(1);
-        let mut ls = vec![Local::new(comm, max)];
-        let s = common::run_p2p_matrix(&mut ls, &counts);
-        eprintln!(
-            "rank {rank}: send/recv {} checks, {} wrong bytes ({})",
-            s.cases,
-            s.wrong,
-            ls[0].comm.sharing().name()
-        );
-        assert_eq!(
-            s.wrong,
-            0,
-            "rank {rank}: wrong results:\n{}",
-            s.failures.join("\n")
-        );
-        assert!(s.cases > 0);
+        // Twice the largest count: the group matrix sends n + 1 messages per rank.
+        let mut ls = vec![Local::new(comm, 2 * max)];
+        for (what, s) in [
+            ("send/recv", common::run_p2p_matrix(&mut ls, &counts)),
+            ("groups", common::run_p2p_group_matrix(&mut ls, &counts)),
+        ] {
+            eprintln!(
+                "rank {rank}: {what}: {} checks, {} wrong bytes ({})",
+                s.cases,
+                s.wrong,
+                ls[0].comm.sharing().name()
+            );
+            assert_eq!(
+                s.wrong,
+                0,
+                "rank {rank}: {what}: wrong results:\n{}",
+                s.failures.join("\n")
+            );
+            assert!(s.cases > 0);
+        }
     });
 }
 

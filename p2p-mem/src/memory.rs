@@ -346,8 +346,59 @@ impl<T: DeviceCopy> DeviceBuffer<T> {
         })
     }
 
+    /// Splits the buffer into two writable views, `[..mid]` and `[mid..]`, like
+    /// `slice::split_at_mut`: for calls that fill several parts of one buffer at once (the
+    /// receives of a [group](https://docs.rs/p2p-collective), say).
+    ///
+    /// ```no_run
+    /// use p2p_mem::{Device, DeviceBuffer, DeviceMemoryMut};
+    /// let gpu = Device::new(0)?;
+    /// let mut buf = DeviceBuffer::<f32>::zeroed(&gpu, 300)?;
+    /// let (mut a, rest) = buf.split_at_mut(100)?;
+    /// let (mut b, mut c) = rest.split_at_mut(100)?;
+    /// a.copy_from_host(&[1.0; 100])?;
+    /// b.copy_from_host(&[2.0; 100])?;
+    /// c.copy_from_host(&[3.0; 100])?;
+    /// # Ok::<(), p2p_mem::Error>(())
+    /// ```
+    pub fn split_at_mut(
+        &mut self,
+        mid: usize,
+    ) -> Result<(DeviceViewMut<'_, T>, DeviceViewMut<'_, T>)> {
+        self.slice_mut(..)?.split_at_mut(mid)
+    }
+
     fn elem_ptr(&self, index: usize) -> cuda::CUdeviceptr {
         self.ptr + (index * std::mem::size_of::<T>()) as u64
+    }
+}
+
+impl<'a, T: DeviceCopy> DeviceViewMut<'a, T> {
+    /// Splits the view into `[..mid]` and `[mid..]`, both writable for the view's lifetime
+    /// (see [`DeviceBuffer::split_at_mut`]).
+    pub fn split_at_mut(self, mid: usize) -> Result<(DeviceViewMut<'a, T>, DeviceViewMut<'a, T>)> {
+        if mid > self.len {
+            return Err(Error::OutOfBounds {
+                start: mid,
+                end: mid,
+                len: self.len,
+            });
+        }
+        let size = std::mem::size_of::<T>() as u64;
+        Ok((
+            DeviceViewMut {
+                device: self.device,
+                ptr: self.ptr,
+                len: mid,
+                _marker: PhantomData,
+            },
+            DeviceViewMut {
+                device: self.device,
+                ptr: self.ptr + mid as u64 * size,
+                len: self.len - mid,
+                _marker: PhantomData,
+            },
+        ))
     }
 }
 

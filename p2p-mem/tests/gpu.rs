@@ -144,6 +144,26 @@ fn gpu1_alloc_copy_memset_round_trips() {
     assert_eq!(&pinned_back[..], &data[..]);
 }
 
+/// `split_at_mut` gives disjoint writable views that cover the buffer exactly; a split past
+/// the end is refused.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu1_split_views_cover_the_buffer() {
+    let d = &gpus(1)[0];
+    let mut buf = DeviceBuffer::<u32>::zeroed(d, 1000).expect("alloc");
+    let (mut a, rest) = buf.split_at_mut(300).expect("split");
+    let (mut b, mut c) = rest.split_at_mut(0).expect("empty first part");
+    assert_eq!((a.len(), b.len(), c.len()), (300, 0, 700));
+    assert_eq!(c.device_ptr(), a.device_ptr() + 1200);
+    a.copy_from_host(&[1u32; 300]).expect("a");
+    b.copy_from_host(&[] as &[u32]).expect("b");
+    c.copy_from_host(&[3u32; 700]).expect("c");
+    let e = buf.split_at_mut(1001).err().expect("past the end");
+    assert!(matches!(e, Error::OutOfBounds { len: 1000, .. }), "{e:?}");
+    let back = buf.to_host_vec::<u32>().expect("download");
+    assert!(back[..300].iter().all(|&v| v == 1) && back[300..].iter().all(|&v| v == 3));
+}
+
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu1_errors_name_the_call_and_the_device() {

@@ -971,12 +971,12 @@ COLL_KERNEL(coll_i64, long long)
 COLL_KERNEL(coll_u8, unsigned char)
 
 // ---------------------------------------------------------------------------------------------
-// Point-to-point: send and recv between two ranks, outside the collectives' step counters.
+// Point-to-point: the sends and receives of a group, outside the collectives' step counters.
 //
-// Rank s sends to rank d through d's inbox for s: P2P_BLOCKS lanes (one per block), each a ring
-// of P2P_SLOTS slots. A message of n bytes is cut into chunks of P2P_CHUNK; chunk k travels in
-// lane k % P2P_BLOCKS. Each lane keeps lifetime counts on both sides, in device memory (so a
-// call captured in a CUDA graph replays correctly):
+// Rank s sends to rank d through d's inbox for s: P2P_BLOCKS lanes, each a ring of P2P_SLOTS
+// slots. A message of n bytes is cut into chunks of P2P_CHUNK; chunk k travels in lane
+// k % P2P_BLOCKS. Each lane keeps lifetime counts on both sides, in device memory (so a call
+// captured in a CUDA graph replays correctly):
 //   s: SENT[d][lane] (chunks it put in the lane), and FREED[d][lane] in s's sync area, written
 //      by d (chunks d has taken out);
 //   d: RECVD[s][lane], and READY[s][lane] in d's sync area, written by s.
@@ -986,6 +986,12 @@ COLL_KERNEL(coll_u8, unsigned char)
 // message number and size (a different size is a mismatch, never silent), copies out, and
 // stores FREED = i + 1 in the sender's sync area. Every lane counts every message (MSGS), even
 // one that carries none of its chunks, so the message numbers agree on both sides.
+//
+// A group's operations are sorted by the host into channels (coll_abi.h); block b runs lane
+// b % P2P_BLOCKS of channel b / P2P_BLOCKS, that channel's messages one after another. The
+// receiving channels come first in the grid, so they are resident before any sending block
+// waits for a slot: a sender only ever waits for receivers, which never wait for a block that
+// is not running.
 
 __device__ void p2p_fail(const P2pArgs& a, int code, int kind, int peer, u64 mine, u64 theirs) {
     // A mismatch stops this process's ranks too, so that the sender (which may be waiting for
@@ -1016,16 +1022,13 @@ __device__ int p2p_wait(const P2pArgs& a, volatile u64* flag, u64 want) {
     return 0;
 }
 
-extern "C" __global__ void __launch_bounds__(512, 2) p2p_sendrecv(P2pArgs a) {
-    __shared__ int err;
-    if (threadIdx.x == 0) err = 0;
-    __syncthreads();
+// One lane's part of operation `o` (a send or a receive). Returns nonzero once the call failed
+// (every thread of the block returns the same).
+__device__ int p2p_message(const P2pArgs& a, int o, int lane, int* err) {
     volatile u64* my = a.my_sync;
-    if (my[FAIL_OFF]) return;  // an earlier call failed: the communicator is unusable
-    const bool sending = (int)blockIdx.x < a.send_blocks;
-    const int lane = sending ? (int)blockIdx.x : (int)blockIdx.x - a.send_blocks;
-    const int peer = sending ? a.to : a.from;
-    const u64 bytes = sending ? a.send_bytes : a.recv_bytes;
+    const bool sending = a.kind[o] == P2P_SEND;
+    const int peer = a.peer[o];
+    const u64 bytes = a.bytes[o];
     // A zero-byte message is one empty chunk: its header still tells the receiver the size.
     const u64 chunks = bytes == 0 ? 1 : (bytes + P2P_CHUNK - 1) / P2P_CHUNK;
     volatile u64* msgs = my + P2P_MSGS_OFF + ((sending ? 0 : 1) * MAX_RANKS + peer) * P2P_BLOCKS + lane;
@@ -1037,18 +1040,18 @@ extern "C" __global__ void __launch_bounds__(512, 2) p2p_sendrecv(P2pArgs a) {
         const u64 len = bytes - off < P2P_CHUNK ? bytes - off : P2P_CHUNK;
         const u64 slot = (u64)lane * P2P_SLOTS + i % P2P_SLOTS;
         if (sending) {
-            unsigned char* s = a.send_inbox + slot * P2P_SLOT_BYTES;
+            unsigned char* s = a.dst[o] + slot * P2P_SLOT_BYTES;
             if (threadIdx.x == 0 && i >= P2P_SLOTS) {
                 const int e = p2p_wait(a, my + P2P_FREED_OFF + peer * P2P_BLOCKS + lane, i - P2P_SLOTS + 1);
                 fence_sys();  // acquire: the receiver's reads of the slot are done before we overwrite it
                 if (e) {
                     if (e != F_ELSEWHERE) p2p_fail(a, e, K_SEND, peer, msg, 0);
-                    err = e;
+                    *err = e;
                 }
             }
             __syncthreads();
-            if (err) return;
-            copy_bytes(s + P2P_HEADER, a.input + off, len);
+            if (*err) return *err;
+            copy_bytes(s + P2P_HEADER, a.src[o] + off, len);
             if (threadIdx.x == 0) {
                 ((volatile u64*)s)[0] = msg + 1;
                 ((volatile u64*)s)[1] = bytes;
@@ -1056,10 +1059,10 @@ extern "C" __global__ void __launch_bounds__(512, 2) p2p_sendrecv(P2pArgs a) {
             __syncthreads();
             if (threadIdx.x == 0) {
                 fence_sys();  // release: the chunk and its header before the flag
-                ((volatile u64*)a.to_sync)[P2P_READY_OFF + a.rank * P2P_BLOCKS + lane] = i + 1;
+                ((volatile u64*)a.peer_sync[o])[P2P_READY_OFF + a.rank * P2P_BLOCKS + lane] = i + 1;
             }
         } else {
-            const unsigned char* s = a.recv_inbox + slot * P2P_SLOT_BYTES;
+            const unsigned char* s = a.src[o] + slot * P2P_SLOT_BYTES;
             if (threadIdx.x == 0) {
                 int e = p2p_wait(a, my + P2P_READY_OFF + peer * P2P_BLOCKS + lane, i + 1);
                 fence_sys();  // acquire: the sender's chunk is visible after its flag
@@ -1074,16 +1077,16 @@ extern "C" __global__ void __launch_bounds__(512, 2) p2p_sendrecv(P2pArgs a) {
                 }
                 if (e) {
                     if (e != F_ELSEWHERE) p2p_fail(a, e, K_RECV, peer, bytes, theirs);
-                    err = e;
+                    *err = e;
                 }
             }
             __syncthreads();
-            if (err) return;
-            copy_bytes(a.output + off, s + P2P_HEADER, len);
+            if (*err) return *err;
+            copy_bytes(a.dst[o] + off, s + P2P_HEADER, len);
             __syncthreads();  // every thread's loads of the slot are done
             if (threadIdx.x == 0) {
                 fence_sys();
-                ((volatile u64*)a.from_sync)[P2P_FREED_OFF + a.rank * P2P_BLOCKS + lane] = i + 1;
+                ((volatile u64*)a.peer_sync[o])[P2P_FREED_OFF + a.rank * P2P_BLOCKS + lane] = i + 1;
             }
         }
     }
@@ -1091,5 +1094,29 @@ extern "C" __global__ void __launch_bounds__(512, 2) p2p_sendrecv(P2pArgs a) {
     if (threadIdx.x == 0) {
         *count = i;
         *msgs = msg + 1;
+    }
+    __syncthreads();  // the next message of this channel reads the counters back
+    return 0;
+}
+
+extern "C" __global__ void __launch_bounds__(512, 2) p2p_sendrecv(P2pArgs a) {
+    __shared__ int err;
+    if (threadIdx.x == 0) err = 0;
+    __syncthreads();
+    if (((volatile u64*)a.my_sync)[FAIL_OFF]) return;  // an earlier call failed: the communicator is unusable
+    const int c = (int)blockIdx.x / P2P_BLOCKS;
+    const int lane = (int)blockIdx.x % P2P_BLOCKS;
+    const int end = a.chan_first[c] + a.chan_ops[c];
+    for (int o = a.chan_first[c]; o < end; ++o) {
+        if (a.kind[o] == P2P_COPY) {
+            // A message to itself: this lane's chunks, copied locally.
+            const u64 bytes = a.bytes[o];
+            for (u64 off = (u64)lane * P2P_CHUNK; off < bytes; off += (u64)P2P_BLOCKS * P2P_CHUNK) {
+                const u64 len = bytes - off < P2P_CHUNK ? bytes - off : P2P_CHUNK;
+                copy_bytes(a.dst[o] + off, a.src[o] + off, len);
+            }
+            continue;
+        }
+        if (p2p_message(a, o, lane, &err)) return;
     }
 }

@@ -85,23 +85,29 @@ struct CollArgs {
     int kind, redop, rank, nranks, root, check;
 };
 
-// One send/recv kernel: this rank sends `send_bytes` of `input` to rank `to` and receives
-// `recv_bytes` into `output` from rank `from` (either side may be absent: bytes 0).
+// Point-to-point groups (NCCL's ncclGroupStart/End around ncclSend/ncclRecv): one kernel runs
+// every send, receive and copy to itself of a group. The host sorts them into channels, one per
+// peer and direction (receives first, so that every receiving block is resident before any
+// sender waits; then the copies to itself; then the sends), each run by P2P_BLOCKS blocks, one
+// per lane. A channel's operations run in the order they were added.
+#define P2P_MAX_OPS 32
+enum P2pKind { P2P_RECV = 0, P2P_SEND = 1, P2P_COPY = 2 };
+
 struct P2pArgs {
-    const unsigned char* input;
-    unsigned char* output;
-    unsigned char* send_inbox;        // rank `to`'s inbox for this rank, as addressed from this GPU
-    const unsigned char* recv_inbox;  // this rank's inbox for rank `from`
-    u64* my_sync;                     // this rank's sync area
-    u64* to_sync;                     // rank `to`'s sync area, from this GPU
-    u64* from_sync;                   // rank `from`'s sync area, from this GPU
+    const unsigned char* src[P2P_MAX_OPS];  // send, copy: the user's buffer; recv: this rank's inbox for the peer
+    unsigned char* dst[P2P_MAX_OPS];        // send: the peer's inbox for this rank, from this GPU; recv, copy: the user's buffer
+    u64* peer_sync[P2P_MAX_OPS];            // send, recv: the peer's sync area, from this GPU
+    u64 bytes[P2P_MAX_OPS];
+    int peer[P2P_MAX_OPS];
+    int kind[P2P_MAX_OPS];                  // enum P2pKind
+    int chan_first[P2P_MAX_OPS];            // channel c runs operations [chan_first[c], chan_first[c] + chan_ops[c])
+    int chan_ops[P2P_MAX_OPS];
+    u64* my_sync;                           // this rank's sync area
     volatile int* abort_flag;
-    u64 send_bytes;
-    u64 recv_bytes;
     u64 timeout_ns;
-    int rank, to, from, send_blocks;  // blocks [0, send_blocks) send, the rest receive
+    int rank, channels;                     // the grid is channels * P2P_BLOCKS blocks
 };
-static_assert(sizeof(P2pArgs) == 104, "P2pArgs changed: comm.rs asserts the same size");
+static_assert(sizeof(P2pArgs) == 1568, "P2pArgs changed: comm.rs asserts the same size");
 
 // The host's `CollArgs` (comm.rs) has the same layout and checks the same size.
 static_assert(sizeof(CollArgs) == 344, "CollArgs changed: comm.rs asserts the same size");

@@ -300,3 +300,168 @@ pub fn run_p2p_matrix(locals: &mut [Local], counts: &[usize]) -> Summary {
     }
     s
 }
+
+/// Elements rank `from` sends to rank `to` in case `count` of the group matrix: sizes differ
+/// from pair to pair (all 0 when `count` is 0); `extra` is the size of the second message to
+/// the next rank.
+pub fn group_count(count: usize, from: usize, to: usize, n: usize) -> usize {
+    if count == 0 {
+        0
+    } else {
+        count + (from * n + to) % 3
+    }
+}
+
+fn group_extra(count: usize) -> usize {
+    if count == 0 {
+        0
+    } else {
+        count / 2 + 1
+    }
+}
+
+/// The bytes of message `k` (0: the one every pair exchanges, 1: the second to the next rank)
+/// from `from` to `to` in case `case` of the group matrix.
+pub fn group_message(case: u64, from: usize, to: usize, k: usize, bytes: usize) -> Vec<u8> {
+    p2p_testkit::random_u8(case * 7919 + (from * 64 + to * 2 + k) as u64 + 1, bytes)
+}
+
+/// NCCL-style groups on every rank in `locals`: in one group each rank sends a message of its
+/// own size to every rank (itself included), a second one to the next rank, receives all of
+/// them (adding the receives in descending peer order, so adding order across peers does not
+/// matter while order within a peer does), and for f32 an all-reduce runs in the same group.
+/// Outputs are poisoned first; every byte is compared, and nothing past the messages may be
+/// written. `locals` must hold `(n + 1) * (max count + 2)` elements of 8 bytes.
+pub fn run_p2p_group_matrix(locals: &mut [Local], counts: &[usize]) -> Summary {
+    let mut s = Summary::default();
+    let mut case = 0u64;
+    for dtype in DataType::ALL {
+        for &count in counts {
+            case += 1;
+            let size = dtype.size();
+            let ar_count = 4096;
+            let mut reduced = Vec::new();
+            for l in locals.iter_mut() {
+                let (rank, n) = (l.comm.rank(), l.comm.world_size());
+                let (next, prev) = ((rank + 1) % n, (rank + n - 1) % n);
+                // What this rank sends: one message to every rank, then the extra to `next`.
+                let mut sends: Vec<(usize, Vec<u8>)> = (0..n)
+                    .map(|d| {
+                        let bytes = group_count(count, rank, d, n) * size;
+                        (d, group_message(case, rank, d, 0, bytes))
+                    })
+                    .collect();
+                sends.push((
+                    next,
+                    group_message(case, rank, next, 1, group_extra(count) * size),
+                ));
+                let host: Vec<u8> = sends.iter().flat_map(|(_, m)| m.clone()).collect();
+                assert!(host.len() + 16 <= l.input.len(), "locals too small");
+                l.output.memset_u8(0xff).expect("poison");
+                if !host.is_empty() {
+                    l.input
+                        .slice_mut(..host.len())
+                        .expect("input")
+                        .copy_from_host(&host)
+                        .expect("upload");
+                }
+                // Where each received message lands: from 0, 1, ..., n - 1, then the extra.
+                let mut recv_lens: Vec<usize> = (0..n)
+                    .map(|f| group_count(count, f, rank, n) * size)
+                    .collect();
+                recv_lens.push(group_extra(count) * size);
+                let mut views = Vec::new();
+                let mut rest = l.output.slice_mut(..).expect("output");
+                for &len in &recv_lens {
+                    let (v, r) = rest.split_at_mut(len).expect("split");
+                    views.push(v);
+                    rest = r;
+                }
+                let ar_in =
+                    DeviceBuffer::from_host(l.comm.device(), &vec![(rank + 1) as f32; ar_count])
+                        .expect("all-reduce input");
+                let mut ar_out =
+                    DeviceBuffer::<f32>::zeroed(l.comm.device(), ar_count).expect("all-reduce");
+                let mut off = 0;
+                let send_views: Vec<_> = sends
+                    .iter()
+                    .map(|(d, m)| {
+                        off += m.len();
+                        (*d, l.input.slice(off - m.len()..off).expect("input"))
+                    })
+                    .collect();
+                {
+                    let mut g = l.comm.group(&l.stream);
+                    let mut refs: Vec<Option<&mut _>> = views.iter_mut().map(Some).collect();
+                    for f in (0..n).rev() {
+                        let v = refs[f].take().expect("view");
+                        g.recv(v, recv_lens[f] / size, dtype, f).expect("recv");
+                        if f == prev {
+                            let v = refs[n].take().expect("view");
+                            g.recv(v, recv_lens[n] / size, dtype, prev)
+                                .expect("recv extra");
+                        }
+                    }
+                    for (d, v) in &send_views {
+                        g.send(v, v.len() / size, dtype, *d).expect("send");
+                    }
+                    if dtype == DataType::F32 {
+                        g.call(
+                            &Call::new(Op::AllReduce, DataType::F32, ar_count),
+                            &ar_in,
+                            &mut ar_out,
+                        )
+                        .expect("all-reduce in the group");
+                    }
+                    g.launch()
+                        .unwrap_or_else(|e| panic!("rank {rank}: launch: {e}"));
+                }
+                reduced.push((ar_in, ar_out));
+            }
+            for l in locals.iter() {
+                l.comm
+                    .synchronize(&l.stream)
+                    .unwrap_or_else(|e| panic!("rank {}: {e}", l.comm.rank()));
+            }
+            for (l, (_, ar_out)) in locals.iter().zip(&reduced) {
+                let (rank, n) = (l.comm.rank(), l.comm.world_size());
+                let prev = (rank + n - 1) % n;
+                s.cases += 1;
+                let mut want: Vec<u8> = (0..n)
+                    .flat_map(|f| {
+                        group_message(case, f, rank, 0, group_count(count, f, rank, n) * size)
+                    })
+                    .collect();
+                want.extend(group_message(
+                    case,
+                    prev,
+                    rank,
+                    1,
+                    group_extra(count) * size,
+                ));
+                let got = l
+                    .output
+                    .slice(..want.len() + 16)
+                    .expect("output")
+                    .to_host_vec::<u8>()
+                    .expect("download");
+                let wrong = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+                let spill = got[want.len()..].iter().filter(|&&b| b != 0xff).count();
+                let mut bad = wrong + spill;
+                if dtype == DataType::F32 {
+                    let sum = (n * (n + 1) / 2) as f32;
+                    let ar = ar_out.to_host_vec::<f32>().expect("all-reduce");
+                    bad += ar.iter().filter(|&&v| v != sum).count();
+                }
+                if bad > 0 {
+                    s.failures.push(format!(
+                        "rank {rank}: group of {dtype} x {count}: {wrong} wrong bytes, {spill} written past the end, {} wrong all-reduce elements",
+                        bad - wrong - spill
+                    ));
+                }
+                s.wrong += bad;
+            }
+        }
+    }
+    s
+}

@@ -1,0 +1,614 @@
+//! Point-to-point: NCCL's `ncclSend` / `ncclRecv`, alone or in groups.
+//!
+//! A [`P2pGroup`] is NCCL's `ncclGroupStart` ... `ncclGroupEnd` around sends and receives: every
+//! send and receive added to it runs in one kernel, so none waits for another and any pattern
+//! of exchanges (a ring, an all-to-all with different sizes per peer, a pipeline stage that
+//! sends forward and receives back) completes without deadlock. [`Communicator::send`],
+//! [`recv`](Communicator::recv) and [`send_recv`](Communicator::send_recv) are groups of one or
+//! two.
+//!
+//! How the kernel moves a message (`p2p_sendrecv` in `kernels/coll.cu`): the receiver's
+//! workspace holds an inbox per source rank ([`INBOX_BYTES`]): 32 lanes of two slots of 64 KiB. The
+//! sender pushes chunks into the lanes' slots and raises a ready counter in the receiver's sync
+//! area; the receiver copies each chunk out and raises a freed counter in the sender's. The
+//! counters live on the GPU, so a group captured in a CUDA graph replays correctly. Each slot
+//! carries the message's number and size, so a receive of another size than the send is an
+//! error ([`Error::Mismatch`]), never a silent shift of later messages.
+
+use std::ffi::c_void;
+
+use p2p_mem::{DeviceMemory, DeviceMemoryMut, Stream};
+
+use crate::abi::{P2pArgs, P2P_BLOCKS, P2P_COPY, P2P_MAX_OPS, P2P_RECV, P2P_SEND};
+use crate::comm::{inbox_offset, Call, Communicator, Region};
+use crate::error::{Error, Result};
+use crate::plan::THREADS;
+use crate::types::DataType;
+
+/// The most operations one [`P2pGroup`] holds: its sends and receives, with each message a
+/// rank sends to itself and its receive counted once.
+pub const MAX_GROUP_OPS: usize = P2P_MAX_OPS;
+
+/// Messages larger than this (per sender and receiver) complete only as the receiver takes them
+/// in: a rank that sends more to a peer than this, outside a group that also holds what it
+/// receives, waits for the peer.
+pub const INBOX_BYTES: usize = crate::abi::P2P_INBOX_BYTES;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dir {
+    Send,
+    Recv,
+}
+
+/// A send or receive as the group's layout sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Entry {
+    dir: Dir,
+    peer: usize,
+    ptr: u64,
+    bytes: u64,
+}
+
+/// One operation of the kernel: `kind` is `P2P_SEND`, `P2P_RECV` or `P2P_COPY` (a message to
+/// itself: `src` is the sent buffer, `ptr` the receiving one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct KernelOp {
+    kind: i32,
+    peer: usize,
+    ptr: u64,
+    src: u64,
+    bytes: u64,
+}
+
+/// A group's operations in kernel order, and its channels: `(first op, number of ops)`, one
+/// channel per peer and direction.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Layout {
+    ops: Vec<KernelOp>,
+    channels: Vec<(usize, usize)>,
+}
+
+impl Layout {
+    fn receiving_blocks(&self) -> usize {
+        self.channels
+            .iter()
+            .filter(|(first, _)| self.ops[*first].kind == P2P_RECV)
+            .count()
+            * P2P_BLOCKS
+    }
+}
+
+/// Sorts `entries` (in the order they were added) into the kernel's channels: the receives
+/// from each peer (peers in order), then the messages to itself (each send to itself paired
+/// with the receive from itself of the same position), then the sends to each peer. Within a
+/// channel the order of adding is kept: that is the order in which messages pair up with the
+/// peer's.
+fn layout(rank: usize, entries: &[Entry]) -> std::result::Result<Layout, String> {
+    let own = |dir: Dir| {
+        entries
+            .iter()
+            .filter(move |e| e.peer == rank && e.dir == dir)
+            .collect::<Vec<_>>()
+    };
+    let (sent, received) = (own(Dir::Send), own(Dir::Recv));
+    if sent.len() != received.len() {
+        return Err(format!(
+            "rank {rank} sends {} message(s) to itself and receives {} from itself in this group: \
+             each message to itself needs its receive in the same group",
+            sent.len(),
+            received.len()
+        ));
+    }
+    let mut copies = Vec::new();
+    for (k, (s, r)) in sent.iter().zip(&received).enumerate() {
+        if s.bytes != r.bytes {
+            return Err(format!(
+                "message {k} that rank {rank} sends to itself has {} bytes; its receive takes {}",
+                s.bytes, r.bytes
+            ));
+        }
+        if s.ptr == r.ptr || s.bytes == 0 {
+            continue; // nothing to move
+        }
+        if s.ptr < r.ptr + r.bytes && r.ptr < s.ptr + s.bytes {
+            return Err(format!(
+                "message {k} that rank {rank} sends to itself overlaps its receive buffer"
+            ));
+        }
+        copies.push(KernelOp {
+            kind: P2P_COPY,
+            peer: rank,
+            ptr: r.ptr,
+            src: s.ptr,
+            bytes: s.bytes,
+        });
+    }
+    let mut out = Layout::default();
+    let channel = |ops: Vec<KernelOp>, out: &mut Layout| {
+        if !ops.is_empty() {
+            out.channels.push((out.ops.len(), ops.len()));
+            out.ops.extend(ops);
+        }
+    };
+    let mut peers: Vec<usize> = entries
+        .iter()
+        .map(|e| e.peer)
+        .filter(|&p| p != rank)
+        .collect();
+    peers.sort_unstable();
+    peers.dedup();
+    let of = |dir: Dir, peer: usize| {
+        entries
+            .iter()
+            .filter(|e| e.dir == dir && e.peer == peer)
+            .map(|e| KernelOp {
+                kind: if dir == Dir::Send { P2P_SEND } else { P2P_RECV },
+                peer,
+                ptr: e.ptr,
+                src: 0,
+                bytes: e.bytes,
+            })
+            .collect::<Vec<_>>()
+    };
+    for &p in &peers {
+        channel(of(Dir::Recv, p), &mut out);
+    }
+    channel(copies, &mut out);
+    for &p in &peers {
+        channel(of(Dir::Send, p), &mut out);
+    }
+    if out.ops.len() > P2P_MAX_OPS {
+        return Err(format!(
+            "a group holds at most {P2P_MAX_OPS} operations (sends, receives, and each message to \
+             itself counted once); this one has {}: launch it as several groups, each holding \
+             both ends of the exchanges it starts",
+            out.ops.len()
+        ));
+    }
+    Ok(out)
+}
+
+/// Sends and receives (and collectives) queued together, like NCCL's `ncclGroupStart` /
+/// `ncclGroupEnd`; made by [`Communicator::group`], run by [`launch`](Self::launch).
+///
+/// Every send and receive of a group runs in one kernel, so none waits for another: a rank may
+/// send to and receive from any number of peers (itself included) in one group, with any sizes,
+/// and several messages to one peer arrive in the order they were added. A message needs a
+/// matching receive on the peer, of the same size, in the peer's group or call in the same
+/// order; a different size is reported as [`Error::Mismatch`]. Collectives added to a group
+/// run first, in the order added, then every send and receive: every rank must add the same
+/// collectives, in the same order, as NCCL requires.
+///
+/// The buffers stay borrowed until the group is launched or dropped; dropping a group without
+/// launching it queues nothing. Launching is asynchronous and can be captured in a CUDA graph.
+///
+/// ```no_run
+/// use p2p_collective::{Communicator, DataType};
+/// use p2p_mem::{DeviceBuffer, Stream};
+/// // All-to-all with a different size for every pair: rank r sends r + p + 1 elements to p.
+/// let comm = Communicator::from_env()?;
+/// let (rank, n) = (comm.rank(), comm.world_size());
+/// let stream = Stream::new(comm.device())?;
+/// let sends: Vec<DeviceBuffer<f32>> = (0..n)
+///     .map(|p| DeviceBuffer::zeroed(comm.device(), rank + p + 1))
+///     .collect::<Result<_, _>>()?;
+/// let mut recvs: Vec<DeviceBuffer<f32>> = (0..n)
+///     .map(|p| DeviceBuffer::zeroed(comm.device(), p + rank + 1))
+///     .collect::<Result<_, _>>()?;
+/// let mut group = comm.group(&stream);
+/// for (p, buf) in sends.iter().enumerate() {
+///     group.send(buf, rank + p + 1, DataType::F32, p)?;
+/// }
+/// for (p, buf) in recvs.iter_mut().enumerate() {
+///     group.recv(buf, p + rank + 1, DataType::F32, p)?;
+/// }
+/// group.launch()?;
+/// comm.synchronize(&stream)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct P2pGroup<'a> {
+    comm: &'a Communicator,
+    stream: &'a Stream,
+    op: &'static str,
+    entries: Vec<Entry>,
+    calls: Vec<(Call, Region<'a>, Region<'a>)>,
+}
+
+impl std::fmt::Debug for P2pGroup<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("P2pGroup")
+            .field("rank", &self.comm.rank)
+            .field("entries", &self.entries)
+            .field("collectives", &self.calls.len())
+            .finish()
+    }
+}
+
+impl<'a> P2pGroup<'a> {
+    /// Adds sending `count` elements of `buf` to rank `peer` (this rank too: then the group
+    /// needs the matching [`recv`](Self::recv) from this rank).
+    pub fn send<M: DeviceMemory + ?Sized>(
+        &mut self,
+        buf: &'a M,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+    ) -> Result<&mut Self> {
+        let region = Region::of(buf, self.stream)?;
+        self.add(Dir::Send, region, count, dtype, peer)
+    }
+
+    /// Adds receiving `count` elements from rank `peer` into `buf`.
+    pub fn recv<M: DeviceMemoryMut + ?Sized>(
+        &mut self,
+        buf: &'a mut M,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+    ) -> Result<&mut Self> {
+        let buf: &'a M = buf;
+        let region = Region::of(buf, self.stream)?;
+        self.add(Dir::Recv, region, count, dtype, peer)
+    }
+
+    /// Adds the collective `call`, out of place (see [`Communicator::call`]). It runs before
+    /// the group's sends and receives.
+    pub fn call(
+        &mut self,
+        call: &Call,
+        send: &'a dyn DeviceMemory,
+        recv: &'a mut dyn DeviceMemoryMut,
+    ) -> Result<&mut Self> {
+        let recv: &'a dyn DeviceMemoryMut = recv;
+        let input = Region::of(send, self.stream)?;
+        let output = Region::of(recv, self.stream)?;
+        self.comm.check_call(call, &input, &output)?;
+        self.calls.push((*call, input, output));
+        Ok(self)
+    }
+
+    /// Adds the collective `call`, in place in `buf` (see [`Communicator::call_in_place`]).
+    pub fn call_in_place(
+        &mut self,
+        call: &Call,
+        buf: &'a mut dyn DeviceMemoryMut,
+    ) -> Result<&mut Self> {
+        let buf: &'a dyn DeviceMemoryMut = buf;
+        let (input, output) = self.comm.in_place(call, Region::of(buf, self.stream)?);
+        self.comm.check_call(call, &input, &output)?;
+        self.calls.push((*call, input, output));
+        Ok(self)
+    }
+
+    /// The operations added so far: sends, receives and collectives.
+    pub fn len(&self) -> usize {
+        self.entries.len() + self.calls.len()
+    }
+
+    /// Whether nothing was added.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty() && self.calls.is_empty()
+    }
+
+    fn add(
+        &mut self,
+        dir: Dir,
+        region: Region<'_>,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+    ) -> Result<&mut Self> {
+        let comm = self.comm;
+        let what = if dir == Dir::Send { "send" } else { "recv" };
+        let bad = |what: String| Error::InvalidArgument {
+            op: self.op,
+            rank: comm.rank,
+            what,
+        };
+        let bytes = count
+            .checked_mul(dtype.size())
+            .filter(|b| *b < 1 << 46)
+            .ok_or_else(|| bad(format!("count {count} is too large")))?;
+        if peer >= comm.world {
+            return Err(bad(format!(
+                "peer {peer} is out of range: there are {} ranks",
+                comm.world
+            )));
+        }
+        if bytes > 0 {
+            comm.check_region(self.op, what, &region, count, dtype)?;
+        }
+        self.entries.push(Entry {
+            dir,
+            peer,
+            ptr: region.ptr,
+            bytes: bytes as u64,
+        });
+        Ok(self)
+    }
+
+    /// Queues the group on its stream: the collectives first, in order, then one kernel with
+    /// every send and receive. Everything is checked before anything is queued.
+    pub fn launch(self) -> Result<()> {
+        let comm = self.comm;
+        comm.ready_on(self.op, self.stream)?;
+        let layout = layout(comm.rank, &self.entries).map_err(|what| Error::InvalidArgument {
+            op: self.op,
+            rank: comm.rank,
+            what,
+        })?;
+        for (call, input, output) in &self.calls {
+            comm.enqueue(call, *input, *output, self.stream)?;
+        }
+        if layout.ops.is_empty() {
+            return Ok(());
+        }
+        self.launch_kernel(&layout)
+    }
+
+    #[allow(unsafe_code)] // the kernel launch
+    fn launch_kernel(&self, layout: &Layout) -> Result<()> {
+        let comm = self.comm;
+        let resident = comm.device.sm_count().max(1) as usize * comm.kernels.blocks_per_sm as usize;
+        if layout.receiving_blocks() >= resident {
+            tracing::warn!(
+                rank = comm.rank,
+                "{}: {} receiving blocks, {resident} resident at once on this GPU: the group \
+                 relies on every receiving block running while senders wait, so it may stall \
+                 until the time limit; split it into smaller groups",
+                self.op,
+                layout.receiving_blocks()
+            );
+        }
+        let inbox = |owner: usize, source: usize| {
+            comm.bases[owner] + inbox_offset(comm.world, &comm.tuning, source) as u64
+        };
+        let mut args = P2pArgs {
+            my_sync: comm.bases[comm.rank],
+            abort_flag: comm.abort.device_ptr(),
+            timeout_ns: comm
+                .options
+                .timeout
+                .min(crate::settings::MAX_TIMEOUT)
+                .as_nanos() as u64,
+            rank: comm.rank as i32,
+            channels: layout.channels.len() as i32,
+            ..P2pArgs::default()
+        };
+        for (k, op) in layout.ops.iter().enumerate() {
+            args.kind[k] = op.kind;
+            args.peer[k] = op.peer as i32;
+            args.bytes[k] = op.bytes;
+            args.peer_sync[k] = comm.bases[op.peer];
+            (args.src[k], args.dst[k]) = match op.kind {
+                P2P_SEND => (op.ptr, inbox(op.peer, comm.rank)),
+                P2P_RECV => (inbox(comm.rank, op.peer), op.ptr),
+                _ => (op.src, op.ptr),
+            };
+        }
+        for (c, &(first, n)) in layout.channels.iter().enumerate() {
+            args.chan_first[c] = first as i32;
+            args.chan_ops[c] = n as i32;
+        }
+        let grid = (layout.channels.len() * P2P_BLOCKS) as u32;
+        tracing::debug!(
+            rank = comm.rank,
+            "{}: {} operations in {} channels, {grid} blocks: {:?}",
+            self.op,
+            layout.ops.len(),
+            layout.channels.len(),
+            layout.ops
+        );
+        let mut params = [(&mut args as *mut P2pArgs).cast::<c_void>()];
+        // SAFETY: `P2pArgs` matches the kernel's one by-value parameter field for field (the
+        // layout is generated from coll_abi.h). Every user buffer was checked when added to hold
+        // its bytes on this rank's GPU and stays borrowed by the group until this launch; the
+        // inboxes and sync areas lie in the workspaces of this rank and its peers (alive while
+        // the communicator is, which synchronises before freeing them); the abort flag is
+        // pinned memory held by the communicator; the grid covers `channels` channels.
+        unsafe {
+            comm.kernels.module.launch(
+                comm.kernels.sendrecv,
+                grid,
+                THREADS,
+                &mut params,
+                self.stream,
+            )
+        }?;
+        Ok(())
+    }
+}
+
+/// Point-to-point: NCCL's `ncclSend` / `ncclRecv`, and their groups.
+impl Communicator {
+    /// A group of sends and receives (and collectives) queued on `stream` together when
+    /// launched: NCCL's `ncclGroupStart` / `ncclGroupEnd` (see [`P2pGroup`]).
+    pub fn group<'a>(&'a self, stream: &'a Stream) -> P2pGroup<'a> {
+        self.group_as("group", stream)
+    }
+
+    fn group_as<'a>(&'a self, op: &'static str, stream: &'a Stream) -> P2pGroup<'a> {
+        P2pGroup {
+            comm: self,
+            stream,
+            op,
+            entries: Vec::new(),
+            calls: Vec::new(),
+        }
+    }
+
+    /// Sends `count` elements of `buf` to rank `peer`, which calls [`recv`](Self::recv) (or
+    /// receives in a group) with the same count and type. Queued on `stream` like the
+    /// collectives (asynchronous, capturable in a CUDA graph); a count of zero still pairs
+    /// with the peer's receive of zero.
+    ///
+    /// The message travels through `peer`'s inbox for this rank ([`INBOX_BYTES`]), so a send
+    /// larger than that completes only as `peer` receives: two ranks that exchange messages
+    /// must use [`send_recv`](Self::send_recv) or a [`group`](Self::group), not a `send` each
+    /// followed by a `recv` (that waits until the time limit, as NCCL would hang outside a
+    /// group). A receive of a different size is reported as [`Error::Mismatch`] by the
+    /// receiver.
+    ///
+    /// ```no_run
+    /// use p2p_collective::{Communicator, DataType};
+    /// use p2p_mem::{DeviceBuffer, Stream};
+    /// let comm = Communicator::from_env()?;
+    /// let stream = Stream::new(comm.device())?;
+    /// let mut buf = DeviceBuffer::<f32>::zeroed(comm.device(), 1 << 20)?;
+    /// if comm.rank() == 0 {
+    ///     comm.send(&buf, 1 << 20, DataType::F32, 1, &stream)?;
+    /// } else if comm.rank() == 1 {
+    ///     comm.recv(&mut buf, 1 << 20, DataType::F32, 0, &stream)?;
+    /// }
+    /// comm.synchronize(&stream)?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn send(
+        &self,
+        buf: &impl DeviceMemory,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let mut g = self.group_as("send", stream);
+        g.send(buf, count, dtype, peer)?;
+        g.launch()
+    }
+
+    /// Receives `count` elements from rank `peer` into `buf` (see [`send`](Self::send)).
+    pub fn recv(
+        &self,
+        buf: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: DataType,
+        peer: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let mut g = self.group_as("recv", stream);
+        g.recv(buf, count, dtype, peer)?;
+        g.launch()
+    }
+
+    /// Sends `count` elements of `send` to rank `to` and receives `count` elements from rank
+    /// `from` into `recv`, both in one kernel, so that neither waits for the other: the
+    /// exchange of a ring or a pipeline stage (a [`group`](Self::group) of two). `to` and
+    /// `from` may be the same rank; both may be this rank (a local copy).
+    #[allow(clippy::too_many_arguments)]
+    pub fn send_recv(
+        &self,
+        send: &impl DeviceMemory,
+        to: usize,
+        recv: &mut impl DeviceMemoryMut,
+        from: usize,
+        count: usize,
+        dtype: DataType,
+        stream: &Stream,
+    ) -> Result<()> {
+        let mut g = self.group_as("send_recv", stream);
+        g.send(send, count, dtype, to)?;
+        g.recv(recv, count, dtype, from)?;
+        g.launch()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(dir: Dir, peer: usize, ptr: u64, bytes: u64) -> Entry {
+        Entry {
+            dir,
+            peer,
+            ptr,
+            bytes,
+        }
+    }
+
+    #[test]
+    fn receives_come_first_then_copies_then_sends_each_peer_in_adding_order() {
+        use Dir::{Recv, Send};
+        let entries = [
+            e(Send, 2, 0x100, 8),
+            e(Recv, 1, 0x200, 4),
+            e(Send, 1, 0x300, 16),
+            e(Send, 0, 0x400, 32), // to itself (rank 0)
+            e(Recv, 2, 0x500, 8),
+            e(Send, 2, 0x600, 0),
+            e(Recv, 0, 0x700, 32),
+            e(Recv, 1, 0x800, 12),
+        ];
+        let l = layout(0, &entries).expect("layout");
+        let got: Vec<(i32, usize, u64)> = l.ops.iter().map(|o| (o.kind, o.peer, o.ptr)).collect();
+        assert_eq!(
+            got,
+            [
+                (P2P_RECV, 1, 0x200),
+                (P2P_RECV, 1, 0x800),
+                (P2P_RECV, 2, 0x500),
+                (P2P_COPY, 0, 0x700),
+                (P2P_SEND, 1, 0x300),
+                (P2P_SEND, 2, 0x100),
+                (P2P_SEND, 2, 0x600),
+            ]
+        );
+        assert_eq!(l.ops[3].src, 0x400);
+        assert_eq!(l.ops[3].bytes, 32);
+        assert_eq!(l.channels, [(0, 2), (2, 1), (3, 1), (4, 1), (5, 2)]);
+        assert_eq!(l.receiving_blocks(), 2 * P2P_BLOCKS);
+    }
+
+    #[test]
+    fn messages_to_itself_pair_in_order_and_must_match() {
+        use Dir::{Recv, Send};
+        let lone = layout(1, &[e(Send, 1, 0x100, 8)]).expect_err("no receive");
+        assert!(
+            lone.contains("sends 1 message(s) to itself and receives 0"),
+            "{lone}"
+        );
+        let sizes =
+            layout(1, &[e(Send, 1, 0x100, 8), e(Recv, 1, 0x200, 4)]).expect_err("sizes differ");
+        assert!(
+            sizes.contains("has 8 bytes; its receive takes 4"),
+            "{sizes}"
+        );
+        let overlap =
+            layout(1, &[e(Send, 1, 0x100, 64), e(Recv, 1, 0x120, 64)]).expect_err("overlap");
+        assert!(overlap.contains("overlaps"), "{overlap}");
+        // The same buffer, or nothing to move: no copy at all.
+        let same = layout(1, &[e(Send, 1, 0x100, 64), e(Recv, 1, 0x100, 64)]).expect("same");
+        assert!(same.ops.is_empty() && same.channels.is_empty());
+        let two = layout(
+            1,
+            &[
+                e(Recv, 1, 0x300, 8),
+                e(Send, 1, 0x100, 16),
+                e(Send, 1, 0x200, 8),
+                e(Recv, 1, 0x400, 8),
+            ],
+        )
+        .expect_err("the first pair differs");
+        assert!(two.contains("message 0"), "{two}");
+    }
+
+    #[test]
+    fn a_full_all_to_all_on_eight_ranks_fits_and_one_more_op_does_not() {
+        let mut entries = Vec::new();
+        for p in 0..8usize {
+            entries.push(e(Dir::Send, p, 0x1000 * (p as u64 + 1), 64));
+            entries.push(e(Dir::Recv, p, 0x100000 * (p as u64 + 1), 64));
+        }
+        let l = layout(3, &entries).expect("15 operations");
+        assert_eq!(l.ops.len(), 15); // 7 receives, 1 copy, 7 sends
+        assert_eq!(l.channels.len(), 15);
+        assert_eq!(l.receiving_blocks(), 7 * P2P_BLOCKS);
+        let mut many: Vec<Entry> = (0..=P2P_MAX_OPS as u64)
+            .map(|k| e(Dir::Send, 1, 0x10 * k, 8))
+            .collect();
+        assert!(layout(0, &many[..P2P_MAX_OPS]).is_ok());
+        let err = layout(0, &many).expect_err("one too many");
+        assert!(err.contains("at most 32"), "{err}");
+        many.clear();
+        assert_eq!(layout(0, &many).expect("empty"), Layout::default());
+    }
+}
