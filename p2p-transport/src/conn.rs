@@ -13,7 +13,11 @@
 //! No hangs: every wait in the kernels has a time limit and watches an abort flag (pinned host
 //! memory, so [`AbortHandle::abort`] from any thread reaches a spinning kernel at once). A stall
 //! is reported by [`SendConn::wait`] / [`RecvConn::wait`] as [`Error::Stalled`] naming the
-//! operation, the rank and the peer; the connection then refuses further work.
+//! operation, the rank and the peer; the connection then refuses further work. Between
+//! processes, [`SendConn::watch`] / [`RecvConn::watch`] hand the abort flag to the job's
+//! [`Group`](crate::rendezvous::Group): a peer process that dies (or fails elsewhere) then ends
+//! the wait at once with [`Error::PeerFailed`] naming it, and a stall here reaches every other
+//! rank.
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -279,6 +283,9 @@ impl Side {
     }
 
     fn usable(&self, op: &str) -> Result<()> {
+        if let Some(e) = self.peer_failed() {
+            return Err(e);
+        }
         if let Some(why) = &self.failed {
             return Err(Error::Broken {
                 op: op.to_string(),
@@ -292,10 +299,32 @@ impl Side {
                 op: op.to_string(),
                 rank: self.rank,
                 peer: self.peer,
-                why: "aborted".into(),
+                why: self.aborted_why(),
             });
         }
         Ok(())
+    }
+
+    /// The error for an abort that names another rank's failure (a watching
+    /// [`Group`](crate::rendezvous::Group) learnt that it died or failed).
+    fn peer_failed(&self) -> Option<Error> {
+        match self.abort.reason() {
+            Some((r, why)) if r != self.rank && self.abort.is_aborted() => {
+                Some(Error::PeerFailed {
+                    rank: self.rank,
+                    peer: r,
+                    why,
+                })
+            }
+            _ => None,
+        }
+    }
+
+    fn aborted_why(&self) -> String {
+        match self.abort.reason() {
+            Some((_, why)) => format!("aborted: {why}"),
+            None => "aborted".into(),
+        }
     }
 
     /// Launches `send` (from `mem`) or `recv` (into `mem`) on `stream`; both must be on this
@@ -436,14 +465,25 @@ impl Side {
         if st[0] == 0 {
             return Ok(());
         }
+        if st[0] == 2 {
+            if let Some(e) = self.peer_failed() {
+                self.failed = Some(e.to_string());
+                return Err(e);
+            }
+        }
         let why = match st[0] {
             1 => format!(
                 "timed out after {:?} waiting for the peer",
                 self.opts.timeout
             ),
-            2 => "aborted".to_string(),
+            2 => self.aborted_why(),
             c => format!("kernel status {c}"),
         };
+        if st[0] == 1 {
+            // Tell a watching group, which stops the other ranks' waits too.
+            self.abort
+                .abort_because(self.rank, format!("its {op} with rank {} {why}", self.peer));
+        }
         self.failed = Some(why.clone());
         Err(Error::Stalled {
             op,
@@ -481,6 +521,13 @@ impl SendConn {
     pub fn abort_handle(&self) -> AbortHandle {
         self.side.abort.clone()
     }
+    /// Lets `group` (the job's ranks, watched for failures) stop this end's waits when any
+    /// rank dies or fails, so that [`wait`](Self::wait) returns [`Error::PeerFailed`] naming
+    /// that rank within the group's detection time rather than this connection's time limit;
+    /// and reports this end's own stall (time limit) to every other rank.
+    pub fn watch(&self, group: &crate::rendezvous::Group) {
+        group.watch(&self.side.abort);
+    }
 }
 
 impl RecvConn {
@@ -495,6 +542,13 @@ impl RecvConn {
     /// A handle that aborts this end from any thread.
     pub fn abort_handle(&self) -> AbortHandle {
         self.side.abort.clone()
+    }
+    /// Lets `group` (the job's ranks, watched for failures) stop this end's waits when any
+    /// rank dies or fails, so that [`wait`](Self::wait) returns [`Error::PeerFailed`] naming
+    /// that rank within the group's detection time rather than this connection's time limit;
+    /// and reports this end's own stall (time limit) to every other rank.
+    pub fn watch(&self, group: &crate::rendezvous::Group) {
+        group.watch(&self.side.abort);
     }
 }
 

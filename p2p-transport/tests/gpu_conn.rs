@@ -18,6 +18,7 @@ use p2p_transport::conn::{
 };
 use p2p_transport::copy::Transport;
 use p2p_transport::mode::{Direction, Engine};
+use p2p_transport::rendezvous::{Group, Rendezvous};
 use p2p_transport::Error;
 
 const SIZES: [usize; 4] = [1, 4095, (1 << 20) + 3, 256 << 20];
@@ -427,4 +428,94 @@ fn gpu1_copy_engine_connection_times_out_too() {
         "took {:?}: later waits must not each time out",
         t0.elapsed()
     );
+}
+
+/// A peer process killed while this rank waits on a connection between processes: the job's
+/// rendezvous group, watching the connection, ends the wait within a second with an error that
+/// names the dead rank (without the group, only the 30 s time limit would).
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu1_a_killed_peer_ends_a_watched_connection_wait() {
+    const TEST: &str = "gpu1_a_killed_peer_ends_a_watched_connection_wait";
+    if role().as_deref() == Some("doomed") {
+        return doomed_sender();
+    }
+    let g = gpus(1);
+    let t = Transport::new(g.clone());
+    let dir = PrivateDir::new("conn-live").expect("dir");
+    let listener = FdListener::bind(&dir.path().join("s")).expect("bind");
+    let job = format!("conn-liveness-{}", std::process::id());
+    let mut child = spawn_role(
+        TEST,
+        "doomed",
+        listener.path(),
+        &[
+            ("P2PTEST_JOB", job.clone()),
+            ("P2PTEST_DIR", dir.path().display().to_string()),
+        ],
+    );
+    let chan = listener.accept(Duration::from_secs(60)).expect("accept");
+    let mut rx = connect_receiver(
+        &t,
+        &g[0],
+        &chan,
+        Sharing::LegacyIpc,
+        (0, 1),
+        ConnOptions::default(),
+    )
+    .expect("connect");
+    let mut rv = Rendezvous::new(0, 2, job);
+    rv.dir = Some(dir.path().to_path_buf());
+    let group = Group::join(&rv).expect("join");
+    rx.watch(&group);
+    let stream = Stream::new(&g[0]).expect("stream");
+    let mut dst = DeviceBuffer::<u8>::new(&g[0], 1 << 20).expect("alloc");
+    rx.recv(&mut dst, &stream).expect("queue a receive");
+    // The child sends nothing: it says it is ready and is killed.
+    assert_eq!(chan.recv_msg().expect("ready"), b"ready");
+    child.kill().expect("kill the peer");
+    let t0 = Instant::now();
+    let e = rx.wait(&stream).expect_err("the peer died");
+    let took = t0.elapsed();
+    let _ = child.wait();
+    eprintln!("{e} (after {took:?})");
+    assert!(
+        matches!(
+            e,
+            Error::PeerFailed {
+                rank: 0,
+                peer: 1,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(took < Duration::from_secs(1), "found after {took:?}");
+    // The connection refuses further work, naming the same rank.
+    let again = rx.recv(&mut dst, &stream).expect_err("unusable");
+    assert!(
+        matches!(again, Error::PeerFailed { peer: 1, .. }),
+        "{again:?}"
+    );
+}
+
+fn doomed_sender() {
+    let d = Device::new(0).expect("device");
+    let t = Transport::new(vec![d.clone()]);
+    let chan = FdChannel::connect(&PathBuf::from(env("P2PTEST_SOCKET"))).expect("connect");
+    let _tx = connect_sender(
+        &t,
+        &d,
+        &chan,
+        Sharing::LegacyIpc,
+        (1, 0),
+        ConnOptions::default(),
+    )
+    .expect("connect");
+    let mut rv = Rendezvous::new(1, 2, env("P2PTEST_JOB"));
+    rv.dir = Some(PathBuf::from(env("P2PTEST_DIR")));
+    let _group = Group::join(&rv).expect("join");
+    chan.send_msg(b"ready").expect("ready");
+    // Killed by the parent; never sends.
+    std::thread::sleep(Duration::from_secs(120));
 }
