@@ -389,50 +389,52 @@ impl NcclGroup {
 }
 
 impl NcclGroup {
-    /// One ring exchange of `bytes` bytes in one NCCL group: rank r sends `bufs[r].send` to
-    /// rank r + 1 and receives `bufs[r].recv` from rank r - 1 (NCCL's grouped send and recv).
-    pub fn issue_ring(
+    /// Queues, in one NCCL group, rank r's point-to-point operations `ops[r]`:
+    /// `(true, to, part)` sends part `part` of its send buffer (`bytes` each) to rank `to`,
+    /// `(false, from, part)` receives from rank `from` into part `part` of its receive buffer.
+    pub fn issue_p2p(
         &self,
         bytes: usize,
         bufs: &[Bufs],
         streams: &[p2p_sys::cuda::CUstream],
+        ops: &[Vec<(bool, usize, usize)>],
     ) -> Result<(), String> {
-        let n = self.comms.len();
         // SAFETY: plain call; it only opens a group.
         check_nccl("ncclGroupStart", unsafe { nccl::ncclGroupStart() })
             .map_err(|e| e.to_string())?;
         let mut result = Ok(());
         for (r, comm) in self.comms.iter().enumerate() {
             let stream = streams[r] as nccl::cudaStream_t;
-            let (to, from) = ((r + 1) % n, (r + n - 1) % n);
-            // SAFETY: rank r's buffers on its GPU hold at least `bytes` bytes (the benchmark
-            // sizes them for the largest message); the stream is rank r's.
-            let rc = unsafe {
-                nccl::ncclSend(
-                    bufs[r].send as *const c_void,
-                    bytes,
-                    nccl::ncclDataType_t::ncclUint8,
-                    to as i32,
-                    *comm,
-                    stream,
-                )
-            };
-            if result.is_ok() {
-                result = check_nccl("ncclSend", rc).map_err(|e| e.to_string());
-            }
-            // SAFETY: as above.
-            let rc = unsafe {
-                nccl::ncclRecv(
-                    bufs[r].recv as *mut c_void,
-                    bytes,
-                    nccl::ncclDataType_t::ncclUint8,
-                    from as i32,
-                    *comm,
-                    stream,
-                )
-            };
-            if result.is_ok() {
-                result = check_nccl("ncclRecv", rc).map_err(|e| e.to_string());
+            for &(send, peer, part) in ops.get(r).into_iter().flatten() {
+                let off = (part * bytes) as u64;
+                // SAFETY: rank r's buffers on its GPU hold every part the pattern uses (the
+                // benchmark sizes them for the largest message times the parts); the stream is
+                // rank r's.
+                let rc = unsafe {
+                    if send {
+                        nccl::ncclSend(
+                            (bufs[r].send + off) as *const c_void,
+                            bytes,
+                            nccl::ncclDataType_t::ncclUint8,
+                            peer as i32,
+                            *comm,
+                            stream,
+                        )
+                    } else {
+                        nccl::ncclRecv(
+                            (bufs[r].recv + off) as *mut c_void,
+                            bytes,
+                            nccl::ncclDataType_t::ncclUint8,
+                            peer as i32,
+                            *comm,
+                            stream,
+                        )
+                    }
+                };
+                if result.is_ok() {
+                    let what = if send { "ncclSend" } else { "ncclRecv" };
+                    result = check_nccl(what, rc).map_err(|e| e.to_string());
+                }
             }
         }
         // SAFETY: closes the group opened above (also after an error, as NCCL requires).

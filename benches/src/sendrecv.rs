@@ -1,13 +1,15 @@
-//! `p2p-bench sendrecv`: point-to-point between the GPUs of this process, ours
-//! (`Communicator::send_recv`, a ring exchange: rank r sends to r + 1 and receives from r - 1)
-//! beside NCCL's grouped `ncclSend` / `ncclRecv` doing the same, on the same buffers and streams,
-//! eager and under CUDA graph.
+//! `p2p-bench sendrecv`: point-to-point between the GPUs of this process, ours (a
+//! [`P2pGroup`](p2p_collective::P2pGroup) per rank) beside NCCL's grouped `ncclSend` /
+//! `ncclRecv` doing the same, on the same buffers and streams, eager and under CUDA graph, for
+//! one [`Pattern`]: a ring exchange (rank r sends to r + 1 and receives from r - 1) or an
+//! all-to-all written as sends and receives (every rank to every rank, itself included).
 //!
 //! Method: CUDA events on each rank's stream around `iters` back-to-back exchanges after 3
 //! warm-up exchanges; the slowest rank's time per exchange; median of `samples`. Before the
 //! figures of each size, one exchange of random bytes by each implementation, every received
-//! byte compared. Bandwidth is bytes per exchange over time: each rank sends and receives that
-//! much at once, so it is the bandwidth per direction of each link of the ring.
+//! byte compared. Bandwidth is bytes per message over time: in the ring each rank sends and
+//! receives that much at once, so it is the bandwidth per direction of each link of the ring;
+//! in the all-to-all each rank sends that much to every rank.
 
 use std::path::PathBuf;
 
@@ -33,8 +35,66 @@ pub struct Options {
     pub gpus: usize,
     /// Run NCCL beside ours.
     pub nccl: bool,
+    /// Who exchanges with whom.
+    pub pattern: Pattern,
     /// Where to write the results.
     pub out: PathBuf,
+}
+
+/// Who exchanges with whom in one exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pattern {
+    /// Rank r sends one message to r + 1 and receives one from r - 1.
+    Ring,
+    /// Rank r sends part p of its send buffer to every rank p (itself included) and receives
+    /// from every rank p into part p of its receive buffer: all-to-all as grouped send/recv.
+    AllToAll,
+}
+
+impl Pattern {
+    /// The name on the command line and in the results.
+    pub fn name(self) -> &'static str {
+        match self {
+            Pattern::Ring => "ring",
+            Pattern::AllToAll => "all-to-all",
+        }
+    }
+
+    /// The pattern named `s` (see [`name`](Self::name)).
+    pub fn parse(s: &str) -> Result<Pattern, String> {
+        match s {
+            "ring" => Ok(Pattern::Ring),
+            "all-to-all" | "alltoall" => Ok(Pattern::AllToAll),
+            _ => Err(format!("unknown pattern {s:?}: ring or all-to-all")),
+        }
+    }
+
+    /// Message-sized parts of each buffer.
+    fn parts(self, n: usize) -> usize {
+        match self {
+            Pattern::Ring => 1,
+            Pattern::AllToAll => n,
+        }
+    }
+
+    /// What rank `r` of `n` does: `(true, to, send part)` and `(false, from, receive part)`.
+    pub fn ops(self, r: usize, n: usize) -> Vec<(bool, usize, usize)> {
+        match self {
+            Pattern::Ring => vec![(true, (r + 1) % n, 0), (false, (r + n - 1) % n, 0)],
+            Pattern::AllToAll => (0..n)
+                .map(|p| (true, p, p))
+                .chain((0..n).map(|p| (false, p, p)))
+                .collect(),
+        }
+    }
+
+    /// The part of its send buffer that rank `from` sends to rank `to`.
+    fn sent_part(self, _from: usize, to: usize) -> usize {
+        match self {
+            Pattern::Ring => 0,
+            Pattern::AllToAll => to,
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -52,6 +112,7 @@ struct Rank {
 }
 
 struct Harness<'a> {
+    pattern: Pattern,
     comms: &'a [Communicator],
     nccl: Option<&'a NcclGroup>,
     ranks: Vec<Rank>,
@@ -75,28 +136,47 @@ impl timing::Ranks for Harness<'_> {
 impl Harness<'_> {
     fn issue(&mut self, imp: Imp, bytes: usize) -> Result<(), String> {
         let n = self.ranks.len();
+        let e = |e: p2p_collective::Error| e.to_string();
+        let m = |e: p2p_mem::Error| e.to_string();
         match imp {
             Imp::Ours => {
                 for (r, (comm, rank)) in self.comms.iter().zip(self.ranks.iter_mut()).enumerate() {
-                    let send = rank.send.slice(..bytes).map_err(|e| e.to_string())?;
-                    let mut recv = rank.recv.slice_mut(..bytes).map_err(|e| e.to_string())?;
-                    comm.send_recv(
-                        &send,
-                        (r + 1) % n,
-                        &mut recv,
-                        (r + n - 1) % n,
-                        bytes,
-                        DataType::U8,
-                        &rank.stream,
-                    )
-                    .map_err(|e| e.to_string())?;
+                    let ops = self.pattern.ops(r, n);
+                    let parts = self.pattern.parts(n);
+                    let sends: Vec<_> = (0..parts)
+                        .map(|k| rank.send.slice(k * bytes..(k + 1) * bytes))
+                        .collect::<Result<_, _>>()
+                        .map_err(m)?;
+                    let mut recvs = Vec::with_capacity(parts);
+                    let mut rest = rank.recv.slice_mut(..parts * bytes).map_err(m)?;
+                    for _ in 0..parts {
+                        let (part, tail) = rest.split_at_mut(bytes).map_err(m)?;
+                        recvs.push(Some(part));
+                        rest = tail;
+                    }
+                    let mut refs: Vec<Option<&mut _>> =
+                        recvs.iter_mut().map(|p| p.as_mut()).collect();
+                    let mut g = comm.group(&rank.stream);
+                    for (send, peer, part) in ops {
+                        if send {
+                            g.send(&sends[part], bytes, DataType::U8, peer).map_err(e)?;
+                        } else {
+                            let buf = refs[part].take().ok_or("a part received twice")?;
+                            g.recv(buf, bytes, DataType::U8, peer).map_err(e)?;
+                        }
+                    }
+                    g.launch().map_err(e)?;
                 }
                 Ok(())
             }
             Imp::Nccl => {
-                self.nccl
-                    .ok_or("NCCL is not set up")?
-                    .issue_ring(bytes, &self.bufs, &self.streams)
+                let ops: Vec<_> = (0..n).map(|r| self.pattern.ops(r, n)).collect();
+                self.nccl.ok_or("NCCL is not set up")?.issue_p2p(
+                    bytes,
+                    &self.bufs,
+                    &self.streams,
+                    &ops,
+                )
             }
         }
     }
@@ -108,10 +188,11 @@ impl Harness<'_> {
     /// Wrong bytes after one exchange of random data.
     fn check(&mut self, imp: Imp, bytes: usize, seed: u64) -> Result<usize, String> {
         let n = self.ranks.len();
+        let parts = self.pattern.parts(n);
         for (r, rank) in self.ranks.iter_mut().enumerate() {
-            let data = random_bytes(seed + r as u64, bytes);
+            let data = random_bytes(seed + r as u64, parts * bytes);
             rank.send
-                .slice_mut(..bytes)
+                .slice_mut(..parts * bytes)
                 .and_then(|mut s| s.copy_from_host(&data))
                 .map_err(|e| e.to_string())?;
             rank.recv.memset_u8(0xff).map_err(|e| e.to_string())?;
@@ -120,13 +201,21 @@ impl Harness<'_> {
         self.sync()?;
         let mut wrong = 0;
         for (r, rank) in self.ranks.iter().enumerate() {
-            let want = random_bytes(seed + ((r + n - 1) % n) as u64, bytes);
             let got = rank
                 .recv
-                .slice(..bytes)
+                .slice(..parts * bytes)
                 .and_then(|s| s.to_host_vec::<u8>())
                 .map_err(|e| e.to_string())?;
-            wrong += got.iter().zip(&want).filter(|(a, b)| a != b).count();
+            for (send, from, part) in self.pattern.ops(r, n) {
+                if send {
+                    continue;
+                }
+                let theirs = random_bytes(seed + from as u64, parts * bytes);
+                let k = self.pattern.sent_part(from, r);
+                let want = &theirs[k * bytes..(k + 1) * bytes];
+                let got = &got[part * bytes..(part + 1) * bytes];
+                wrong += got.iter().zip(want).filter(|(a, b)| a != b).count();
+            }
         }
         Ok(wrong)
     }
@@ -213,8 +302,8 @@ pub fn run(opts: &Options) -> Result<Value, String> {
         let e = |e: p2p_mem::Error| e.to_string();
         ranks.push(Rank {
             stream: Stream::new(d).map_err(e)?,
-            send: DeviceBuffer::zeroed(d, bytes_max).map_err(e)?,
-            recv: DeviceBuffer::zeroed(d, bytes_max).map_err(e)?,
+            send: DeviceBuffer::zeroed(d, bytes_max * opts.pattern.parts(n)).map_err(e)?,
+            recv: DeviceBuffer::zeroed(d, bytes_max * opts.pattern.parts(n)).map_err(e)?,
             start: Event::new(d).map_err(e)?,
             stop: Event::new(d).map_err(e)?,
         });
@@ -228,6 +317,7 @@ pub fn run(opts: &Options) -> Result<Value, String> {
         .collect();
     let streams = ranks.iter().map(|r| r.stream.cu_stream()).collect();
     let mut h = Harness {
+        pattern: opts.pattern,
         comms: &comms,
         nccl: nccl.as_ref(),
         ranks,
@@ -278,13 +368,20 @@ pub fn run(opts: &Options) -> Result<Value, String> {
         "gpus": n,
         "gpu": gpu,
         "nccl": crate::nccl::version().unwrap_or_else(|e| format!("unavailable ({e})")),
-        "method": "a ring exchange (rank r sends to r + 1, receives from r - 1); ours: Communicator::send_recv; NCCL: ncclSend + ncclRecv per rank in one group (plain mode); CUDA events around `iters` exchanges after 3 warm-ups, slowest rank, median of samples (graph: up to 10); GB/s = bytes per exchange / time (per direction of each link); one checked exchange of random bytes per size and implementation",
+        "pattern": opts.pattern.name(),
+        "method": format!("{}; ours: one P2pGroup per rank (Communicator::group); NCCL: ncclSend + ncclRecv per rank in one group (plain mode); CUDA events around `iters` exchanges after 3 warm-ups, slowest rank, median of samples (graph: up to 10); GB/s = bytes per message / time; one checked exchange of random bytes per size and implementation", match opts.pattern {
+            Pattern::Ring => "a ring exchange (rank r sends to r + 1, receives from r - 1; GB/s per direction of each link)",
+            Pattern::AllToAll => "all-to-all as sends and receives (rank r sends `bytes` to every rank, itself included, and receives `bytes` from every rank)",
+        }),
         "rows": rows,
     });
     std::fs::create_dir_all(&opts.out)
         .map_err(|e| format!("creating {}: {e}", opts.out.display()))?;
     let date: String = p2p_transport::utc_now().chars().take(10).collect();
-    let stem = format!("sendrecv-{date}-{n}xgpu");
+    let stem = match opts.pattern {
+        Pattern::Ring => format!("sendrecv-{date}-{n}xgpu"),
+        Pattern::AllToAll => format!("sendrecv-alltoall-{date}-{n}xgpu"),
+    };
     let json_path = opts.out.join(format!("{stem}.json"));
     let md_path = opts.out.join(format!("{stem}.md"));
     std::fs::write(
@@ -314,11 +411,11 @@ pub fn run(opts: &Options) -> Result<Value, String> {
 /// The Markdown table of a result.
 pub fn render(r: &Value) -> String {
     let mut s = format!(
-        "# Send/recv ring exchange, {} x {} (NCCL {})\n\n{}\n\n\
+        "# Send/recv, {}, {} x {} (NCCL {})\n\n{}\n\n\
          | bytes | ours eager us | GB/s | ours graph us | GB/s | NCCL eager us | GB/s | NCCL graph us | GB/s | ours/NCCL eager | ours/NCCL graph | wrong (ours, NCCL) |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|\n",
-        r["gpus"], r["gpu"].as_str().unwrap_or("?"), r["nccl"].as_str().unwrap_or("?"),
-        r["method"].as_str().unwrap_or("")
+        r["pattern"].as_str().unwrap_or("ring"), r["gpus"], r["gpu"].as_str().unwrap_or("?"),
+        r["nccl"].as_str().unwrap_or("?"), r["method"].as_str().unwrap_or("")
     );
     let f = |v: &Value, d: usize| v.as_f64().map_or("-".to_string(), |x| format!("{x:.d$}"));
     let ratio = |a: &Value, b: &Value| match (a.as_f64(), b.as_f64()) {
@@ -384,6 +481,32 @@ mod tests {
             t.contains("| 16 | 4.00 | 0.0 | 3.00 | 0.0 | - | - | - | - | - | - | 0, - |"),
             "{t}"
         );
+    }
+
+    #[test]
+    fn every_send_of_a_pattern_has_its_receive() {
+        for pattern in [Pattern::Ring, Pattern::AllToAll] {
+            assert_eq!(Pattern::parse(pattern.name()), Ok(pattern));
+            for n in 2..=8 {
+                let mut sends = Vec::new();
+                let mut recvs = Vec::new();
+                for r in 0..n {
+                    for (send, peer, part) in pattern.ops(r, n) {
+                        assert!(part < pattern.parts(n));
+                        if send {
+                            assert_eq!(part, pattern.sent_part(r, peer));
+                            sends.push((r, peer));
+                        } else {
+                            recvs.push((peer, r));
+                        }
+                    }
+                }
+                sends.sort_unstable();
+                recvs.sort_unstable();
+                assert_eq!(sends, recvs, "{} on {n} ranks", pattern.name());
+            }
+        }
+        assert!(Pattern::parse("star").is_err());
     }
 
     #[test]

@@ -161,10 +161,14 @@ enum Command {
         #[arg(long, default_value = "docs/results")]
         out: PathBuf,
     },
-    /// Send/recv between the GPUs of this process: ours (`Communicator::send_recv`, a ring
-    /// exchange) beside NCCL's grouped ncclSend/ncclRecv, eager and under CUDA graph, each size
+    /// Send/recv between the GPUs of this process: ours (a group of sends and receives per
+    /// rank) beside NCCL's grouped ncclSend/ncclRecv, eager and under CUDA graph, each size
     /// checked first; writes JSON and Markdown.
     Sendrecv {
+        /// Who exchanges with whom: `ring` (rank r sends to r + 1, receives from r - 1) or
+        /// `all-to-all` (every rank sends a message to every rank, itself included).
+        #[arg(long, default_value = "ring")]
+        pattern: String,
         /// Directory for the results (created if missing).
         #[arg(long, default_value = "docs/results")]
         out: PathBuf,
@@ -238,6 +242,7 @@ fn main() -> ExitCode {
             samples,
         } => p2p_cmd(out, matrix_mib, max_mib, samples),
         Command::Sendrecv {
+            pattern,
             out,
             min_bytes,
             max_mib,
@@ -246,7 +251,15 @@ fn main() -> ExitCode {
             gpus,
             no_nccl,
         } => {
+            let pattern = match p2p_benches::sendrecv::Pattern::parse(&pattern) {
+                Ok(p) => p,
+                Err(e) => {
+                    eprintln!("p2p-bench sendrecv: {e}");
+                    return ExitCode::from(2);
+                }
+            };
             let opts = p2p_benches::sendrecv::Options {
+                pattern,
                 min_bytes,
                 max_bytes: max_mib << 20,
                 factor,
