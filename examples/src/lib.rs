@@ -2,9 +2,10 @@
 //!
 //! The programs themselves are in `src/bin`: `data_parallel` (gradients in cudarc slices,
 //! all-reduced in place on the callers' streams), `tensor_parallel_graph` (small activations
-//! all-reduced inside a CUDA graph captured on cudarc streams) and `torchrun_job` (one process
-//! per GPU, started by torchrun or `p2p-bench launch`). Each checks every element it computes
-//! and exits non-zero on a wrong one.
+//! all-reduced inside a CUDA graph captured on cudarc streams), `torchrun_job` (one process
+//! per GPU, started by torchrun or `p2p-bench launch`) and `moe_dispatch` (mixture-of-experts
+//! dispatch and combine as groups of sends and receives, one process per GPU). Each checks
+//! every element it computes and exits non-zero on a wrong one.
 
 use std::sync::Arc;
 

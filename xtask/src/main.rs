@@ -245,7 +245,12 @@ fn make_executable(path: &Path) -> Result<()> {
 /// test executable with the GPU tests included, and ends with `N passed, N failed`.
 const RUNNER: &str = include_str!("run.sh");
 /// The example programs the bundle carries (the binaries of `examples/src/bin`).
-const EXAMPLES: [&str; 3] = ["data_parallel", "tensor_parallel_graph", "torchrun_job"];
+const EXAMPLES: [&str; 4] = [
+    "data_parallel",
+    "tensor_parallel_graph",
+    "torchrun_job",
+    "moe_dispatch",
+];
 
 /// The collective suites and benchmark at every world size from 2 to the GPU count (for 4- and
 /// 8-GPU machines).

@@ -73,6 +73,7 @@ if [ -z "$filter" ] || [ "$filter" = examples ]; then
   run_example data_parallel "$here/examples/data_parallel"
   run_example tensor_parallel_graph "$here/examples/tensor_parallel_graph"
   run_example torchrun_job-launch "$here/p2p-bench" launch -n "$gpus" -- "$here/examples/torchrun_job"
+  run_example moe_dispatch-launch "$here/p2p-bench" launch -n "$gpus" -- "$here/examples/moe_dispatch"
   if command -v torchrun >/dev/null 2>&1; then
     run_example torchrun_job-torchrun torchrun --nproc_per_node="$gpus" --no-python "$here/examples/torchrun_job"
   else
