@@ -27,19 +27,41 @@ fn main() {
     run("moe_dispatch", job);
 }
 
-/// Splits `buf` into consecutive writable parts of `lens` elements.
-fn parts<'a>(
-    buf: &'a mut DeviceBuffer<f32>,
-    lens: &[usize],
-) -> Result<Vec<DeviceViewMut<'a, f32>>, BoxError> {
-    let mut out = Vec::with_capacity(lens.len());
-    let mut rest = buf.slice_mut(..)?;
-    for &len in lens {
+/// One group: part p of `src` (`src_lens[p]` elements) goes to rank p, and part p of `dst`
+/// (`dst_lens[p]` elements) comes from rank p.
+fn exchange(
+    comm: &Communicator,
+    stream: &Stream,
+    src: &DeviceBuffer<f32>,
+    src_lens: &[usize],
+    dst: &mut DeviceBuffer<f32>,
+    dst_lens: &[usize],
+) -> Result<(), BoxError> {
+    let mut offset = 0;
+    let outgoing: Vec<_> = src_lens
+        .iter()
+        .map(|&len| {
+            offset += len;
+            src.slice(offset - len..offset)
+        })
+        .collect::<Result<_, _>>()?;
+    let mut incoming: Vec<DeviceViewMut<'_, f32>> = Vec::with_capacity(dst_lens.len());
+    let mut rest = dst.slice_mut(..)?;
+    for &len in dst_lens {
         let (part, tail) = rest.split_at_mut(len)?;
-        out.push(part);
+        incoming.push(part);
         rest = tail;
     }
-    Ok(out)
+    let mut group = comm.group(stream);
+    for (p, part) in outgoing.iter().enumerate() {
+        group.send(part, part.len(), DataType::F32, p)?;
+    }
+    for (p, part) in incoming.iter_mut().enumerate() {
+        let len = part.len();
+        group.recv(part, len, DataType::F32, p)?;
+    }
+    group.launch()?;
+    Ok(())
 }
 
 fn job() -> Result<(), BoxError> {
@@ -60,48 +82,10 @@ fn job() -> Result<(), BoxError> {
         let tokens = DeviceBuffer::from_host(comm.device(), &host)?;
         let mut received = DeviceBuffer::<f32>::zeroed(comm.device(), in_lens.iter().sum())?;
         let mut back = DeviceBuffer::<f32>::zeroed(comm.device(), host.len())?;
-        // Dispatch: part p of `tokens` to rank p; part p of `received` from rank p.
-        {
-            let mut offset = 0;
-            let outgoing: Vec<_> = out_lens
-                .iter()
-                .map(|&len| {
-                    offset += len;
-                    tokens.slice(offset - len..offset)
-                })
-                .collect::<Result<_, _>>()?;
-            let mut incoming = parts(&mut received, &in_lens)?;
-            let mut group = comm.group(&stream);
-            for (p, part) in outgoing.iter().enumerate() {
-                group.send(part, part.len(), DataType::F32, p)?;
-            }
-            for (p, part) in incoming.iter_mut().enumerate() {
-                let len = part.len();
-                group.recv(part, len, DataType::F32, p)?;
-            }
-            group.launch()?;
-        }
-        // Combine: every row goes back to the rank it came from.
-        {
-            let mut offset = 0;
-            let outgoing: Vec<_> = in_lens
-                .iter()
-                .map(|&len| {
-                    offset += len;
-                    received.slice(offset - len..offset)
-                })
-                .collect::<Result<_, _>>()?;
-            let mut incoming = parts(&mut back, &out_lens)?;
-            let mut group = comm.group(&stream);
-            for (p, part) in outgoing.iter().enumerate() {
-                group.send(part, part.len(), DataType::F32, p)?;
-            }
-            for (p, part) in incoming.iter_mut().enumerate() {
-                let len = part.len();
-                group.recv(part, len, DataType::F32, p)?;
-            }
-            group.launch()?;
-        }
+        // Dispatch: part p of `tokens` to rank p; part p of `received` from rank p. Then
+        // combine: every row goes back to the rank it came from.
+        exchange(&comm, &stream, &tokens, &out_lens, &mut received, &in_lens)?;
+        exchange(&comm, &stream, &received, &in_lens, &mut back, &out_lens)?;
         comm.synchronize(&stream)?;
         let got = received.to_host_vec::<f32>()?;
         let mut at = 0;
