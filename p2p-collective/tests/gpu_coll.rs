@@ -893,32 +893,29 @@ fn gpu2_sharing_follows_the_configuration() {
 }
 
 /// Send/recv like the collectives: every type, every count (rings of each lane wrapped), a ring
-/// exchange with `send_recv` and a plain `send` / `recv` pair, byte-exact.
+/// exchange with `send_recv` and a plain `send` / `recv` pair; then groups like NCCL's: every
+/// rank sends a message of its own size to every rank (itself included) and a second one to the
+/// next rank, all in one group with an all-reduce. Byte-exact.
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_send_recv_matrix() {
     let counts = common::p2p_counts();
     let max = counts.iter().copied().max().unwrap_or(1);
-    let mut ls = locals(env_options(), max);
-    let s = common::run_p2p_matrix(&mut ls, &counts);
-    eprintln!("send/recv: {} checks, {} wrong bytes", s.cases, s.wrong);
-    assert_eq!(s.wrong, 0, "wrong results:\n{}", s.failures.join("\n"));
-    assert!(s.cases > 0);
-}
-
-/// Groups like NCCL's: every rank sends a message of its own size to every rank (itself
-/// included) and a second one to the next rank, all in one group with an all-reduce, every
-/// type and count, byte-exact.
-#[test]
-#[ignore = "needs 2 GPUs with P2P"]
-fn gpu2_send_recv_groups_matrix() {
-    let counts = common::p2p_counts();
-    let max = counts.iter().copied().max().unwrap_or(1);
+    // Twice the largest count: the group matrix sends n + 1 messages per rank.
     let mut ls = locals(env_options(), 2 * max);
-    let s = common::run_p2p_group_matrix(&mut ls, &counts);
-    eprintln!("groups: {} checks, {} wrong bytes", s.cases, s.wrong);
-    assert_eq!(s.wrong, 0, "wrong results:\n{}", s.failures.join("\n"));
-    assert!(s.cases > 0);
+    for (what, s) in [
+        ("send/recv", common::run_p2p_matrix(&mut ls, &counts)),
+        ("groups", common::run_p2p_group_matrix(&mut ls, &counts)),
+    ] {
+        eprintln!("{what}: {} checks, {} wrong bytes", s.cases, s.wrong);
+        assert_eq!(
+            s.wrong,
+            0,
+            "{what}: wrong results:\n{}",
+            s.failures.join("\n")
+        );
+        assert!(s.cases > 0);
+    }
 }
 
 /// An all-to-all written as a group, captured once in a CUDA graph and replayed with new

@@ -2,7 +2,7 @@
 # The seventh session's work, owed a GPU (written with no device time): run in two commands on
 # nvidia-h200-x2 (or a machine of more GPUs), each under the device tool's 10 minutes.
 #   groups.sh tests   the whole bundle (run.sh: every test executable and the examples), which
-#                     now includes the group tests (gpu2_send_recv_groups_matrix,
+#                     now includes the group tests (gpu2_send_recv_matrix (groups),
 #                     gpu2_group_all_to_all_under_graph_and_refused_groups, groups in
 #                     gpu2_process_per_gpu_send_recv) and the connection liveness test
 #                     (gpu1_a_killed_peer_ends_a_watched_connection_wait).
@@ -17,7 +17,7 @@ case $phase in
     "$here/run.sh" >"$res/run.log" 2>&1
     note "run.sh: $(tail -n 1 "$res/run.log")"
     grep -E '^test .* FAILED|panicked|^FAIL' "$res/run.log" | head -n 20 | tee -a "$res/summary.txt"
-    for t in groups_matrix group_all_to_all process_per_gpu_send_recv killed_peer_ends split_views; do
+    for t in send_recv_matrix group_all_to_all process_per_gpu_send_recv killed_peer_ends split_views; do
       grep -h -E "$t|groups:|replays of an all-to-all|after [0-9.]+m?s\)" "$here"/bundle-logs/*.log 2>/dev/null \
         | head -n 6 >>"$res/summary.txt"
     done
