@@ -918,6 +918,39 @@ fn gpu2_send_recv_matrix() {
     }
 }
 
+/// Replays every rank's graph `replays` times: each time fills rank r's input with
+/// `input(k, r)`, poisons its output, replays, and compares every output element with
+/// `want(k, r, j)`.
+///
+/// # Safety
+/// The graphs may only use the communicators and the buffers given here, alive throughout.
+unsafe fn replay_and_check(
+    (comms, streams, graphs): (&[Communicator], &[Stream], &[p2p_mem::graph::GraphExec]),
+    (ins, outs): (&mut [DeviceBuffer<f32>], &mut [DeviceBuffer<f32>]),
+    replays: usize,
+    input: impl Fn(usize, usize) -> Vec<f32>,
+    want: impl Fn(usize, usize, usize) -> f32,
+) {
+    let n = comms.len();
+    for k in 0..replays {
+        for r in 0..n {
+            ins[r].copy_from_host(&input(k, r)).expect("input");
+            outs[r].memset_u8(0xff).expect("poison");
+        }
+        for r in 0..n {
+            // SAFETY: the caller's contract: what the graph uses is alive, and synchronised
+            // below before the host touches it again.
+            unsafe { graphs[r].launch(&streams[r]) }.expect("replay");
+        }
+        for r in 0..n {
+            comms[r].synchronize(&streams[r]).expect("sync");
+            let got = outs[r].to_host_vec::<f32>().expect("read");
+            let wrong = (0..got.len()).filter(|&j| got[j] != want(k, r, j)).count();
+            assert_eq!(wrong, 0, "replay {k}, rank {r}");
+        }
+    }
+}
+
 /// An all-to-all written as a group, captured once in a CUDA graph and replayed with new
 /// inputs; then groups the host refuses (a message to itself with no receive, too many
 /// operations) queue nothing and leave the communicator usable.
@@ -972,28 +1005,20 @@ fn gpu2_group_all_to_all_under_graph_and_refused_groups() {
     // Rank r's part for rank p in replay k.
     let value =
         |k: usize, r: usize, p: usize, i: usize| ((i * 7 + k * 31 + r * 5 + p * 3) % 2000) as f32;
-    for k in 0..5 {
-        for r in 0..n {
-            let host: Vec<f32> = (0..n)
-                .flat_map(|p| (0..part).map(move |i| value(k, r, p, i)))
-                .collect();
-            ins[r].copy_from_host(&host).expect("input");
-            outs[r].memset_u8(0xff).expect("poison");
-        }
-        for r in 0..n {
-            // SAFETY: the captured group uses `comms`, `ins` and `outs`, alive until the end of
-            // the test and synchronised below before the host touches them.
-            unsafe { graphs[r].launch(&streams[r]) }.expect("replay");
-        }
-        for r in 0..n {
-            comms[r].synchronize(&streams[r]).expect("sync");
-            let got = outs[r].to_host_vec::<f32>().expect("read");
-            let wrong = (0..n * part)
-                .filter(|&j| got[j] != value(k, j / part, r, j % part))
-                .count();
-            assert_eq!(wrong, 0, "replay {k}, rank {r}");
-        }
-    }
+    // SAFETY: the captured groups use `comms`, `ins` and `outs`, which outlive the replays.
+    unsafe {
+        replay_and_check(
+            (&comms, &streams, &graphs),
+            (&mut ins, &mut outs),
+            5,
+            |k, r| {
+                (0..n)
+                    .flat_map(|p| (0..part).map(move |i| value(k, r, p, i)))
+                    .collect()
+            },
+            |k, r, j| value(k, j / part, r, j % part),
+        )
+    };
     eprintln!("5 replays of an all-to-all group of {part} f32 per pair on {n} ranks: 0 wrong");
     // Refused before anything is queued.
     let a = DeviceBuffer::<f32>::zeroed(&devices[0], 64).expect("buf");
@@ -1072,33 +1097,23 @@ fn gpu2_send_recv_graph_replay() {
         );
     }
     let value = |replay: usize, r: usize, i: usize| ((i * 3 + replay * 17 + r * 5) % 1000) as f32;
-    for replay in 0..10 {
-        for r in 0..n {
-            let host: Vec<f32> = (0..count).map(|i| value(replay, r, i)).collect();
-            ins[r].copy_from_host(&host).expect("input");
-            outs[r].memset_u8(0xff).expect("poison");
-        }
-        for r in 0..n {
-            // SAFETY: the captured call uses `comms`, `ins` and `outs`, alive until the end of
-            // the test and synchronised below before the host touches them.
-            unsafe { graphs[r].launch(&streams[r]) }.expect("replay");
-        }
-        for r in 0..n {
-            comms[r].synchronize(&streams[r]).expect("sync");
-            let got = outs[r].to_host_vec::<f32>().expect("read");
-            let from = (r + n - 1) % n;
-            let wrong = (0..count)
-                .filter(|&i| got[i] != value(replay, from, i))
-                .count();
-            assert_eq!(wrong, 0, "replay {replay}, rank {r}");
-        }
-    }
+    // SAFETY: the captured calls use `comms`, `ins` and `outs`, which outlive the replays.
+    unsafe {
+        replay_and_check(
+            (&comms, &streams, &graphs),
+            (&mut ins, &mut outs),
+            10,
+            |k, r| (0..count).map(|i| value(k, r, i)).collect(),
+            |k, r, i| value(k, (r + n - 1) % n, i),
+        )
+    };
     // A rough figure (host clock around 50 replays, after the checked ones): the benchmark
     // beside NCCL is not built yet.
     let t = Instant::now();
     for _ in 0..50 {
         for r in 0..n {
-            // SAFETY: as above.
+            // SAFETY: the captured calls use `comms`, `ins` and `outs`, alive until the end of the
+            // test and synchronised below.
             unsafe { graphs[r].launch(&streams[r]) }.expect("replay");
         }
     }
