@@ -179,6 +179,8 @@ pub(crate) struct Kernels {
     functions: [[Function; 7]; 4],
     /// Send and recv (`p2p_sendrecv`), for every type.
     pub(crate) sendrecv: Function,
+    /// Resident blocks per SM of `p2p_sendrecv`.
+    pub(crate) sendrecv_blocks_per_sm: i32,
     /// Resident blocks per SM of the least-occupant kernel.
     pub(crate) blocks_per_sm: i32,
     pub(crate) module: Module,
@@ -210,9 +212,11 @@ impl Kernels {
                 what: "the collective module is missing kernels".into(),
             })?;
         let sendrecv = module.function("p2p_sendrecv")?;
+        let sendrecv_blocks_per_sm = sendrecv.max_blocks_per_sm(THREADS)?;
         Ok(Kernels {
             functions,
             sendrecv,
+            sendrecv_blocks_per_sm,
             blocks_per_sm,
             module,
         })
@@ -1115,7 +1119,7 @@ impl Communicator {
         }
         let op = match st[1] as usize {
             crate::abi::K_SEND => "send".to_string(),
-            crate::abi::K_RECV => "recv".to_string(),
+            crate::abi::K_RECV | crate::abi::K_RECV_ORDER => "recv".to_string(),
             code => Kind::from_code(code as u64)
                 .map(|k| k.op().name().to_string())
                 .unwrap_or_else(|| "a collective".into()),
@@ -1141,6 +1145,18 @@ impl Communicator {
     /// The error a kernel's status words describe.
     fn kernel_error(&self, code: u64, op: String, peer: usize, block: u64, st: &[u64]) -> Error {
         match code {
+            c if c == F_MISMATCH as u64 && st[1] == crate::abi::K_RECV_ORDER as u64 => {
+                Error::Mismatch {
+                    op,
+                    rank: self.rank,
+                    peer,
+                    mine: format!("a recv as its message {} from rank {peer}", st[4]),
+                    theirs: format!(
+                        "a send as its message {} to rank {} (the order or number of messages between the two ranks differs)",
+                        st[5], self.rank
+                    ),
+                }
+            }
             c if c == F_MISMATCH as u64 && op == "recv" => Error::Mismatch {
                 op,
                 rank: self.rank,
@@ -1279,10 +1295,14 @@ impl Communicator {
 
     /// The input and output regions of `call` run in place in `whole`.
     pub(crate) fn in_place<'a>(&self, call: &Call, whole: Region<'a>) -> (Region<'a>, Region<'a>) {
-        let part_off = (self.rank * call.count * call.dtype.size()) as u64;
+        // Saturating: a count too large for the buffer is refused by `check_call` afterwards.
+        let part_off = self
+            .rank
+            .saturating_mul(call.count)
+            .saturating_mul(call.dtype.size());
         let part = Region {
-            ptr: whole.ptr + part_off,
-            bytes: whole.bytes.saturating_sub(part_off as usize),
+            ptr: whole.ptr.saturating_add(part_off as u64),
+            bytes: whole.bytes.saturating_sub(part_off),
             device: whole.device,
         };
         match call.op {

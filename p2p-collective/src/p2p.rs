@@ -25,6 +25,9 @@ use crate::error::{Error, Result};
 use crate::plan::THREADS;
 use crate::types::DataType;
 
+// `P2pArgs` derives `Default`, which arrays have up to 32 elements.
+const _: () = assert!(P2P_MAX_OPS <= 32);
+
 /// The most operations one [`P2pGroup`] holds: its sends and receives, with each message a
 /// rank sends to itself and its receive counted once.
 pub const MAX_GROUP_OPS: usize = P2P_MAX_OPS;
@@ -168,6 +171,23 @@ fn layout(rank: usize, entries: &[Entry]) -> std::result::Result<Layout, String>
     Ok(out)
 }
 
+/// Whether `receiving` receiving blocks all run at once on GPU `gpu` (`sms` SMs, `per_sm` blocks
+/// each), with room for a sender: a sender waits only for receivers, so then nothing ever waits
+/// for a block that cannot start.
+fn fits(receiving: usize, gpu: i32, sms: usize, per_sm: usize) -> std::result::Result<(), String> {
+    let resident = sms * per_sm;
+    if receiving == 0 || receiving < resident {
+        return Ok(());
+    }
+    Err(format!(
+        "this group receives from {} ranks: {receiving} receiving blocks ({P2P_BLOCKS} per rank), \
+         but GPU {gpu} runs at most {resident} of them at once ({sms} SMs x {per_sm}); receive \
+         from at most {} other ranks per group",
+        receiving / P2P_BLOCKS,
+        (resident - 1) / P2P_BLOCKS
+    ))
+}
+
 /// Sends and receives (and collectives) queued together, like NCCL's `ncclGroupStart` /
 /// `ncclGroupEnd`; made by [`Communicator::group`], run by [`launch`](Self::launch).
 ///
@@ -175,12 +195,23 @@ fn layout(rank: usize, entries: &[Entry]) -> std::result::Result<Layout, String>
 /// send to and receive from any number of peers (itself included) in one group, with any sizes,
 /// and several messages to one peer arrive in the order they were added. A message needs a
 /// matching receive on the peer, of the same size, in the peer's group or call in the same
-/// order; a different size is reported as [`Error::Mismatch`]. Collectives added to a group
-/// run first, in the order added, then every send and receive: every rank must add the same
-/// collectives, in the same order, as NCCL requires.
+/// order; a different size, or another order, is reported as [`Error::Mismatch`].
+///
+/// Collectives added to a group run first, in the order added, then every send and receive:
+/// every rank must add the same collectives, in the same order, to a group of its own. Unlike
+/// NCCL, which fuses a group's collectives and sends into one launch, a rank whose group holds
+/// a collective and a send to a peer that calls the collective only after its receive waits
+/// until the time limit.
+///
+/// Limits: at most [`MAX_GROUP_OPS`] operations, and every receiving block (32 per rank
+/// received from) must run at once on the GPU: a group that receives from more ranks than the
+/// GPU's SMs allow is refused with the number it allows (at two blocks per SM: every other rank
+/// of 8 on an H100 or H200, 6 on an A100).
 ///
 /// The buffers stay borrowed until the group is launched or dropped; dropping a group without
-/// launching it queues nothing. Launching is asynchronous and can be captured in a CUDA graph.
+/// launching it queues nothing. Everything is checked before anything is queued; only a CUDA
+/// launch failure after the group's collectives were queued leaves part of it queued (then drop
+/// the communicator). Launching is asynchronous and can be captured in a CUDA graph.
 ///
 /// ```no_run
 /// use p2p_collective::{Communicator, DataType};
@@ -332,11 +363,19 @@ impl<'a> P2pGroup<'a> {
     pub fn launch(self) -> Result<()> {
         let comm = self.comm;
         comm.ready_on(self.op, self.stream)?;
-        let layout = layout(comm.rank, &self.entries).map_err(|what| Error::InvalidArgument {
+        let bad = |what: String| Error::InvalidArgument {
             op: self.op,
             rank: comm.rank,
             what,
-        })?;
+        };
+        let layout = layout(comm.rank, &self.entries).map_err(bad)?;
+        fits(
+            layout.receiving_blocks(),
+            comm.device.ordinal(),
+            comm.device.sm_count().max(1) as usize,
+            comm.kernels.sendrecv_blocks_per_sm.max(1) as usize,
+        )
+        .map_err(bad)?;
         for (call, input, output) in &self.calls {
             comm.enqueue(call, *input, *output, self.stream)?;
         }
@@ -349,17 +388,6 @@ impl<'a> P2pGroup<'a> {
     #[allow(unsafe_code)] // the kernel launch
     fn launch_kernel(&self, layout: &Layout) -> Result<()> {
         let comm = self.comm;
-        let resident = comm.device.sm_count().max(1) as usize * comm.kernels.blocks_per_sm as usize;
-        if layout.receiving_blocks() >= resident {
-            tracing::warn!(
-                rank = comm.rank,
-                "{}: {} receiving blocks, {resident} resident at once on this GPU: the group \
-                 relies on every receiving block running while senders wait, so it may stall \
-                 until the time limit; split it into smaller groups",
-                self.op,
-                layout.receiving_blocks()
-            );
-        }
         let inbox = |owner: usize, source: usize| {
             comm.bases[owner] + inbox_offset(comm.world, &comm.tuning, source) as u64
         };
@@ -610,5 +638,21 @@ mod tests {
         assert!(err.contains("at most 32"), "{err}");
         many.clear();
         assert_eq!(layout(0, &many).expect("empty"), Layout::default());
+    }
+
+    #[test]
+    fn every_receiving_block_must_fit_on_the_gpu() {
+        // H200: 132 SMs x 2: receiving from all 7 others of 8 ranks fits.
+        assert!(fits(7 * P2P_BLOCKS, 0, 132, 2).is_ok());
+        // A100: 108 SMs x 2 = 216 blocks: 7 x 32 = 224 do not; 6 x 32 = 192 do.
+        let e = fits(7 * P2P_BLOCKS, 3, 108, 2).expect_err("224 of 216");
+        assert!(
+            e.contains("GPU 3 runs at most 216") && e.contains("at most 6 other ranks"),
+            "{e}"
+        );
+        assert!(fits(6 * P2P_BLOCKS, 3, 108, 2).is_ok());
+        // Exactly full leaves no room for a sender.
+        assert!(fits(64, 0, 32, 2).is_err());
+        assert!(fits(0, 0, 1, 1).is_ok());
     }
 }

@@ -903,10 +903,13 @@ fn gpu2_send_recv_matrix() {
     let max = counts.iter().copied().max().unwrap_or(1);
     // Twice the largest count: the group matrix sends n + 1 messages per rank.
     let mut ls = locals(env_options(), 2 * max);
-    for (what, s) in [
-        ("send/recv", common::run_p2p_matrix(&mut ls, &counts)),
-        ("groups", common::run_p2p_group_matrix(&mut ls, &counts)),
-    ] {
+    // One after the other, each reported before the next runs.
+    for what in ["send/recv", "groups"] {
+        let s = if what == "groups" {
+            common::run_p2p_group_matrix(&mut ls, &counts)
+        } else {
+            common::run_p2p_matrix(&mut ls, &counts)
+        };
         eprintln!("{what}: {} checks, {} wrong bytes", s.cases, s.wrong);
         assert_eq!(
             s.wrong,
@@ -960,7 +963,9 @@ fn gpu2_group_all_to_all_under_graph_and_refused_groups() {
     let devices = gpus(world());
     let comms = Communicator::init_all_with(&devices, env_options()).expect("init_all");
     let n = comms.len();
-    let part = 700_001; // f32 per pair: every lane wraps its ring
+    // f32 per pair: over 4 MiB, so every lane wraps its two slots within one replay and the
+    // senders wait for the receivers inside the graph.
+    let part = 1_100_003;
     let streams: Vec<Stream> = devices
         .iter()
         .map(|d| Stream::new(d).expect("stream"))
@@ -1021,7 +1026,7 @@ fn gpu2_group_all_to_all_under_graph_and_refused_groups() {
     };
     eprintln!("5 replays of an all-to-all group of {part} f32 per pair on {n} ranks: 0 wrong");
     // Refused before anything is queued.
-    let a = DeviceBuffer::<f32>::zeroed(&devices[0], 64).expect("buf");
+    let a = DeviceBuffer::from_host(&devices[0], &[3.0f32; 64]).expect("buf");
     let mut g = comms[0].group(&streams[0]);
     g.send(&a, 64, DataType::F32, 0)
         .expect("a send to itself is added");
@@ -1051,6 +1056,31 @@ fn gpu2_group_all_to_all_under_graph_and_refused_groups() {
     comms[0].synchronize(&streams[0]).expect("sync");
     comms[1].synchronize(&streams[1]).expect("sync");
     assert_eq!(a_in.to_host_vec::<f32>().expect("read"), vec![5.0f32; 32]);
+    assert_eq!(b.to_host_vec::<f32>().expect("read"), vec![3.0f32; 64]);
+    drop(comms);
+    // Two messages to one peer received in the other order: a mismatch, by size (lane 0 meets
+    // the small message where it expects the large) or by message number (lane 1 meets the
+    // large message's second chunk where it expects the first message), whichever lane sees it
+    // first.
+    let comms = Communicator::init_all_with(&devices[..2], short_timeout()).expect("init_all");
+    let small = DeviceBuffer::<f32>::zeroed(&devices[0], 1 << 14).expect("buf");
+    let large = DeviceBuffer::<f32>::zeroed(&devices[0], 1 << 15).expect("buf");
+    let mut small_in = DeviceBuffer::<f32>::zeroed(&devices[1], 1 << 14).expect("buf");
+    let mut large_in = DeviceBuffer::<f32>::zeroed(&devices[1], 1 << 15).expect("buf");
+    let mut g0 = comms[0].group(&streams[0]);
+    g0.send(&small, 1 << 14, DataType::F32, 1).expect("send");
+    g0.send(&large, 1 << 15, DataType::F32, 1).expect("send");
+    g0.launch().expect("launch");
+    let mut g1 = comms[1].group(&streams[1]);
+    g1.recv(&mut large_in, 1 << 15, DataType::F32, 0)
+        .expect("recv");
+    g1.recv(&mut small_in, 1 << 14, DataType::F32, 0)
+        .expect("recv");
+    g1.launch().expect("launch");
+    let e = comms[1].synchronize(&streams[1]).expect_err("out of order");
+    eprintln!("{e}");
+    assert!(matches!(e, Error::Mismatch { peer: 0, .. }), "{e:?}");
+    let _ = comms[0].synchronize(&streams[0]);
 }
 
 /// A ring exchange captured once in a CUDA graph and replayed with new inputs: the lanes'

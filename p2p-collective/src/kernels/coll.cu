@@ -1066,17 +1066,25 @@ __device__ int p2p_message(const P2pArgs& a, int o, int lane, int* err) {
             if (threadIdx.x == 0) {
                 int e = p2p_wait(a, my + P2P_READY_OFF + peer * P2P_BLOCKS + lane, i + 1);
                 fence_sys();  // acquire: the sender's chunk is visible after its flag
-                u64 theirs = 0;
+                int kind = K_RECV;
+                u64 mine = bytes, theirs = 0;
                 if (!e) {
                     const u64 their_msg = ((volatile const u64*)s)[0];
                     const u64 their_bytes = ((volatile const u64*)s)[1];
-                    if (their_msg != msg + 1 || their_bytes != bytes) {
+                    if (their_msg != msg + 1) {
+                        // Another message than this one (the two ranks' orders differ): report
+                        // the message numbers, since the sizes may well agree.
+                        e = F_MISMATCH;
+                        kind = K_RECV_ORDER;
+                        mine = msg;
+                        theirs = their_msg - 1;
+                    } else if (their_bytes != bytes) {
                         e = F_MISMATCH;
                         theirs = their_bytes;
                     }
                 }
                 if (e) {
-                    if (e != F_ELSEWHERE) p2p_fail(a, e, K_RECV, peer, bytes, theirs);
+                    if (e != F_ELSEWHERE) p2p_fail(a, e, kind, peer, mine, theirs);
                     *err = e;
                 }
             }
@@ -1101,9 +1109,11 @@ __device__ int p2p_message(const P2pArgs& a, int o, int lane, int* err) {
 
 extern "C" __global__ void __launch_bounds__(512, 2) p2p_sendrecv(P2pArgs a) {
     __shared__ int err;
-    if (threadIdx.x == 0) err = 0;
+    // An earlier call failed: the communicator is unusable. Read once, so that every thread of
+    // the block leaves together.
+    if (threadIdx.x == 0) err = ((volatile u64*)a.my_sync)[FAIL_OFF] ? F_ELSEWHERE : 0;
     __syncthreads();
-    if (((volatile u64*)a.my_sync)[FAIL_OFF]) return;  // an earlier call failed: the communicator is unusable
+    if (err) return;
     const int c = (int)blockIdx.x / P2P_BLOCKS;
     const int lane = (int)blockIdx.x % P2P_BLOCKS;
     const int end = a.chan_first[c] + a.chan_ops[c];

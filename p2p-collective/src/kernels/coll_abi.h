@@ -32,6 +32,7 @@
 // The status word `kind` of a failed send or recv (the collectives use `enum Kind`).
 #define K_SEND 64
 #define K_RECV 65
+#define K_RECV_ORDER 66  // a recv met another message number than its own: words 4, 5 are the two numbers
 #define SYNC_BYTES (64 * 1024)  // the sync area at the start of a workspace; the scratch follows
 
 // LL: the largest all-reduce it carries, and the bytes of one (parity, source) slot of its region.
