@@ -123,6 +123,24 @@ fn gpu2_ranks_on_their_own_threads_back_to_back() {
     });
 }
 
+/// A stream and an input and output buffer of `len` f32 on each of `devices`.
+fn streams_and_buffers(
+    devices: &[p2p_mem::Device],
+    len: usize,
+) -> (Vec<Stream>, Vec<DeviceBuffer<f32>>, Vec<DeviceBuffer<f32>>) {
+    let streams = devices
+        .iter()
+        .map(|d| Stream::new(d).expect("stream"))
+        .collect();
+    let buffers = |what| {
+        devices
+            .iter()
+            .map(|d| DeviceBuffer::new(d, len).expect(what))
+            .collect()
+    };
+    (streams, buffers("in"), buffers("out"))
+}
+
 /// A collective captured once in a CUDA graph and replayed with new inputs each time.
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
@@ -131,18 +149,7 @@ fn gpu2_graph_replay_with_changing_inputs() {
     let comms = Communicator::init_all_with(&devices, env_options()).expect("init_all");
     let n = comms.len();
     let count = 70_001;
-    let streams: Vec<Stream> = devices
-        .iter()
-        .map(|d| Stream::new(d).expect("stream"))
-        .collect();
-    let mut ins: Vec<DeviceBuffer<f32>> = devices
-        .iter()
-        .map(|d| DeviceBuffer::new(d, count).expect("in"))
-        .collect();
-    let mut outs: Vec<DeviceBuffer<f32>> = devices
-        .iter()
-        .map(|d| DeviceBuffer::new(d, count).expect("out"))
-        .collect();
+    let (streams, mut ins, mut outs) = streams_and_buffers(&devices, count);
     let mut gathered: Vec<DeviceBuffer<f32>> = devices
         .iter()
         .map(|d| DeviceBuffer::new(d, count * n).expect("gathered"))
@@ -966,18 +973,7 @@ fn gpu2_group_all_to_all_under_graph_and_refused_groups() {
     // f32 per pair: over 4 MiB, so every lane wraps its two slots within one replay and the
     // senders wait for the receivers inside the graph.
     let part = 1_100_003;
-    let streams: Vec<Stream> = devices
-        .iter()
-        .map(|d| Stream::new(d).expect("stream"))
-        .collect();
-    let mut ins: Vec<DeviceBuffer<f32>> = devices
-        .iter()
-        .map(|d| DeviceBuffer::new(d, part * n).expect("in"))
-        .collect();
-    let mut outs: Vec<DeviceBuffer<f32>> = devices
-        .iter()
-        .map(|d| DeviceBuffer::new(d, part * n).expect("out"))
-        .collect();
+    let (streams, mut ins, mut outs) = streams_and_buffers(&devices, part * n);
     let mut graphs = Vec::new();
     for r in 0..n {
         let mut recv_parts = Vec::new();
@@ -1092,18 +1088,7 @@ fn gpu2_send_recv_graph_replay() {
     let comms = Communicator::init_all_with(&devices, env_options()).expect("init_all");
     let n = comms.len();
     let count = 1_500_001; // 6 MB of f32: every lane wraps its ring
-    let streams: Vec<Stream> = devices
-        .iter()
-        .map(|d| Stream::new(d).expect("stream"))
-        .collect();
-    let mut ins: Vec<DeviceBuffer<f32>> = devices
-        .iter()
-        .map(|d| DeviceBuffer::new(d, count).expect("in"))
-        .collect();
-    let mut outs: Vec<DeviceBuffer<f32>> = devices
-        .iter()
-        .map(|d| DeviceBuffer::new(d, count).expect("out"))
-        .collect();
+    let (streams, mut ins, mut outs) = streams_and_buffers(&devices, count);
     let mut graphs = Vec::new();
     for r in 0..n {
         streams[r].begin_capture().expect("begin capture");
