@@ -304,8 +304,8 @@ pub fn run(opts: &Options) -> Result<Value, String> {
             stream: Stream::new(d).map_err(e)?,
             send: DeviceBuffer::zeroed(d, bytes_max * opts.pattern.parts(n)).map_err(e)?,
             recv: DeviceBuffer::zeroed(d, bytes_max * opts.pattern.parts(n)).map_err(e)?,
-            start: Event::new(d).map_err(e)?,
-            stop: Event::new(d).map_err(e)?,
+            start: Event::timing(d).map_err(e)?,
+            stop: Event::timing(d).map_err(e)?,
         });
     }
     let bufs = ranks
