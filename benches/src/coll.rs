@@ -19,7 +19,7 @@ use p2p_collective::verify::{
 use p2p_collective::{
     Access, Call, Communicator, DataType, Op, Options as CommOptions, Registration,
 };
-use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Event, Stream};
+use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut};
 use serde_json::{json, Value};
 
 use crate::nccl::{Borrowed, Bufs, NcclGroup, NcclMode};
@@ -92,15 +92,13 @@ enum Imp {
 }
 
 struct Rank {
-    stream: Stream,
+    timer: timing::Timer,
     /// Exact inputs for the whole buffer, built once per (type, pattern) and copied from.
     pristine: DeviceBuffer<u8>,
     input: DeviceBuffer<u8>,
     output: DeviceBuffer<u8>,
     /// Registered on every rank (ours on registered buffers), when measured.
     registered: Option<(DeviceBuffer<u8>, DeviceBuffer<u8>)>,
-    start: Event,
-    stop: Event,
 }
 
 struct Harness<'a> {
@@ -116,21 +114,13 @@ struct Harness<'a> {
     floor: Vec<crate::floor::EmptyKernel>,
 }
 
-/// Calls per timed sample: about 1 GiB of traffic, between 5 and 100.
-fn iters_for(bytes: usize) -> usize {
-    ((1usize << 30) / bytes.max(1)).clamp(5, 100)
-}
-
 impl timing::Ranks for Harness<'_> {
-    fn timers(&self) -> Vec<(&Stream, &Event, &Event)> {
-        self.ranks
-            .iter()
-            .map(|r| (&r.stream, &r.start, &r.stop))
-            .collect()
+    fn timers(&self) -> Vec<&timing::Timer> {
+        self.ranks.iter().map(|r| &r.timer).collect()
     }
 
-    fn sync(&self) -> Result<(), String> {
-        timing::sync_all(self.ranks.iter().map(|r| &r.stream), self.comms)
+    fn comms(&self) -> &[Communicator] {
+        self.comms
     }
 }
 
@@ -145,9 +135,9 @@ impl Harness<'_> {
                         _ => (&r.input, &mut r.output),
                     };
                     let res = if in_place {
-                        comm.call_in_place(call, output, &r.stream)
+                        comm.call_in_place(call, output, &r.timer.stream)
                     } else {
-                        comm.call(call, input, output, &r.stream)
+                        comm.call(call, input, output, &r.timer.stream)
                     };
                     res.map_err(|e| e.to_string())?;
                 }
@@ -158,12 +148,13 @@ impl Harness<'_> {
                     self.floor = self
                         .ranks
                         .iter()
-                        .map(|r| crate::floor::EmptyKernel::load(r.stream.device()))
+                        .map(|r| crate::floor::EmptyKernel::load(r.timer.stream.device()))
                         .collect::<Result<_, _>>()
                         .map_err(|e| e.to_string())?;
                 }
                 for (k, r) in self.floor.iter().zip(&self.ranks) {
-                    k.launch(1, 512, &r.stream).map_err(|e| e.to_string())?;
+                    k.launch(1, 512, &r.timer.stream)
+                        .map_err(|e| e.to_string())?;
                 }
                 Ok(())
             }
@@ -351,12 +342,10 @@ pub fn run(opts: &Options) -> Result<Value, String> {
     for d in &devices {
         let e = |e: p2p_mem::Error| e.to_string();
         ranks.push(Rank {
-            stream: Stream::new(d).map_err(e)?,
+            timer: timing::Timer::new(d)?,
             pristine: DeviceBuffer::new(d, buf_bytes).map_err(e)?,
             input: DeviceBuffer::new(d, buf_bytes).map_err(e)?,
             output: DeviceBuffer::new(d, buf_bytes).map_err(e)?,
-            start: Event::timing(d).map_err(e)?,
-            stop: Event::timing(d).map_err(e)?,
             registered: if opts.registered {
                 Some((
                     DeviceBuffer::new(d, buf_bytes).map_err(e)?,
@@ -386,7 +375,7 @@ pub fn run(opts: &Options) -> Result<Value, String> {
             .iter()
             .map(|g| g.window_bufs().unwrap_or_else(|| plain_bufs.clone()))
             .collect(),
-        nccl_streams: ranks.iter().map(|r| r.stream.cu_stream()).collect(),
+        nccl_streams: ranks.iter().map(|r| r.timer.stream.cu_stream()).collect(),
         ranks,
         pristine_holds: None,
         floor: Vec::new(),
@@ -430,7 +419,7 @@ pub fn run(opts: &Options) -> Result<Value, String> {
             let elems = if per_rank_parts { count * n } else { count };
             let bytes = elems * dtype.size();
             let call = Call::new(op, dtype, count);
-            let iters = iters_for(bytes);
+            let iters = timing::iters_for(bytes);
             let mut row = json!({
                 "op": op.name(), "bytes": bytes, "count": elems, "type": dtype.name(),
                 "redop": if op.reduces() { "sum" } else { "none" }, "root": if op.rooted() { 0 } else { -1 },

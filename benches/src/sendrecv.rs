@@ -14,7 +14,7 @@
 use std::path::PathBuf;
 
 use p2p_collective::{Communicator, DataType};
-use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Event, Stream};
+use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut};
 use serde_json::{json, Value};
 
 use crate::nccl::{Bufs, NcclGroup, NcclMode};
@@ -104,11 +104,9 @@ enum Imp {
 }
 
 struct Rank {
-    stream: Stream,
+    timer: timing::Timer,
     send: DeviceBuffer<u8>,
     recv: DeviceBuffer<u8>,
-    start: Event,
-    stop: Event,
 }
 
 struct Harness<'a> {
@@ -121,15 +119,12 @@ struct Harness<'a> {
 }
 
 impl timing::Ranks for Harness<'_> {
-    fn timers(&self) -> Vec<(&Stream, &Event, &Event)> {
-        self.ranks
-            .iter()
-            .map(|r| (&r.stream, &r.start, &r.stop))
-            .collect()
+    fn timers(&self) -> Vec<&timing::Timer> {
+        self.ranks.iter().map(|r| &r.timer).collect()
     }
 
-    fn sync(&self) -> Result<(), String> {
-        timing::sync_all(self.ranks.iter().map(|r| &r.stream), self.comms)
+    fn comms(&self) -> &[Communicator] {
+        self.comms
     }
 }
 
@@ -156,7 +151,7 @@ impl Harness<'_> {
                     }
                     let mut refs: Vec<Option<&mut _>> =
                         recvs.iter_mut().map(|p| p.as_mut()).collect();
-                    let mut g = comm.group(&rank.stream);
+                    let mut g = comm.group(&rank.timer.stream);
                     for (send, peer, part) in ops {
                         if send {
                             g.send(&sends[part], bytes, DataType::U8, peer).map_err(e)?;
@@ -256,11 +251,6 @@ fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
         .collect()
 }
 
-/// Exchanges per timed sample: about 1 GiB of traffic, between 5 and 100.
-fn iters_for(bytes: usize) -> usize {
-    ((1usize << 30) / bytes.max(1)).clamp(5, 100)
-}
-
 /// The sizes: `min`, `min * factor`, ... up to `max`.
 pub fn sizes(min: usize, max: usize, factor: usize) -> Vec<usize> {
     let mut v = Vec::new();
@@ -301,11 +291,9 @@ pub fn run(opts: &Options) -> Result<Value, String> {
     for d in &devices {
         let e = |e: p2p_mem::Error| e.to_string();
         ranks.push(Rank {
-            stream: Stream::new(d).map_err(e)?,
+            timer: timing::Timer::new(d)?,
             send: DeviceBuffer::zeroed(d, bytes_max * opts.pattern.parts(n)).map_err(e)?,
             recv: DeviceBuffer::zeroed(d, bytes_max * opts.pattern.parts(n)).map_err(e)?,
-            start: Event::timing(d).map_err(e)?,
-            stop: Event::timing(d).map_err(e)?,
         });
     }
     let bufs = ranks
@@ -315,7 +303,7 @@ pub fn run(opts: &Options) -> Result<Value, String> {
             recv: r.recv.device_ptr(),
         })
         .collect();
-    let streams = ranks.iter().map(|r| r.stream.cu_stream()).collect();
+    let streams = ranks.iter().map(|r| r.timer.stream.cu_stream()).collect();
     let mut h = Harness {
         pattern: opts.pattern,
         comms: &comms,
@@ -331,7 +319,7 @@ pub fn run(opts: &Options) -> Result<Value, String> {
     let sizes = sizes(opts.min_bytes, bytes_max, opts.factor);
     let mut rows = Vec::new();
     for (i, &bytes) in sizes.iter().enumerate() {
-        let iters = iters_for(bytes);
+        let iters = timing::iters_for(bytes);
         let mut row = json!({ "bytes": bytes });
         for &(imp, name) in &imps {
             let wrong = h.check(imp, bytes, 1000 + i as u64)?;

@@ -3,16 +3,47 @@
 //! and the same batch captured once in a CUDA graph per rank and replayed.
 
 use p2p_collective::Communicator;
-use p2p_mem::{Event, GraphExec, Stream};
+use p2p_mem::{Device, Event, GraphExec, Stream};
 
 use crate::p2p::Stat;
 
-/// A benchmark harness whose ranks each have a stream and a start and a stop event.
+/// One rank's stream and the two timestamp events around a timed batch on it.
+pub struct Timer {
+    /// The rank's stream: every call of the benchmark is queued on it.
+    pub stream: Stream,
+    /// Recorded before a batch.
+    pub start: Event,
+    /// Recorded after a batch.
+    pub stop: Event,
+}
+
+impl Timer {
+    /// A new stream on `device` and two events that record timestamps.
+    pub fn new(device: &Device) -> Result<Timer, String> {
+        let e = |e: p2p_mem::Error| e.to_string();
+        Ok(Timer {
+            stream: Stream::new(device).map_err(e)?,
+            start: Event::timing(device).map_err(e)?,
+            stop: Event::timing(device).map_err(e)?,
+        })
+    }
+}
+
+/// A benchmark harness whose ranks each have a [`Timer`], run by communicators.
 pub trait Ranks {
-    /// Every rank's (stream, start event, stop event).
-    fn timers(&self) -> Vec<(&Stream, &Event, &Event)>;
+    /// Every rank's timer, in rank order.
+    fn timers(&self) -> Vec<&Timer>;
+    /// The communicators whose failed calls [`sync`](Self::sync) reports.
+    fn comms(&self) -> &[Communicator];
     /// Waits for every rank's stream and reports a failed call.
-    fn sync(&self) -> Result<(), String>;
+    fn sync(&self) -> Result<(), String> {
+        sync_all(self.timers().into_iter().map(|t| &t.stream), self.comms())
+    }
+}
+
+/// Calls per timed sample: about 1 GiB of traffic, between 5 and 100.
+pub fn iters_for(bytes: usize) -> usize {
+    ((1usize << 30) / bytes.max(1)).clamp(5, 100)
 }
 
 /// Waits for every stream, then reports a call that failed on any communicator.
@@ -42,17 +73,17 @@ pub fn sample<H: Ranks>(
     }
     let mut v = Vec::with_capacity(samples);
     for _ in 0..samples {
-        for (stream, start, _) in h.timers() {
-            start.record(stream).map_err(|e| e.to_string())?;
+        for t in h.timers() {
+            t.start.record(&t.stream).map_err(|e| e.to_string())?;
         }
         body(h)?;
-        for (stream, _, stop) in h.timers() {
-            stop.record(stream).map_err(|e| e.to_string())?;
+        for t in h.timers() {
+            t.stop.record(&t.stream).map_err(|e| e.to_string())?;
         }
         h.sync()?;
         let mut worst = 0.0f64;
-        for (_, start, stop) in h.timers() {
-            let ms = start.elapsed_ms(stop).map_err(|e| e.to_string())?;
+        for t in h.timers() {
+            let ms = t.start.elapsed_ms(&t.stop).map_err(|e| e.to_string())?;
             worst = worst.max(ms as f64 * 1000.0 / iters as f64);
         }
         v.push(worst);
@@ -87,8 +118,8 @@ pub fn graph<H: Ranks>(
     samples: usize,
     mut issue: impl FnMut(&mut H) -> Result<(), String>,
 ) -> Result<Stat, String> {
-    for (stream, _, _) in h.timers() {
-        stream.begin_capture().map_err(|e| e.to_string())?;
+    for t in h.timers() {
+        t.stream.begin_capture().map_err(|e| e.to_string())?;
     }
     let mut issued = Ok(());
     for _ in 0..iters {
@@ -99,7 +130,7 @@ pub fn graph<H: Ranks>(
     }
     // End every capture before instantiating any: instantiating while another stream of this
     // thread still captures invalidates that capture.
-    let captured: Vec<_> = h.timers().iter().map(|(s, _, _)| s.end_capture()).collect();
+    let captured: Vec<_> = h.timers().iter().map(|t| t.stream.end_capture()).collect();
     let mut graphs: Vec<GraphExec> = Vec::new();
     let mut ended = Ok(());
     for g in captured {
@@ -112,11 +143,11 @@ pub fn graph<H: Ranks>(
     ended?;
     #[allow(unsafe_code)] // a graph replay (its contract: what it captured is alive)
     let launch = |h: &mut H| -> Result<(), String> {
-        for (g, (stream, _, _)) in graphs.iter().zip(h.timers()) {
+        for (g, t) in graphs.iter().zip(h.timers()) {
             // SAFETY: the captured calls use the harness's buffers and communicators, which
             // live as long as `h` (borrowed for this whole function) and are only used by
             // these replays meanwhile.
-            unsafe { g.launch(stream) }.map_err(|e| e.to_string())?;
+            unsafe { g.launch(&t.stream) }.map_err(|e| e.to_string())?;
         }
         Ok(())
     };
