@@ -214,28 +214,6 @@ impl Harness<'_> {
         }
         Ok(wrong)
     }
-
-    /// Microseconds per exchange, eager: the slowest rank, median over samples.
-    fn time_eager(
-        &mut self,
-        imp: Imp,
-        bytes: usize,
-        iters: usize,
-        samples: usize,
-    ) -> Result<f64, String> {
-        Ok(timing::eager(self, iters, samples, |h| h.issue(imp, bytes))?.median)
-    }
-
-    /// Microseconds per exchange with `iters` exchanges captured in one CUDA graph per rank.
-    fn time_graph(
-        &mut self,
-        imp: Imp,
-        bytes: usize,
-        iters: usize,
-        samples: usize,
-    ) -> Result<f64, String> {
-        Ok(timing::graph(self, iters, samples, |h| h.issue(imp, bytes))?.median)
-    }
 }
 
 /// Random bytes from a seed (xorshift), the same on every call.
@@ -323,8 +301,11 @@ pub fn run(opts: &Options) -> Result<Value, String> {
         let mut row = json!({ "bytes": bytes });
         for &(imp, name) in &imps {
             let wrong = h.check(imp, bytes, 1000 + i as u64)?;
-            let eager = h.time_eager(imp, bytes, iters, opts.samples)?;
-            let graph = h.time_graph(imp, bytes, iters, opts.samples.min(10))?;
+            // Microseconds per exchange: the slowest rank, median over samples; eager, then
+            // `iters` exchanges captured in one CUDA graph per rank.
+            let eager = timing::eager(&mut h, iters, opts.samples, |h| h.issue(imp, bytes))?.median;
+            let graph =
+                timing::graph(&mut h, iters, opts.samples.min(10), |h| h.issue(imp, bytes))?.median;
             row[name] = json!({
                 "wrong": wrong,
                 "eager_us": eager,
