@@ -8,9 +8,11 @@
 //! two.
 //!
 //! How the kernel moves a message (`p2p_sendrecv` in `kernels/coll.cu`): the receiver's
-//! workspace holds an inbox per source rank ([`INBOX_BYTES`]): 32 lanes of two slots of 64 KiB. The
-//! sender pushes chunks into the lanes' slots and raises a ready counter in the receiver's sync
-//! area; the receiver copies each chunk out and raises a freed counter in the sender's. The
+//! workspace holds an inbox per source rank ([`INBOX_BYTES`]): 32 lanes of two slots of 256 KiB.
+//! A message is cut into one chunk per lane (at least 4 KiB), or two per lane once a lane's
+//! share passes 128 KiB, so that a lane's chunks overlap (docs/perf-notes.md §25 measured the
+//! choice). The sender pushes chunks into the lanes' slots and raises a ready counter in the
+//! receiver's sync area; the receiver copies each chunk out and raises a freed counter in the sender's. The
 //! counters live on the GPU, so a group captured in a CUDA graph replays correctly. Each slot
 //! carries the message's number and size, so a receive of another size than the send is an
 //! error ([`Error::Mismatch`]), never a silent shift of later messages.

@@ -1208,20 +1208,23 @@ fn gpu2_send_recv_errors_are_named() {
     // and the sender, waiting for slots that are never freed, stops at once instead of at its
     // time limit.
     let comms = Communicator::init_all_with(&devices[..2], short_timeout()).expect("init_all");
-    let big = DeviceBuffer::<f32>::zeroed(&devices[0], 2 << 20).expect("buf");
-    let mut half = DeviceBuffer::<f32>::zeroed(&devices[1], 1 << 20).expect("buf");
+    // Twice the inbox, in f32 elements.
+    let big_count = 2 * p2p_collective::p2p::INBOX_BYTES / 4;
+    let big = DeviceBuffer::<f32>::zeroed(&devices[0], big_count).expect("buf");
+    let mut half = DeviceBuffer::<f32>::zeroed(&devices[1], big_count / 2).expect("buf");
     comms[0]
-        .send(&big, 2 << 20, DataType::F32, 1, &stream0)
+        .send(&big, big_count, DataType::F32, 1, &stream0)
         .expect("send");
     comms[1]
-        .recv(&mut half, 1 << 20, DataType::F32, 0, &stream1)
+        .recv(&mut half, big_count / 2, DataType::F32, 0, &stream1)
         .expect("recv");
     let e = comms[1].synchronize(&stream1).expect_err("mismatch");
     eprintln!("{e}");
     assert!(matches!(e, Error::Mismatch { peer: 0, .. }), "{e:?}");
+    let (sent, wanted) = (big_count * 4, big_count * 2);
     assert!(
-        e.to_string().contains("recv of 4194304 bytes")
-            && e.to_string().contains("send of 8388608 bytes"),
+        e.to_string().contains(&format!("recv of {wanted} bytes"))
+            && e.to_string().contains(&format!("send of {sent} bytes")),
         "{e}"
     );
     let e = comms[0]

@@ -974,7 +974,8 @@ COLL_KERNEL(coll_u8, unsigned char)
 // Point-to-point: the sends and receives of a group, outside the collectives' step counters.
 //
 // Rank s sends to rank d through d's inbox for s: P2P_BLOCKS lanes, each a ring of P2P_SLOTS
-// slots. A message of n bytes is cut into chunks of P2P_CHUNK; chunk k travels in lane
+// slots. A message of n bytes is cut into chunks of p2p_chunk(n) bytes (n spread over the
+// lanes, at least P2P_MIN_CHUNK, at most a slot's P2P_CHUNK); chunk k travels in lane
 // k % P2P_BLOCKS. Each lane keeps lifetime counts on both sides, in device memory (so a call
 // captured in a CUDA graph replays correctly):
 //   s: SENT[d][lane] (chunks it put in the lane), and FREED[d][lane] in s's sync area, written
@@ -992,6 +993,42 @@ COLL_KERNEL(coll_u8, unsigned char)
 // receiving channels come first in the grid, so they are resident before any sending block
 // waits for a slot: a sender only ever waits for receivers, which never wait for a block that
 // is not running.
+
+// The chunk size of a message of `bytes`: one chunk per lane, so that a 128 KiB message keeps
+// every lane busy rather than two of them; once a lane's share passes P2P_PIPE_CHUNK, at least
+// two chunks per lane, so that one chunk's copy overlaps the other's flag round trip (the send/
+// recv sweep of perf-notes §25 measured both rules). At least P2P_MIN_CHUNK, at most a slot.
+// Both sides compute it from the size alone; a mismatched size is still caught by the header.
+__device__ __forceinline__ u64 p2p_chunk(u64 bytes) {
+    u64 c = (bytes + P2P_BLOCKS - 1) / P2P_BLOCKS;
+    if (c > P2P_PIPE_CHUNK) c = (bytes + 2 * P2P_BLOCKS - 1) / (2 * P2P_BLOCKS);
+    c = (c + P2P_MIN_CHUNK - 1) / P2P_MIN_CHUNK * P2P_MIN_CHUNK;
+    return c > P2P_CHUNK ? (u64)P2P_CHUNK : c;
+}
+
+// copy_bytes with P2P_UNROLL 16-byte loads in flight per thread before their stores (a block
+// of one load each keeps too few bytes in flight to fill its share of the link).
+__device__ void copy_chunk(unsigned char* dst, const unsigned char* src, u64 n) {
+    if (!(aligned16(dst) && aligned16(src))) {
+        copy_bytes(dst, src, n);
+        return;
+    }
+    const u64 nv = n >> 4;
+    uint4* d = (uint4*)dst;
+    const uint4* s = (const uint4*)src;
+    const u64 step = blockDim.x;
+    u64 i = threadIdx.x;
+    for (; i + (P2P_UNROLL - 1) * step < nv; i += P2P_UNROLL * step) {
+        uint4 v[P2P_UNROLL];
+#pragma unroll
+        for (int u = 0; u < P2P_UNROLL; ++u) v[u] = __ldcg(s + i + u * step);
+#pragma unroll
+        for (int u = 0; u < P2P_UNROLL; ++u) d[i + u * step] = v[u];
+    }
+    for (; i < nv; i += step) d[i] = __ldcg(s + i);
+    const u64 head = nv << 4;
+    for (u64 j = head + threadIdx.x; j < n; j += step) dst[j] = __ldcg(src + j);
+}
 
 __device__ void p2p_fail(const P2pArgs& a, int code, int kind, int peer, u64 mine, u64 theirs) {
     // A mismatch stops this process's ranks too, so that the sender (which may be waiting for
@@ -1030,14 +1067,15 @@ __device__ int p2p_message(const P2pArgs& a, int o, int lane, int* err) {
     const int peer = a.peer[o];
     const u64 bytes = a.bytes[o];
     // A zero-byte message is one empty chunk: its header still tells the receiver the size.
-    const u64 chunks = bytes == 0 ? 1 : (bytes + P2P_CHUNK - 1) / P2P_CHUNK;
+    const u64 chunk = p2p_chunk(bytes);
+    const u64 chunks = bytes == 0 ? 1 : (bytes + chunk - 1) / chunk;
     volatile u64* msgs = my + P2P_MSGS_OFF + ((sending ? 0 : 1) * MAX_RANKS + peer) * P2P_BLOCKS + lane;
     const u64 msg = *msgs;
     volatile u64* count = my + (sending ? P2P_SENT_OFF : P2P_RECVD_OFF) + peer * P2P_BLOCKS + lane;
     u64 i = *count;
     for (u64 k = lane; k < chunks; k += P2P_BLOCKS, ++i) {
-        const u64 off = k * P2P_CHUNK;
-        const u64 len = bytes - off < P2P_CHUNK ? bytes - off : P2P_CHUNK;
+        const u64 off = k * chunk;
+        const u64 len = bytes - off < chunk ? bytes - off : chunk;
         const u64 slot = (u64)lane * P2P_SLOTS + i % P2P_SLOTS;
         if (sending) {
             unsigned char* s = a.dst[o] + slot * P2P_SLOT_BYTES;
@@ -1051,7 +1089,7 @@ __device__ int p2p_message(const P2pArgs& a, int o, int lane, int* err) {
             }
             __syncthreads();
             if (*err) return *err;
-            copy_bytes(s + P2P_HEADER, a.src[o] + off, len);
+            copy_chunk(s + P2P_HEADER, a.src[o] + off, len);
             if (threadIdx.x == 0) {
                 ((volatile u64*)s)[0] = msg + 1;
                 ((volatile u64*)s)[1] = bytes;
@@ -1090,7 +1128,7 @@ __device__ int p2p_message(const P2pArgs& a, int o, int lane, int* err) {
             }
             __syncthreads();
             if (*err) return *err;
-            copy_bytes(a.dst[o] + off, s + P2P_HEADER, len);
+            copy_chunk(a.dst[o] + off, s + P2P_HEADER, len);
             __syncthreads();  // every thread's loads of the slot are done
             if (threadIdx.x == 0) {
                 fence_sys();
@@ -1121,9 +1159,10 @@ extern "C" __global__ void __launch_bounds__(512, 2) p2p_sendrecv(P2pArgs a) {
         if (a.kind[o] == P2P_COPY) {
             // A message to itself: this lane's chunks, copied locally.
             const u64 bytes = a.bytes[o];
-            for (u64 off = (u64)lane * P2P_CHUNK; off < bytes; off += (u64)P2P_BLOCKS * P2P_CHUNK) {
-                const u64 len = bytes - off < P2P_CHUNK ? bytes - off : P2P_CHUNK;
-                copy_bytes(a.dst[o] + off, a.src[o] + off, len);
+            const u64 chunk = p2p_chunk(bytes);
+            for (u64 off = (u64)lane * chunk; off < bytes; off += (u64)P2P_BLOCKS * chunk) {
+                const u64 len = bytes - off < chunk ? bytes - off : chunk;
+                copy_chunk(a.dst[o] + off, a.src[o] + off, len);
             }
             continue;
         }

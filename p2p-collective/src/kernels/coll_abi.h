@@ -17,9 +17,12 @@
 #define STATUS_OFF (FAIL_OFF + 1)                              // STATUS_WORDS words
 #define STATUS_WORDS 6  // code, kind, peer, block, this rank's signature, the peer's
 // Point-to-point (send/recv): per peer and per block of a direction, lifetime counts of chunks.
-#define P2P_BLOCKS 32      // blocks per direction of a send/recv kernel
+#define P2P_BLOCKS 32      // blocks (lanes) per direction of a send/recv kernel
 #define P2P_SLOTS 2        // slots per (source, block) in a receiver's inbox
-#define P2P_CHUNK (64 * 1024)  // data bytes per slot
+#define P2P_CHUNK (256 * 1024)  // data bytes per slot: the largest chunk
+#define P2P_MIN_CHUNK 4096       // the smallest chunk of a message cut over the lanes (a multiple of 16)
+#define P2P_PIPE_CHUNK (128 * 1024)  // a lane's share above this travels as two chunks or more
+#define P2P_UNROLL 4             // 16-byte loads in flight per thread in a chunk's copy
 #define P2P_HEADER 16      // each slot starts with (message number + 1, message bytes)
 #define P2P_SLOT_BYTES (P2P_HEADER + P2P_CHUNK)
 #define P2P_INBOX_BYTES (P2P_BLOCKS * P2P_SLOTS * P2P_SLOT_BYTES)  // per source rank

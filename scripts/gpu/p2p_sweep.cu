@@ -1,0 +1,137 @@
+// Host side of the send/recv sweep (perf-notes §25), appended by p2p-sweep.sh after coll_abi.h
+// (with the P2P_* constants of the variant) and coll.cu (without the collective kernels): the
+// real `p2p_sendrecv`, driven as `Communicator::send_recv` drives it for a 2-rank ring
+// exchange (channel 0 receives from the peer, channel 1 sends to it), in one process with peer
+// access. Times many back-to-back launches with events and checks every byte after each size.
+// Usage: p2p_sweep LABEL [MAX_MIB]; prints one line per size.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#define CK(x)                                                                             \
+    do {                                                                                  \
+        cudaError_t e_ = (x);                                                             \
+        if (e_ != cudaSuccess) {                                                          \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(1);                                                                      \
+        }                                                                                 \
+    } while (0)
+
+int main(int argc, char** argv) {
+    const char* label = argc > 1 ? argv[1] : "?";
+    const size_t max_bytes = (size_t)(argc > 2 ? atoi(argv[2]) : 128) << 20;
+    int ndev = 0;
+    CK(cudaGetDeviceCount(&ndev));
+    if (ndev < 2) {
+        fprintf(stderr, "needs 2 GPUs, found %d\n", ndev);
+        return 1;
+    }
+    u64* sync[2];
+    unsigned char *inbox[2], *src[2], *dst[2];
+    cudaStream_t st[2];
+    cudaEvent_t e0[2], e1[2];
+    for (int d = 0; d < 2; ++d) {
+        CK(cudaSetDevice(d));
+        CK(cudaDeviceEnablePeerAccess(1 - d, 0));
+        CK(cudaMalloc(&sync[d], SYNC_BYTES));
+        CK(cudaMemset(sync[d], 0, SYNC_BYTES));
+        CK(cudaMalloc(&inbox[d], P2P_INBOX_BYTES));
+        CK(cudaMalloc(&src[d], max_bytes));
+        CK(cudaMalloc(&dst[d], max_bytes));
+        std::vector<unsigned char> h(max_bytes);
+        for (size_t i = 0; i < max_bytes; ++i) h[i] = (unsigned char)(i * 131 + d * 71 + (i >> 12));
+        CK(cudaMemcpy(src[d], h.data(), max_bytes, cudaMemcpyHostToDevice));
+        CK(cudaStreamCreateWithFlags(&st[d], cudaStreamNonBlocking));
+        CK(cudaEventCreate(&e0[d]));
+        CK(cudaEventCreate(&e1[d]));
+    }
+    int* abort_flag = nullptr;
+    CK(cudaHostAlloc(&abort_flag, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
+    *abort_flag = 0;
+    printf("# %s: P2P_BLOCKS %d P2P_SLOTS %d P2P_CHUNK %d P2P_MIN_CHUNK %d P2P_UNROLL %d P2P_PIPE_CHUNK %d\n",
+           label, P2P_BLOCKS, P2P_SLOTS, P2P_CHUNK, P2P_MIN_CHUNK, P2P_UNROLL, P2P_PIPE_CHUNK);
+    int failed = 0;
+    for (size_t bytes = 8; bytes <= max_bytes; bytes *= 4) {
+        P2pArgs a[2];
+        for (int d = 0; d < 2; ++d) {
+            memset(&a[d], 0, sizeof(P2pArgs));
+            const int p = 1 - d;
+            a[d].kind[0] = P2P_RECV;
+            a[d].src[0] = inbox[d];
+            a[d].dst[0] = dst[d];
+            a[d].peer_sync[0] = sync[p];
+            a[d].bytes[0] = bytes;
+            a[d].peer[0] = p;
+            a[d].kind[1] = P2P_SEND;
+            a[d].src[1] = src[d];
+            a[d].dst[1] = inbox[p];
+            a[d].peer_sync[1] = sync[p];
+            a[d].bytes[1] = bytes;
+            a[d].peer[1] = p;
+            a[d].chan_first[0] = 0;
+            a[d].chan_ops[0] = 1;
+            a[d].chan_first[1] = 1;
+            a[d].chan_ops[1] = 1;
+            a[d].my_sync = sync[d];
+            a[d].abort_flag = abort_flag;
+            a[d].timeout_ns = 5000000000ull;
+            a[d].rank = d;
+            a[d].channels = 2;
+        }
+        long iters = (long)(4e9 / (double)(bytes + (1 << 20)));
+        if (iters < 20) iters = 20;
+        if (iters > 2000) iters = 2000;
+        for (int d = 0; d < 2; ++d) {
+            CK(cudaSetDevice(d));
+            CK(cudaMemsetAsync(dst[d], 0, bytes, st[d]));
+            CK(cudaStreamSynchronize(st[d]));
+        }
+        for (int w = 0; w < 3; ++w)
+            for (int d = 0; d < 2; ++d) {
+                CK(cudaSetDevice(d));
+                p2p_sendrecv<<<2 * P2P_BLOCKS, THREADS, 0, st[d]>>>(a[d]);
+            }
+        for (int d = 0; d < 2; ++d) {
+            CK(cudaSetDevice(d));
+            CK(cudaEventRecord(e0[d], st[d]));
+        }
+        for (long it = 0; it < iters; ++it)
+            for (int d = 0; d < 2; ++d) {
+                CK(cudaSetDevice(d));
+                p2p_sendrecv<<<2 * P2P_BLOCKS, THREADS, 0, st[d]>>>(a[d]);
+            }
+        float ms = 0;
+        for (int d = 0; d < 2; ++d) {
+            CK(cudaSetDevice(d));
+            CK(cudaEventRecord(e1[d], st[d]));
+            CK(cudaEventSynchronize(e1[d]));
+            float m = 0;
+            CK(cudaEventElapsedTime(&m, e0[d], e1[d]));
+            if (m > ms) ms = m;
+        }
+        // Check: the kernel's failure word, then every byte each rank received.
+        int wrong = 0;
+        for (int d = 0; d < 2; ++d) {
+            u64 fail = 0;
+            CK(cudaMemcpy(&fail, sync[d] + FAIL_OFF, sizeof(u64), cudaMemcpyDeviceToHost));
+            if (fail) {
+                fprintf(stderr, "%s: rank %d failed with code %llu at %zu B\n", label, d, fail, bytes);
+                wrong = -1;
+            }
+            std::vector<unsigned char> got(bytes), want(bytes);
+            CK(cudaMemcpy(got.data(), dst[d], bytes, cudaMemcpyDeviceToHost));
+            CK(cudaMemcpy(want.data(), src[1 - d], bytes, cudaMemcpyDeviceToHost));
+            if (wrong >= 0)
+                for (size_t i = 0; i < bytes; ++i) wrong += got[i] != want[i];
+        }
+        const double us = 1000.0 * ms / (double)iters;
+        printf("%s %zu %.2f %.1f %d\n", label, bytes, us, (double)bytes / us / 1e3, wrong);
+        fflush(stdout);
+        if (wrong) {
+            failed = 1;
+            break;
+        }
+    }
+    return failed;
+}
