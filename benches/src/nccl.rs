@@ -537,12 +537,20 @@ unsafe impl p2p_mem::DeviceMemoryMut for Borrowed<'_> {}
 impl NcclGroup {
     /// Rank r's registered send and receive buffers (window modes only).
     pub fn window(&self, r: usize) -> Option<(Borrowed<'_>, Borrowed<'_>)> {
+        self.window_prefix(r, self.window_bytes)
+    }
+
+    /// The first `len` bytes (at most the window's) of rank r's registered send and receive
+    /// buffers (window modes only).
+    pub fn window_prefix(&self, r: usize, len: usize) -> Option<(Borrowed<'_>, Borrowed<'_>)> {
         let w = self.windows.get(r)?;
         let d = &self.devices[r];
+        let len = len.min(self.window_bytes);
         let view = |p: *mut c_void| Borrowed {
             // SAFETY: the buffer came from ncclMemAlloc on rank r's GPU with `window_bytes`
-            // bytes and is freed only when this group drops, after the borrow ends.
-            mem: unsafe { p2p_mem::ExternalMemory::from_raw(d, p as u64, self.window_bytes) },
+            // bytes (`len` is no more) and is freed only when this group drops, after the
+            // borrow ends.
+            mem: unsafe { p2p_mem::ExternalMemory::from_raw(d, p as u64, len) },
             _owner: std::marker::PhantomData,
         };
         Some((view(w.send), view(w.recv)))

@@ -1,7 +1,10 @@
 //! `p2p-bench sendrecv`: point-to-point between the GPUs of this process, ours (a
 //! [`P2pGroup`](p2p_collective::P2pGroup) per rank) beside NCCL's grouped `ncclSend` /
-//! `ncclRecv` doing the same, on the same buffers and streams, eager and under CUDA graph, for
-//! one [`Pattern`]: a ring exchange (rank r sends to r + 1 and receives from r - 1) or an
+//! `ncclRecv` doing the same, eager and under CUDA graph, for one [`Pattern`]. NCCL runs in two
+//! modes: plain, on our buffers and streams; and on its own `ncclMemAlloc` buffers registered
+//! as windows, which NCCL can also register for zero-copy send/recv when a graph captures the
+//! call (`NCCL_GRAPH_REGISTER`, on by default: nccl-tests' `-G` figures; perf-notes §26). The
+//! table's ratio is against the faster NCCL mode at each size. Patterns: a ring exchange (rank r sends to r + 1 and receives from r - 1) or an
 //! all-to-all written as sends and receives (every rank to every rank, itself included).
 //!
 //! Method: CUDA events on each rank's stream around `iters` back-to-back exchanges after 3
@@ -100,8 +103,18 @@ impl Pattern {
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Imp {
     Ours,
+    /// NCCL on our buffers.
     Nccl,
+    /// NCCL on its own `ncclMemAlloc` buffers, registered as windows.
+    NcclMem,
 }
+
+/// The implementations, as named in the results.
+const IMPS: [(Imp, &str); 3] = [
+    (Imp::Ours, "ours"),
+    (Imp::Nccl, "nccl"),
+    (Imp::NcclMem, "nccl_mem"),
+];
 
 struct Rank {
     timer: timing::Timer,
@@ -113,8 +126,10 @@ struct Harness<'a> {
     pattern: Pattern,
     comms: &'a [Communicator],
     nccl: Option<&'a NcclGroup>,
+    nccl_mem: Option<&'a NcclGroup>,
     ranks: Vec<Rank>,
     bufs: Vec<Bufs>,
+    mem_bufs: Vec<Bufs>,
     streams: Vec<p2p_sys::cuda::CUstream>,
 }
 
@@ -164,14 +179,16 @@ impl Harness<'_> {
                 }
                 Ok(())
             }
-            Imp::Nccl => {
+            Imp::Nccl | Imp::NcclMem => {
                 let ops: Vec<_> = (0..n).map(|r| self.pattern.ops(r, n)).collect();
-                self.nccl.ok_or("NCCL is not set up")?.issue_p2p(
-                    bytes,
-                    &self.bufs,
-                    &self.streams,
-                    &ops,
-                )
+                let (group, bufs) = if imp == Imp::Nccl {
+                    (self.nccl, &self.bufs)
+                } else {
+                    (self.nccl_mem, &self.mem_bufs)
+                };
+                group
+                    .ok_or("NCCL is not set up")?
+                    .issue_p2p(bytes, bufs, &self.streams, &ops)
             }
         }
     }
@@ -184,28 +201,44 @@ impl Harness<'_> {
     fn check(&mut self, imp: Imp, bytes: usize, seed: u64) -> Result<usize, String> {
         let n = self.ranks.len();
         let parts = self.pattern.parts(n);
+        let len = parts * bytes;
+        let e = |e: p2p_mem::Error| e.to_string();
+        let mem = self.nccl_mem;
+        let windows = move |r: usize| {
+            mem.and_then(|g| g.window_prefix(r, len))
+                .ok_or_else(|| "NCCL's ncclMemAlloc buffers are not set up".to_string())
+        };
         for (r, rank) in self.ranks.iter_mut().enumerate() {
-            let data = random_bytes(seed + r as u64, parts * bytes);
-            rank.send
-                .slice_mut(..parts * bytes)
-                .and_then(|mut s| s.copy_from_host(&data))
-                .map_err(|e| e.to_string())?;
-            rank.recv.memset_u8(0xff).map_err(|e| e.to_string())?;
+            let data = random_bytes(seed + r as u64, len);
+            if imp == Imp::NcclMem {
+                let (mut send, mut recv) = windows(r)?;
+                send.copy_from_host(&data).map_err(e)?;
+                recv.copy_from_host(&vec![0xffu8; len]).map_err(e)?;
+            } else {
+                rank.send
+                    .slice_mut(..len)
+                    .and_then(|mut s| s.copy_from_host(&data))
+                    .map_err(e)?;
+                rank.recv.memset_u8(0xff).map_err(e)?;
+            }
         }
         self.issue(imp, bytes)?;
         self.sync()?;
         let mut wrong = 0;
         for (r, rank) in self.ranks.iter().enumerate() {
-            let got = rank
-                .recv
-                .slice(..parts * bytes)
-                .and_then(|s| s.to_host_vec::<u8>())
-                .map_err(|e| e.to_string())?;
+            let got = if imp == Imp::NcclMem {
+                windows(r)?.1.to_host_vec::<u8>().map_err(e)?
+            } else {
+                rank.recv
+                    .slice(..len)
+                    .and_then(|s| s.to_host_vec::<u8>())
+                    .map_err(e)?
+            };
             for (send, from, part) in self.pattern.ops(r, n) {
                 if send {
                     continue;
                 }
-                let theirs = random_bytes(seed + from as u64, parts * bytes);
+                let theirs = random_bytes(seed + from as u64, len);
                 let k = self.pattern.sent_part(from, r);
                 let want = &theirs[k * bytes..(k + 1) * bytes];
                 let got = &got[part * bytes..(part + 1) * bytes];
@@ -254,17 +287,27 @@ pub fn run(opts: &Options) -> Result<Value, String> {
     }
     let comms = Communicator::init_all(&devices).map_err(|e| e.to_string())?;
     let bytes_max = opts.max_bytes.max(1);
-    let nccl = if opts.nccl {
-        match NcclGroup::init(&devices, NcclMode::Plain, 0) {
+    let setup = |mode: NcclMode, window_bytes: usize| {
+        if !opts.nccl {
+            return None;
+        }
+        match NcclGroup::init(&devices, mode, window_bytes) {
             Ok(g) => Some(g),
             Err(e) => {
-                eprintln!("sendrecv: NCCL could not be set up, running ours alone: {e}");
+                eprintln!(
+                    "sendrecv: NCCL ({}) could not be set up, running without it: {e}",
+                    mode.name()
+                );
                 None
             }
         }
-    } else {
-        None
     };
+    let nccl = setup(NcclMode::Plain, 0);
+    let nccl_mem = setup(NcclMode::Symmetric, bytes_max * opts.pattern.parts(n));
+    let mem_bufs = nccl_mem
+        .as_ref()
+        .and_then(NcclGroup::window_bufs)
+        .unwrap_or_default();
     let mut ranks = Vec::with_capacity(n);
     for d in &devices {
         let e = |e: p2p_mem::Error| e.to_string();
@@ -286,14 +329,20 @@ pub fn run(opts: &Options) -> Result<Value, String> {
         pattern: opts.pattern,
         comms: &comms,
         nccl: nccl.as_ref(),
+        nccl_mem: nccl_mem.as_ref(),
         ranks,
         bufs,
+        mem_bufs,
         streams,
     };
-    let mut imps = vec![(Imp::Ours, "ours")];
-    if h.nccl.is_some() {
-        imps.push((Imp::Nccl, "nccl"));
-    }
+    let imps: Vec<_> = IMPS
+        .into_iter()
+        .filter(|(imp, _)| match imp {
+            Imp::Ours => true,
+            Imp::Nccl => h.nccl.is_some(),
+            Imp::NcclMem => h.nccl_mem.is_some(),
+        })
+        .collect();
     let sizes = sizes(opts.min_bytes, bytes_max, opts.factor);
     let mut rows = Vec::new();
     for (i, &bytes) in sizes.iter().enumerate() {
@@ -321,14 +370,14 @@ pub fn run(opts: &Options) -> Result<Value, String> {
             bytes,
             row["ours"]["eager_us"].as_f64().unwrap_or(f64::NAN),
             row["ours"]["graph_us"].as_f64().unwrap_or(f64::NAN),
-            match row.get("nccl") {
-                Some(x) => format!(
-                    "; NCCL {:.2} us eager, {:.2} us graph",
+            [("nccl", "NCCL"), ("nccl_mem", "NCCL ncclMemAlloc")]
+                .iter()
+                .filter_map(|(key, label)| row.get(*key).map(|x| format!(
+                    "; {label} {:.2} us eager, {:.2} us graph",
                     x["eager_us"].as_f64().unwrap_or(f64::NAN),
                     x["graph_us"].as_f64().unwrap_or(f64::NAN)
-                ),
-                None => String::new(),
-            }
+                )))
+                .collect::<String>()
         );
         rows.push(row);
     }
@@ -338,7 +387,7 @@ pub fn run(opts: &Options) -> Result<Value, String> {
         "gpu": gpu,
         "nccl": crate::nccl::version().unwrap_or_else(|e| format!("unavailable ({e})")),
         "pattern": opts.pattern.name(),
-        "method": format!("{}; ours: one P2pGroup per rank (Communicator::group); NCCL: ncclSend + ncclRecv per rank in one group (plain mode); CUDA events around `iters` exchanges after 3 warm-ups, slowest rank, median of samples (graph: up to 10); GB/s = bytes per message / time; one checked exchange of random bytes per size and implementation", match opts.pattern {
+        "method": format!("{}; ours: one P2pGroup per rank (Communicator::group); NCCL: ncclSend + ncclRecv per rank in one group, plain on our buffers (`nccl`) and on its own ncclMemAlloc buffers registered as symmetric windows (`nccl_mem`; under graph capture NCCL registers them for zero-copy send/recv, as in nccl-tests -G); ours/NCCL is against the faster NCCL mode of each timing; CUDA events around `iters` exchanges after 3 warm-ups, slowest rank, median of samples (graph: up to 10); GB/s = bytes per message / time; one checked exchange of random bytes per size and implementation", match opts.pattern {
             Pattern::Ring => "a ring exchange (rank r sends to r + 1, receives from r - 1; GB/s per direction of each link)",
             Pattern::AllToAll => "all-to-all as sends and receives (rank r sends `bytes` to every rank, itself included, and receives `bytes` from every rank)",
         }),
@@ -365,7 +414,7 @@ pub fn run(opts: &Options) -> Result<Value, String> {
         .as_array()
         .into_iter()
         .flatten()
-        .flat_map(|row| [&row["ours"]["wrong"], &row["nccl"]["wrong"]])
+        .flat_map(|row| IMPS.map(|(_, name)| &row[name]["wrong"]))
         .filter_map(Value::as_u64)
         .sum();
     if wrong > 0 {
@@ -377,42 +426,58 @@ pub fn run(opts: &Options) -> Result<Value, String> {
     Ok(result)
 }
 
+/// The faster NCCL mode for `key` (`eager_us` or `graph_us`) in a row: (microseconds, mode).
+fn best_nccl(row: &Value, key: &str) -> Option<(f64, &'static str)> {
+    [("nccl", "plain"), ("nccl_mem", "ncclMemAlloc")]
+        .into_iter()
+        .filter_map(|(name, mode)| row[name][key].as_f64().map(|t| (t, mode)))
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+}
+
 /// The Markdown table of a result.
 pub fn render(r: &Value) -> String {
     let mut s = format!(
         "# Send/recv, {}, {} x {} (NCCL {})\n\n{}\n\n\
-         | bytes | ours eager us | GB/s | ours graph us | GB/s | NCCL eager us | GB/s | NCCL graph us | GB/s | ours/NCCL eager | ours/NCCL graph | wrong (ours, NCCL) |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+         | bytes | ours eager us | GB/s | ours graph us | GB/s | NCCL eager us (plain, ncclMemAlloc) | NCCL graph us (plain, ncclMemAlloc) | best NCCL graph GB/s | ours/best NCCL eager | ours/best NCCL graph | wrong (ours, plain, ncclMemAlloc) |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
         r["pattern"].as_str().unwrap_or("ring"), r["gpus"], r["gpu"].as_str().unwrap_or("?"),
         r["nccl"].as_str().unwrap_or("?"), r["method"].as_str().unwrap_or("")
     );
     let f = |v: &Value, d: usize| v.as_f64().map_or("-".to_string(), |x| format!("{x:.d$}"));
-    let ratio = |a: &Value, b: &Value| match (a.as_f64(), b.as_f64()) {
-        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
-        _ => "-".into(),
-    };
-    for row in r["rows"].as_array().into_iter().flatten() {
-        let (o, c) = (&row["ours"], &row["nccl"]);
-        let nccl_wrong = if c.is_null() {
+    let wrong = |v: &Value| {
+        if v.is_null() {
             "-".to_string()
         } else {
-            c["wrong"].to_string()
+            v["wrong"].to_string()
+        }
+    };
+    for row in r["rows"].as_array().into_iter().flatten() {
+        let o = &row["ours"];
+        let bytes = row["bytes"].as_f64().unwrap_or(0.0);
+        let ratio = |key: &str| match (o[key].as_f64(), best_nccl(row, key)) {
+            (Some(a), Some((b, mode))) if b > 0.0 => format!("{:.2} ({mode})", a / b),
+            _ => "-".into(),
         };
+        let best_gbps = best_nccl(row, "graph_us")
+            .filter(|(t, _)| *t > 0.0)
+            .map_or("-".to_string(), |(t, _)| format!("{:.1}", bytes / t / 1e3));
         s += &format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}, {} |\n",
+            "| {} | {} | {} | {} | {} | {}, {} | {}, {} | {} | {} | {} | {}, {}, {} |\n",
             row["bytes"],
             f(&o["eager_us"], 2),
             f(&o["eager_gbps"], 1),
             f(&o["graph_us"], 2),
             f(&o["graph_gbps"], 1),
-            f(&c["eager_us"], 2),
-            f(&c["eager_gbps"], 1),
-            f(&c["graph_us"], 2),
-            f(&c["graph_gbps"], 1),
-            ratio(&o["eager_us"], &c["eager_us"]),
-            ratio(&o["graph_us"], &c["graph_us"]),
+            f(&row["nccl"]["eager_us"], 2),
+            f(&row["nccl_mem"]["eager_us"], 2),
+            f(&row["nccl"]["graph_us"], 2),
+            f(&row["nccl_mem"]["graph_us"], 2),
+            best_gbps,
+            ratio("eager_us"),
+            ratio("graph_us"),
             o["wrong"],
-            nccl_wrong,
+            wrong(&row["nccl"]),
+            wrong(&row["nccl_mem"]),
         );
     }
     s
@@ -430,24 +495,26 @@ mod tests {
     }
 
     #[test]
-    fn the_table_shows_both_and_their_ratio() {
+    fn the_table_compares_ours_with_the_faster_nccl_mode() {
         let r = json!({
             "gpus": 2, "gpu": "H200", "nccl": "2.28.9", "method": "m",
             "rows": [
-                {"bytes": 8, "ours": {"wrong": 0, "eager_us": 4.0, "graph_us": 3.0, "eager_gbps": 0.002, "graph_gbps": 0.003},
-                 "nccl": {"wrong": 0, "eager_us": 8.0, "graph_us": 6.0, "eager_gbps": 0.001, "graph_gbps": 0.0013}},
+                {"bytes": 8000, "ours": {"wrong": 0, "eager_us": 4.0, "graph_us": 3.0, "eager_gbps": 2.0, "graph_gbps": 2.7},
+                 "nccl": {"wrong": 0, "eager_us": 8.0, "graph_us": 6.0},
+                 "nccl_mem": {"wrong": 1, "eager_us": 10.0, "graph_us": 4.0}},
                 {"bytes": 16, "ours": {"wrong": 0, "eager_us": 4.0, "graph_us": 3.0, "eager_gbps": 0.004, "graph_gbps": 0.005}}
             ]
         });
         let t = render(&r);
+        // Eager: plain is faster (8 < 10); graph: ncclMemAlloc is (4 < 6), 8000 B / 4 us.
         assert!(
             t.contains(
-                "| 8 | 4.00 | 0.0 | 3.00 | 0.0 | 8.00 | 0.0 | 6.00 | 0.0 | 0.50 | 0.50 | 0, 0 |"
+                "| 8000 | 4.00 | 2.0 | 3.00 | 2.7 | 8.00, 10.00 | 6.00, 4.00 | 2.0 | 0.50 (plain) | 0.75 (ncclMemAlloc) | 0, 0, 1 |"
             ),
             "{t}"
         );
         assert!(
-            t.contains("| 16 | 4.00 | 0.0 | 3.00 | 0.0 | - | - | - | - | - | - | 0, - |"),
+            t.contains("| 16 | 4.00 | 0.0 | 3.00 | 0.0 | -, - | -, - | - | - | - | 0, -, - |"),
             "{t}"
         );
     }

@@ -11,11 +11,14 @@
 //! workspace holds an inbox per source rank ([`INBOX_BYTES`]): 32 lanes of two slots of 256 KiB.
 //! A message is cut into one chunk per lane (at least 4 KiB), or two per lane once a lane's
 //! share passes 128 KiB, so that a lane's chunks overlap (docs/perf-notes.md §25 measured the
-//! choice). The sender pushes chunks into the lanes' slots and raises a ready counter in the
-//! receiver's sync area; the receiver copies each chunk out and raises a freed counter in the sender's. The
-//! counters live on the GPU, so a group captured in a CUDA graph replays correctly. Each slot
-//! carries the message's number and size, so a receive of another size than the send is an
-//! error ([`Error::Mismatch`]), never a silent shift of later messages.
+//! choice). Each slot starts with a header of two LL lines (message number and size, with a
+//! flag that no earlier use of the slot carried), which is the chunk's ready signal. A message
+//! of at most 128 KiB travels as LL lines too (8 data bytes and two flags per 16-byte line; no
+//! fence, §26); a larger one is copied into the slot and fenced before its header. The receiver
+//! copies each chunk out and raises a freed counter in the sender's sync area. The counters
+//! live on the GPU, so a group captured in a CUDA graph replays correctly. The header carries
+//! the message's number and size, so a receive of another size than the send is an error
+//! ([`Error::Mismatch`]), never a silent shift of later messages.
 
 use std::ffi::c_void;
 

@@ -1233,6 +1233,29 @@ fn gpu2_send_recv_errors_are_named() {
     eprintln!("{e}");
     assert!(e.to_string().contains("mismatched send"), "{e}");
     drop(comms);
+    // A small receive (its chunks travel as LL lines) against a large send (copied chunks):
+    // the header of the first chunk names both sizes, whatever path each side takes.
+    let comms = Communicator::init_all_with(&devices[..2], short_timeout()).expect("init_all");
+    let large = DeviceBuffer::<f32>::zeroed(&devices[0], 1 << 20).expect("buf");
+    let mut small = DeviceBuffer::<f32>::zeroed(&devices[1], 1000).expect("buf");
+    comms[0]
+        .send(&large, 1 << 20, DataType::F32, 1, &stream0)
+        .expect("send");
+    comms[1]
+        .recv(&mut small, 1000, DataType::F32, 0, &stream1)
+        .expect("recv");
+    let e = comms[1]
+        .synchronize(&stream1)
+        .expect_err("LL against copied");
+    eprintln!("{e}");
+    assert!(matches!(e, Error::Mismatch { peer: 0, .. }), "{e:?}");
+    assert!(
+        e.to_string().contains("recv of 4000 bytes")
+            && e.to_string().contains("send of 4194304 bytes"),
+        "{e}"
+    );
+    let _ = comms[0].synchronize(&stream0);
+    drop(comms);
     // A receive that nobody answers.
     let comms = Communicator::init_all_with(&devices[..2], short_timeout()).expect("init_all");
     let t = Instant::now();

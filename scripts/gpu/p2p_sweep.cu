@@ -49,10 +49,10 @@ int main(int argc, char** argv) {
     int* abort_flag = nullptr;
     CK(cudaHostAlloc(&abort_flag, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
     *abort_flag = 0;
-    printf("# %s: P2P_BLOCKS %d P2P_SLOTS %d P2P_CHUNK %d P2P_MIN_CHUNK %d P2P_UNROLL %d P2P_PIPE_CHUNK %d\n",
-           label, P2P_BLOCKS, P2P_SLOTS, P2P_CHUNK, P2P_MIN_CHUNK, P2P_UNROLL, P2P_PIPE_CHUNK);
+    printf("# %s: P2P_BLOCKS %d P2P_SLOTS %d P2P_CHUNK %d P2P_MIN_CHUNK %d P2P_UNROLL %d P2P_PIPE_CHUNK %d P2P_LL_BYTES %d\n",
+           label, P2P_BLOCKS, P2P_SLOTS, P2P_CHUNK, P2P_MIN_CHUNK, P2P_UNROLL, P2P_PIPE_CHUNK, P2P_LL_BYTES);
     int failed = 0;
-    for (size_t bytes = 8; bytes <= max_bytes; bytes *= 4) {
+    for (size_t bytes = 8; bytes <= max_bytes; bytes *= 2) {
         P2pArgs a[2];
         for (int d = 0; d < 2; ++d) {
             memset(&a[d], 0, sizeof(P2pArgs));

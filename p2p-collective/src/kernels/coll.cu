@@ -980,13 +980,20 @@ COLL_KERNEL(coll_u8, unsigned char)
 // captured in a CUDA graph replays correctly):
 //   s: SENT[d][lane] (chunks it put in the lane), and FREED[d][lane] in s's sync area, written
 //      by d (chunks d has taken out);
-//   d: RECVD[s][lane], and READY[s][lane] in d's sync area, written by s.
-// The sender's i-th chunk of a lane goes into slot i % P2P_SLOTS once FREED > i - P2P_SLOTS;
-// it pushes the data and the slot's header (message number + 1, message bytes), fences, and
-// stores READY = i + 1. The receiver waits for READY > i, checks the header against its own
-// message number and size (a different size is a mismatch, never silent), copies out, and
-// stores FREED = i + 1 in the sender's sync area. Every lane counts every message (MSGS), even
-// one that carries none of its chunks, so the message numbers agree on both sides.
+//   d: RECVD[s][lane].
+// The sender's i-th chunk of a lane goes into slot i % P2P_SLOTS once FREED > i - P2P_SLOTS.
+// Every slot starts with a header of two LL lines (message number + 1, message bytes), each
+// 8-byte half carrying the flag i + 1, which no earlier use of the slot carried: the header is
+// the chunk's ready signal, and the receiver checks it against its own message number and size
+// (a different size is a mismatch, never silent). The chunk's data travels one of two ways:
+//   - a message of at most P2P_LL_BYTES: as LL lines in the slot's LL area (8 data bytes and
+//     two flags per 16-byte line; the receiver polls each line; no fence);
+//   - a larger one: copied into the slot's data area, then a system fence, then the header; the
+//     receiver fences after the header and copies out.
+// The receiver then stores FREED = i + 1 in the sender's sync area. Every lane counts every
+// message (MSGS), even one that carries none of its chunks, so the message numbers agree on
+// both sides. The LL area is only ever written with LL lines, so user data never sits where a
+// flag is polled.
 //
 // A group's operations are sorted by the host into channels (coll_abi.h); block b runs lane
 // b % P2P_BLOCKS of channel b / P2P_BLOCKS, that channel's messages one after another. The
@@ -1059,6 +1066,21 @@ __device__ int p2p_wait(const P2pArgs& a, volatile u64* flag, u64 want) {
     return 0;
 }
 
+// Waits until the LL line at `p` carries `flag` in both halves, and gives its data.
+__device__ int p2p_wait_line(const P2pArgs& a, const unsigned char* p, unsigned flag, uint2* got) {
+    u64 deadline = 0;
+    unsigned spins = 0;
+    volatile u64* fail = a.my_sync + FAIL_OFF;
+    while (true) {
+        const uint4 v = ll_load(p);
+        if (v.y == flag && v.w == flag) {
+            *got = make_uint2(v.x, v.z);
+            return 0;
+        }
+        WAIT_LIMITS(a, fail, spins, deadline);
+    }
+}
+
 // One lane's part of operation `o` (a send or a receive). Returns nonzero once the call failed
 // (every thread of the block returns the same).
 __device__ int p2p_message(const P2pArgs& a, int o, int lane, int* err) {
@@ -1073,10 +1095,13 @@ __device__ int p2p_message(const P2pArgs& a, int o, int lane, int* err) {
     const u64 msg = *msgs;
     volatile u64* count = my + (sending ? P2P_SENT_OFF : P2P_RECVD_OFF) + peer * P2P_BLOCKS + lane;
     u64 i = *count;
+    const bool ll = bytes <= P2P_LL_BYTES;
     for (u64 k = lane; k < chunks; k += P2P_BLOCKS, ++i) {
         const u64 off = k * chunk;
         const u64 len = bytes - off < chunk ? bytes - off : chunk;
         const u64 slot = (u64)lane * P2P_SLOTS + i % P2P_SLOTS;
+        const unsigned flag = (unsigned)(i + 1);
+        const u64 lines = (len + 7) / 8;
         if (sending) {
             unsigned char* s = a.dst[o] + slot * P2P_SLOT_BYTES;
             if (threadIdx.x == 0 && i >= P2P_SLOTS) {
@@ -1089,26 +1114,32 @@ __device__ int p2p_message(const P2pArgs& a, int o, int lane, int* err) {
             }
             __syncthreads();
             if (*err) return *err;
-            copy_chunk(s + P2P_HEADER, a.src[o] + off, len);
-            if (threadIdx.x == 0) {
-                ((volatile u64*)s)[0] = msg + 1;
-                ((volatile u64*)s)[1] = bytes;
+            if (ll) {
+                const unsigned char* from = a.src[o] + off;
+                const bool al = (((u64)from) & 7ull) == 0;
+                for (u64 u = threadIdx.x; u < lines; u += blockDim.x)
+                    ll_store(s + P2P_HEADER + 16 * u, load8(from, u, len, al), flag);
+            } else {
+                copy_chunk(s + P2P_HEADER + P2P_LL_AREA, a.src[o] + off, len);
+                __syncthreads();
+                if (threadIdx.x == 0) fence_sys();  // release: the chunk before its header
             }
-            __syncthreads();
             if (threadIdx.x == 0) {
-                fence_sys();  // release: the chunk and its header before the flag
-                ((volatile u64*)a.peer_sync[o])[P2P_READY_OFF + a.rank * P2P_BLOCKS + lane] = i + 1;
+                ll_store(s, make_uint2((unsigned)(msg + 1), (unsigned)bytes), flag);
+                ll_store(s + 16, make_uint2((unsigned)((msg + 1) >> 32), (unsigned)(bytes >> 32)), flag);
             }
         } else {
             const unsigned char* s = a.src[o] + slot * P2P_SLOT_BYTES;
             if (threadIdx.x == 0) {
-                int e = p2p_wait(a, my + P2P_READY_OFF + peer * P2P_BLOCKS + lane, i + 1);
-                fence_sys();  // acquire: the sender's chunk is visible after its flag
+                uint2 h0 = make_uint2(0, 0), h1 = make_uint2(0, 0);
+                int e = p2p_wait_line(a, s, flag, &h0);
+                if (!e) e = p2p_wait_line(a, s + 16, flag, &h1);
+                if (!e && !ll) fence_sys();  // acquire: the copied chunk is visible after its header
                 int kind = K_RECV;
                 u64 mine = bytes, theirs = 0;
                 if (!e) {
-                    const u64 their_msg = ((volatile const u64*)s)[0];
-                    const u64 their_bytes = ((volatile const u64*)s)[1];
+                    const u64 their_msg = (u64)h0.x | ((u64)h1.x << 32);
+                    const u64 their_bytes = (u64)h0.y | ((u64)h1.y << 32);
                     if (their_msg != msg + 1) {
                         // Another message than this one (the two ranks' orders differ): report
                         // the message numbers, since the sizes may well agree.
@@ -1128,11 +1159,32 @@ __device__ int p2p_message(const P2pArgs& a, int o, int lane, int* err) {
             }
             __syncthreads();
             if (*err) return *err;
-            copy_chunk(a.dst[o] + off, s + P2P_HEADER, len);
-            __syncthreads();  // every thread's loads of the slot are done
-            if (threadIdx.x == 0) {
-                fence_sys();
-                ((volatile u64*)a.peer_sync[o])[P2P_FREED_OFF + a.rank * P2P_BLOCKS + lane] = i + 1;
+            if (ll) {
+                unsigned char* to = a.dst[o] + off;
+                const bool al = (((u64)to) & 7ull) == 0;
+                for (u64 u = threadIdx.x; u < lines; u += blockDim.x) {
+                    uint2 d;
+                    const int e = p2p_wait_line(a, s + P2P_HEADER + 16 * u, flag, &d);
+                    if (e) {
+                        if (e != F_ELSEWHERE) p2p_fail(a, e, K_RECV, peer, bytes, 0);
+                        *err = e;
+                        break;
+                    }
+                    store8(to, u, len, al, d);
+                }
+                // Every line's load has returned (its data is stored): the slot may be reused
+                // without a fence.
+                __syncthreads();
+                if (*err) return *err;
+                if (threadIdx.x == 0)
+                    ((volatile u64*)a.peer_sync[o])[P2P_FREED_OFF + a.rank * P2P_BLOCKS + lane] = i + 1;
+            } else {
+                copy_chunk(a.dst[o] + off, s + P2P_HEADER + P2P_LL_AREA, len);
+                __syncthreads();  // every thread's loads of the slot are done
+                if (threadIdx.x == 0) {
+                    fence_sys();
+                    ((volatile u64*)a.peer_sync[o])[P2P_FREED_OFF + a.rank * P2P_BLOCKS + lane] = i + 1;
+                }
             }
         }
     }

@@ -23,11 +23,12 @@
 #define P2P_MIN_CHUNK 4096       // the smallest chunk of a message cut over the lanes (a multiple of 16)
 #define P2P_PIPE_CHUNK (128 * 1024)  // a lane's share above this travels as two chunks or more
 #define P2P_UNROLL 4             // 16-byte loads in flight per thread in a chunk's copy
-#define P2P_HEADER 16      // each slot starts with (message number + 1, message bytes)
-#define P2P_SLOT_BYTES (P2P_HEADER + P2P_CHUNK)
+#define P2P_LL_BYTES (128 * 1024)  // messages up to this travel as LL lines (8 data bytes per 16-byte line)
+#define P2P_HEADER 32      // each slot starts with two LL lines: (message number + 1, message bytes)
+#define P2P_LL_AREA (2 * P2P_MIN_CHUNK)  // then an LL chunk's lines (never written with raw data)
+#define P2P_SLOT_BYTES (P2P_HEADER + P2P_LL_AREA + P2P_CHUNK)  // then a copied chunk
 #define P2P_INBOX_BYTES (P2P_BLOCKS * P2P_SLOTS * P2P_SLOT_BYTES)  // per source rank
-#define P2P_READY_OFF (STATUS_OFF + 8)                         // [MAX_RANKS src][P2P_BLOCKS], written by src
-#define P2P_FREED_OFF (P2P_READY_OFF + MAX_RANKS * P2P_BLOCKS)  // [MAX_RANKS dst][P2P_BLOCKS], written by dst
+#define P2P_FREED_OFF (STATUS_OFF + 8)                          // [MAX_RANKS dst][P2P_BLOCKS], written by dst
 #define P2P_SENT_OFF (P2P_FREED_OFF + MAX_RANKS * P2P_BLOCKS)   // [MAX_RANKS dst][P2P_BLOCKS], local
 #define P2P_RECVD_OFF (P2P_SENT_OFF + MAX_RANKS * P2P_BLOCKS)   // [MAX_RANKS src][P2P_BLOCKS], local
 #define P2P_MSGS_OFF (P2P_RECVD_OFF + MAX_RANKS * P2P_BLOCKS)   // [2 send/recv][MAX_RANKS][P2P_BLOCKS], local
@@ -112,6 +113,8 @@ struct P2pArgs {
     int rank, channels;                     // the grid is channels * P2P_BLOCKS blocks
 };
 static_assert(sizeof(P2pArgs) == 1568, "P2pArgs changed: comm.rs asserts the same size");
+// An LL message's chunks are P2P_MIN_CHUNK bytes (p2p_chunk), whose lines fill P2P_LL_AREA.
+static_assert(P2P_LL_BYTES <= P2P_BLOCKS * P2P_MIN_CHUNK, "an LL chunk must fit its slot's LL area");
 
 // The host's `CollArgs` (comm.rs) has the same layout and checks the same size.
 static_assert(sizeof(CollArgs) == 344, "CollArgs changed: comm.rs asserts the same size");
