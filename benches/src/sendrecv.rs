@@ -273,7 +273,8 @@ pub fn sizes(min: usize, max: usize, factor: usize) -> Vec<usize> {
     v
 }
 
-/// Runs the benchmark; writes `sendrecv-DATE-NxGPU.{json,md}` under `opts.out`.
+/// Runs the benchmark; writes `sendrecv[-alltoall]-DATE-NxGPU.{json,md}` under `opts.out`
+/// (GPU: the device's name, e.g. `h200`).
 pub fn run(opts: &Options) -> Result<Value, String> {
     let all = Device::all().map_err(|e| e.to_string())?;
     let devices: Vec<Device> = if opts.gpus == 0 {
@@ -396,9 +397,15 @@ pub fn run(opts: &Options) -> Result<Value, String> {
     std::fs::create_dir_all(&opts.out)
         .map_err(|e| format!("creating {}: {e}", opts.out.display()))?;
     let date: String = p2p_transport::utc_now().chars().take(10).collect();
+    // The GPU as in the other benchmarks' file names ("NVIDIA H200" -> "h200").
+    let slug = devices[0]
+        .name()
+        .to_lowercase()
+        .replace("nvidia ", "")
+        .replace(' ', "-");
     let stem = match opts.pattern {
-        Pattern::Ring => format!("sendrecv-{date}-{n}xgpu"),
-        Pattern::AllToAll => format!("sendrecv-alltoall-{date}-{n}xgpu"),
+        Pattern::Ring => format!("sendrecv-{date}-{n}x{slug}"),
+        Pattern::AllToAll => format!("sendrecv-alltoall-{date}-{n}x{slug}"),
     };
     let json_path = opts.out.join(format!("{stem}.json"));
     let md_path = opts.out.join(format!("{stem}.md"));

@@ -3,7 +3,7 @@
 // real `p2p_sendrecv`, driven as `Communicator::send_recv` drives it for a 2-rank ring
 // exchange (channel 0 receives from the peer, channel 1 sends to it), in one process with peer
 // access. Times many back-to-back launches with events and checks every byte after each size.
-// Usage: p2p_sweep LABEL [MAX_MIB]; prints one line per size.
+// Usage: [ODD=1] p2p_sweep LABEL [MAX_MIB]; prints one line per size.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -52,7 +52,14 @@ int main(int argc, char** argv) {
     printf("# %s: P2P_BLOCKS %d P2P_SLOTS %d P2P_CHUNK %d P2P_MIN_CHUNK %d P2P_UNROLL %d P2P_PIPE_CHUNK %d P2P_LL_BYTES %d\n",
            label, P2P_BLOCKS, P2P_SLOTS, P2P_CHUNK, P2P_MIN_CHUNK, P2P_UNROLL, P2P_PIPE_CHUNK, P2P_LL_BYTES);
     int failed = 0;
-    for (size_t bytes = 8; bytes <= max_bytes; bytes *= 2) {
+    // Powers of two from 8 B, and with ODD=1 also an odd size after each (1.5x + 3 bytes).
+    const bool odd = getenv("ODD") && atoi(getenv("ODD")) == 1;
+    std::vector<size_t> sizes;
+    for (size_t b = 8; b <= max_bytes; b *= 2) {
+        sizes.push_back(b);
+        if (odd && b + b / 2 + 3 <= max_bytes) sizes.push_back(b + b / 2 + 3);
+    }
+    for (size_t bytes : sizes) {
         P2pArgs a[2];
         for (int d = 0; d < 2; ++d) {
             memset(&a[d], 0, sizeof(P2pArgs));

@@ -983,9 +983,10 @@ COLL_KERNEL(coll_u8, unsigned char)
 //   d: RECVD[s][lane].
 // The sender's i-th chunk of a lane goes into slot i % P2P_SLOTS once FREED > i - P2P_SLOTS.
 // Every slot starts with a header of two LL lines (message number + 1, message bytes), each
-// 8-byte half carrying the flag i + 1, which no earlier use of the slot carried: the header is
-// the chunk's ready signal, and the receiver checks it against its own message number and size
-// (a different size is a mismatch, never silent). The chunk's data travels one of two ways:
+// 8-byte half carrying the flag i % (2^32 - 1) + 1, which no line of the slot still carries
+// (never 0; the LL area is rewritten whole every P2P_LL_SCRUB uses): the header is the chunk's
+// ready signal, and the receiver checks it against its own message number and size (a
+// different size is a mismatch, never silent). The chunk's data travels one of two ways:
 //   - a message of at most P2P_LL_BYTES: as LL lines in the slot's LL area (8 data bytes and
 //     two flags per 16-byte line; the receiver polls each line; no fence);
 //   - a larger one: copied into the slot's data area, then a system fence, then the header; the
@@ -1009,7 +1010,10 @@ COLL_KERNEL(coll_u8, unsigned char)
 __device__ __forceinline__ u64 p2p_chunk(u64 bytes) {
     u64 c = (bytes + P2P_BLOCKS - 1) / P2P_BLOCKS;
     if (c > P2P_PIPE_CHUNK) c = (bytes + 2 * P2P_BLOCKS - 1) / (2 * P2P_BLOCKS);
-    c = (c + P2P_MIN_CHUNK - 1) / P2P_MIN_CHUNK * P2P_MIN_CHUNK;
+    // Whole 512-byte units (aligned copies), at least P2P_MIN_CHUNK: a message just over a
+    // power of two still spreads over every lane.
+    c = (c + 511) / 512 * 512;
+    if (c < P2P_MIN_CHUNK) c = P2P_MIN_CHUNK;
     return c > P2P_CHUNK ? (u64)P2P_CHUNK : c;
 }
 
@@ -1100,7 +1104,9 @@ __device__ int p2p_message(const P2pArgs& a, int o, int lane, int* err) {
         const u64 off = k * chunk;
         const u64 len = bytes - off < chunk ? bytes - off : chunk;
         const u64 slot = (u64)lane * P2P_SLOTS + i % P2P_SLOTS;
-        const unsigned flag = (unsigned)(i + 1);
+        // Never 0 (the LL area starts zeroed), and distinct for any two chunk numbers less
+        // than 2^32 - 1 apart; the scrub below keeps every line of the area younger than that.
+        const unsigned flag = (unsigned)(i % 0xffffffffull) + 1u;
         const u64 lines = (len + 7) / 8;
         if (sending) {
             unsigned char* s = a.dst[o] + slot * P2P_SLOT_BYTES;
@@ -1114,6 +1120,14 @@ __device__ int p2p_message(const P2pArgs& a, int o, int lane, int* err) {
             }
             __syncthreads();
             if (*err) return *err;
+            if ((i / P2P_SLOTS) % P2P_LL_SCRUB == 0) {
+                // Once every P2P_LL_SCRUB uses of a slot, every line of its LL area gets this
+                // chunk's flag (with no data; the receiver polls only the lines a message fills):
+                // a line a receiver polls then always holds a flag from fewer than 2^29 chunk
+                // numbers back, never one equal to the current flag after the 32-bit wrap.
+                for (u64 u = (ll ? lines : 0) + threadIdx.x; u < P2P_LL_AREA / 16; u += blockDim.x)
+                    ll_store(s + P2P_HEADER + 16 * u, make_uint2(0, 0), flag);
+            }
             if (ll) {
                 const unsigned char* from = a.src[o] + off;
                 const bool al = (((u64)from) & 7ull) == 0;

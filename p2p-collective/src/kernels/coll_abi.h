@@ -26,6 +26,7 @@
 #define P2P_LL_BYTES (128 * 1024)  // messages up to this travel as LL lines (8 data bytes per 16-byte line)
 #define P2P_HEADER 32      // each slot starts with two LL lines: (message number + 1, message bytes)
 #define P2P_LL_AREA (2 * P2P_MIN_CHUNK)  // then an LL chunk's lines (never written with raw data)
+#define P2P_LL_SCRUB 268435456  // every this many uses of a slot, the sender rewrites its whole LL area
 #define P2P_SLOT_BYTES (P2P_HEADER + P2P_LL_AREA + P2P_CHUNK)  // then a copied chunk
 #define P2P_INBOX_BYTES (P2P_BLOCKS * P2P_SLOTS * P2P_SLOT_BYTES)  // per source rank
 #define P2P_FREED_OFF (STATUS_OFF + 8)                          // [MAX_RANKS dst][P2P_BLOCKS], written by dst
