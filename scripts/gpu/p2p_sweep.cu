@@ -3,7 +3,8 @@
 // real `p2p_sendrecv`, driven as `Communicator::send_recv` drives it for a 2-rank ring
 // exchange (channel 0 receives from the peer, channel 1 sends to it), in one process with peer
 // access. Times many back-to-back launches with events and checks every byte after each size.
-// Usage: [ODD=1] p2p_sweep LABEL [MAX_MIB]; prints one line per size.
+// Usage: [ODD=1] [MODE=sendrecv|pull|push] [GRID=N] p2p_sweep LABEL [MAX_MIB]; prints one
+// line per size.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +18,18 @@
             exit(1);                                                                      \
         }                                                                                 \
     } while (0)
+
+// The one-copy bound (MODE=pull or MODE=push): no inbox, no flags; each GPU's GRID blocks copy
+// the message straight from the peer's send buffer (pull) or into the peer's receive buffer
+// (push), both GPUs at once, with the kernel's own unrolled copy. What a send/recv on
+// registered buffers could reach (perf-notes §26).
+extern "C" __global__ void __launch_bounds__(512, 2) sweep_one_copy(unsigned char* dst, const unsigned char* src,
+                                                                   u64 bytes) {
+    const u64 per = ((bytes + gridDim.x - 1) / gridDim.x + 15) / 16 * 16;
+    const u64 lo = (u64)blockIdx.x * per < bytes ? (u64)blockIdx.x * per : bytes;
+    const u64 hi = lo + per < bytes ? lo + per : bytes;
+    copy_chunk(dst + lo, src + lo, hi - lo);
+}
 
 int main(int argc, char** argv) {
     const char* label = argc > 1 ? argv[1] : "?";
@@ -51,6 +64,24 @@ int main(int argc, char** argv) {
     *abort_flag = 0;
     printf("# %s: P2P_BLOCKS %d P2P_SLOTS %d P2P_CHUNK %d P2P_MIN_CHUNK %d P2P_UNROLL %d P2P_PIPE_CHUNK %d P2P_LL_BYTES %d\n",
            label, P2P_BLOCKS, P2P_SLOTS, P2P_CHUNK, P2P_MIN_CHUNK, P2P_UNROLL, P2P_PIPE_CHUNK, P2P_LL_BYTES);
+    // MODE: sendrecv (default: the real kernel), pull or push (sweep_one_copy with GRID blocks).
+    const char* mode_env = getenv("MODE");
+    const int mode = !mode_env || !strcmp(mode_env, "sendrecv") ? 0 : !strcmp(mode_env, "pull") ? 1 : !strcmp(mode_env, "push") ? 2 : -1;
+    if (mode < 0) {
+        fprintf(stderr, "MODE is sendrecv, pull or push, not %s\n", mode_env);
+        return 1;
+    }
+    const int grid = getenv("GRID") ? atoi(getenv("GRID")) : 64;
+    if (mode) printf("# %s: MODE %s GRID %d\n", label, mode_env, grid);
+    auto launch = [&](int d, const P2pArgs& args, size_t bytes) {
+        if (mode == 0) {
+            p2p_sendrecv<<<2 * P2P_BLOCKS, THREADS, 0, st[d]>>>(args);
+        } else if (mode == 1) {
+            sweep_one_copy<<<grid, THREADS, 0, st[d]>>>(dst[d], src[1 - d], bytes);
+        } else {
+            sweep_one_copy<<<grid, THREADS, 0, st[d]>>>(dst[1 - d], src[d], bytes);
+        }
+    };
     int failed = 0;
     // Powers of two from 8 B, and with ODD=1 also an odd size after each (1.5x + 3 bytes).
     const bool odd = getenv("ODD") && atoi(getenv("ODD")) == 1;
@@ -97,7 +128,7 @@ int main(int argc, char** argv) {
         for (int w = 0; w < 3; ++w)
             for (int d = 0; d < 2; ++d) {
                 CK(cudaSetDevice(d));
-                p2p_sendrecv<<<2 * P2P_BLOCKS, THREADS, 0, st[d]>>>(a[d]);
+                launch(d, a[d], bytes);
             }
         for (int d = 0; d < 2; ++d) {
             CK(cudaSetDevice(d));
@@ -106,8 +137,9 @@ int main(int argc, char** argv) {
         for (long it = 0; it < iters; ++it)
             for (int d = 0; d < 2; ++d) {
                 CK(cudaSetDevice(d));
-                p2p_sendrecv<<<2 * P2P_BLOCKS, THREADS, 0, st[d]>>>(a[d]);
+                launch(d, a[d], bytes);
             }
+        // Push: rank d wrote the peer's buffer; wait for both before timing stops.
         float ms = 0;
         for (int d = 0; d < 2; ++d) {
             CK(cudaSetDevice(d));
