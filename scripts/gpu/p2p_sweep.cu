@@ -95,18 +95,17 @@ int main(int argc, char** argv) {
         for (int d = 0; d < 2; ++d) {
             memset(&a[d], 0, sizeof(P2pArgs));
             const int p = 1 - d;
-            a[d].kind[0] = P2P_RECV;
-            a[d].src[0] = inbox[d];
-            a[d].dst[0] = dst[d];
-            a[d].peer_sync[0] = sync[p];
-            a[d].bytes[0] = bytes;
-            a[d].peer[0] = p;
-            a[d].kind[1] = P2P_SEND;
-            a[d].src[1] = src[d];
-            a[d].dst[1] = inbox[p];
-            a[d].peer_sync[1] = sync[p];
-            a[d].bytes[1] = bytes;
-            a[d].peer[1] = p;
+            // Operation o (and channel o): a receive from the peer's inbox, then a send into it.
+            auto op = [&](int o, int kind, const unsigned char* from, unsigned char* to) {
+                a[d].kind[o] = kind;
+                a[d].src[o] = from;
+                a[d].dst[o] = to;
+                a[d].peer_sync[o] = sync[p];
+                a[d].bytes[o] = bytes;
+                a[d].peer[o] = p;
+            };
+            op(0, P2P_RECV, inbox[d], dst[d]);
+            op(1, P2P_SEND, src[d], inbox[p]);
             a[d].chan_first[0] = 0;
             a[d].chan_ops[0] = 1;
             a[d].chan_first[1] = 1;
