@@ -97,6 +97,11 @@ pub fn gpu_table(gpus: &[GpuInfo]) -> String {
     out
 }
 
+/// A GPU's name as the benchmarks' result files carry it: "NVIDIA H200" -> "h200".
+pub fn gpu_slug(name: &str) -> String {
+    name.to_lowercase().replace("nvidia ", "").replace(' ', "-")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

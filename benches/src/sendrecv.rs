@@ -128,6 +128,8 @@ struct Harness<'a> {
     nccl: Option<&'a NcclGroup>,
     nccl_mem: Option<&'a NcclGroup>,
     ranks: Vec<Rank>,
+    /// Every rank's operations (`Pattern::ops`), fixed for the run.
+    ops: Vec<Vec<(bool, usize, usize)>>,
     bufs: Vec<Bufs>,
     mem_bufs: Vec<Bufs>,
     streams: Vec<p2p_sys::cuda::CUstream>,
@@ -150,8 +152,8 @@ impl Harness<'_> {
         let m = |e: p2p_mem::Error| e.to_string();
         match imp {
             Imp::Ours => {
-                for (r, (comm, rank)) in self.comms.iter().zip(self.ranks.iter_mut()).enumerate() {
-                    let ops = self.pattern.ops(r, n);
+                let ranks = self.comms.iter().zip(self.ranks.iter_mut()).zip(&self.ops);
+                for ((comm, rank), ops) in ranks {
                     let parts = self.pattern.parts(n);
                     let sends: Vec<_> = (0..parts)
                         .map(|k| rank.send.slice(k * bytes..(k + 1) * bytes))
@@ -161,13 +163,12 @@ impl Harness<'_> {
                     let mut rest = rank.recv.slice_mut(..parts * bytes).map_err(m)?;
                     for _ in 0..parts {
                         let (part, tail) = rest.split_at_mut(bytes).map_err(m)?;
-                        recvs.push(Some(part));
+                        recvs.push(part);
                         rest = tail;
                     }
-                    let mut refs: Vec<Option<&mut _>> =
-                        recvs.iter_mut().map(|p| p.as_mut()).collect();
+                    let mut refs: Vec<Option<&mut _>> = recvs.iter_mut().map(Some).collect();
                     let mut g = comm.group(&rank.timer.stream);
-                    for (send, peer, part) in ops {
+                    for &(send, peer, part) in ops {
                         if send {
                             g.send(&sends[part], bytes, DataType::U8, peer).map_err(e)?;
                         } else {
@@ -180,7 +181,6 @@ impl Harness<'_> {
                 Ok(())
             }
             Imp::Nccl | Imp::NcclMem => {
-                let ops: Vec<_> = (0..n).map(|r| self.pattern.ops(r, n)).collect();
                 let (group, bufs) = if imp == Imp::Nccl {
                     (self.nccl, &self.bufs)
                 } else {
@@ -188,7 +188,7 @@ impl Harness<'_> {
                 };
                 group
                     .ok_or("NCCL is not set up")?
-                    .issue_p2p(bytes, bufs, &self.streams, &ops)
+                    .issue_p2p(bytes, bufs, &self.streams, &self.ops)
             }
         }
     }
@@ -208,16 +208,18 @@ impl Harness<'_> {
             mem.and_then(|g| g.window_prefix(r, len))
                 .ok_or_else(|| "NCCL's ncclMemAlloc buffers are not set up".to_string())
         };
+        // Rank r sends data[r]: made once, uploaded, then compared with what each peer got.
+        let data: Vec<Vec<u8>> = (0..n).map(|r| random_bytes(seed + r as u64, len)).collect();
         for (r, rank) in self.ranks.iter_mut().enumerate() {
-            let data = random_bytes(seed + r as u64, len);
+            let data = &data[r];
             if imp == Imp::NcclMem {
                 let (mut send, mut recv) = windows(r)?;
-                send.copy_from_host(&data).map_err(e)?;
+                send.copy_from_host(data).map_err(e)?;
                 recv.copy_from_host(&vec![0xffu8; len]).map_err(e)?;
             } else {
                 rank.send
                     .slice_mut(..len)
-                    .and_then(|mut s| s.copy_from_host(&data))
+                    .and_then(|mut s| s.copy_from_host(data))
                     .map_err(e)?;
                 rank.recv.memset_u8(0xff).map_err(e)?;
             }
@@ -234,11 +236,11 @@ impl Harness<'_> {
                     .and_then(|s| s.to_host_vec::<u8>())
                     .map_err(e)?
             };
-            for (send, from, part) in self.pattern.ops(r, n) {
+            for &(send, from, part) in &self.ops[r] {
                 if send {
                     continue;
                 }
-                let theirs = random_bytes(seed + from as u64, len);
+                let theirs = &data[from];
                 let k = self.pattern.sent_part(from, r);
                 let want = &theirs[k * bytes..(k + 1) * bytes];
                 let got = &got[part * bytes..(part + 1) * bytes];
@@ -331,6 +333,7 @@ pub fn run(opts: &Options) -> Result<Value, String> {
         comms: &comms,
         nccl: nccl.as_ref(),
         nccl_mem: nccl_mem.as_ref(),
+        ops: (0..n).map(|r| opts.pattern.ops(r, n)).collect(),
         ranks,
         bufs,
         mem_bufs,
@@ -397,12 +400,7 @@ pub fn run(opts: &Options) -> Result<Value, String> {
     std::fs::create_dir_all(&opts.out)
         .map_err(|e| format!("creating {}: {e}", opts.out.display()))?;
     let date: String = p2p_transport::utc_now().chars().take(10).collect();
-    // The GPU as in the other benchmarks' file names ("NVIDIA H200" -> "h200").
-    let slug = devices[0]
-        .name()
-        .to_lowercase()
-        .replace("nvidia ", "")
-        .replace(' ', "-");
+    let slug = crate::gpu_slug(devices[0].name());
     let stem = match opts.pattern {
         Pattern::Ring => format!("sendrecv-{date}-{n}x{slug}"),
         Pattern::AllToAll => format!("sendrecv-alltoall-{date}-{n}x{slug}"),

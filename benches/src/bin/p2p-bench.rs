@@ -429,12 +429,7 @@ fn write_results(
     svg: Option<&str>,
 ) -> Result<PathBuf, String> {
     let n = results["gpus"].as_array().map_or(0, Vec::len);
-    let gpu = results["gpus"][0]["name"]
-        .as_str()
-        .unwrap_or("gpu")
-        .to_lowercase()
-        .replace("nvidia ", "")
-        .replace(' ', "-");
+    let gpu = p2p_benches::gpu_slug(results["gpus"][0]["name"].as_str().unwrap_or("gpu"));
     let date: String = results["date"]
         .as_str()
         .unwrap_or("date")
