@@ -182,7 +182,7 @@ pub(crate) struct Kernels {
     /// Resident blocks per SM of `p2p_sendrecv`.
     pub(crate) sendrecv_blocks_per_sm: i32,
     /// Resident blocks per SM of the least-occupant kernel.
-    pub(crate) blocks_per_sm: i32,
+    blocks_per_sm: i32,
     pub(crate) module: Module,
 }
 
@@ -273,8 +273,8 @@ enum PeerMemory {
 #[derive(Clone, Copy)]
 pub(crate) struct Region<'a> {
     pub(crate) ptr: u64,
-    pub(crate) bytes: usize,
-    pub(crate) device: &'a Device,
+    bytes: usize,
+    device: &'a Device,
 }
 
 impl<'a> Region<'a> {
