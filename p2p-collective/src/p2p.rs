@@ -132,10 +132,12 @@ fn layout(rank: usize, entries: &[Entry]) -> std::result::Result<Layout, String>
         });
     }
     let mut out = Layout::default();
-    let channel = |ops: Vec<KernelOp>, out: &mut Layout| {
-        if !ops.is_empty() {
-            out.channels.push((out.ops.len(), ops.len()));
-            out.ops.extend(ops);
+    // Appends one channel (nothing when `ops` is empty).
+    let channel = |ops: &mut dyn Iterator<Item = KernelOp>, out: &mut Layout| {
+        let start = out.ops.len();
+        out.ops.extend(ops);
+        if out.ops.len() > start {
+            out.channels.push((start, out.ops.len() - start));
         }
     };
     let mut peers: Vec<usize> = entries
@@ -148,22 +150,21 @@ fn layout(rank: usize, entries: &[Entry]) -> std::result::Result<Layout, String>
     let of = |dir: Dir, peer: usize| {
         entries
             .iter()
-            .filter(|e| e.dir == dir && e.peer == peer)
-            .map(|e| KernelOp {
+            .filter(move |e| e.dir == dir && e.peer == peer)
+            .map(move |e| KernelOp {
                 kind: if dir == Dir::Send { P2P_SEND } else { P2P_RECV },
                 peer,
                 ptr: e.ptr,
                 src: 0,
                 bytes: e.bytes,
             })
-            .collect::<Vec<_>>()
     };
     for &p in &peers {
-        channel(of(Dir::Recv, p), &mut out);
+        channel(&mut of(Dir::Recv, p), &mut out);
     }
-    channel(copies, &mut out);
+    channel(&mut copies.into_iter(), &mut out);
     for &p in &peers {
-        channel(of(Dir::Send, p), &mut out);
+        channel(&mut of(Dir::Send, p), &mut out);
     }
     if out.ops.len() > P2P_MAX_OPS {
         return Err(format!(
