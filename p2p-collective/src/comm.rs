@@ -147,13 +147,23 @@ enum Family {
     Direct = 2,
     /// Broadcast and reduce split among the non-roots (`coll_<type>_split`).
     Split = 3,
+    /// LL all-reduce on two ranks, its kind and world size compiled in (`coll_<type>_ll2`).
+    Ll2 = 4,
 }
 
 impl Family {
-    const ALL: [Family; 4] = [Family::Steps, Family::Ll, Family::Direct, Family::Split];
+    const ALL: [Family; 5] = [
+        Family::Steps,
+        Family::Ll,
+        Family::Direct,
+        Family::Split,
+        Family::Ll2,
+    ];
 
-    fn of(kind: Kind) -> Family {
-        if kind.is_ll() {
+    fn of(kind: Kind, world: usize) -> Family {
+        if kind == Kind::AllReduceLl && world == 2 {
+            Family::Ll2
+        } else if kind.is_ll() {
             Family::Ll
         } else if kind.is_direct() {
             Family::Direct
@@ -170,13 +180,14 @@ impl Family {
             Family::Ll => "_ll",
             Family::Direct => "_direct",
             Family::Split => "_split",
+            Family::Ll2 => "_ll2",
         }
     }
 }
 
 pub(crate) struct Kernels {
     /// `[family][type]`.
-    functions: [[Function; 7]; 4],
+    functions: [[Function; 7]; 5],
     /// Send and recv (`p2p_sendrecv`), for every type.
     pub(crate) sendrecv: Function,
     /// Resident blocks per SM of `p2p_sendrecv`.
@@ -205,7 +216,7 @@ impl Kernels {
             .map(<[Function; 7]>::try_from)
             .collect::<std::result::Result<Vec<_>, _>>()
             .ok()
-            .and_then(|rows| <[[Function; 7]; 4]>::try_from(rows).ok())
+            .and_then(|rows| <[[Function; 7]; 5]>::try_from(rows).ok())
             .ok_or_else(|| Error::InvalidArgument {
                 op: "init",
                 rank: 0,
@@ -222,8 +233,8 @@ impl Kernels {
         })
     }
 
-    fn function(&self, kind: Kind, dtype: DataType) -> Function {
-        self.functions[Family::of(kind) as usize][dtype.index()]
+    fn function(&self, kind: Kind, dtype: DataType, world: usize) -> Function {
+        self.functions[Family::of(kind, world) as usize][dtype.index()]
     }
 }
 
@@ -1423,17 +1434,24 @@ impl Communicator {
         }
         tracing::debug!(
             rank = self.rank,
-            "{op} {} {} x {}: {:?}, {} blocks x {} chunks ({})",
+            "{op} {} {} x {}: {:?}, {} blocks of {} threads x {} chunks ({})",
             call.dtype,
             call.count,
             size,
             p.kind,
             p.grid,
+            p.threads,
             p.chunks,
             p.reason
         );
-        let function = self.kernels.function(p.kind, p.kernel_type);
-        launch(&self.kernels.module, function, p.grid, &mut args, stream)
+        let function = self.kernels.function(p.kind, p.kernel_type, self.world);
+        launch(
+            &self.kernels.module,
+            function,
+            (p.grid, p.threads),
+            &mut args,
+            stream,
+        )
     }
 
     /// All-reduce `count` elements of `send` into `recv` on every rank.
@@ -1626,7 +1644,7 @@ impl Communicator {
 fn launch(
     module: &Module,
     function: Function,
-    grid: u32,
+    (grid, threads): (u32, u32),
     args: &mut CollArgs,
     stream: &Stream,
 ) -> Result<()> {
@@ -1636,7 +1654,7 @@ fn launch(
     // workspaces of every rank (alive while this communicator is, which synchronises before
     // freeing them) and the pinned abort flag (held by `self.abort`). The kernel runs
     // `griddepcontrol.wait` before touching any memory, as an overlapped launch requires.
-    unsafe { module.launch_overlapped(function, grid, THREADS, &mut params, stream) }?;
+    unsafe { module.launch_overlapped(function, grid, threads, &mut params, stream) }?;
     Ok(())
 }
 

@@ -20,8 +20,16 @@ pub const LL_SLOT_BYTES: usize = crate::abi::LL_SLOT_BYTES;
 pub const MAX_RANKS: usize = crate::abi::MAX_RANKS;
 /// Most blocks a collective kernel may use (the sync area's fixed-size tables).
 pub const MAX_BLOCKS: u32 = crate::abi::MAX_BLOCKS as u32;
-/// Threads per block of every collective kernel.
+/// Threads per block of every collective kernel (an LL call on two ranks may use fewer: see
+/// [`LL2_PIECE`]).
 pub const THREADS: u32 = crate::abi::THREADS as u32;
+/// 8-byte units per block of an LL call on two ranks (and so its threads per block), while its
+/// grid stays within the LL slot's blocks: blocks of 128 threads measured 1.99-2.03 us for a
+/// 4 KiB all-reduce under graph where one block of 512 took 2.32, and 2.55 us at 64 KiB where
+/// 16 blocks of 512 took 2.76 (perf-notes §28: one SM's stores into the peer are the limit).
+pub const LL2_PIECE: u64 = 128;
+/// Most blocks of an LL call: each block owns `THREADS` lines of each LL slot.
+const LL_GRID: u64 = (LL_SLOT_BYTES / 16 / THREADS as usize) as u64;
 
 /// Knobs of the planner; `Tuning::for_device` is what communicators use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -334,6 +342,8 @@ pub struct Plan {
     pub units: u64,
     /// Blocks in the grid.
     pub grid: u32,
+    /// Threads per block: [`THREADS`], or for LL on two ranks `piece` rounded up to a warp.
+    pub threads: u32,
     /// Elements per block per chunk (a whole number of 16-byte vectors); for LL, 8-byte units
     /// per block; for the direct kinds, elements per block of the rank's share.
     pub piece: u64,
@@ -440,16 +450,16 @@ pub fn plan_with(
     let units = (seg_bytes / elem) as u64;
     if kind.is_ll() {
         // 8-byte units, one per thread; one round. Each block owns THREADS lines of each LL
-        // slot whatever the grid (see `coll.cu`); `ll_fits` kept the grid within the tuning's
-        // resident blocks (at most LL_MAX_BYTES / 8 / THREADS = 128).
-        let units8 = seg_bytes.div_ceil(8) as u64;
-        let grid = units8.div_ceil(THREADS as u64).max(1) as u32;
+        // slot whatever the grid (see `coll.cu`), so at most LL_GRID = 128 blocks; `ll_fits`
+        // kept the grid within the tuning's resident blocks.
+        let (grid, piece, threads) = ll_shape(seg_bytes, world);
         return Plan {
             kind,
             kernel_type,
             units,
             grid,
-            piece: units8.div_ceil(grid as u64),
+            threads,
+            piece,
             chunks: 1,
             reason,
         };
@@ -482,6 +492,7 @@ pub fn plan_with(
             kernel_type,
             units,
             grid,
+            threads: THREADS,
             piece,
             chunks: 1,
             reason,
@@ -499,10 +510,27 @@ pub fn plan_with(
         kernel_type,
         units,
         grid,
+        threads: THREADS,
         piece,
         chunks,
         reason,
     }
+}
+
+/// The grid, piece (8-byte units per block) and threads per block of an LL call whose sources
+/// send `seg_bytes` each. Two ranks: pieces of [`LL2_PIECE`] units (more where the grid would
+/// pass the slot's blocks), one warp-rounded thread per unit. More ranks: up to `THREADS` units
+/// per block, as measured on 4 GPUs (smaller blocks there are not measured yet).
+fn ll_shape(seg_bytes: usize, world: usize) -> (u32, u64, u32) {
+    let units8 = (seg_bytes.div_ceil(8) as u64).max(1);
+    if world == 2 {
+        let grid = units8.div_ceil(LL2_PIECE).min(LL_GRID);
+        let piece = units8.div_ceil(grid);
+        let threads = piece.next_multiple_of(32).min(THREADS as u64) as u32;
+        return (grid as u32, piece, threads);
+    }
+    let grid = units8.div_ceil(THREADS as u64);
+    (grid as u32, units8.div_ceil(grid), THREADS)
 }
 
 fn ll_kind(op: Op) -> Kind {
@@ -518,7 +546,7 @@ fn ll_kind(op: Op) -> Kind {
 
 /// Whether LL runs by default for `seg_bytes` per source on `world` ranks.
 fn ll_default(seg_bytes: usize, world: usize, tuning: &Tuning) -> bool {
-    seg_bytes <= tuning.ll_limit(world) && ll_fits(seg_bytes, tuning)
+    seg_bytes <= tuning.ll_limit(world) && ll_fits(seg_bytes, world, tuning)
 }
 
 fn choose_all_reduce(
@@ -532,13 +560,13 @@ fn choose_all_reduce(
         Some(Algorithm::OneShot) => return (Kind::AllReduceOneShot, "forced by P2P_ALGO/Options"),
         Some(Algorithm::TwoShot) => return (Kind::AllReduceTwoShot, "forced by P2P_ALGO/Options"),
         Some(Algorithm::Ring) => return (Kind::AllReduceRing, "forced by P2P_ALGO/Options"),
-        Some(Algorithm::Ll) if ll_fits(bytes, tuning) => {
+        Some(Algorithm::Ll) if ll_fits(bytes, world, tuning) => {
             return (Kind::AllReduceLl, "forced by P2P_ALGO/Options")
         }
         Some(Algorithm::Ll) => {
             return (
                 Kind::AllReduceOneShot,
-                "LL forced, but LL carries at most 512 KiB in one block per 4 KiB: one-shot",
+                "LL forced, but the call passes LL's 512 KiB or the resident blocks: one-shot",
             )
         }
         None => {}
@@ -572,11 +600,12 @@ fn choose_all_reduce(
     }
 }
 
-/// Whether `bytes` per source fit LL: at most [`LL_MAX_BYTES`], and its grid (one block per
-/// `THREADS` 8-byte units) within the tuning's resident blocks.
-fn ll_fits(bytes: usize, tuning: &Tuning) -> bool {
+/// Whether `bytes` per source fit LL: at most [`LL_MAX_BYTES`], and its grid (see `ll_shape`)
+/// within the tuning's resident blocks, counted in blocks of `THREADS` threads.
+fn ll_fits(bytes: usize, world: usize, tuning: &Tuning) -> bool {
+    let (grid, _, threads) = ll_shape(bytes, world);
     bytes <= LL_MAX_BYTES
-        && bytes.div_ceil(8).div_ceil(THREADS as usize) <= tuning.max_blocks as usize
+        && (grid as u64 * threads as u64).div_ceil(THREADS as u64) <= tuning.max_blocks as u64
 }
 
 /// The 64-bit signature of a call that ranks compare in checking mode:
@@ -1034,6 +1063,55 @@ mod tests {
     }
 
     #[test]
+    fn two_rank_ll_runs_small_blocks_and_more_ranks_full_ones() {
+        let tuning = t();
+        // (bytes, grid, piece, threads) on two ranks: LL2_PIECE units a block while the grid
+        // stays within the slot's 128 blocks, then bigger pieces.
+        for (bytes, grid, piece, threads) in [
+            (8, 1, 1, 32),
+            (4096, 4, 128, 128),
+            (4100, 5, 103, 128),
+            (64 << 10, 64, 128, 128),
+            (128 << 10, 128, 128, 128),
+            (256 << 10, 128, 256, 256),
+            (LL_MAX_BYTES, 128, 512, 512),
+        ] {
+            let p = plan(
+                Op::AllReduce,
+                DataType::U8,
+                bytes,
+                2,
+                Some(Algorithm::Ll),
+                &tuning,
+            );
+            assert_eq!(p.kind, Kind::AllReduceLl, "{bytes}");
+            assert_eq!(
+                (p.grid, p.piece, p.threads),
+                (grid, piece, threads),
+                "{bytes}"
+            );
+        }
+        // More ranks: one block per THREADS units, THREADS threads, as before.
+        let p = plan(
+            Op::AllReduce,
+            DataType::U8,
+            4096,
+            4,
+            Some(Algorithm::Ll),
+            &tuning,
+        );
+        assert_eq!((p.grid, p.piece, p.threads), (1, 512, THREADS));
+        let p = plan(Op::AllGather, DataType::U8, 64 << 10, 3, None, &tuning);
+        assert_eq!(
+            (p.kind, p.grid, p.threads),
+            (Kind::AllGatherLl, 16, THREADS)
+        );
+        // Every other kind launches THREADS threads.
+        let p = plan(Op::AllReduce, DataType::F32, 1 << 24, 2, None, &tuning);
+        assert_eq!(p.threads, THREADS);
+    }
+
+    #[test]
     fn ll_covers_every_byte_in_one_round_and_only_small_calls() {
         let tuning = t();
         for dtype in DataType::ALL {
@@ -1044,8 +1122,10 @@ mod tests {
                 assert_eq!((p.chunks, p.units), (1, count as u64));
                 assert!(p.piece * p.grid as u64 >= units && p.piece * (p.grid as u64 - 1) < units);
                 assert!(units * 16 <= LL_SLOT_BYTES as u64);
-                // Each block's lines stay inside its own THREADS-line part of the slot.
-                assert!(p.piece <= THREADS as u64);
+                // Each block's lines stay inside its own THREADS-line part of the slot, one
+                // thread per unit.
+                assert!(p.piece <= p.threads as u64 && p.threads <= THREADS);
+                assert_eq!(p.threads % 32, 0);
                 assert!(p.grid as u64 * THREADS as u64 * 16 <= LL_SLOT_BYTES as u64);
                 assert_eq!(p.steps(2), 1);
             }

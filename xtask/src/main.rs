@@ -153,6 +153,7 @@ fn bundle() -> Result<()> {
         return Err(format!("cargo test --no-run failed with {}", output.status));
     }
     let mut count = 0;
+    let mut seen = std::collections::HashMap::new();
     for line in String::from_utf8_lossy(&output.stdout).lines() {
         let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
@@ -169,12 +170,23 @@ fn bundle() -> Result<()> {
             .as_str()
             .and_then(package_name)
             .unwrap_or_else(|| crate_name.to_string());
-        // Unit tests are named after the package, integration tests after package and file.
-        let name = if kind == "test" {
-            format!("{package}--{crate_name}")
-        } else {
-            package
+        // A library's unit tests are named after the package, integration tests after package
+        // and file, a binary's unit tests after package and binary (a package's library and
+        // binaries once shared one name, and the last one built replaced the others).
+        let name = match kind {
+            "lib" | "rlib" | "proc-macro" => package,
+            "test" => format!("{package}--{crate_name}"),
+            _ => format!("{package}--{kind}-{crate_name}"),
         };
+        match seen.insert(name.clone(), exe.to_string()) {
+            Some(first) if first != exe => {
+                return Err(format!(
+                    "{first} and {exe} would both be bundled as tests/{name}"
+                ))
+            }
+            Some(_) => continue,
+            None => {}
+        }
         copy(Path::new(exe), &out.join("tests").join(&name))?;
         count += 1;
     }

@@ -29,6 +29,12 @@
 
 // Constants, enums and the argument block: coll_abi.h, compiled in front of this file.
 
+// Timing marks for experiments (scripts/gpu/ll_floor.cu defines LL_PROBE before this file);
+// nothing in the library's build.
+#ifndef LL_PROBE
+#define LL_PROBE(i)
+#endif
+
 struct half_t { unsigned short x; };
 struct bhalf_t { unsigned short x; };
 
@@ -497,7 +503,7 @@ __device__ int ll_wait_all(const CollArgs& a, int par, u64 line, unsigned flag, 
 // of the peers that need them, then waits for the lines it needs and combines them. `a.count`
 // is one source's segment (the whole buffer, or one rank's part for all-gather, reduce-scatter
 // and all-to-all); `a.piece` is 8-byte units per block, at most one per thread (the plan keeps
-// piece <= THREADS). What each kind sends and combines:
+// piece <= the block's threads <= THREADS). What each kind sends and combines:
 //   all-reduce      sends its input to every peer;        reduces every rank's, in rank order
 //   reduce-scatter  sends part q to rank q;                reduces its own part over every rank
 //   reduce          non-roots send their input to the root; the root reduces every rank's
@@ -506,11 +512,14 @@ __device__ int ll_wait_all(const CollArgs& a, int par, u64 line, unsigned flag, 
 //   broadcast       the root sends its input to every peer; every rank copies the root's
 // It runs its own prologue: the input load goes out together with the counter's, instead of
 // after it (two load latencies overlapped).
-template <typename T>
+// KIND and NR, when given, fix the kind and the world size at compile time (`coll_<type>_ll2`
+// fixes all-reduce on two ranks; the other LL kernels leave both to the arguments).
+template <typename T, int KIND = -1, int NR = 0>
 __device__ void run_ll(const CollArgs& a) {
     typedef typename Ty<T>::acc A;
     const int E = 8 / sizeof(T);
-    const int N = a.nranks, me = a.rank, root = a.root, kind = a.kind;
+    const int N = NR > 0 ? NR : a.nranks, me = a.rank, root = a.root, kind = KIND >= 0 ? KIND : a.kind;
+    LL_PROBE(0);
     u64* mine = a.sync[me];
     const u64 bytes = a.count * sizeof(T);
     const u64 units = (bytes + 7) / 8;
@@ -538,8 +547,14 @@ __device__ void run_ll(const CollArgs& a) {
     // Unparted kinds send and use the same 8 bytes of the input: load them now.
     const uint2 first = has && !parted_in && has_input ? load8(a.input, u, bytes, aligned) : make_uint2(0, 0);
     __syncthreads();
+    LL_PROBE(1);
     if (err) return;  // an earlier call failed: the communicator is unusable, drain at once
     const u64 step = base + 1;
+    // The counter moves on now, not after a second barrier at the end (perf-notes §28: ~0.2 us
+    // of a 2 us call): every thread has read `base`, and the next call on this stream starts
+    // only once this grid is done. A call that fails leaves it moved on, which nothing reads
+    // again: a failure poisons the communicator.
+    if (threadIdx.x == 0) mine[COUNTERS_OFF + blockIdx.x] = step;
     const unsigned flag = (unsigned)(step % 0xffffffffull) + 1u;
     const int par = (int)(step & 1);
     // Line of unit u in a slot: inside this block's own lines (LL_LINES_PER_BLOCK of them).
@@ -560,15 +575,16 @@ __device__ void run_ll(const CollArgs& a) {
                 if (q != me) ll_store(ll_slot(a, q, par, me) + 16 * line, first, flag);
         }
     }
+    LL_PROBE(2);
     if (has) {
         // Rooted kinds: the root waits for every non-root, a non-root for the root.
         const unsigned need = rooted && me != root ? 1u << root : ((1u << N) - 1u) & ~(1u << me);
         uint2 got[MAX_RANKS];
         int peer = 0;
         const int e = need ? ll_wait_all(a, par, line, flag, need, got, &peer) : 0;
+        LL_PROBE(3);
         if (e) {
             if (e != F_ELSEWHERE) record_failure(a, e, peer, 0);
-            err = e;
         } else {
             // This rank's own 8 bytes, from its input.
             const uint2 own = parted_in ? load8(a.input + (u64)me * bytes, u, bytes, aligned) : first;
@@ -605,8 +621,7 @@ __device__ void run_ll(const CollArgs& a) {
             }
         }
     }
-    __syncthreads();
-    if (threadIdx.x == 0 && err == 0) mine[COUNTERS_OFF + blockIdx.x] = step;
+    LL_PROBE(4);
 }
 
 // The direct kinds, on buffers every rank registered: no scratch and no barrier per chunk. A
@@ -670,9 +685,12 @@ __device__ void run_direct(const CollArgs& a, u64 base, int* err) {
 
 // The kernel families, each its own entry point so that each gets its own register allocation
 // (one large function made ptxas spill in the hot loops): the stepped kinds through the scratch
-// (`coll_<type>`), the split broadcast and reduce (`coll_<type>_split`), LL (`coll_<type>_ll`)
-// and the direct kinds on registered buffers (`coll_<type>_direct`). The host picks by kind.
-enum Family { FAM_STEPS = 0, FAM_LL = 1, FAM_DIRECT = 2, FAM_SPLIT = 3 };
+// (`coll_<type>`), the split broadcast and reduce (`coll_<type>_split`), LL (`coll_<type>_ll`),
+// the direct kinds on registered buffers (`coll_<type>_direct`), and LL all-reduce on two
+// ranks with its kind and world size known at compile time (`coll_<type>_ll2`: the smaller
+// code, with its one peer and one reduction unrolled, measured 0.45 us faster a call than the
+// general LL kernel at 8 B-4 KiB, perf-notes §28). The host picks by kind and world size.
+enum Family { FAM_STEPS = 0, FAM_LL = 1, FAM_DIRECT = 2, FAM_SPLIT = 3, FAM_LL2 = 4 };
 
 template <typename T, int FAMILY>
 __device__ void run(const CollArgs& a) {
@@ -688,6 +706,10 @@ __device__ void run(const CollArgs& a) {
 #endif
     if (FAMILY == FAM_LL) {
         run_ll<T>(a);
+        return;
+    }
+    if (FAMILY == FAM_LL2) {
+        run_ll<T, K_ALLREDUCE_LL, 2>(a);
         return;
     }
     __shared__ int err;
@@ -959,6 +981,7 @@ __device__ void run(const CollArgs& a) {
 #define COLL_KERNEL(name, T)                                                                     \
     extern "C" __global__ void __launch_bounds__(512, 2) name(CollArgs a) { run<T, FAM_STEPS>(a); } \
     extern "C" __global__ void __launch_bounds__(512, 2) name##_ll(CollArgs a) { run<T, FAM_LL>(a); } \
+    extern "C" __global__ void __launch_bounds__(512, 2) name##_ll2(CollArgs a) { run<T, FAM_LL2>(a); } \
     extern "C" __global__ void __launch_bounds__(512, 2) name##_direct(CollArgs a) { run<T, FAM_DIRECT>(a); } \
     extern "C" __global__ void __launch_bounds__(512, 2) name##_split(CollArgs a) { run<T, FAM_SPLIT>(a); }
 
