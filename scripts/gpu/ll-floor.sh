@@ -19,7 +19,7 @@ build() {
     [ -n "$prelude" ] && cat "$prelude"
     # Only coll_f32's kernels (the others cost compile time).
     sed -e '/^COLL_KERNEL(coll_/{/^COLL_KERNEL(coll_f32,/!d}' "$src/coll.cu"
-    cat scripts/gpu/ll_floor.cu
+    cat scripts/gpu/harness.cuh scripts/gpu/ll_floor.cu
   } >"$res/$name.cu"
   nvcc -O3 -std=c++17 -arch="sm_$arch" $flags -o "$res/$name" "$res/$name.cu" >"$res/$name.build.log" 2>&1
 }

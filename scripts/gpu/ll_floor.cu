@@ -13,21 +13,8 @@
 // each with programmatic dependent launch (pdl) and without (plain). Built with LL_PROBE_ON
 // (ll_probe.cuh in front of coll.cu), the real kernels also print where thread 0's time went
 // between the marks of run_ll (SM cycles and ns at the GPU's clock) and the gap between calls.
-// Usage: ll_floor [REPLAYS]; prints `variant launch bytes us-per-call`.
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <vector>
-
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e_ = (x);                                                                  \
-        if (e_ != cudaSuccess) {                                                               \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
-
+// Usage: ll_floor [REPLAYS]; prints `variant launch bytes us-per-call`. harness.cuh (CK,
+// open_pair) comes before this file.
 struct FloorArgs {
     unsigned char* peer_line;  // this rank's line in the peer's memory
     unsigned char* my_line;    // the peer's line in this rank's memory
@@ -44,30 +31,27 @@ __device__ __forceinline__ void pdl() {
 
 extern "C" __global__ void __launch_bounds__(512, 2) floor_empty(FloorArgs) { pdl(); }
 
-extern "C" __global__ void __launch_bounds__(512, 2) floor_flag(FloorArgs f) {
-    pdl();
-    if (threadIdx.x != 0) return;
-    const u64 step = *(volatile u64*)f.counter + 1;
-    const unsigned flag = (unsigned)(step % 0xffffffffull) + 1u;
-    ll_store(f.peer_line + 16 * (step & 1), make_uint2(1, 2), flag);
-    const unsigned char* p = f.my_line + 16 * (step & 1);
+// One LL line into the peer's line `par`, then a poll of this rank's line `par` for the peer's.
+__device__ __forceinline__ void exchange(const FloorArgs& f, unsigned flag, unsigned par) {
+    ll_store(f.peer_line + 16 * par, make_uint2(1, 2), flag);
+    const unsigned char* p = f.my_line + 16 * par;
     while (true) {
         const uint4 v = ll_load(p);
         if (v.y == flag && v.w == flag) break;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(512, 2) floor_flag(FloorArgs f) {
+    pdl();
+    if (threadIdx.x != 0) return;
+    const u64 step = *(volatile u64*)f.counter + 1;
+    exchange(f, (unsigned)(step % 0xffffffffull) + 1u, (unsigned)(step & 1));
     *f.counter = step;
 }
 
 extern "C" __global__ void __launch_bounds__(512, 2) floor_flagnoctr(FloorArgs f) {
     pdl();
-    if (threadIdx.x != 0) return;
-    const unsigned flag = f.flag;
-    ll_store(f.peer_line + 16 * (flag & 1), make_uint2(1, 2), flag);
-    const unsigned char* p = f.my_line + 16 * (flag & 1);
-    while (true) {
-        const uint4 v = ll_load(p);
-        if (v.y == flag && v.w == flag) break;
-    }
+    if (threadIdx.x == 0) exchange(f, f.flag, f.flag & 1);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 2) realar(CollArgs a) {
@@ -82,21 +66,15 @@ extern "C" __global__ void __launch_bounds__(512, 2) realar2(CollArgs a) {
 
 int main(int argc, char** argv) {
     const int replays = argc > 1 ? atoi(argv[1]) : 20;
-    int ndev = 0;
-    CK(cudaGetDeviceCount(&ndev));
-    if (ndev < 2) {
-        fprintf(stderr, "needs 2 GPUs, found %d\n", ndev);
-        return 1;
-    }
+    GpuPair pair = open_pair();
+    cudaStream_t* st = pair.st;
+    cudaEvent_t* e0 = pair.e0;
     const size_t max_bytes = 64 * 1024;
     const size_t ll_region = 2ull * 2 * LL_SLOT_BYTES;
     u64* sync[2];
     unsigned char *scratch[2], *in[2], *out[2], *lines[2];
-    cudaStream_t st[2];
-    cudaEvent_t e0[2], e1[2];
     for (int d = 0; d < 2; ++d) {
         CK(cudaSetDevice(d));
-        CK(cudaDeviceEnablePeerAccess(1 - d, 0));
         CK(cudaMalloc(&sync[d], SYNC_BYTES));
         CK(cudaMemset(sync[d], 0, SYNC_BYTES));
         CK(cudaMalloc(&scratch[d], ll_region));
@@ -108,13 +86,8 @@ int main(int argc, char** argv) {
         std::vector<float> h(max_bytes / 4);
         for (size_t i = 0; i < h.size(); ++i) h[i] = (float)((i * 7 + d * 3) % 1000);
         CK(cudaMemcpy(in[d], h.data(), max_bytes, cudaMemcpyHostToDevice));
-        CK(cudaStreamCreateWithFlags(&st[d], cudaStreamNonBlocking));
-        CK(cudaEventCreate(&e0[d]));
-        CK(cudaEventCreate(&e1[d]));
     }
-    int* abort_flag = nullptr;
-    CK(cudaHostAlloc(&abort_flag, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
-    *abort_flag = 0;
+    int* abort_flag = pair.abort_flag;
 
     // piece: 8-byte units per block (0: as the plan, up to THREADS); block: threads per block
     // (0: THREADS, as the library launches).
@@ -226,16 +199,8 @@ int main(int argc, char** argv) {
                         CK(cudaGraphLaunch(exec[d], st[d]));
                     }
                 }
-                float ms = 0;
-                for (int d = 0; d < 2; ++d) {
-                    CK(cudaSetDevice(d));
-                    CK(cudaEventRecord(e1[d], st[d]));
-                    CK(cudaEventSynchronize(e1[d]));
-                    float m = 0;
-                    CK(cudaEventElapsedTime(&m, e0[d], e1[d]));
-                    if (m > ms) ms = m;
-                    CK(cudaGraphExecDestroy(exec[d]));
-                }
+                const float ms = pair_elapsed_ms(pair);
+                for (int d = 0; d < 2; ++d) CK(cudaGraphExecDestroy(exec[d]));
                 int wrong = 0;
                 if (real) {
                     std::vector<float> a0(v.bytes / 4), a1(v.bytes / 4), o(v.bytes / 4);

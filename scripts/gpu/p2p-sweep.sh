@@ -6,7 +6,7 @@
 # (P2P_BLOCKS, P2P_SLOTS, P2P_CHUNK, P2P_MIN_CHUNK, P2P_PIPE_CHUNK, P2P_UNROLL, P2P_LL_BYTES, ...),
 # e.g. `noll:P2P_LL_BYTES=0`; a bare LABEL is the header as it is. Each variant is the real
 # p2p_sendrecv built by nvcc from coll_abi.h so edited and coll.cu without the collective kernels,
-# plus p2p_sweep.cu's host loop. Environment: ODD=1 adds an odd size after each power of two;
+# plus harness.cuh and p2p_sweep.cu's host loop. Environment: ODD=1 adds an odd size after each power of two;
 # MODE=pull|push GRID=N times a one-copy kernel (no inbox, no flags: the bound for send/recv on
 # registered buffers) instead of the send/recv kernel. Output: p2p-sweep/ (one log per variant, sweep.txt), into
 # $OUT/p2p-sweep.tgz when $OUT is set. (Not ncu: it serialises the two GPUs' kernels, and each
@@ -33,7 +33,7 @@ build() {
   {
     sed -E "${edits[@]}" p2p-collective/src/kernels/coll_abi.h
     sed -e '/^COLL_KERNEL(coll_/d' p2p-collective/src/kernels/coll.cu
-    cat scripts/gpu/p2p_sweep.cu
+    cat scripts/gpu/harness.cuh scripts/gpu/p2p_sweep.cu
   } >"$res/bin/$label.cu"
   nvcc -O3 -std=c++17 -arch="sm_$arch" -o "$res/bin/$label" "$res/bin/$label.cu" >"$res/bin/$label.build.log" 2>&1
 }

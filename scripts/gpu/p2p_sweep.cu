@@ -4,20 +4,7 @@
 // exchange (channel 0 receives from the peer, channel 1 sends to it), in one process with peer
 // access. Times many back-to-back launches with events and checks every byte after each size.
 // Usage: [ODD=1] [MODE=sendrecv|pull|push] [GRID=N] p2p_sweep LABEL [MAX_MIB]; prints one
-// line per size.
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <vector>
-
-#define CK(x)                                                                             \
-    do {                                                                                  \
-        cudaError_t e_ = (x);                                                             \
-        if (e_ != cudaSuccess) {                                                          \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                      \
-        }                                                                                 \
-    } while (0)
+// line per size. harness.cuh (CK, open_pair) comes before this file.
 
 // The one-copy bound (MODE=pull or MODE=push): no inbox, no flags; each GPU's GRID blocks copy
 // the message straight from the peer's send buffer (pull) or into the peer's receive buffer
@@ -34,19 +21,14 @@ extern "C" __global__ void __launch_bounds__(512, 2) sweep_one_copy(unsigned cha
 int main(int argc, char** argv) {
     const char* label = argc > 1 ? argv[1] : "?";
     const size_t max_bytes = (size_t)(argc > 2 ? atoi(argv[2]) : 128) << 20;
-    int ndev = 0;
-    CK(cudaGetDeviceCount(&ndev));
-    if (ndev < 2) {
-        fprintf(stderr, "needs 2 GPUs, found %d\n", ndev);
-        return 1;
-    }
+    GpuPair pair = open_pair();
+    cudaStream_t* st = pair.st;
+    cudaEvent_t* e0 = pair.e0;
+    int* abort_flag = pair.abort_flag;
     u64* sync[2];
     unsigned char *inbox[2], *src[2], *dst[2];
-    cudaStream_t st[2];
-    cudaEvent_t e0[2], e1[2];
     for (int d = 0; d < 2; ++d) {
         CK(cudaSetDevice(d));
-        CK(cudaDeviceEnablePeerAccess(1 - d, 0));
         CK(cudaMalloc(&sync[d], SYNC_BYTES));
         CK(cudaMemset(sync[d], 0, SYNC_BYTES));
         CK(cudaMalloc(&inbox[d], P2P_INBOX_BYTES));
@@ -55,13 +37,7 @@ int main(int argc, char** argv) {
         std::vector<unsigned char> h(max_bytes);
         for (size_t i = 0; i < max_bytes; ++i) h[i] = (unsigned char)(i * 131 + d * 71 + (i >> 12));
         CK(cudaMemcpy(src[d], h.data(), max_bytes, cudaMemcpyHostToDevice));
-        CK(cudaStreamCreateWithFlags(&st[d], cudaStreamNonBlocking));
-        CK(cudaEventCreate(&e0[d]));
-        CK(cudaEventCreate(&e1[d]));
     }
-    int* abort_flag = nullptr;
-    CK(cudaHostAlloc(&abort_flag, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable));
-    *abort_flag = 0;
     printf("# %s: P2P_BLOCKS %d P2P_SLOTS %d P2P_CHUNK %d P2P_MIN_CHUNK %d P2P_UNROLL %d P2P_PIPE_CHUNK %d P2P_LL_BYTES %d\n",
            label, P2P_BLOCKS, P2P_SLOTS, P2P_CHUNK, P2P_MIN_CHUNK, P2P_UNROLL, P2P_PIPE_CHUNK, P2P_LL_BYTES);
     // MODE: sendrecv (default: the real kernel), pull or push (sweep_one_copy with GRID blocks).
@@ -139,15 +115,7 @@ int main(int argc, char** argv) {
                 launch(d, a[d], bytes);
             }
         // Push: rank d wrote the peer's buffer; wait for both before timing stops.
-        float ms = 0;
-        for (int d = 0; d < 2; ++d) {
-            CK(cudaSetDevice(d));
-            CK(cudaEventRecord(e1[d], st[d]));
-            CK(cudaEventSynchronize(e1[d]));
-            float m = 0;
-            CK(cudaEventElapsedTime(&m, e0[d], e1[d]));
-            if (m > ms) ms = m;
-        }
+        const float ms = pair_elapsed_ms(pair);
         // Check: the kernel's failure word, then every byte each rank received.
         int wrong = 0;
         for (int d = 0; d < 2; ++d) {
