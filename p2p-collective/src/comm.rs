@@ -1444,6 +1444,16 @@ impl Communicator {
             p.chunks,
             p.reason
         );
+        // LL runs one 8-byte unit per thread: a piece larger than the block would drop units.
+        debug_assert!(!p.kind.is_ll() || p.piece <= p.threads as u64, "{p:?}");
+        if p.kind.is_ce() {
+            let peers = out_peers.ok_or_else(|| Error::InvalidArgument {
+                op,
+                rank: self.rank,
+                what: "a copy-engine plan without a registered output".into(),
+            })?;
+            return self.enqueue_ce(call, &input, peers, &mut args, stream);
+        }
         let function = self.kernels.function(p.kind, p.kernel_type, self.world);
         launch(
             &self.kernels.module,
@@ -1452,6 +1462,48 @@ impl Communicator {
             &mut args,
             stream,
         )
+    }
+
+    /// A copy-engine all-gather in place (`Kind::AllGatherCe`): a barrier kernel (every rank
+    /// has entered the call, so every buffer is free), one `cuMemcpyAsync` per peer on `stream`
+    /// (this rank's part into its place in the peer's registered buffer, as this GPU addresses
+    /// it), then a second barrier kernel (every peer's copy into this rank's buffer has
+    /// finished: each peer runs it after its copy on its own stream). The barriers are the
+    /// direct kernel with no data.
+    #[allow(unsafe_code)]
+    fn enqueue_ce(
+        &self,
+        call: &Call,
+        input: &Region<'_>,
+        peers: [u64; MAX_RANKS],
+        args: &mut CollArgs,
+        stream: &Stream,
+    ) -> Result<()> {
+        let seg = (call.count * call.dtype.size()) as u64;
+        let me = self.rank;
+        args.kind = Kind::AllGatherDirect as i32;
+        args.count = 0;
+        args.piece = 1;
+        args.peer_out = peers;
+        let barrier = self
+            .kernels
+            .function(Kind::AllGatherDirect, DataType::U8, self.world);
+        launch(&self.kernels.module, barrier, (1, THREADS), args, stream)?;
+        // Staggered, so that the ranks spread over their targets.
+        for k in 1..self.world {
+            let q = (me + k) % self.world;
+            // SAFETY: `check_call` found `input` (this rank's part) long enough for the call,
+            // and every rank registered a buffer of the same length (the window `peers` came
+            // from, which holds this rank's whole buffer), so part `me` of rank q's buffer lies
+            // inside rank q's registered buffer, which stays mapped while registered. The first
+            // barrier kept every rank from getting here before all had entered the call; the
+            // second keeps each rank's later work on its stream from starting before every copy
+            // into its buffer has run.
+            unsafe {
+                p2p_mem::copy_async(peers[q] + me as u64 * seg, input.ptr, seg as usize, stream)
+            }?;
+        }
+        launch(&self.kernels.module, barrier, (1, THREADS), args, stream)
     }
 
     /// All-reduce `count` elements of `send` into `recv` on every rank.

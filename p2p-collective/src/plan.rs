@@ -34,8 +34,9 @@ const LL_GRID: u64 = (LL_SLOT_BYTES / 16 / THREADS as usize) as u64;
 /// Knobs of the planner; `Tuning::for_device` is what communicators use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tuning {
-    /// Most blocks per call (at most [`MAX_BLOCKS`], and never more than can be resident at
-    /// once, so no block waits for a peer block that cannot start).
+    /// Most blocks per call, counted in blocks of [`THREADS`] threads (at most [`MAX_BLOCKS`],
+    /// and never more than can be resident at once, so no block waits for a peer block that
+    /// cannot start). An LL call on two ranks runs smaller blocks, up to four times as many.
     pub max_blocks: u32,
     /// Most bytes one block moves per chunk (per source rank); sets the scratch size.
     pub piece_bytes: usize,
@@ -58,6 +59,13 @@ pub struct Tuning {
     /// from twice as many on two; below, the scratch path is faster (measured on 2 and 4 x
     /// H200: perf-notes section 18).
     pub direct_min_bytes: usize,
+    /// All-gathers in place on a registered buffer of at least this many bytes (all ranks'
+    /// parts together) move the data with the copy engines (`cuMemcpyAsync` into every peer's
+    /// buffer between two barrier kernels) instead of SMs. Measured on 2 x H200 (perf-notes
+    /// section 29): 384 GB/s busbw at 1 GiB against 362 for the direct kernel, 361 against 352
+    /// at 256 MiB, slower below. Out of place the copy engines lost at every size (this rank's
+    /// own part is one more copy on the same stream), so they run in place only.
+    pub ce_min_bytes: usize,
 }
 
 impl Tuning {
@@ -76,11 +84,12 @@ impl Tuning {
             ll_max_bytes: 512 << 10,
             split_min_bytes: 1 << 20,
             direct_min_bytes: 16 << 20,
+            ce_min_bytes: 256 << 20,
         }
     }
 
     /// How many words [`to_words`](Self::to_words) gives.
-    pub const WORDS: usize = 7;
+    pub const WORDS: usize = 8;
 
     /// Every knob as a word, for ranks to compare at start-up.
     pub fn to_words(&self) -> [u64; Self::WORDS] {
@@ -92,13 +101,14 @@ impl Tuning {
             self.ll_max_bytes as u64,
             self.split_min_bytes as u64,
             self.direct_min_bytes as u64,
+            self.ce_min_bytes as u64,
         ]
     }
 
     /// The inverse of [`to_words`](Self::to_words); `None` for a wrong length or a value out
     /// of range.
     pub fn from_words(w: &[u64]) -> Option<Tuning> {
-        let [b, p, bb, o, l, sp, d] = <[u64; Self::WORDS]>::try_from(w).ok()?;
+        let [b, p, bb, o, l, sp, d, ce] = <[u64; Self::WORDS]>::try_from(w).ok()?;
         Some(Tuning {
             max_blocks: u32::try_from(b).ok()?,
             piece_bytes: usize::try_from(p).ok()?,
@@ -107,6 +117,7 @@ impl Tuning {
             ll_max_bytes: usize::try_from(l).ok()?,
             split_min_bytes: usize::try_from(sp).ok()?,
             direct_min_bytes: usize::try_from(d).ok()?,
+            ce_min_bytes: usize::try_from(ce).ok()?,
         })
     }
 
@@ -208,11 +219,14 @@ pub enum Kind {
     ReduceScatterDirect = crate::abi::K_REDUCESCATTER_DIRECT,
     /// All-to-all into every peer's registered output.
     AllToAllDirect = crate::abi::K_ALLTOALL_DIRECT,
+    /// All-gather in place into every peer's registered buffer by the copy engines, between
+    /// two barrier kernels.
+    AllGatherCe = crate::abi::K_ALLGATHER_CE,
 }
 
 impl Kind {
     /// Every kind, by code.
-    pub const ALL: [Kind; 20] = [
+    pub const ALL: [Kind; 21] = [
         Kind::AllReduceOneShot,
         Kind::AllReduceTwoShot,
         Kind::Reduce,
@@ -233,6 +247,7 @@ impl Kind {
         Kind::AllGatherDirect,
         Kind::ReduceScatterDirect,
         Kind::AllToAllDirect,
+        Kind::AllGatherCe,
     ];
 
     /// The kind with code `code`, as the kernel records it in its status.
@@ -250,7 +265,9 @@ impl Kind {
             | Kind::AllReduceDirect => Op::AllReduce,
             Kind::Reduce | Kind::ReduceSplit | Kind::ReduceLl => Op::Reduce,
             Kind::Broadcast | Kind::BroadcastSplit | Kind::BroadcastLl => Op::Broadcast,
-            Kind::AllGather | Kind::AllGatherLl | Kind::AllGatherDirect => Op::AllGather,
+            Kind::AllGather | Kind::AllGatherLl | Kind::AllGatherDirect | Kind::AllGatherCe => {
+                Op::AllGather
+            }
             Kind::ReduceScatter | Kind::ReduceScatterLl | Kind::ReduceScatterDirect => {
                 Op::ReduceScatter
             }
@@ -293,10 +310,17 @@ impl Kind {
         )
     }
 
-    /// A short name for logs and results: `ll`, `direct`, `split`, `oneshot`, ... or `-`.
+    /// Whether the copy engines move the data (between two barrier kernels).
+    pub fn is_ce(self) -> bool {
+        self == Kind::AllGatherCe
+    }
+
+    /// A short name for logs and results: `ll`, `direct`, `ce`, `split`, `oneshot`, ... or `-`.
     pub fn variant(self) -> &'static str {
         if self.is_ll() {
             "ll"
+        } else if self.is_ce() {
+            "ce"
         } else if self.is_direct() {
             "direct"
         } else if matches!(self, Kind::BroadcastSplit | Kind::ReduceSplit) {
@@ -426,6 +450,14 @@ pub fn plan_with(
             "large on > 2 ranks: each non-root reduces a part over every rank and sends it to the root",
         ),
         Op::Reduce => (Kind::Reduce, "every peer pushes to the root"),
+        Op::AllGather
+            if access.output && access.in_place && seg_bytes * world >= tuning.ce_min_bytes =>
+        {
+            (
+                Kind::AllGatherCe,
+                "registered, in place, large: the copy engines write into every peer's buffer",
+            )
+        }
         Op::AllGather if access.output && parts_direct => (
             Kind::AllGatherDirect,
             "registered output: every rank writes into every peer's output",
@@ -448,6 +480,19 @@ pub fn plan_with(
     let kernel_type = if op.reduces() { dtype } else { DataType::U8 };
     let elem = kernel_type.size();
     let units = (seg_bytes / elem) as u64;
+    if kind.is_ce() {
+        // No kernel moves data: one block runs each of the two barriers around the copies.
+        return Plan {
+            kind,
+            kernel_type,
+            units,
+            grid: 1,
+            threads: THREADS,
+            piece: 1,
+            chunks: 1,
+            reason,
+        };
+    }
     if kind.is_ll() {
         // 8-byte units, one per thread; one round. Each block owns THREADS lines of each LL
         // slot whatever the grid (see `coll.cu`), so at most LL_GRID = 128 blocks; `ll_fits`
@@ -1060,6 +1105,61 @@ mod tests {
             assert_eq!(Kind::from_code(i as u64), Some(*k));
         }
         assert_eq!(Kind::from_code(Kind::ALL.len() as u64), None);
+    }
+
+    #[test]
+    fn copy_engines_only_for_large_registered_all_gathers_in_place() {
+        let mut tuning = t();
+        let in_place = Access {
+            input: true,
+            output: true,
+            in_place: true,
+        };
+        let out = Access {
+            in_place: false,
+            ..in_place
+        };
+        assert_eq!(tuning.ce_min_bytes, 256 << 20);
+        tuning.ce_min_bytes = 64 << 20;
+        for world in [2, 4] {
+            let count = (64 << 20) / 4 / world;
+            let kind = |op, count, access| {
+                plan_with(op, DataType::F32, count, world, None, &tuning, access).kind
+            };
+            let p = plan_with(
+                Op::AllGather,
+                DataType::F32,
+                count,
+                world,
+                None,
+                &tuning,
+                in_place,
+            );
+            assert_eq!((p.kind, p.grid, p.threads), (Kind::AllGatherCe, 1, THREADS));
+            assert_eq!((p.kind.variant(), p.kind.op()), ("ce", Op::AllGather));
+            // Below the threshold, out of place, or not registered: no copy engines.
+            assert_eq!(
+                kind(Op::AllGather, count - 4, in_place),
+                Kind::AllGatherDirect
+            );
+            assert_eq!(kind(Op::AllGather, count, out), Kind::AllGatherDirect);
+            assert_eq!(kind(Op::AllGather, count, Access::NONE), Kind::AllGather);
+            // The other collectives never.
+            for op in [
+                Op::AllReduce,
+                Op::ReduceScatter,
+                Op::AllToAll,
+                Op::Broadcast,
+                Op::Reduce,
+            ] {
+                for access in [in_place, out] {
+                    assert!(!kind(op, count, access).is_ce(), "{op} {access:?}");
+                }
+            }
+        }
+        // Small calls stay LL.
+        let p = plan_with(Op::AllGather, DataType::F32, 16, 2, None, &tuning, in_place);
+        assert_eq!(p.kind, Kind::AllGatherLl);
     }
 
     #[test]

@@ -145,8 +145,31 @@ fn streams_and_buffers(
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_graph_replay_with_changing_inputs() {
+    graph_replay_with_changing_inputs(env_options(), false);
+}
+
+/// The same with the all-gather in place on a registered buffer (this rank's input copied into
+/// its part first, in the graph) and the copy engines moving it (`ce_min_bytes` 0, LL off): the
+/// copies and both barrier kernels replay in the graph.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_graph_replay_of_a_copy_engine_all_gather() {
+    let sms = gpus(1)[0].sm_count();
+    let mut tuning = p2p_collective::plan::Tuning::for_device(sms, 2);
+    tuning.ce_min_bytes = 0;
+    tuning.ll_max_bytes = 0; // 70 001 floats per part would run LL
+    let options = Options {
+        tuning: Some(tuning),
+        ..env_options()
+    };
+    graph_replay_with_changing_inputs(options, true);
+}
+
+/// `ce`: register the all-gather's buffer and run the all-gather in place (the copy engines'
+/// path when `options` lets it); else out of place on plain buffers.
+fn graph_replay_with_changing_inputs(options: Options, ce: bool) {
     let devices = gpus(world());
-    let comms = Communicator::init_all_with(&devices, env_options()).expect("init_all");
+    let comms = Communicator::init_all_with(&devices, options).expect("init_all");
     let n = comms.len();
     let count = 70_001;
     let (streams, mut ins, mut outs) = streams_and_buffers(&devices, count);
@@ -154,6 +177,27 @@ fn gpu2_graph_replay_with_changing_inputs() {
         .iter()
         .map(|d| DeviceBuffer::new(d, count * n).expect("gathered"))
         .collect();
+    let ce = ce && comms[0].sharing().is_p2p();
+    let regs = if ce {
+        let bufs: Vec<&dyn DeviceMemory> =
+            gathered.iter().map(|g| g as &dyn DeviceMemory).collect();
+        let refs: Vec<&Communicator> = comms.iter().collect();
+        // SAFETY: `gathered` outlives the registrations, which are dropped below first.
+        let regs = unsafe { Communicator::register_all(&refs, &bufs) }.expect("register_all");
+        let call = Call::new(Op::AllGather, DataType::F32, count);
+        let access = Access {
+            input: true,
+            output: true,
+            in_place: true,
+        };
+        assert_eq!(
+            comms[0].plan_with(&call, access).kind,
+            p2p_collective::plan::Kind::AllGatherCe
+        );
+        regs
+    } else {
+        Vec::new()
+    };
     // Capture: all-reduce, then all-gather of the same input, twice each, per rank.
     let mut graphs = Vec::new();
     for r in 0..n {
@@ -169,9 +213,21 @@ fn gpu2_graph_replay_with_changing_inputs() {
                     &streams[r],
                 )
                 .expect("capture all_reduce");
-            comms[r]
-                .all_gather(&ins[r], &mut gathered[r], count, DataType::F32, &streams[r])
-                .expect("capture all_gather");
+            if ce {
+                let part = gathered[r].device_ptr() + (r * count * 4) as u64;
+                // SAFETY: part r of `gathered[r]` and `ins[r]` are `count` floats each, on
+                // this stream's GPU, alive until the end of the test; the graph orders the copy
+                // before the all-gather that reads it.
+                unsafe { p2p_mem::copy_async(part, ins[r].device_ptr(), count * 4, &streams[r]) }
+                    .expect("capture the input copy");
+                comms[r]
+                    .all_gather_in_place(&mut gathered[r], count, DataType::F32, &streams[r])
+                    .expect("capture all_gather in place");
+            } else {
+                comms[r]
+                    .all_gather(&ins[r], &mut gathered[r], count, DataType::F32, &streams[r])
+                    .expect("capture all_gather");
+            }
         }
         graphs.push(
             streams[r]
@@ -214,7 +270,12 @@ fn gpu2_graph_replay_with_changing_inputs() {
             assert_eq!(wrong, 0, "replay {replay}, rank {r}");
         }
     }
-    eprintln!("20 replays of a 4-collective graph on {n} ranks: 0 wrong");
+    for (r, reg) in regs.into_iter().enumerate() {
+        comms[r].deregister(reg).expect("deregister");
+    }
+    eprintln!(
+        "20 replays of a 4-collective graph on {n} ranks (copy-engine all-gather: {ce}): 0 wrong"
+    );
 }
 
 fn short_timeout() -> Options {
@@ -677,10 +738,46 @@ fn gpu2_split_broadcast_and_reduce_matrix() {
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_registered_buffers_matrix() {
+    let n = world();
+    registered_matrix(
+        without_ll(|t| t.direct_min_bytes = 0),
+        &Op::ALL,
+        |op, kind, _| {
+            let direct = n > 2 || matches!(op, Op::AllGather | Op::ReduceScatter);
+            assert_eq!(kind.is_direct(), direct, "{op}: {kind:?}");
+        },
+    );
+}
+
+/// All-gather by the copy engines on registered buffers (`ce_min_bytes` 0, so every count LL
+/// does not take): the in-place calls of the matrix run them (out of place, the direct kernel),
+/// at every count and type.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_copy_engine_all_gather() {
+    registered_matrix(
+        without_ll(|t| t.ce_min_bytes = 0),
+        &[Op::AllGather],
+        |op, out_of_place, in_place| {
+            assert_eq!(in_place, p2p_collective::plan::Kind::AllGatherCe, "{op}");
+            assert!(!out_of_place.is_ce(), "{op}");
+        },
+    );
+}
+
+/// Every collective in `ops` on buffers registered on every rank (`register_all`) with
+/// `options`, at every count (4096 and 65536 added: 16-byte aligned parts), type, reduction and
+/// root, in and out of place; `expect(op, kind, kind in place)` checks the plans of a
+/// registered 4096-element call first. Host-staged (`P2P_DISABLE=1`), checks that registration is refused instead.
+fn registered_matrix(
+    options: Options,
+    ops: &[Op],
+    expect: impl Fn(Op, p2p_collective::plan::Kind, p2p_collective::plan::Kind),
+) {
     let mut counts = counts();
     counts.extend([4096, 65536]);
     let max = counts.iter().copied().max().unwrap_or(1);
-    let mut ls = locals(without_ll(|t| t.direct_min_bytes = 0), max);
+    let mut ls = locals(options, max);
     if !ls[0].comm.sharing().is_p2p() {
         // Host-staged (P2P_DISABLE=1): registration is refused, saying why.
         let bufs: Vec<&dyn DeviceMemory> =
@@ -714,20 +811,22 @@ fn gpu2_registered_buffers_matrix() {
         in_place: false,
     };
     let n = ls.len();
-    for op in [
-        Op::AllReduce,
-        Op::AllGather,
-        Op::ReduceScatter,
-        Op::AllToAll,
-    ] {
-        let kind = ls[0]
-            .comm
-            .plan_with(&Call::new(op, DataType::F32, 4096), access)
-            .kind;
-        let direct = n > 2 || matches!(op, Op::AllGather | Op::ReduceScatter);
-        assert_eq!(kind.is_direct(), direct, "{op}: {kind:?}");
+    for &op in ops {
+        if op.rooted() {
+            continue;
+        }
+        let call = Call::new(op, DataType::F32, 4096);
+        let in_place = Access {
+            in_place: true,
+            ..access
+        };
+        expect(
+            op,
+            ls[0].comm.plan_with(&call, access).kind,
+            ls[0].comm.plan_with(&call, in_place).kind,
+        );
     }
-    let s = run_matrix(&mut ls, &Op::ALL, &counts);
+    let s = run_matrix(&mut ls, ops, &counts);
     eprintln!("registered: {} cases, {} wrong elements", s.cases, s.wrong);
     for (i, reg) in regs.into_iter().enumerate() {
         ls[i % n].comm.deregister(reg).expect("deregister");

@@ -16,7 +16,7 @@ fn world() -> usize {
 }
 
 /// In the launcher: start `world()` copies of this test. In a rank: run the matrix.
-fn launch_or_run(test: &str, body: fn()) {
+fn launch_or_run(test: &str, body: impl FnOnce()) {
     if std::env::var_os("RANK").is_some() {
         body();
         return;
@@ -117,14 +117,34 @@ fn gpu2_process_per_gpu_send_recv() {
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_process_per_gpu_registered_matrix() {
-    launch_or_run("gpu2_process_per_gpu_registered_matrix", || {
+    registered_matrix("gpu2_process_per_gpu_registered_matrix", &Op::ALL, |t| {
+        t.direct_min_bytes = 0
+    });
+}
+
+/// All-gather by the copy engines (`ce_min_bytes` 0; the matrix's in-place calls) on buffers
+/// each process registered: `cuMemcpyAsync` into the peers' buffers as this process maps them.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_process_per_gpu_copy_engine_matrix() {
+    registered_matrix(
+        "gpu2_process_per_gpu_copy_engine_matrix",
+        &[Op::AllGather],
+        |t| t.ce_min_bytes = 0,
+    );
+}
+
+/// `ops` on registered input and output buffers in every process (test `name`, run under the
+/// launcher), LL off and the tuning changed by `change`.
+fn registered_matrix(name: &str, ops: &[Op], change: fn(&mut p2p_collective::plan::Tuning)) {
+    launch_or_run(name, || {
         let rv = p2p_collective::Rendezvous::from_env().expect("rendezvous");
         let visible = p2p_mem::Device::count().expect("devices") as usize;
         let device = p2p_mem::Device::new(if visible == 1 { 0 } else { rv.local_rank } as i32)
             .expect("device");
         let mut tuning = p2p_collective::plan::Tuning::for_device(device.sm_count(), 2);
         tuning.ll_max_bytes = 0;
-        tuning.direct_min_bytes = 0;
+        change(&mut tuning);
         let options = p2p_collective::Options {
             tuning: Some(tuning),
             ..p2p_collective::Options::from_env().expect("settings")
@@ -150,9 +170,9 @@ fn gpu2_process_per_gpu_registered_matrix() {
                 ls[0].comm.register(&ls[0].output).expect("register output"),
             ]
         };
-        let s = run_matrix(&mut ls, &Op::ALL, &counts);
+        let s = run_matrix(&mut ls, ops, &counts);
         eprintln!(
-            "rank {rank}: registered: {} cases, {} wrong elements",
+            "rank {rank}: registered ({name}): {} cases, {} wrong elements",
             s.cases, s.wrong
         );
         for reg in regs {

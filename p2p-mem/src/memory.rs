@@ -203,6 +203,24 @@ pub unsafe trait DeviceMemoryMut: DeviceMemory {
     }
 }
 
+/// Queues a copy of `bytes` bytes from `src` to `dst` on `stream` (`cuMemcpyAsync`) and
+/// returns once it is queued. Either address may be another GPU's memory that this stream's GPU
+/// can address (a peer's allocation with peer access enabled, or a mapping imported from
+/// another process); the copy engines move the bytes, no SM.
+///
+/// # Safety
+/// Both ranges must be device memory of at least `bytes` bytes that this stream's GPU can
+/// address and that stays allocated until the copy has run; nothing may write either range
+/// while the copy runs.
+pub unsafe fn copy_async(dst: u64, src: u64, bytes: usize, stream: &Stream) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    stream.device().bind_to_thread()?;
+    // SAFETY: the caller guarantees both ranges; the stream is alive while borrowed.
+    unsafe { cu!(cuMemcpyAsync(dst, src, bytes, stream.cu_stream())) }.on(stream.device().ordinal())
+}
+
 /// Checks that work on `memory` may be queued on `stream`: a region bound to a stream
 /// ([`DeviceMemory::bound_stream`], a view of a cudarc slice) only on that one, since cudarc
 /// frees the slice after the work of that stream alone.

@@ -133,6 +133,11 @@ enum Command {
         /// than two ranks, KiB (default 1024).
         #[arg(long)]
         split_kib: Option<usize>,
+        /// Planner: all-gathers in place on registered buffers of at least this many MiB (all
+        /// parts) move the data with the copy engines (default 256; 0: at every size LL does
+        /// not take).
+        #[arg(long)]
+        ce_mib: Option<usize>,
     },
     /// Render a `coll` results file again (the Markdown table and the SVG plot beside it), for
     /// results assembled from several runs.
@@ -295,6 +300,7 @@ fn main() -> ExitCode {
             block_kib,
             ll_kib,
             split_kib,
+            ce_mib,
         } => {
             let mut chosen = Vec::new();
             for name in &ops {
@@ -366,7 +372,7 @@ fn main() -> ExitCode {
                 } else {
                     all_reduce_types
                 },
-                tuning: tuning_from(piece_kib, blocks, block_kib, ll_kib, split_kib),
+                tuning: tuning_from(piece_kib, blocks, block_kib, ll_kib, split_kib, ce_mib),
                 ..defaults
             };
             coll_cmd(out, &opts)
@@ -390,12 +396,14 @@ fn tuning_from(
     block_kib: Option<usize>,
     ll_kib: Option<usize>,
     split_kib: Option<usize>,
+    ce_mib: Option<usize>,
 ) -> Option<Tuning> {
     if piece_kib.is_none()
         && blocks.is_none()
         && block_kib.is_none()
         && ll_kib.is_none()
         && split_kib.is_none()
+        && ce_mib.is_none()
     {
         return None;
     }
@@ -415,6 +423,9 @@ fn tuning_from(
     }
     if let Some(b) = blocks {
         t.max_blocks = b.clamp(1, p2p_collective::plan::MAX_BLOCKS);
+    }
+    if let Some(c) = ce_mib {
+        t.ce_min_bytes = c.saturating_mul(1 << 20);
     }
     Some(t)
 }

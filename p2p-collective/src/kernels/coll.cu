@@ -10,7 +10,9 @@
 //   3. combines what arrived (a reduction in rank order, or a copy) into its output.
 //
 // Counters are per block, live in device memory and only grow: block b reads counters[b] when
-// it starts and stores the last step it ran when it ends. Nothing the host passes changes from
+// it starts and stores the last step it runs (the stepped kinds when they end; LL as soon as
+// every thread of the block has read it). Every kernel that reads the counters first runs
+// `griddepcontrol.wait` (or is stream-ordered), so it sees the previous call's stores. Nothing the host passes changes from
 // call to call except buffer addresses and sizes, so a call captured in a CUDA graph replays
 // correctly. Every rank launches the same grid and the same number of steps for a call (both
 // follow from the count alone), so block b's counter agrees on every rank.
@@ -551,9 +553,10 @@ __device__ void run_ll(const CollArgs& a) {
     if (err) return;  // an earlier call failed: the communicator is unusable, drain at once
     const u64 step = base + 1;
     // The counter moves on now, not after a second barrier at the end (perf-notes §28: ~0.2 us
-    // of a 2 us call): every thread has read `base`, and the next call on this stream starts
-    // only once this grid is done. A call that fails leaves it moved on, which nothing reads
-    // again: a failure poisons the communicator.
+    // of a 2 us call): every thread has read `base`, and the next call on this stream reads the
+    // counter only after its `griddepcontrol.wait`, which waits for this whole grid (without
+    // programmatic dependent launch, stream order does the same). A call that fails leaves it
+    // moved on, which nothing reads again: a failure poisons the communicator.
     if (threadIdx.x == 0) mine[COUNTERS_OFF + blockIdx.x] = step;
     const unsigned flag = (unsigned)(step % 0xffffffffull) + 1u;
     const int par = (int)(step & 1);

@@ -66,6 +66,9 @@ enum Kind {
     K_ALLGATHER_DIRECT = 17,
     K_REDUCESCATTER_DIRECT = 18,
     K_ALLTOALL_DIRECT = 19,
+    // Host-side: the copy engines between two barrier kernels (K_ALLGATHER_DIRECT with no
+    // data); no kernel runs this kind.
+    K_ALLGATHER_CE = 20,
 };  // plan.rs `Kind`, code for code (checked in plan.rs's tests)
 
 enum RedOp { R_SUM = 0, R_PROD = 1, R_MIN = 2, R_MAX = 3, R_AVG = 4 };
