@@ -791,6 +791,9 @@ impl Communicator {
             return (self.options.algorithm, tuning);
         }
         tuning.ll_max_bytes = 0;
+        // Nor the copy engines: their copies are queued whatever the first barrier finds, so
+        // a mismatch found there could not stop them.
+        tuning.ce_min_bytes = usize::MAX;
         let forced = match self.options.algorithm {
             Some(Algorithm::Ll) => Some(Algorithm::OneShot),
             a => a,
@@ -1389,10 +1392,16 @@ impl Communicator {
         };
         let overlap = input.ptr < output.ptr + (out_len * size) as u64
             && output.ptr < input.ptr + (in_len * size) as u64;
+        // An all-gather is in place only with its input exactly this rank's part of the output
+        // (the copy engines' plan copies no own part); any other overlap is not.
+        let in_place = match call.op {
+            Op::AllGather => input.ptr == output.ptr + (self.rank * in_len * size) as u64,
+            _ => overlap,
+        };
         let access = Access {
             input: in_peers.is_some(),
             output: out_peers.is_some(),
-            in_place: overlap,
+            in_place,
         };
         let p = plan::plan_with(
             call.op, call.dtype, call.count, self.world, forced, &tuning, access,
@@ -1470,7 +1479,6 @@ impl Communicator {
     /// it), then a second barrier kernel (every peer's copy into this rank's buffer has
     /// finished: each peer runs it after its copy on its own stream). The barriers are the
     /// direct kernel with no data.
-    #[allow(unsafe_code)]
     fn enqueue_ce(
         &self,
         call: &Call,
@@ -1480,7 +1488,6 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         let seg = (call.count * call.dtype.size()) as u64;
-        let me = self.rank;
         args.kind = Kind::AllGatherDirect as i32;
         args.count = 0;
         args.piece = 1;
@@ -1489,21 +1496,47 @@ impl Communicator {
             .kernels
             .function(Kind::AllGatherDirect, DataType::U8, self.world);
         launch(&self.kernels.module, barrier, (1, THREADS), args, stream)?;
+        // From here the peers wait for this rank's second barrier: an error queueing the rest
+        // stops every rank rather than leaving them to their time limit.
+        let queued = self
+            .queue_ce_copies(seg, input.ptr, &peers, stream)
+            .and_then(|()| launch(&self.kernels.module, barrier, (1, THREADS), args, stream));
+        if let Err(e) = &queued {
+            self.abort.abort_because(
+                self.rank,
+                format!("queueing a copy-engine all_gather failed half-way: {e}"),
+            );
+        }
+        queued
+    }
+
+    /// The copies of [`enqueue_ce`](Self::enqueue_ce): this rank's part (`seg` bytes at
+    /// `src`) into part `rank` of every peer's buffer.
+    #[allow(unsafe_code)]
+    fn queue_ce_copies(
+        &self,
+        seg: u64,
+        src: u64,
+        peers: &[u64; MAX_RANKS],
+        stream: &Stream,
+    ) -> Result<()> {
+        let me = self.rank;
         // Staggered, so that the ranks spread over their targets.
         for k in 1..self.world {
             let q = (me + k) % self.world;
-            // SAFETY: `check_call` found `input` (this rank's part) long enough for the call,
+            // SAFETY: `check_call` found the source (this rank's part) long enough for the call,
             // and every rank registered a buffer of the same length (the window `peers` came
             // from, which holds this rank's whole buffer), so part `me` of rank q's buffer lies
-            // inside rank q's registered buffer, which stays mapped while registered. The first
-            // barrier kept every rank from getting here before all had entered the call; the
-            // second keeps each rank's later work on its stream from starting before every copy
-            // into its buffer has run.
-            unsafe {
-                p2p_mem::copy_async(peers[q] + me as u64 * seg, input.ptr, seg as usize, stream)
-            }?;
+            // inside rank q's registered buffer, which stays mapped while registered; it does
+            // not overlap this rank's part. On the success path the first barrier kept every
+            // rank from copying before all had entered the call, and the second keeps each
+            // rank's later work from starting before every copy into its buffer has run. If the
+            // first barrier fails (a time limit, an abort, an earlier failure), the copies still
+            // run: they stay inside the registered buffers, whose contents are then undefined
+            // (documented on `Tuning::ce_min_bytes`), as after any failed collective.
+            unsafe { p2p_mem::copy_async(peers[q] + me as u64 * seg, src, seg as usize, stream) }?;
         }
-        launch(&self.kernels.module, barrier, (1, THREADS), args, stream)
+        Ok(())
     }
 
     /// All-reduce `count` elements of `send` into `recv` on every rank.
@@ -1829,7 +1862,7 @@ fn unused_settings(cfg: &Config, one_process: bool) -> Vec<String> {
         out.push(format!("P2P_READ={v} (the collective kernels read and write peer memory as each algorithm needs)"));
     }
     if cfg.use_copy_engine {
-        out.push("P2P_USE_COPY_ENGINE=1 (the collectives move data with their own kernels)".into());
+        out.push("P2P_USE_COPY_ENGINE=1 (the collectives move data with their own kernels; the copy engines only for large in-place all-gathers on registered buffers, Tuning::ce_min_bytes)".into());
     }
     if !cfg.intermediate {
         out.push("P2P_INTERMEDIATE=0 (the collectives never relay through a third GPU)".into());

@@ -64,7 +64,11 @@ pub struct Tuning {
     /// buffer between two barrier kernels) instead of SMs. Measured on 2 x H200 (perf-notes
     /// section 29): 384 GB/s busbw at 1 GiB against 362 for the direct kernel, 361 against 352
     /// at 256 MiB, slower below. Out of place the copy engines lost at every size (this rank's
-    /// own part is one more copy on the same stream), so they run in place only.
+    /// own part is one more copy on the same stream), so they run in place only; every rank
+    /// must then call in place (a rank out of place runs the direct kernel, and the call ends
+    /// at the time limit). Checking mode never uses them. The copies are queued whatever the
+    /// barrier before them finds: after a call that fails (a time limit, an abort), the
+    /// contents of the ranks' registered buffers are undefined.
     pub ce_min_bytes: usize,
 }
 
@@ -389,6 +393,8 @@ impl Plan {
             | Kind::AllGatherDirect
             | Kind::ReduceScatterDirect
             | Kind::AllToAllDirect => 2,
+            // Two barrier kernels of two barriers each.
+            Kind::AllGatherCe => 4,
             Kind::AllReduceRing => 2 * (world as u64).saturating_sub(1),
             _ => 1,
         };

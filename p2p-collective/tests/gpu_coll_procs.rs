@@ -117,9 +117,12 @@ fn gpu2_process_per_gpu_send_recv() {
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_process_per_gpu_registered_matrix() {
-    registered_matrix("gpu2_process_per_gpu_registered_matrix", &Op::ALL, |t| {
-        t.direct_min_bytes = 0
-    });
+    registered_matrix(
+        "gpu2_process_per_gpu_registered_matrix",
+        &Op::ALL,
+        |t| t.direct_min_bytes = 0,
+        false,
+    );
 }
 
 /// All-gather by the copy engines (`ce_min_bytes` 0; the matrix's in-place calls) on buffers
@@ -131,12 +134,19 @@ fn gpu2_process_per_gpu_copy_engine_matrix() {
         "gpu2_process_per_gpu_copy_engine_matrix",
         &[Op::AllGather],
         |t| t.ce_min_bytes = 0,
+        true,
     );
 }
 
 /// `ops` on registered input and output buffers in every process (test `name`, run under the
-/// launcher), LL off and the tuning changed by `change`.
-fn registered_matrix(name: &str, ops: &[Op], change: fn(&mut p2p_collective::plan::Tuning)) {
+/// launcher), LL off and the tuning changed by `change`; with `ce`, first checks that an
+/// in-place all-gather there is planned for the copy engines.
+fn registered_matrix(
+    name: &str,
+    ops: &[Op],
+    change: fn(&mut p2p_collective::plan::Tuning),
+    ce: bool,
+) {
     launch_or_run(name, || {
         let rv = p2p_collective::Rendezvous::from_env().expect("rendezvous");
         let visible = p2p_mem::Device::count().expect("devices") as usize;
@@ -170,6 +180,19 @@ fn registered_matrix(name: &str, ops: &[Op], change: fn(&mut p2p_collective::pla
                 ls[0].comm.register(&ls[0].output).expect("register output"),
             ]
         };
+        if ce {
+            let call =
+                p2p_collective::Call::new(Op::AllGather, p2p_collective::DataType::F32, 4096);
+            let access = p2p_collective::plan::Access {
+                input: true,
+                output: true,
+                in_place: true,
+            };
+            assert_eq!(
+                ls[0].comm.plan_with(&call, access).kind,
+                p2p_collective::plan::Kind::AllGatherCe
+            );
+        }
         let s = run_matrix(&mut ls, ops, &counts);
         eprintln!(
             "rank {rank}: registered ({name}): {} cases, {} wrong elements",

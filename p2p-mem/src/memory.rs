@@ -210,8 +210,8 @@ pub unsafe trait DeviceMemoryMut: DeviceMemory {
 ///
 /// # Safety
 /// Both ranges must be device memory of at least `bytes` bytes that this stream's GPU can
-/// address and that stays allocated until the copy has run; nothing may write either range
-/// while the copy runs.
+/// address and that stays allocated until the copy has run; they must not overlap, and nothing
+/// may write either range while the copy runs.
 pub unsafe fn copy_async(dst: u64, src: u64, bytes: usize, stream: &Stream) -> Result<()> {
     if bytes == 0 {
         return Ok(());
