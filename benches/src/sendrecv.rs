@@ -112,9 +112,12 @@ enum Imp {
 /// The implementations, as named in the results.
 const IMPS: [(Imp, &str); 3] = [
     (Imp::Ours, "ours"),
-    (Imp::Nccl, "nccl"),
-    (Imp::NcclMem, "nccl_mem"),
+    (Imp::Nccl, NCCL_MODES[0].0),
+    (Imp::NcclMem, NCCL_MODES[1].0),
 ];
+
+/// NCCL's modes: (the key of its figures in a result row, its name in the tables and logs).
+const NCCL_MODES: [(&str, &str); 2] = [("nccl", "plain"), ("nccl_mem", "ncclMemAlloc")];
 
 struct Rank {
     timer: timing::Timer,
@@ -374,10 +377,10 @@ pub fn run(opts: &Options) -> Result<Value, String> {
             bytes,
             row["ours"]["eager_us"].as_f64().unwrap_or(f64::NAN),
             row["ours"]["graph_us"].as_f64().unwrap_or(f64::NAN),
-            [("nccl", "NCCL"), ("nccl_mem", "NCCL ncclMemAlloc")]
+            NCCL_MODES
                 .iter()
-                .filter_map(|(key, label)| row.get(*key).map(|x| format!(
-                    "; {label} {:.2} us eager, {:.2} us graph",
+                .filter_map(|(key, mode)| row.get(*key).map(|x| format!(
+                    "; NCCL {mode} {:.2} us eager, {:.2} us graph",
                     x["eager_us"].as_f64().unwrap_or(f64::NAN),
                     x["graph_us"].as_f64().unwrap_or(f64::NAN)
                 )))
@@ -433,7 +436,7 @@ pub fn run(opts: &Options) -> Result<Value, String> {
 
 /// The faster NCCL mode for `key` (`eager_us` or `graph_us`) in a row: (microseconds, mode).
 fn best_nccl(row: &Value, key: &str) -> Option<(f64, &'static str)> {
-    [("nccl", "plain"), ("nccl_mem", "ncclMemAlloc")]
+    NCCL_MODES
         .into_iter()
         .filter_map(|(name, mode)| row[name][key].as_f64().map(|t| (t, mode)))
         .min_by(|a, b| a.0.total_cmp(&b.0))
