@@ -46,6 +46,7 @@ use crate::abi::{CollArgs, F_ABORT, F_MISMATCH, F_TIMEOUT, STATUS_OFF, STATUS_WO
 const _: () = assert!((STATUS_OFF + STATUS_WORDS) * 8 <= SYNC_BYTES);
 const _: () = assert!(STATUS_OFF + STATUS_WORDS <= crate::abi::P2P_FREED_OFF);
 const _: () = assert!(crate::abi::P2P_END_OFF * 8 <= SYNC_BYTES);
+const _: () = assert!((crate::abi::CE_FLAGS_OFF + crate::abi::CE_CHUNKS) * 8 <= SYNC_BYTES);
 // `coll_abi.h` asserts the same size for its `CollArgs`.
 const _: () = assert!(std::mem::size_of::<CollArgs>() == 344);
 const _: () = assert!(std::mem::size_of::<crate::abi::P2pArgs>() == 1568);
@@ -149,15 +150,18 @@ enum Family {
     Split = 3,
     /// LL all-reduce on two ranks, its kind and world size compiled in (`coll_<type>_ll2`).
     Ll2 = 4,
+    /// The copy-engine all-reduce's reduction (`coll_<type>_ce`).
+    Ce = 5,
 }
 
 impl Family {
-    const ALL: [Family; 5] = [
+    const ALL: [Family; 6] = [
         Family::Steps,
         Family::Ll,
         Family::Direct,
         Family::Split,
         Family::Ll2,
+        Family::Ce,
     ];
 
     fn of(kind: Kind, world: usize) -> Family {
@@ -165,6 +169,8 @@ impl Family {
             Family::Ll2
         } else if kind.is_ll() {
             Family::Ll
+        } else if kind == Kind::AllReduceCe {
+            Family::Ce
         } else if kind.is_direct() {
             Family::Direct
         } else if matches!(kind, Kind::BroadcastSplit | Kind::ReduceSplit) {
@@ -181,13 +187,14 @@ impl Family {
             Family::Direct => "_direct",
             Family::Split => "_split",
             Family::Ll2 => "_ll2",
+            Family::Ce => "_ce",
         }
     }
 }
 
 pub(crate) struct Kernels {
     /// `[family][type]`.
-    functions: [[Function; 7]; 5],
+    functions: [[Function; 7]; 6],
     /// Send and recv (`p2p_sendrecv`), for every type.
     pub(crate) sendrecv: Function,
     /// Resident blocks per SM of `p2p_sendrecv`.
@@ -216,7 +223,7 @@ impl Kernels {
             .map(<[Function; 7]>::try_from)
             .collect::<std::result::Result<Vec<_>, _>>()
             .ok()
-            .and_then(|rows| <[[Function; 7]; 5]>::try_from(rows).ok())
+            .and_then(|rows| <[[Function; 7]; 6]>::try_from(rows).ok())
             .ok_or_else(|| Error::InvalidArgument {
                 op: "init",
                 rank: 0,
@@ -323,6 +330,8 @@ pub struct Communicator {
     /// Registered buffers (symmetric windows): calls on them read and write peers directly.
     windows: RwLock<Vec<Window>>,
     next_window: AtomicU64,
+    /// The copy-engine plans' second stream.
+    side: SideStream,
     // Freed last: peers' mappings, then this rank's workspace.
     _peers: Vec<PeerMemory>,
     workspace: Arc<LocalRegion>,
@@ -336,6 +345,40 @@ impl std::fmt::Debug for Communicator {
             .field("device", &self.device.ordinal())
             .field("options", &self.options)
             .finish()
+    }
+}
+
+/// A stream beside the caller's for the copy-engine plans (the all-reduce's reduce kernel, the
+/// own part's copy of an all-gather or all-to-all), with the events that start it after the
+/// work queued so far on the caller's stream and make the caller's stream wait for it: a fork
+/// and a join, which CUDA graph capture follows too.
+struct SideStream {
+    stream: Stream,
+    fork: p2p_mem::Event,
+    join: p2p_mem::Event,
+}
+
+impl SideStream {
+    fn new(device: &Device) -> Result<SideStream> {
+        Ok(SideStream {
+            stream: Stream::new(device)?,
+            fork: p2p_mem::Event::new(device)?,
+            join: p2p_mem::Event::new(device)?,
+        })
+    }
+
+    /// Work queued next on the side stream starts after everything queued so far on `stream`.
+    fn fork(&self, stream: &Stream) -> Result<&Stream> {
+        self.fork.record(stream)?;
+        self.fork.wait_on(&self.stream)?;
+        Ok(&self.stream)
+    }
+
+    /// Work queued next on `stream` starts after everything queued so far on the side stream.
+    fn join(&self, stream: &Stream) -> Result<()> {
+        self.join.record(&self.stream)?;
+        self.join.wait_on(stream)?;
+        Ok(())
     }
 }
 
@@ -485,6 +528,7 @@ impl Communicator {
                 group: None,
                 windows: RwLock::new(Vec::new()),
                 next_window: AtomicU64::new(0),
+                side: SideStream::new(d)?,
                 _peers: workspaces
                     .iter()
                     .enumerate()
@@ -747,6 +791,7 @@ impl Communicator {
             group: Some(group),
             windows: RwLock::new(Vec::new()),
             next_window: AtomicU64::new(0),
+            side: SideStream::new(device)?,
             _peers: peers,
             workspace,
         })
@@ -794,6 +839,7 @@ impl Communicator {
         // Nor the copy engines: their copies are queued whatever the first barrier finds, so
         // a mismatch found there could not stop them.
         tuning.ce_min_bytes = usize::MAX;
+        tuning.ce_all_reduce_min_bytes = usize::MAX;
         let forced = match self.options.algorithm {
             Some(Algorithm::Ll) => Some(Algorithm::OneShot),
             a => a,
@@ -1393,14 +1439,19 @@ impl Communicator {
         let overlap = input.ptr < output.ptr + (out_len * size) as u64
             && output.ptr < input.ptr + (in_len * size) as u64;
         // An all-gather is in place only with its input exactly this rank's part of the output
-        // (the copy engines' plan copies no own part); any other overlap is not.
-        let in_place = match call.op {
-            Op::AllGather => input.ptr == output.ptr + (self.rank * in_len * size) as u64,
-            _ => overlap,
+        // (the copy engines' plan copies no own part then). Any other overlap (undefined, as
+        // in NCCL; only unsafe code can make one) takes the scratch path: the direct and
+        // copy-engine plans assume separate buffers.
+        let (in_place, partial) = match call.op {
+            Op::AllGather => {
+                let exact = input.ptr == output.ptr + (self.rank * in_len * size) as u64;
+                (exact, overlap && !exact)
+            }
+            _ => (overlap, false),
         };
         let access = Access {
-            input: in_peers.is_some(),
-            output: out_peers.is_some(),
+            input: in_peers.is_some() && !partial,
+            output: out_peers.is_some() && !partial,
             in_place,
         };
         let p = plan::plan_with(
@@ -1461,7 +1512,7 @@ impl Communicator {
                 rank: self.rank,
                 what: "a copy-engine plan without a registered output".into(),
             })?;
-            return self.enqueue_ce(call, &input, peers, &mut args, stream);
+            return self.enqueue_ce(call, &p, &input, &output, peers, &mut args, stream);
         }
         let function = self.kernels.function(p.kind, p.kernel_type, self.world);
         launch(
@@ -1473,68 +1524,161 @@ impl Communicator {
         )
     }
 
-    /// A copy-engine all-gather in place (`Kind::AllGatherCe`): a barrier kernel (every rank
-    /// has entered the call, so every buffer is free), one `cuMemcpyAsync` per peer on `stream`
-    /// (this rank's part into its place in the peer's registered buffer, as this GPU addresses
-    /// it), then a second barrier kernel (every peer's copy into this rank's buffer has
-    /// finished: each peer runs it after its copy on its own stream). The barriers are the
-    /// direct kernel with no data.
+    /// A copy-engine plan (`Kind::is_ce`, two ranks): a barrier kernel (every rank has entered
+    /// the call, so every buffer is free), then [`queue_ce`](Self::queue_ce). The barriers are
+    /// the direct kernel with no data.
+    #[allow(clippy::too_many_arguments)]
     fn enqueue_ce(
         &self,
         call: &Call,
+        p: &Plan,
         input: &Region<'_>,
+        output: &Region<'_>,
         peers: [u64; MAX_RANKS],
         args: &mut CollArgs,
         stream: &Stream,
     ) -> Result<()> {
-        let seg = (call.count * call.dtype.size()) as u64;
-        args.kind = Kind::AllGatherDirect as i32;
-        args.count = 0;
-        args.piece = 1;
-        args.peer_out = peers;
+        let mut barrier_args = CollArgs {
+            kind: Kind::AllGatherDirect as i32,
+            count: 0,
+            piece: 1,
+            peer_out: peers,
+            ..*args
+        };
         let barrier = self
             .kernels
             .function(Kind::AllGatherDirect, DataType::U8, self.world);
-        launch(&self.kernels.module, barrier, (1, THREADS), args, stream)?;
-        // From here the peers wait for this rank's second barrier: an error queueing the rest
-        // stops every rank rather than leaving them to their time limit.
+        launch(
+            &self.kernels.module,
+            barrier,
+            (1, THREADS),
+            &mut barrier_args,
+            stream,
+        )?;
+        // From here the peers wait for this rank's copies and its second barrier: an error
+        // queueing the rest stops every rank rather than leaving them to their time limit.
         let queued = self
-            .queue_ce_copies(seg, input.ptr, &peers, stream)
-            .and_then(|()| launch(&self.kernels.module, barrier, (1, THREADS), args, stream));
+            .queue_ce(call, p, input, output, &peers, args, stream)
+            .and_then(|()| {
+                if p.kind == Kind::AllReduceCe {
+                    Ok(())
+                } else {
+                    launch(
+                        &self.kernels.module,
+                        barrier,
+                        (1, THREADS),
+                        &mut barrier_args,
+                        stream,
+                    )
+                }
+            });
         if let Err(e) = &queued {
             self.abort.abort_because(
                 self.rank,
-                format!("queueing a copy-engine all_gather failed half-way: {e}"),
+                format!(
+                    "queueing a copy-engine {} failed half-way: {e}",
+                    call.op.name()
+                ),
             );
         }
         queued
     }
 
-    /// The copies of [`enqueue_ce`](Self::enqueue_ce): this rank's part (`seg` bytes at
-    /// `src`) into part `rank` of every peer's buffer.
-    #[allow(unsafe_code)]
-    fn queue_ce_copies(
+    /// The work of [`enqueue_ce`](Self::enqueue_ce) after its first barrier, on the caller's
+    /// stream and the side stream:
+    /// - all-gather and all-to-all: this rank's part (its input; its part `q` of the input for
+    ///   an all-to-all) into part `rank` of every peer's output, one `cuMemcpyAsync` each, and
+    ///   out of place its own part into its own output on the side stream at the same time;
+    ///   the caller then queues a second barrier (every peer's copy into this rank's output
+    ///   has finished: each peer runs it after its copies);
+    /// - all-reduce (two ranks): the reduce kernel on the side stream, then the input into the
+    ///   peer's output in [`plan::CE_CHUNKS`] chunks, each followed by a stream write of 1 into
+    ///   the peer's flag for it, which the peer's reduce kernel waits for; the side stream
+    ///   clears this rank's flags after its kernel. No second barrier: this rank's call ends
+    ///   when every chunk of the peer's has landed and been reduced.
+    #[allow(unsafe_code, clippy::too_many_arguments)]
+    fn queue_ce(
         &self,
-        seg: u64,
-        src: u64,
+        call: &Call,
+        p: &Plan,
+        input: &Region<'_>,
+        output: &Region<'_>,
         peers: &[u64; MAX_RANKS],
+        args: &mut CollArgs,
         stream: &Stream,
     ) -> Result<()> {
         let me = self.rank;
+        let size = call.dtype.size();
+        if p.kind == Kind::AllReduceCe {
+            let peer = 1 - me;
+            let side = self.side.fork(stream)?;
+            let reduce = self.kernels.function(p.kind, p.kernel_type, self.world);
+            launch(
+                &self.kernels.module,
+                reduce,
+                (p.grid, p.threads),
+                args,
+                side,
+            )?;
+            let flags = |r: usize| self.bases[r] + (crate::abi::CE_FLAGS_OFF * 8) as u64;
+            // SAFETY: CE_CHUNKS words of this rank's own sync area (`coll_abi.h` keeps them
+            // inside it: asserted at the top of this file), which only the peer's stream
+            // writes, and only after the next call's barrier, which this rank enters after
+            // this memset (the join below orders it before anything later on `stream`).
+            unsafe { p2p_mem::memset_async(flags(me), 0, plan::CE_CHUNKS * 8, side) }?;
+            for k in 0..plan::CE_CHUNKS {
+                let (lo, hi) = plan::ce_chunk(k, p.units, size);
+                let (off, len) = (lo * size as u64, ((hi - lo) * size as u64) as usize);
+                // SAFETY: `check_call` found the input and output `units` elements long, and
+                // every rank registered an output of the same length (the window `peers` came
+                // from), so chunk k lies inside this rank's input and the peer's registered
+                // output, which stays mapped while registered; the call is out of place (the
+                // planner's condition), so they do not overlap. The barrier before kept this
+                // rank from writing the peer's output before the peer entered the call.
+                unsafe { p2p_mem::copy_async(peers[peer] + off, input.ptr + off, len, stream) }?;
+                // SAFETY: word k of the peer's CE flags, in its sync area, mapped here for as
+                // long as this communicator lives; written after the copy in stream order.
+                unsafe { p2p_mem::write_u64_async(flags(peer) + 8 * k as u64, 1, stream) }?;
+            }
+            return self.side.join(stream);
+        }
+        let seg = (call.count * size) as u64;
+        let part = |q: usize| match call.op {
+            Op::AllToAll => input.ptr + q as u64 * seg,
+            _ => input.ptr,
+        };
+        // Out of place, this rank's own part is one more copy: beside the peers', not after.
+        let own = part(me) != output.ptr + me as u64 * seg;
+        if own {
+            let side = self.side.fork(stream)?;
+            // SAFETY: `check_call` found the input and output long enough for the call; part
+            // `me` of each lies inside them, and they do not overlap (an all-gather here is
+            // exactly in place, which copies nothing, or its buffers are apart: `enqueue`
+            // plans no copy engines for a partial overlap; an all-to-all in place is never
+            // planned here).
+            unsafe {
+                p2p_mem::copy_async(output.ptr + me as u64 * seg, part(me), seg as usize, side)
+            }?;
+        }
         // Staggered, so that the ranks spread over their targets.
         for k in 1..self.world {
             let q = (me + k) % self.world;
-            // SAFETY: `check_call` found the source (this rank's part) long enough for the call,
-            // and every rank registered a buffer of the same length (the window `peers` came
-            // from, which holds this rank's whole buffer), so part `me` of rank q's buffer lies
-            // inside rank q's registered buffer, which stays mapped while registered; it does
-            // not overlap this rank's part. On the success path the first barrier kept every
-            // rank from copying before all had entered the call, and the second keeps each
-            // rank's later work from starting before every copy into its buffer has run. If the
-            // first barrier fails (a time limit, an abort, an earlier failure), the copies still
-            // run: they stay inside the registered buffers, whose contents are then undefined
+            // SAFETY: `check_call` found the source long enough for the call, and every rank
+            // registered an output of the same length (the window `peers` came from, which
+            // holds this rank's whole output), so part `me` of rank q's output lies inside rank
+            // q's registered buffer, which stays mapped while registered; it does not overlap
+            // this rank's source. On the success path the first barrier kept every rank from
+            // copying before all had entered the call, and the second keeps each rank's later
+            // work from starting before every copy into its buffer has run. If the first
+            // barrier fails (a time limit, an abort, an earlier failure), the copies still run:
+            // they stay inside the registered buffers, whose contents are then undefined
             // (documented on `Tuning::ce_min_bytes`), as after any failed collective.
-            unsafe { p2p_mem::copy_async(peers[q] + me as u64 * seg, src, seg as usize, stream) }?;
+            unsafe {
+                p2p_mem::copy_async(peers[q] + me as u64 * seg, part(q), seg as usize, stream)
+            }?;
+        }
+        if own {
+            self.side.join(stream)?;
         }
         Ok(())
     }
@@ -1862,7 +2006,7 @@ fn unused_settings(cfg: &Config, one_process: bool) -> Vec<String> {
         out.push(format!("P2P_READ={v} (the collective kernels read and write peer memory as each algorithm needs)"));
     }
     if cfg.use_copy_engine {
-        out.push("P2P_USE_COPY_ENGINE=1 (the collectives move data with their own kernels; the copy engines only for large in-place all-gathers on registered buffers, Tuning::ce_min_bytes)".into());
+        out.push("P2P_USE_COPY_ENGINE=1 (the collectives move data with their own kernels; the copy engines only for large all-gathers and all-to-alls on registered buffers on two ranks, Tuning::ce_min_bytes)".into());
     }
     if !cfg.intermediate {
         out.push("P2P_INTERMEDIATE=0 (the collectives never relay through a third GPU)".into());

@@ -16,6 +16,13 @@ pub const LL_MAX_BYTES: usize = crate::abi::LL_MAX_BYTES;
 /// Bytes of one (parity, source rank) slot of the LL region (`LL_SLOT_BYTES` in `coll_abi.h`).
 pub const LL_SLOT_BYTES: usize = crate::abi::LL_SLOT_BYTES;
 
+/// Chunks of a copy-engine all-reduce ([`Kind::AllReduceCe`], see [`ce_chunk`]): 6 and 8
+/// halving chunks measured the same at 1 GiB on 2 x H200 and 6 better at 256 MiB; uniform
+/// chunks left a large last chunk to reduce after every copy had landed (perf-notes §30).
+pub const CE_CHUNKS: usize = crate::abi::CE_CHUNKS;
+/// Chunk edges of a copy-engine all-reduce are multiples of this many bytes.
+pub const CE_ALIGN: usize = crate::abi::CE_ALIGN;
+
 /// Most ranks a communicator may have (the kernels' fixed-size peer tables).
 pub const MAX_RANKS: usize = crate::abi::MAX_RANKS;
 /// Most blocks a collective kernel may use (the sync area's fixed-size tables).
@@ -59,17 +66,29 @@ pub struct Tuning {
     /// from twice as many on two; below, the scratch path is faster (measured on 2 and 4 x
     /// H200: perf-notes section 18).
     pub direct_min_bytes: usize,
-    /// All-gathers in place on a registered buffer of at least this many bytes (all ranks'
-    /// parts together) move the data with the copy engines (`cuMemcpyAsync` into every peer's
-    /// buffer between two barrier kernels) instead of SMs. Measured on 2 x H200 (perf-notes
-    /// section 29): 384 GB/s busbw at 1 GiB against 362 for the direct kernel, 361 against 352
-    /// at 256 MiB, slower below. Out of place the copy engines lost at every size (this rank's
-    /// own part is one more copy on the same stream), so they run in place only; every rank
-    /// must then call in place (a rank out of place runs the direct kernel, and the call ends
-    /// at the time limit). Checking mode never uses them. The copies are queued whatever the
-    /// barrier before them finds: after a call that fails (a time limit, an abort), the
-    /// contents of the ranks' registered buffers are undefined.
+    /// On two ranks, all-gathers and all-to-alls on registered buffers of at least this many
+    /// bytes (all ranks' parts together) move the data with the copy engines instead of SMs,
+    /// after a barrier kernel: one `cuMemcpyAsync` into each peer's registered output (an
+    /// all-to-all out of place only), the own part copied beside it on a second stream when
+    /// out of place, then a second barrier. Measured on 2 x H200 (perf-notes sections 29 and
+    /// 30): all-gather 381-385 GB/s busbw at 1 GiB in or out of place against 361-362 for the
+    /// direct kernel, all-to-all 380-382 against 350 for the SMs and 357-359 for NCCL's
+    /// symmetric mode; slower below about 256 MiB. Not on more than two ranks (not measured
+    /// there) nor in checking mode. Every rank must make the same choice: a rank whose buffers
+    /// are not registered, or that calls in place where the others do not, runs another plan,
+    /// and the call ends at the time limit. The copies are queued whatever the barrier before
+    /// them finds: after a call that fails (a time limit, an abort), the contents of the
+    /// ranks' registered buffers are undefined.
     pub ce_min_bytes: usize,
+    /// On two ranks, out-of-place all-reduces into a registered output of at least this many
+    /// bytes run by the copy engines ([`Kind::AllReduceCe`]: each rank's input copied into the
+    /// peer's output in [`CE_CHUNKS`] halving chunks while a kernel reduces each chunk as it
+    /// lands), with [`ce_min_bytes`](Self::ce_min_bytes)'s conditions. Off by default
+    /// (`usize::MAX`): on 2 x H200 it measured 341 GB/s busbw at 256 MiB against 333 for
+    /// one-shot, but 335 against 346 at 512 MiB and 355 against 355 at 1 GiB, where the same
+    /// scheme in the nvcc harness reaches 377 (perf-notes section 30: the gap is in the reduce
+    /// kernel's waits and is not closed).
+    pub ce_all_reduce_min_bytes: usize,
 }
 
 impl Tuning {
@@ -89,11 +108,12 @@ impl Tuning {
             split_min_bytes: 1 << 20,
             direct_min_bytes: 16 << 20,
             ce_min_bytes: 256 << 20,
+            ce_all_reduce_min_bytes: usize::MAX,
         }
     }
 
     /// How many words [`to_words`](Self::to_words) gives.
-    pub const WORDS: usize = 8;
+    pub const WORDS: usize = 9;
 
     /// Every knob as a word, for ranks to compare at start-up.
     pub fn to_words(&self) -> [u64; Self::WORDS] {
@@ -106,13 +126,14 @@ impl Tuning {
             self.split_min_bytes as u64,
             self.direct_min_bytes as u64,
             self.ce_min_bytes as u64,
+            self.ce_all_reduce_min_bytes as u64,
         ]
     }
 
     /// The inverse of [`to_words`](Self::to_words); `None` for a wrong length or a value out
     /// of range.
     pub fn from_words(w: &[u64]) -> Option<Tuning> {
-        let [b, p, bb, o, l, sp, d, ce] = <[u64; Self::WORDS]>::try_from(w).ok()?;
+        let [b, p, bb, o, l, sp, d, ce, ce_ar] = <[u64; Self::WORDS]>::try_from(w).ok()?;
         Some(Tuning {
             max_blocks: u32::try_from(b).ok()?,
             piece_bytes: usize::try_from(p).ok()?,
@@ -122,6 +143,7 @@ impl Tuning {
             split_min_bytes: usize::try_from(sp).ok()?,
             direct_min_bytes: usize::try_from(d).ok()?,
             ce_min_bytes: usize::try_from(ce).ok()?,
+            ce_all_reduce_min_bytes: usize::try_from(ce_ar).ok()?,
         })
     }
 
@@ -223,14 +245,23 @@ pub enum Kind {
     ReduceScatterDirect = crate::abi::K_REDUCESCATTER_DIRECT,
     /// All-to-all into every peer's registered output.
     AllToAllDirect = crate::abi::K_ALLTOALL_DIRECT,
-    /// All-gather in place into every peer's registered buffer by the copy engines, between
-    /// two barrier kernels.
+    /// All-gather into every peer's registered output by the copy engines, between two
+    /// barrier kernels (out of place, this rank's own part copied beside them on a second
+    /// stream).
     AllGatherCe = crate::abi::K_ALLGATHER_CE,
+    /// All-reduce on two ranks, out of place into registered outputs: after a barrier kernel
+    /// the copy engines carry each rank's input into the peer's output in [`CE_CHUNKS`]
+    /// chunks, each flagged when it lands, while a kernel on a second stream reduces each
+    /// chunk as its flag arrives.
+    AllReduceCe = crate::abi::K_ALLREDUCE_CE,
+    /// All-to-all into every peer's registered output by the copy engines, between two barrier
+    /// kernels, this rank's own part copied beside them on a second stream.
+    AllToAllCe = crate::abi::K_ALLTOALL_CE,
 }
 
 impl Kind {
     /// Every kind, by code.
-    pub const ALL: [Kind; 21] = [
+    pub const ALL: [Kind; 23] = [
         Kind::AllReduceOneShot,
         Kind::AllReduceTwoShot,
         Kind::Reduce,
@@ -252,6 +283,8 @@ impl Kind {
         Kind::ReduceScatterDirect,
         Kind::AllToAllDirect,
         Kind::AllGatherCe,
+        Kind::AllReduceCe,
+        Kind::AllToAllCe,
     ];
 
     /// The kind with code `code`, as the kernel records it in its status.
@@ -266,7 +299,8 @@ impl Kind {
             | Kind::AllReduceTwoShot
             | Kind::AllReduceRing
             | Kind::AllReduceLl
-            | Kind::AllReduceDirect => Op::AllReduce,
+            | Kind::AllReduceDirect
+            | Kind::AllReduceCe => Op::AllReduce,
             Kind::Reduce | Kind::ReduceSplit | Kind::ReduceLl => Op::Reduce,
             Kind::Broadcast | Kind::BroadcastSplit | Kind::BroadcastLl => Op::Broadcast,
             Kind::AllGather | Kind::AllGatherLl | Kind::AllGatherDirect | Kind::AllGatherCe => {
@@ -275,7 +309,9 @@ impl Kind {
             Kind::ReduceScatter | Kind::ReduceScatterLl | Kind::ReduceScatterDirect => {
                 Op::ReduceScatter
             }
-            Kind::AllToAll | Kind::AllToAllLl | Kind::AllToAllDirect => Op::AllToAll,
+            Kind::AllToAll | Kind::AllToAllLl | Kind::AllToAllDirect | Kind::AllToAllCe => {
+                Op::AllToAll
+            }
         }
     }
 
@@ -314,9 +350,12 @@ impl Kind {
         )
     }
 
-    /// Whether the copy engines move the data (between two barrier kernels).
+    /// Whether the copy engines move the data (after a barrier kernel).
     pub fn is_ce(self) -> bool {
-        self == Kind::AllGatherCe
+        matches!(
+            self,
+            Kind::AllGatherCe | Kind::AllReduceCe | Kind::AllToAllCe
+        )
     }
 
     /// A short name for logs and results: `ll`, `direct`, `ce`, `split`, `oneshot`, ... or `-`.
@@ -394,7 +433,9 @@ impl Plan {
             | Kind::ReduceScatterDirect
             | Kind::AllToAllDirect => 2,
             // Two barrier kernels of two barriers each.
-            Kind::AllGatherCe => 4,
+            Kind::AllGatherCe | Kind::AllToAllCe => 4,
+            // One barrier kernel; the reduce kernel waits for flags, not steps.
+            Kind::AllReduceCe => 2,
             Kind::AllReduceRing => 2 * (world as u64).saturating_sub(1),
             _ => 1,
         };
@@ -456,14 +497,10 @@ pub fn plan_with(
             "large on > 2 ranks: each non-root reduces a part over every rank and sends it to the root",
         ),
         Op::Reduce => (Kind::Reduce, "every peer pushes to the root"),
-        Op::AllGather
-            if access.output && access.in_place && seg_bytes * world >= tuning.ce_min_bytes =>
-        {
-            (
-                Kind::AllGatherCe,
-                "registered, in place, large: the copy engines write into every peer's buffer",
-            )
-        }
+        Op::AllGather if world == 2 && access.output && seg_bytes * world >= tuning.ce_min_bytes => (
+            Kind::AllGatherCe,
+            "registered, large, 2 ranks: the copy engines write into the peer's buffer",
+        ),
         Op::AllGather if access.output && parts_direct => (
             Kind::AllGatherDirect,
             "registered output: every rank writes into every peer's output",
@@ -477,6 +514,17 @@ pub fn plan_with(
             Kind::ReduceScatter,
             "every rank pushes each part to its owner",
         ),
+        Op::AllToAll
+            if world == 2
+                && access.output
+                && !access.in_place
+                && seg_bytes * world >= tuning.ce_min_bytes =>
+        {
+            (
+                Kind::AllToAllCe,
+                "registered output, large, 2 ranks: the copy engines write the peer's part into its output",
+            )
+        }
         Op::AllToAll if access.output && !access.in_place && world > 2 && parts_direct => (
             Kind::AllToAllDirect,
             "registered output: every rank writes each part into its owner's output",
@@ -487,12 +535,19 @@ pub fn plan_with(
     let elem = kernel_type.size();
     let units = (seg_bytes / elem) as u64;
     if kind.is_ce() {
-        // No kernel moves data: one block runs each of the two barriers around the copies.
+        // No kernel moves data: one block runs each barrier around the copies; the all-reduce's
+        // reduce kernel runs a block per SM (measured: 32 blocks lost 10-15 % at 256 MiB-1 GiB,
+        // perf-notes §30).
+        let grid = if kind == Kind::AllReduceCe {
+            (tuning.max_blocks / 2).max(1)
+        } else {
+            1
+        };
         return Plan {
             kind,
             kernel_type,
             units,
-            grid: 1,
+            grid,
             threads: THREADS,
             piece: 1,
             chunks: 1,
@@ -627,6 +682,15 @@ fn choose_all_reduce(
             Kind::AllReduceLl,
             "small: flags inside the data (LL), one crossing, no fence or flag",
         )
+    } else if world == 2
+        && access.output
+        && !access.in_place
+        && bytes >= tuning.ce_all_reduce_min_bytes
+    {
+        (
+            Kind::AllReduceCe,
+            "registered output, out of place, large, 2 ranks: the copy engines carry each input into the peer's output while a kernel reduces each chunk as it lands",
+        )
     } else if access.input && access.output && world > 2 {
         // On two ranks one-shot already moves each byte once; direct measured no faster.
         (
@@ -649,6 +713,18 @@ fn choose_all_reduce(
             "large: two-shot moves 2(n-1)/n of the data in two steps",
         )
     }
+}
+
+/// Elements `[lo, hi)` of chunk `k` (of [`CE_CHUNKS`]) of a copy-engine all-reduce of `n`
+/// elements of `elem` bytes: half the data, a quarter, ..., the last chunk the rest, each edge
+/// rounded down to [`CE_ALIGN`] bytes. `coll.cu`'s `ce_chunk` is the same formula: the copies
+/// follow this one, the reduce kernel that one.
+pub fn ce_chunk(k: usize, n: u64, elem: usize) -> (u64, u64) {
+    let align = (CE_ALIGN / elem.max(1)).max(1) as u64;
+    let edge = |j: usize| (n - (n >> j)) / align * align;
+    let lo = if k == 0 { 0 } else { edge(k) };
+    let hi = if k + 1 == CE_CHUNKS { n } else { edge(k + 1) };
+    (lo, hi)
 }
 
 /// Whether `bytes` per source fit LL: at most [`LL_MAX_BYTES`], and its grid (see `ll_shape`)
@@ -1114,7 +1190,7 @@ mod tests {
     }
 
     #[test]
-    fn copy_engines_only_for_large_registered_all_gathers_in_place() {
+    fn copy_engines_for_large_registered_calls_on_two_ranks() {
         let mut tuning = t();
         let in_place = Access {
             input: true,
@@ -1125,9 +1201,28 @@ mod tests {
             in_place: false,
             ..in_place
         };
+        let out_only = Access {
+            input: false,
+            ..out
+        };
         assert_eq!(tuning.ce_min_bytes, 256 << 20);
+        assert_eq!(tuning.ce_all_reduce_min_bytes, usize::MAX);
+        // All-reduce off by default: not with ce_min_bytes alone.
+        let whole = (64 << 20) / 4;
         tuning.ce_min_bytes = 64 << 20;
-        for world in [2, 4] {
+        let p = plan_with(
+            Op::AllReduce,
+            DataType::F32,
+            whole,
+            2,
+            None,
+            &tuning,
+            out_only,
+        );
+        assert_eq!(p.kind, Kind::AllReduceOneShot);
+        tuning.ce_all_reduce_min_bytes = 64 << 20;
+        for world in [2, 3, 4] {
+            let two = world == 2;
             let count = (64 << 20) / 4 / world;
             let kind = |op, count, access| {
                 plan_with(op, DataType::F32, count, world, None, &tuning, access).kind
@@ -1141,23 +1236,60 @@ mod tests {
                 &tuning,
                 in_place,
             );
-            assert_eq!((p.kind, p.grid, p.threads), (Kind::AllGatherCe, 1, THREADS));
-            assert_eq!((p.kind.variant(), p.kind.op()), ("ce", Op::AllGather));
-            // Below the threshold, out of place, or not registered: no copy engines.
-            assert_eq!(
-                kind(Op::AllGather, count - 4, in_place),
-                Kind::AllGatherDirect
-            );
-            assert_eq!(kind(Op::AllGather, count, out), Kind::AllGatherDirect);
-            assert_eq!(kind(Op::AllGather, count, Access::NONE), Kind::AllGather);
-            // The other collectives never.
-            for op in [
+            if two {
+                assert_eq!((p.kind, p.grid, p.threads), (Kind::AllGatherCe, 1, THREADS));
+                assert_eq!((p.kind.variant(), p.kind.op()), ("ce", Op::AllGather));
+            } else {
+                // More ranks: not measured, the kernels.
+                assert!(!p.kind.is_ce(), "{p:?}");
+            }
+            for access in [out, out_only] {
+                let k = kind(Op::AllGather, count, access);
+                assert_eq!(k == Kind::AllGatherCe, two, "{k:?}");
+            }
+            // All-to-all and all-reduce: out of place only, into a registered output.
+            let a2a = kind(Op::AllToAll, count, out_only);
+            assert_eq!(a2a == Kind::AllToAllCe, two, "{a2a:?}");
+            assert!(!kind(Op::AllToAll, count, in_place).is_ce());
+            let whole = count * world; // an all-reduce's count is the whole buffer
+            let ar = plan_with(
                 Op::AllReduce,
-                Op::ReduceScatter,
-                Op::AllToAll,
-                Op::Broadcast,
-                Op::Reduce,
-            ] {
+                DataType::F32,
+                whole,
+                world,
+                None,
+                &tuning,
+                out_only,
+            );
+            assert_eq!(ar.kind == Kind::AllReduceCe, two, "{ar:?}");
+            if two {
+                assert_eq!(
+                    (ar.grid, ar.threads, ar.kernel_type),
+                    (tuning.max_blocks / 2, THREADS, DataType::F32)
+                );
+                assert_eq!(ar.kind.op(), Op::AllReduce);
+                // Forcing an algorithm turns the copy engines off.
+                let forced = plan_with(
+                    Op::AllReduce,
+                    DataType::F32,
+                    whole,
+                    world,
+                    Some(Algorithm::OneShot),
+                    &tuning,
+                    out_only,
+                );
+                assert_eq!(forced.kind, Kind::AllReduceOneShot);
+            }
+            assert!(!kind(Op::AllReduce, whole, in_place).is_ce());
+            // Below the threshold or not registered: no copy engines.
+            for op in [Op::AllGather, Op::AllToAll] {
+                assert!(!kind(op, count - 4, out).is_ce(), "{op}");
+                assert!(!kind(op, count, Access::NONE).is_ce(), "{op}");
+            }
+            assert!(!kind(Op::AllReduce, whole - 4, out).is_ce());
+            assert!(!kind(Op::AllReduce, whole, Access::NONE).is_ce());
+            // The other collectives never.
+            for op in [Op::ReduceScatter, Op::Broadcast, Op::Reduce] {
                 for access in [in_place, out] {
                     assert!(!kind(op, count, access).is_ce(), "{op} {access:?}");
                 }
@@ -1166,6 +1298,34 @@ mod tests {
         // Small calls stay LL.
         let p = plan_with(Op::AllGather, DataType::F32, 16, 2, None, &tuning, in_place);
         assert_eq!(p.kind, Kind::AllGatherLl);
+    }
+
+    #[test]
+    fn copy_engine_all_reduce_chunks_halve_and_cover_the_buffer() {
+        for elem in [1usize, 2, 4, 8] {
+            for n in [0u64, 1, 7, 16_383, 70_001, 1 << 20, (1 << 28) + 3] {
+                let mut next = 0;
+                for k in 0..CE_CHUNKS {
+                    let (lo, hi) = ce_chunk(k, n, elem);
+                    assert_eq!(lo, next, "elem {elem} n {n} chunk {k}");
+                    assert!(hi >= lo && hi <= n, "elem {elem} n {n} chunk {k}");
+                    if hi != n {
+                        assert_eq!(hi * elem as u64 % CE_ALIGN as u64, 0);
+                    }
+                    next = hi;
+                }
+                assert_eq!(next, n, "elem {elem} n {n}");
+            }
+        }
+        // Halving: at 1 GiB of f32, 512 MiB, 256, 128, 64, 32 and the last 32.
+        let n = (1u64 << 30) / 4;
+        let mibs: Vec<u64> = (0..CE_CHUNKS)
+            .map(|k| {
+                let (lo, hi) = ce_chunk(k, n, 4);
+                ((hi - lo) * 4) >> 20
+            })
+            .collect();
+        assert_eq!(mibs, [512, 256, 128, 64, 32, 32]);
     }
 
     #[test]

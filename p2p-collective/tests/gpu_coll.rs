@@ -149,14 +149,16 @@ fn gpu2_graph_replay_with_changing_inputs() {
 }
 
 /// The same with the all-gather in place on a registered buffer (this rank's input copied into
-/// its part first, in the graph) and the copy engines moving it (`ce_min_bytes` 0, LL off): the
-/// copies and both barrier kernels replay in the graph.
+/// its part first, in the graph) and the all-reduce into a registered output, the copy engines
+/// moving both (`ce_min_bytes` and `ce_all_reduce_min_bytes` 0, LL off): the copies, the flag writes, the barrier kernels and
+/// the all-reduce's second stream replay in the graph.
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_graph_replay_of_a_copy_engine_all_gather() {
     let sms = gpus(1)[0].sm_count();
     let mut tuning = p2p_collective::plan::Tuning::for_device(sms, 2);
     tuning.ce_min_bytes = 0;
+    tuning.ce_all_reduce_min_bytes = 0;
     tuning.ll_max_bytes = 0; // 70 001 floats per part would run LL
     let options = Options {
         tuning: Some(tuning),
@@ -165,8 +167,9 @@ fn gpu2_graph_replay_of_a_copy_engine_all_gather() {
     graph_replay_with_changing_inputs(options, true);
 }
 
-/// `ce`: register the all-gather's buffer and run the all-gather in place (the copy engines'
-/// path when `options` lets it); else out of place on plain buffers.
+/// `ce`: register the all-gather's buffer and the all-reduce's output and run the all-gather
+/// in place (the copy engines' paths when `options` lets them); else out of place on plain
+/// buffers.
 fn graph_replay_with_changing_inputs(options: Options, ce: bool) {
     let devices = gpus(world());
     let comms = Communicator::init_all_with(&devices, options).expect("init_all");
@@ -179,20 +182,39 @@ fn graph_replay_with_changing_inputs(options: Options, ce: bool) {
         .collect();
     let ce = ce && comms[0].sharing().is_p2p();
     let regs = if ce {
-        let bufs: Vec<&dyn DeviceMemory> =
-            gathered.iter().map(|g| g as &dyn DeviceMemory).collect();
         let refs: Vec<&Communicator> = comms.iter().collect();
-        // SAFETY: `gathered` outlives the registrations, which are dropped below first.
-        let regs = unsafe { Communicator::register_all(&refs, &bufs) }.expect("register_all");
-        let call = Call::new(Op::AllGather, DataType::F32, count);
+        let mut regs = Vec::new();
+        for bufs in [
+            gathered
+                .iter()
+                .map(|g| g as &dyn DeviceMemory)
+                .collect::<Vec<_>>(),
+            outs.iter().map(|o| o as &dyn DeviceMemory).collect(),
+        ] {
+            // SAFETY: `gathered` and `outs` outlive the registrations, dropped below first.
+            regs.extend(unsafe { Communicator::register_all(&refs, &bufs) }.expect("register_all"));
+        }
         let access = Access {
-            input: true,
+            input: false,
             output: true,
             in_place: true,
         };
+        let plan = |op, access| {
+            comms[0]
+                .plan_with(&Call::new(op, DataType::F32, count), access)
+                .kind
+        };
         assert_eq!(
-            comms[0].plan_with(&call, access).kind,
+            plan(Op::AllGather, access),
             p2p_collective::plan::Kind::AllGatherCe
+        );
+        let out_of_place = Access {
+            in_place: false,
+            ..access
+        };
+        assert_eq!(
+            plan(Op::AllReduce, out_of_place),
+            p2p_collective::plan::Kind::AllReduceCe
         );
         regs
     } else {
@@ -270,11 +292,12 @@ fn graph_replay_with_changing_inputs(options: Options, ce: bool) {
             assert_eq!(wrong, 0, "replay {replay}, rank {r}");
         }
     }
-    for (r, reg) in regs.into_iter().enumerate() {
-        comms[r].deregister(reg).expect("deregister");
+    // `register_all` gives one registration per rank, in rank order, per buffer set.
+    for (i, reg) in regs.into_iter().enumerate() {
+        comms[i % n].deregister(reg).expect("deregister");
     }
     eprintln!(
-        "20 replays of a 4-collective graph on {n} ranks (copy-engine all-gather: {ce}): 0 wrong"
+        "20 replays of a 4-collective graph on {n} ranks (copy-engine all-gather and all-reduce: {ce}): 0 wrong"
     );
 }
 
@@ -749,18 +772,39 @@ fn gpu2_registered_buffers_matrix() {
     );
 }
 
-/// All-gather by the copy engines on registered buffers (`ce_min_bytes` 0, so every count LL
-/// does not take): the in-place calls of the matrix run them (out of place, the direct kernel),
-/// at every count and type.
+/// The copy-engine plans on registered buffers (`ce_min_bytes` and `ce_all_reduce_min_bytes`
+/// 0, so every count LL does not
+/// take), at every count, type and reduction: all-gather in and out of place, all-reduce and
+/// all-to-all out of place (in place they run the kernels).
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
-fn gpu2_copy_engine_all_gather() {
+fn gpu2_copy_engine_matrix() {
+    use p2p_collective::plan::Kind;
+    let two = world() == 2;
     registered_matrix(
-        without_ll(|t| t.ce_min_bytes = 0),
-        &[Op::AllGather],
+        without_ll(|t| {
+            t.ce_min_bytes = 0;
+            t.ce_all_reduce_min_bytes = 0;
+        }),
+        &[Op::AllReduce, Op::AllGather, Op::AllToAll],
         |op, out_of_place, in_place| {
-            assert_eq!(in_place, p2p_collective::plan::Kind::AllGatherCe, "{op}");
-            assert!(!out_of_place.is_ce(), "{op}");
+            let (want_out, want_in) = match op {
+                Op::AllReduce => (Some(Kind::AllReduceCe), None),
+                Op::AllGather => (Some(Kind::AllGatherCe), Some(Kind::AllGatherCe)),
+                _ => (Some(Kind::AllToAllCe), None),
+            };
+            // The copy engines run on two ranks only (measured there).
+            let (want_out, want_in) = if two {
+                (want_out, want_in)
+            } else {
+                (None, None)
+            };
+            assert_eq!(
+                out_of_place.is_ce().then_some(out_of_place),
+                want_out,
+                "{op}"
+            );
+            assert_eq!(in_place.is_ce().then_some(in_place), want_in, "{op}");
         },
     );
 }

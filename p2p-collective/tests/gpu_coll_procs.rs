@@ -125,22 +125,27 @@ fn gpu2_process_per_gpu_registered_matrix() {
     );
 }
 
-/// All-gather by the copy engines (`ce_min_bytes` 0; the matrix's in-place calls) on buffers
-/// each process registered: `cuMemcpyAsync` into the peers' buffers as this process maps them.
+/// The copy-engine plans (`ce_min_bytes` and `ce_all_reduce_min_bytes` 0: all-gather, all-reduce out of place, all-to-all
+/// out of place) on buffers each process registered: `cuMemcpyAsync` into the peers' buffers
+/// and stream writes into their flags, as this process maps them.
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_process_per_gpu_copy_engine_matrix() {
     registered_matrix(
         "gpu2_process_per_gpu_copy_engine_matrix",
-        &[Op::AllGather],
-        |t| t.ce_min_bytes = 0,
+        &[Op::AllReduce, Op::AllGather, Op::AllToAll],
+        |t| {
+            t.ce_min_bytes = 0;
+            t.ce_all_reduce_min_bytes = 0;
+        },
         true,
     );
 }
 
 /// `ops` on registered input and output buffers in every process (test `name`, run under the
 /// launcher), LL off and the tuning changed by `change`; with `ce`, first checks that an
-/// in-place all-gather there is planned for the copy engines.
+/// all-gather (in and out of place), an all-reduce and an all-to-all out of place are planned
+/// for the copy engines there.
 fn registered_matrix(
     name: &str,
     ops: &[Op],
@@ -181,17 +186,20 @@ fn registered_matrix(
             ]
         };
         if ce {
-            let call =
-                p2p_collective::Call::new(Op::AllGather, p2p_collective::DataType::F32, 4096);
-            let access = p2p_collective::plan::Access {
-                input: true,
-                output: true,
-                in_place: true,
+            use p2p_collective::plan::{Access, Kind};
+            let plan = |op, in_place| {
+                let call = p2p_collective::Call::new(op, p2p_collective::DataType::F32, 4096);
+                let access = Access {
+                    input: true,
+                    output: true,
+                    in_place,
+                };
+                ls[0].comm.plan_with(&call, access).kind
             };
-            assert_eq!(
-                ls[0].comm.plan_with(&call, access).kind,
-                p2p_collective::plan::Kind::AllGatherCe
-            );
+            assert_eq!(plan(Op::AllGather, true), Kind::AllGatherCe);
+            assert_eq!(plan(Op::AllGather, false), Kind::AllGatherCe);
+            assert_eq!(plan(Op::AllReduce, false), Kind::AllReduceCe);
+            assert_eq!(plan(Op::AllToAll, false), Kind::AllToAllCe);
         }
         let s = run_matrix(&mut ls, ops, &counts);
         eprintln!(

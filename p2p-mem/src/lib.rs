@@ -55,8 +55,8 @@ pub use error::{Error, Result};
 pub use event::Event;
 pub use graph::{Graph, GraphExec};
 pub use memory::{
-    check_stream, copy_async, DeviceBuffer, DeviceMemory, DeviceMemoryMut, DeviceView,
-    DeviceViewMut, ExternalMemory, PinnedHostBuffer,
+    check_stream, copy_async, memset_async, write_u64_async, DeviceBuffer, DeviceMemory,
+    DeviceMemoryMut, DeviceView, DeviceViewMut, ExternalMemory, PinnedHostBuffer,
 };
 pub use peer::{check_peer_mappable, P2pAttributes};
 

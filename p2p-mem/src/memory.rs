@@ -221,6 +221,38 @@ pub unsafe fn copy_async(dst: u64, src: u64, bytes: usize, stream: &Stream) -> R
     unsafe { cu!(cuMemcpyAsync(dst, src, bytes, stream.cu_stream())) }.on(stream.device().ordinal())
 }
 
+/// Queues a write of the 64-bit `value` to `dst` on `stream` (`cuStreamWriteValue64`), after
+/// everything queued before it on the stream has finished and its memory writes are visible
+/// (the default flags put a memory barrier before the write). `dst` may be another GPU's memory
+/// that this stream's GPU can address: a flag that tells a peer a copy has landed.
+///
+/// # Safety
+/// `dst` must be 8-byte aligned device memory of at least 8 bytes that this stream's GPU can
+/// address and that stays allocated until the write has run, and no kernel may rely on the
+/// old value past it.
+pub unsafe fn write_u64_async(dst: u64, value: u64, stream: &Stream) -> Result<()> {
+    stream.device().bind_to_thread()?;
+    // SAFETY: the caller guarantees the word; the stream is alive while borrowed.
+    unsafe { cu!(cuStreamWriteValue64_v2(stream.cu_stream(), dst, value, 0)) }
+        .on(stream.device().ordinal())
+}
+
+/// Queues setting `bytes` bytes at `dst` to `byte` on `stream` (`cuMemsetD8Async`).
+///
+/// # Safety
+/// `dst` must be device memory of at least `bytes` bytes that this stream's GPU can address
+/// and that stays allocated until the write has run, with nothing else reading or writing it
+/// meanwhile.
+pub unsafe fn memset_async(dst: u64, byte: u8, bytes: usize, stream: &Stream) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    stream.device().bind_to_thread()?;
+    // SAFETY: the caller guarantees the range; the stream is alive while borrowed.
+    unsafe { cu!(cuMemsetD8Async(dst, byte, bytes, stream.cu_stream())) }
+        .on(stream.device().ordinal())
+}
+
 /// Checks that work on `memory` may be queued on `stream`: a region bound to a stream
 /// ([`DeviceMemory::bound_stream`], a view of a cudarc slice) only on that one, since cudarc
 /// frees the slice after the work of that stream alone.

@@ -133,11 +133,15 @@ enum Command {
         /// than two ranks, KiB (default 1024).
         #[arg(long)]
         split_kib: Option<usize>,
-        /// Planner: all-gathers in place on registered buffers of at least this many MiB (all
-        /// parts) move the data with the copy engines (default 256; 0: at every size LL does
-        /// not take).
+        /// Planner: on two ranks, all-gathers and all-to-alls on registered buffers of at
+        /// least this many MiB (all parts) move the data with the copy engines (default 256;
+        /// 0: at every size LL does not take; a large number: never).
         #[arg(long)]
         ce_mib: Option<usize>,
+        /// Planner: on two ranks, out-of-place all-reduces into a registered output of at
+        /// least this many MiB run by the copy engines (default: never; perf-notes §30).
+        #[arg(long)]
+        ce_all_reduce_mib: Option<usize>,
     },
     /// Render a `coll` results file again (the Markdown table and the SVG plot beside it), for
     /// results assembled from several runs.
@@ -301,6 +305,7 @@ fn main() -> ExitCode {
             ll_kib,
             split_kib,
             ce_mib,
+            ce_all_reduce_mib,
         } => {
             let mut chosen = Vec::new();
             for name in &ops {
@@ -372,7 +377,14 @@ fn main() -> ExitCode {
                 } else {
                     all_reduce_types
                 },
-                tuning: tuning_from(piece_kib, blocks, block_kib, ll_kib, split_kib, ce_mib),
+                tuning: tuning_from(
+                    piece_kib,
+                    blocks,
+                    block_kib,
+                    ll_kib,
+                    split_kib,
+                    (ce_mib, ce_all_reduce_mib),
+                ),
                 ..defaults
             };
             coll_cmd(out, &opts)
@@ -396,7 +408,7 @@ fn tuning_from(
     block_kib: Option<usize>,
     ll_kib: Option<usize>,
     split_kib: Option<usize>,
-    ce_mib: Option<usize>,
+    (ce_mib, ce_all_reduce_mib): (Option<usize>, Option<usize>),
 ) -> Option<Tuning> {
     if piece_kib.is_none()
         && blocks.is_none()
@@ -404,6 +416,7 @@ fn tuning_from(
         && ll_kib.is_none()
         && split_kib.is_none()
         && ce_mib.is_none()
+        && ce_all_reduce_mib.is_none()
     {
         return None;
     }
@@ -426,6 +439,9 @@ fn tuning_from(
     }
     if let Some(c) = ce_mib {
         t.ce_min_bytes = c.saturating_mul(1 << 20);
+    }
+    if let Some(c) = ce_all_reduce_mib {
+        t.ce_all_reduce_min_bytes = c.saturating_mul(1 << 20);
     }
     Some(t)
 }

@@ -34,6 +34,18 @@
 #define P2P_RECVD_OFF (P2P_SENT_OFF + MAX_RANKS * P2P_BLOCKS)   // [MAX_RANKS src][P2P_BLOCKS], local
 #define P2P_MSGS_OFF (P2P_RECVD_OFF + MAX_RANKS * P2P_BLOCKS)   // [2 send/recv][MAX_RANKS][P2P_BLOCKS], local
 #define P2P_END_OFF (P2P_MSGS_OFF + 2 * MAX_RANKS * P2P_BLOCKS)
+// The copy-engine all-reduce on two ranks (K_ALLREDUCE_CE): the peer's copy engines write its
+// whole input into this rank's output in CE_CHUNKS chunks of halving size (half the data, a
+// quarter, ..., the last chunk the rest: little reduction is left once the last copy lands),
+// each chunk's edge rounded down to CE_ALIGN bytes; after each chunk the peer's stream writes 1
+// into this rank's word CE_FLAGS_OFF + k. The host clears the words after the reduce kernel.
+#define CE_FLAGS_OFF P2P_END_OFF  // [CE_CHUNKS], written by the peer's stream
+#define CE_CHUNKS 6
+#define CE_ALIGN 65536
+// Its reduce kernel reads the host's abort flag at most once every this many ns while it waits
+// (every block's waiting thread reading pinned host memory once every 1024 polls, as the other
+// waits do, cost 8-25 % at 256 MiB-1 GiB: perf-notes §30).
+#define CE_HOST_POLL_NS 100000
 // The status word `kind` of a failed send or recv (the collectives use `enum Kind`).
 #define K_SEND 64
 #define K_RECV 65
@@ -67,8 +79,12 @@ enum Kind {
     K_REDUCESCATTER_DIRECT = 18,
     K_ALLTOALL_DIRECT = 19,
     // Host-side: the copy engines between two barrier kernels (K_ALLGATHER_DIRECT with no
-    // data); no kernel runs this kind.
+    // data); no kernel runs these two kinds.
     K_ALLGATHER_CE = 20,
+    // Two ranks: a barrier kernel, then the copy engines carry each rank's input into the
+    // peer's output (CE_FLAGS_OFF above) while this kind, in the direct family, reduces.
+    K_ALLREDUCE_CE = 21,
+    K_ALLTOALL_CE = 22,
 };  // plan.rs `Kind`, code for code (checked in plan.rs's tests)
 
 enum RedOp { R_SUM = 0, R_PROD = 1, R_MIN = 2, R_MAX = 3, R_AVG = 4 };
