@@ -1548,13 +1548,16 @@ impl Communicator {
         let barrier = self
             .kernels
             .function(Kind::AllGatherDirect, DataType::U8, self.world);
-        launch(
-            &self.kernels.module,
-            barrier,
-            (1, THREADS),
-            &mut barrier_args,
-            stream,
-        )?;
+        let mut run_barrier = || {
+            launch(
+                &self.kernels.module,
+                barrier,
+                (1, THREADS),
+                &mut barrier_args,
+                stream,
+            )
+        };
+        run_barrier()?;
         // From here the peers wait for this rank's copies and its second barrier: an error
         // queueing the rest stops every rank rather than leaving them to their time limit.
         let queued = self
@@ -1563,13 +1566,7 @@ impl Communicator {
                 if p.kind == Kind::AllReduceCe {
                     Ok(())
                 } else {
-                    launch(
-                        &self.kernels.module,
-                        barrier,
-                        (1, THREADS),
-                        &mut barrier_args,
-                        stream,
-                    )
+                    run_barrier()
                 }
             });
         if let Err(e) = &queued {

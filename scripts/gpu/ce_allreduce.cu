@@ -56,23 +56,28 @@ __host__ __device__ inline void chunk_bounds(int k, int K, size_t n4, int geo, s
     if (*e != n4) *e &= ~(size_t)4095;
 }
 
+// Thread 0 waits for chunk k's flag (a time limit of about 2 s at the SM clock sets *err
+// instead of hanging), then the block goes on together.
+__device__ void wait_chunk(const unsigned* flags, int k, int* err) {
+    if (threadIdx.x == 0) {
+        const long long t0 = clock64();
+        while (*(volatile const unsigned*)(flags + k) == 0) {
+            if (clock64() - t0 > 4000000000ll) {
+                atomicExch(err, 1000 + k);
+                break;
+            }
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
 // out[k] += in[k] for every chunk k, each chunk once its flag says the peer's copy landed.
-// A time limit (about 2 s at the SM clock) ends the wait with *err set instead of a hang.
 extern "C" __global__ void __launch_bounds__(512) ce_reduce(float4* out, const float4* in,
                                                             const unsigned* flags, int K,
                                                             int geo, size_t total4, int* err) {
     for (int k = 0; k < K; ++k) {
-        if (threadIdx.x == 0) {
-            const long long t0 = clock64();
-            while (*(volatile const unsigned*)(flags + k) == 0) {
-                if (clock64() - t0 > 4000000000ll) {
-                    atomicExch(err, 1000 + k);
-                    break;
-                }
-            }
-            __threadfence();
-        }
-        __syncthreads();
+        wait_chunk(flags, k, err);
         size_t base, end;
         chunk_bounds(k, K, total4, geo, &base, &end);
         const size_t stride = (size_t)gridDim.x * blockDim.x;
@@ -104,17 +109,7 @@ extern "C" __global__ void __launch_bounds__(512) ce_reduce_share(float4* out, c
                                                                   const unsigned* flags, int K,
                                                                   int geo, size_t total4, int* err) {
     for (int k = 0; k < K; ++k) {
-        if (threadIdx.x == 0) {
-            const long long t0 = clock64();
-            while (*(volatile const unsigned*)(flags + k) == 0) {
-                if (clock64() - t0 > 4000000000ll) {
-                    atomicExch(err, 1000 + k);
-                    break;
-                }
-            }
-            __threadfence();
-        }
-        __syncthreads();
+        wait_chunk(flags, k, err);
         size_t base, end;
         chunk_bounds(k, K, total4, geo, &base, &end);
         const size_t share = (end - base + gridDim.x - 1) / gridDim.x;
