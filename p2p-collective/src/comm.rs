@@ -7,7 +7,9 @@
 //! GPUs), a cuMem fd or legacy IPC mapping (one process per GPU), or pinned host memory
 //! shared by every rank (host-staged, where GPUs have no P2P). A call validates its
 //! arguments, plans (`plan.rs`) and launches one kernel (`kernels/coll.cu`) on the caller's
-//! stream; it never blocks the host, so it can be captured in a CUDA graph.
+//! stream, or for the copy-engine plans barrier kernels and copies, with work forked onto the
+//! communicator's second stream and joined back; it never blocks the host, so it can be
+//! captured in a CUDA graph.
 //!
 //! Calls on one communicator must be ordered on the GPU: use one stream per rank (or order
 //! streams with events). Two calls on the same communicator running at once would share step
@@ -774,6 +776,8 @@ impl Communicator {
             sharing,
             &reason,
         );
+        // Made before the barrier: a failure here stops this rank before its peers finish init.
+        let side = SideStream::new(device)?;
         // Every rank has mapped every workspace before anyone's kernels write into them.
         group.barrier()?;
         drop(sent);
@@ -791,7 +795,7 @@ impl Communicator {
             group: Some(group),
             windows: RwLock::new(Vec::new()),
             next_window: AtomicU64::new(0),
-            side: SideStream::new(device)?,
+            side,
             _peers: peers,
             workspace,
         })
@@ -1593,7 +1597,7 @@ impl Communicator {
     ///   the peer's flag for it, which the peer's reduce kernel waits for; the side stream
     ///   clears this rank's flags after its kernel. No second barrier: this rank's call ends
     ///   when every chunk of the peer's has landed and been reduced.
-    #[allow(unsafe_code, clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments)]
     fn queue_ce(
         &self,
         call: &Call,
@@ -1605,58 +1609,50 @@ impl Communicator {
         stream: &Stream,
     ) -> Result<()> {
         let me = self.rank;
-        let size = call.dtype.size();
-        if p.kind == Kind::AllReduceCe {
-            let peer = 1 - me;
-            let side = self.side.fork(stream)?;
-            let reduce = self.kernels.function(p.kind, p.kernel_type, self.world);
-            launch(
-                &self.kernels.module,
-                reduce,
-                (p.grid, p.threads),
-                args,
-                side,
-            )?;
-            let flags = |r: usize| self.bases[r] + (crate::abi::CE_FLAGS_OFF * 8) as u64;
-            // SAFETY: CE_CHUNKS words of this rank's own sync area (`coll_abi.h` keeps them
-            // inside it: asserted at the top of this file), which only the peer's stream
-            // writes, and only after the next call's barrier, which this rank enters after
-            // this memset (the join below orders it before anything later on `stream`).
-            unsafe { p2p_mem::memset_async(flags(me), 0, plan::CE_CHUNKS * 8, side) }?;
-            for k in 0..plan::CE_CHUNKS {
-                let (lo, hi) = plan::ce_chunk(k, p.units, size);
-                let (off, len) = (lo * size as u64, ((hi - lo) * size as u64) as usize);
-                // SAFETY: `check_call` found the input and output `units` elements long, and
-                // every rank registered an output of the same length (the window `peers` came
-                // from), so chunk k lies inside this rank's input and the peer's registered
-                // output, which stays mapped while registered; the call is out of place (the
-                // planner's condition), so they do not overlap. The barrier before kept this
-                // rank from writing the peer's output before the peer entered the call.
-                unsafe { p2p_mem::copy_async(peers[peer] + off, input.ptr + off, len, stream) }?;
-                // SAFETY: word k of the peer's CE flags, in its sync area, mapped here for as
-                // long as this communicator lives; written after the copy in stream order.
-                unsafe { p2p_mem::write_u64_async(flags(peer) + 8 * k as u64, 1, stream) }?;
-            }
-            return self.side.join(stream);
-        }
-        let seg = (call.count * size) as u64;
+        let seg = (call.count * call.dtype.size()) as u64;
         let part = |q: usize| match call.op {
             Op::AllToAll => input.ptr + q as u64 * seg,
             _ => input.ptr,
         };
         // Out of place, this rank's own part is one more copy: beside the peers', not after.
-        let own = part(me) != output.ptr + me as u64 * seg;
-        if own {
-            let side = self.side.fork(stream)?;
-            // SAFETY: `check_call` found the input and output long enough for the call; part
-            // `me` of each lies inside them, and they do not overlap (an all-gather here is
-            // exactly in place, which copies nothing, or its buffers are apart: `enqueue`
-            // plans no copy engines for a partial overlap; an all-to-all in place is never
-            // planned here).
-            unsafe {
-                p2p_mem::copy_async(output.ptr + me as u64 * seg, part(me), seg as usize, side)
-            }?;
+        let own = p.kind != Kind::AllReduceCe && part(me) != output.ptr + me as u64 * seg;
+        if p.kind != Kind::AllReduceCe && !own {
+            return self.queue_ce_copies(seg, &part, peers, stream);
         }
+        let side = self.side.fork(stream)?;
+        let queued = if p.kind == Kind::AllReduceCe {
+            self.queue_ce_all_reduce(call, p, input, peers, args, side, stream)
+        } else {
+            // SAFETY: `check_call` found the input and output long enough for the call; part
+            // `me` of each lies inside them, and they do not overlap (an all-gather here is out
+            // of place with its buffers apart: `enqueue` plans no copy engines for a partial
+            // overlap; an all-to-all in place is never planned here).
+            #[allow(unsafe_code)]
+            let copied = unsafe {
+                p2p_mem::copy_async(output.ptr + me as u64 * seg, part(me), seg as usize, side)
+            };
+            copied
+                .map_err(Error::from)
+                .and_then(|()| self.queue_ce_copies(seg, &part, peers, stream))
+        };
+        // Joined whatever happened: the caller's stream must wait for whatever reached the side
+        // stream (a reduce kernel writing the output, a copy reading the input), and a capture
+        // must end with its fork joined.
+        let joined = self.side.join(stream);
+        queued.and(joined)
+    }
+
+    /// The copies of an all-gather or all-to-all by the copy engines: this rank's part `q`
+    /// (`part(q)`, `seg` bytes) into part `rank` of every peer q's output.
+    #[allow(unsafe_code)]
+    fn queue_ce_copies(
+        &self,
+        seg: u64,
+        part: &dyn Fn(usize) -> u64,
+        peers: &[u64; MAX_RANKS],
+        stream: &Stream,
+    ) -> Result<()> {
+        let me = self.rank;
         // Staggered, so that the ranks spread over their targets.
         for k in 1..self.world {
             let q = (me + k) % self.world;
@@ -1674,8 +1670,58 @@ impl Communicator {
                 p2p_mem::copy_async(peers[q] + me as u64 * seg, part(q), seg as usize, stream)
             }?;
         }
-        if own {
-            self.side.join(stream)?;
+        Ok(())
+    }
+
+    /// The all-reduce by the copy engines after its barrier: the reduce kernel and the clearing
+    /// of this rank's flags on `side`, the chunk copies into the peer's output and the flag
+    /// writes into the peer's sync area on `stream`.
+    #[allow(unsafe_code, clippy::too_many_arguments)]
+    fn queue_ce_all_reduce(
+        &self,
+        call: &Call,
+        p: &Plan,
+        input: &Region<'_>,
+        peers: &[u64; MAX_RANKS],
+        args: &mut CollArgs,
+        side: &Stream,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (me, size) = (self.rank, call.dtype.size());
+        let peer = 1 - me;
+        let reduce = self.kernels.function(p.kind, p.kernel_type, self.world);
+        launch(
+            &self.kernels.module,
+            reduce,
+            (p.grid, p.threads),
+            args,
+            side,
+        )?;
+        let flags = |r: usize| self.bases[r] + (crate::abi::CE_FLAGS_OFF * 8) as u64;
+        // SAFETY: CE_CHUNKS words of this rank's own sync area (`coll_abi.h` keeps them inside
+        // it: asserted at the top of this file). On the success path the peer has written all
+        // of them when the reduce kernel before this memset ends, and writes them again only
+        // after the next call's barrier, which this rank enters after this memset (the join
+        // orders it before anything later on `stream`). After a failed call (the kernel ended
+        // early) a peer's write may land after the memset and leave a stale flag; a failure is
+        // permanent (the communicator refuses every later call), so no kernel reads it.
+        unsafe { p2p_mem::memset_async(flags(me), 0, plan::CE_CHUNKS * 8, side) }?;
+        for k in 0..plan::CE_CHUNKS {
+            let (lo, hi) = plan::ce_chunk(k, p.units, size);
+            let (off, len) = (lo * size as u64, ((hi - lo) * size as u64) as usize);
+            // SAFETY: `check_call` found the input and output `units` elements long, and every
+            // rank registered an output of the same length (the window `peers` came from), so
+            // chunk k lies inside this rank's input and the peer's registered output, which
+            // stays mapped while registered; the call is out of place (the planner's
+            // condition), so they do not overlap. On the success path the barrier before kept
+            // this rank from writing the peer's output before the peer entered the call; if
+            // that barrier fails, the copies still run, inside the peer's registered output,
+            // whose contents are then undefined (documented on `Tuning::ce_min_bytes`).
+            unsafe { p2p_mem::copy_async(peers[peer] + off, input.ptr + off, len, stream) }?;
+            // SAFETY: word k of the peer's CE flags, in its sync area, mapped here for as long
+            // as this communicator lives; written after the copy in stream order (also after a
+            // failed barrier: see the memset above for why a stale flag is harmless).
+            unsafe { p2p_mem::write_u64_async(flags(peer) + 8 * k as u64, 1, stream) }?;
         }
         Ok(())
     }

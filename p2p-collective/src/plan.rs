@@ -75,10 +75,14 @@ pub struct Tuning {
     /// direct kernel, all-to-all 380-382 against 350 for the SMs and 357-359 for NCCL's
     /// symmetric mode; slower below about 256 MiB. Not on more than two ranks (not measured
     /// there) nor in checking mode. Every rank must make the same choice: a rank whose buffers
-    /// are not registered, or that calls in place where the others do not, runs another plan,
-    /// and the call ends at the time limit. The copies are queued whatever the barrier before
-    /// them finds: after a call that fails (a time limit, an abort), the contents of the
-    /// ranks' registered buffers are undefined.
+    /// are not registered, or (for an all-to-all) that calls in place where the others do not,
+    /// runs another plan. That is not detected (the barriers compare step numbers; only
+    /// checking mode, which never uses the copy engines, compares calls): the results are
+    /// undefined, and the call may end at the time limit or report nothing. The copies are
+    /// queued whatever the barrier before them finds: after a call that fails (a time limit,
+    /// an abort), the contents of the ranks' registered buffers are undefined. A failure in
+    /// the barriers of a copy-engine all-to-all or all-reduce is reported as an `all_gather`'s
+    /// (the barrier kernel is the direct all-gather with no data).
     pub ce_min_bytes: usize,
     /// On two ranks, out-of-place all-reduces into a registered output of at least this many
     /// bytes run by the copy engines ([`Kind::AllReduceCe`]: each rank's input copied into the

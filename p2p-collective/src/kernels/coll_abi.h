@@ -79,10 +79,10 @@ enum Kind {
     K_REDUCESCATTER_DIRECT = 18,
     K_ALLTOALL_DIRECT = 19,
     // Host-side: the copy engines between two barrier kernels (K_ALLGATHER_DIRECT with no
-    // data); no kernel runs these two kinds.
+    // data); no kernel runs K_ALLGATHER_CE or K_ALLTOALL_CE.
     K_ALLGATHER_CE = 20,
     // Two ranks: a barrier kernel, then the copy engines carry each rank's input into the
-    // peer's output (CE_FLAGS_OFF above) while this kind, in the direct family, reduces.
+    // peer's output (CE_FLAGS_OFF above) while this kind's kernel (coll_<type>_ce) reduces.
     K_ALLREDUCE_CE = 21,
     K_ALLTOALL_CE = 22,
 };  // plan.rs `Kind`, code for code (checked in plan.rs's tests)
