@@ -446,15 +446,12 @@ impl Side {
             } else {
                 (buf + off, slot)
             };
-            let on = crate::error::cuda(self.device.ordinal(), None);
             // SAFETY: `src` and `dst` are `len` bytes inside the caller's buffer and the ring, both
             // mapped in this context (UVA); the stream orders this after the wait above.
-            unsafe { p2p_sys::cu!(cuMemcpyAsync(dst, src, len, stream.cu_stream())) }
-                .map_err(on)?;
-            // SAFETY: `publish` is an 8-byte flag in memory mapped here; the default flags put a
-            // memory barrier before the write, so the copied chunk is visible before the flag.
-            unsafe { p2p_sys::cu!(cuStreamWriteValue64_v2(stream.cu_stream(), publish, seq, 0)) }
-                .map_err(on)?;
+            unsafe { p2p_mem::copy_async(dst, src, len, stream) }?;
+            // SAFETY: `publish` is an 8-byte flag in memory mapped here; the write follows a
+            // memory barrier, so the copied chunk is visible before the flag.
+            unsafe { p2p_mem::write_u64_async(publish, seq, stream) }?;
         }
         Ok(())
     }
