@@ -1542,8 +1542,10 @@ impl Communicator {
         args: &mut CollArgs,
         stream: &Stream,
     ) -> Result<()> {
+        // The direct kernel with no data, under the plan's own kind (so that a failure in a
+        // barrier names this collective).
         let mut barrier_args = CollArgs {
-            kind: Kind::AllGatherDirect as i32,
+            kind: p.kind as i32,
             count: 0,
             piece: 1,
             peer_out: peers,

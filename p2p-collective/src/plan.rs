@@ -38,6 +38,13 @@ pub const LL2_PIECE: u64 = 128;
 /// Most blocks of an LL call: each block owns `THREADS` lines of each LL slot.
 const LL_GRID: u64 = (LL_SLOT_BYTES / 16 / THREADS as usize) as u64;
 
+/// On two ranks a reduce-scatter on registered buffers reads its part from the peer's input
+/// (the direct kernel) only while all parts together are smaller than this: on 2 x H200 the
+/// read measured 324 / 330 / 333 GB/s busbw at 256 MiB / 512 MiB / 1 GiB against 312 / 330 /
+/// 346 for the push through the scratch (perf-notes section 31), as reads across the link are
+/// slower than writes.
+pub const RS_DIRECT_MAX_BYTES_TWO_RANKS: usize = 1 << 30;
+
 /// Knobs of the planner; `Tuning::for_device` is what communicators use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tuning {
@@ -80,18 +87,15 @@ pub struct Tuning {
     /// checking mode, which never uses the copy engines, compares calls): the results are
     /// undefined, and the call may end at the time limit or report nothing. The copies are
     /// queued whatever the barrier before them finds: after a call that fails (a time limit,
-    /// an abort), the contents of the ranks' registered buffers are undefined. A failure in
-    /// the barriers of a copy-engine all-to-all or all-reduce is reported as an `all_gather`'s
-    /// (the barrier kernel is the direct all-gather with no data).
+    /// an abort), the contents of the ranks' registered buffers are undefined.
     pub ce_min_bytes: usize,
     /// On two ranks, out-of-place all-reduces into a registered output of at least this many
     /// bytes run by the copy engines ([`Kind::AllReduceCe`]: each rank's input copied into the
     /// peer's output in [`CE_CHUNKS`] halving chunks while a kernel reduces each chunk as it
-    /// lands), with [`ce_min_bytes`](Self::ce_min_bytes)'s conditions. Off by default
-    /// (`usize::MAX`): on 2 x H200 it measured 341 GB/s busbw at 256 MiB against 333 for
-    /// one-shot, but 335 against 346 at 512 MiB and 355 against 355 at 1 GiB, where the same
-    /// scheme in the nvcc harness reaches 377 (perf-notes section 30: the gap is in the reduce
-    /// kernel's waits and is not closed).
+    /// lands), with [`ce_min_bytes`](Self::ce_min_bytes)'s conditions. Default 256 MiB: on 2 x
+    /// H200 it measured 342-345 / 359-362 / 371-372 GB/s busbw at 256 MiB / 512 MiB / 1 GiB
+    /// against 333-337 / 349-351 / 354-357 for one-shot in the same runs (f32 and bf16;
+    /// perf-notes section 31). `usize::MAX` turns it off.
     pub ce_all_reduce_min_bytes: usize,
 }
 
@@ -112,7 +116,7 @@ impl Tuning {
             split_min_bytes: 1 << 20,
             direct_min_bytes: 16 << 20,
             ce_min_bytes: 256 << 20,
-            ce_all_reduce_min_bytes: usize::MAX,
+            ce_all_reduce_min_bytes: 256 << 20,
         }
     }
 
@@ -510,10 +514,16 @@ pub fn plan_with(
             "registered output: every rank writes into every peer's output",
         ),
         Op::AllGather => (Kind::AllGather, "every rank pushes to every peer"),
-        Op::ReduceScatter if access.input && parts_direct => (
-            Kind::ReduceScatterDirect,
-            "registered input: every rank reads its part from every peer's input",
-        ),
+        Op::ReduceScatter
+            if access.input
+                && parts_direct
+                && (world > 2 || seg_bytes * world < RS_DIRECT_MAX_BYTES_TWO_RANKS) =>
+        {
+            (
+                Kind::ReduceScatterDirect,
+                "registered input: every rank reads its part from every peer's input",
+            )
+        }
         Op::ReduceScatter => (
             Kind::ReduceScatter,
             "every rank pushes each part to its owner",
@@ -1100,6 +1110,26 @@ mod tests {
         assert_eq!(two(Op::AllReduce), Kind::AllReduceOneShot);
         assert_eq!(two(Op::AllToAll), Kind::AllToAll);
         assert_eq!(two(Op::AllGather), Kind::AllGatherDirect);
+        assert_eq!(two(Op::ReduceScatter), Kind::ReduceScatterDirect);
+        // Reduce-scatter on two ranks reads directly only below RS_DIRECT_MAX_BYTES_TWO_RANKS
+        // (all parts); on more ranks at any size.
+        let rs = |count, world| {
+            plan_with(
+                Op::ReduceScatter,
+                DataType::F32,
+                count,
+                world,
+                None,
+                &tuning,
+                both,
+            )
+            .kind
+        };
+        let under = (RS_DIRECT_MAX_BYTES_TWO_RANKS - 16 * 2) / 4 / 2;
+        let at = RS_DIRECT_MAX_BYTES_TWO_RANKS / 4 / 2;
+        assert_eq!(rs(under, 2), Kind::ReduceScatterDirect);
+        assert_eq!(rs(at, 2), Kind::ReduceScatter);
+        assert_eq!(rs(at, 4), Kind::ReduceScatterDirect);
         // Small calls still run LL; a forced algorithm wins over registration.
         assert!(
             plan_with(Op::AllReduce, DataType::F32, 16, 4, None, &tuning, both)
@@ -1210,8 +1240,8 @@ mod tests {
             ..out
         };
         assert_eq!(tuning.ce_min_bytes, 256 << 20);
-        assert_eq!(tuning.ce_all_reduce_min_bytes, usize::MAX);
-        // All-reduce off by default: not with ce_min_bytes alone.
+        assert_eq!(tuning.ce_all_reduce_min_bytes, 256 << 20);
+        // The all-reduce has its own threshold: not with ce_min_bytes alone.
         let whole = (64 << 20) / 4;
         tuning.ce_min_bytes = 64 << 20;
         let p = plan_with(

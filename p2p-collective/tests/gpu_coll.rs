@@ -350,6 +350,81 @@ fn gpu2_a_missing_peer_times_out_with_an_error_and_poisons_the_communicator() {
     assert!(matches!(again, Error::Unusable { .. }), "{again:?}");
 }
 
+/// A copy-engine all-to-all or all-reduce whose peer never calls stops in its first barrier
+/// with an error that names that collective (the barrier runs under the plan's own kind).
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_a_missing_peer_in_a_copy_engine_call_is_named() {
+    use p2p_collective::plan::Kind;
+    const N: usize = 1 << 16;
+    for (op, want) in [
+        (Op::AllToAll, Kind::AllToAllCe),
+        (Op::AllReduce, Kind::AllReduceCe),
+    ] {
+        let devices = gpus(2);
+        // Declared before the communicators, so dropped after them (and their registrations).
+        let ins = devices[..2]
+            .iter()
+            .map(|d| DeviceBuffer::<f32>::zeroed(d, N))
+            .collect::<Result<Vec<_>, _>>()
+            .expect("inputs");
+        let mut outs = devices[..2]
+            .iter()
+            .map(|d| DeviceBuffer::<f32>::zeroed(d, N))
+            .collect::<Result<Vec<_>, _>>()
+            .expect("outputs");
+        let options = Options {
+            timeout: Duration::from_millis(500),
+            ..without_ll(|t| {
+                t.ce_min_bytes = 0;
+                t.ce_all_reduce_min_bytes = 0;
+            })
+        };
+        let comms = Communicator::init_all_with(&devices[..2], options).expect("init_all");
+        if !comms[0].sharing().is_p2p() {
+            return; // host-staged: nothing registers, no copy-engine plan
+        }
+        let refs: Vec<&Communicator> = comms.iter().collect();
+        for bufs in [&ins, &outs] {
+            let b: Vec<&dyn DeviceMemory> = bufs.iter().map(|b| b as &dyn DeviceMemory).collect();
+            // SAFETY: the buffers outlive the communicators (declared before them).
+            unsafe { Communicator::register_all(&refs, &b) }.expect("register_all");
+        }
+        let count = if op == Op::AllToAll { N / 2 } else { N };
+        let call = Call::new(op, DataType::F32, count);
+        let access = Access {
+            input: true,
+            output: true,
+            in_place: false,
+        };
+        assert_eq!(comms[0].plan_with(&call, access).kind, want, "{op}");
+        let stream = Stream::new(&devices[0]).expect("stream");
+        let t = Instant::now();
+        comms[0]
+            .call(&call, &ins[0], &mut outs[0], &stream)
+            .expect("enqueue");
+        let e = comms[0].synchronize(&stream).expect_err("must time out");
+        let took = t.elapsed();
+        eprintln!("{e} (after {took:?})");
+        assert!(
+            matches!(
+                e,
+                Error::Stalled {
+                    peer: 1,
+                    rank: 0,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string().starts_with(op.name()) && e.to_string().contains("timed out"),
+            "{op}: {e}"
+        );
+        assert!(took < Duration::from_secs(10), "took {took:?}");
+    }
+}
+
 /// `abort()` from another thread ends a waiting collective at once.
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]

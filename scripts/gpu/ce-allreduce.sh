@@ -11,7 +11,8 @@ arch=${ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -
 # The library's coll_abi.h and coll.cu first (only coll_f32's kernels: compile time), for the
 # lib variants.
 # LIBSED=EXPR also builds ce_allreduce_alt with the sed expression EXPR applied to coll.cu: its
-# variants are named alt:MODE (an A/B of a change to the library's kernel in one run).
+# variants are named alt:MODE (an A/B of a change to the library's kernel in one run);
+# LIBSED1..LIBSED6 likewise build ce_allreduce_alt1..6, variants alt1:MODE..alt6:MODE.
 src=p2p-collective/src/kernels
 build() {
   local name=$1 expr=$2
@@ -26,19 +27,23 @@ build() {
     exit 1
   fi
 }
-build ce_allreduce "" &
-[ -n "${LIBSED:-}" ] && build ce_allreduce_alt "$LIBSED" &
-wait
 log=$res/ce-allreduce.txt
-[ -n "${LIBSED:-}" ] && echo "# alt: coll.cu with sed '$LIBSED'" >"$res/ce-allreduce.txt.head"
 echo "# $(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1); variant size K grid streams us busbw wrong" >"$log"
-[ -f "$res/ce-allreduce.txt.head" ] && cat "$res/ce-allreduce.txt.head" >>"$log" && rm "$res/ce-allreduce.txt.head"
+build ce_allreduce "" &
+for alt in "" 1 2 3 4 5 6; do
+  var=LIBSED$alt
+  if [ -n "${!var:-}" ]; then
+    build "ce_allreduce_alt$alt" "${!var}" &
+    echo "# alt$alt: coll.cu with sed '${!var}'" >>"$log"
+  fi
+done
+wait
 run() {
   local exe=ce_allreduce mode=${6:-}
-  if [ "${mode#alt:}" != "$mode" ]; then
-    exe=ce_allreduce_alt
-    set -- "$1" "$2" "$3" "$4" "$5" "${mode#alt:}"
-    echo -n "alt " >>"$log"
+  if [[ $mode =~ ^(alt[1-6]?):(.*)$ ]]; then
+    exe=ce_allreduce_${BASH_REMATCH[1]}
+    set -- "$1" "$2" "$3" "$4" "$5" "${BASH_REMATCH[2]}"
+    echo -n "${BASH_REMATCH[1]} " >>"$log"
   fi
   timeout 60 "$res/$exe" "$@" >>"$log" 2>&1 || echo "$exe $*: exit $?" >>"$log"
 }

@@ -139,7 +139,8 @@ enum Command {
         #[arg(long)]
         ce_mib: Option<usize>,
         /// Planner: on two ranks, out-of-place all-reduces into a registered output of at
-        /// least this many MiB run by the copy engines (default: never; perf-notes §30).
+        /// least this many MiB run by the copy engines (default 256; a large number: never;
+        /// perf-notes §30-31).
         #[arg(long)]
         ce_all_reduce_mib: Option<usize>,
     },

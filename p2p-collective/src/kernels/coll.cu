@@ -108,29 +108,44 @@ __device__ void record_failure(const CollArgs& a, int code, int peer, u64 peer_s
     }
 }
 
-// The limits every wait (wait_ge, ll_wait_all) checks once every 1024 rounds of its poll: the
-// abort flag (a PCIe read), the failure word and the clock; returns the failure code from the
-// enclosing wait.
-// (A macro rather than a function so that it can return from the wait.)
-#define WAIT_LIMITS(a, fail, spins, deadline)          \
-    if ((++spins & 1023u) == 0) {                      \
-        if (*a.abort_flag) return F_ABORT;             \
-        if (*fail) return F_ELSEWHERE;                 \
-        const u64 t = now_ns();                        \
-        if (deadline == 0) {                           \
-            deadline = t + a.timeout_ns;               \
-        } else if (t > deadline) {                     \
-            return F_TIMEOUT;                          \
-        }                                              \
+// The limits of every wait (wait_ge, ll_wait_all, the send/recv waits), checked once every 1024
+// rounds of its poll: the failure word and the clock (both on this GPU), and the host's abort
+// flag (pinned memory: a read across PCIe) in each block at most once every
+// HOST_POLL_NS * gridDim.x, the blocks' first reads staggered by HOST_POLL_NS so that the grid
+// as a whole reads it about once every HOST_POLL_NS. (Every waiting block reading it once
+// every 1024 polls cost the copy-engine all-reduce ~100 us a call at 1 GiB, 5 %: perf-notes
+// §30-31.) An abort reaches every waiting block within HOST_POLL_NS * gridDim.x (25.6 ms at
+// MAX_BLOCKS blocks) plus 1024 polls.
+struct Limits {
+    u64 deadline = 0, host_due = 0;
+    unsigned spins = 0;
+    // 0 while the wait may go on; otherwise the failure code that ends it. `a` (CollArgs or
+    // P2pArgs) gives the abort flag and the time limit; `fail` is this GPU's failure word.
+    template <typename Args>
+    __device__ __forceinline__ int check(const Args& a, volatile u64* fail) {
+        if ((++spins & 1023u) != 0) return 0;
+        if (*fail) return F_ELSEWHERE;
+        const u64 t = now_ns();
+        if (deadline == 0) {
+            deadline = t + a.timeout_ns;
+            host_due = t + HOST_POLL_NS * (u64)(blockIdx.x + 1);
+        } else if (t > deadline) {
+            return F_TIMEOUT;
+        }
+        if (t >= host_due) {
+            if (*a.abort_flag) return F_ABORT;
+            host_due = t + HOST_POLL_NS * (u64)gridDim.x;
+        }
+        return 0;
     }
+};
 
 // Waits until *flag >= want. The flag (local memory) is polled every round.
 __device__ int wait_ge(const CollArgs& a, volatile u64* flag, u64 want) {
-    u64 deadline = 0;
-    unsigned spins = 0;
+    Limits lim;
     volatile u64* fail = a.sync[a.rank] + FAIL_OFF;
     while (*flag < want) {
-        WAIT_LIMITS(a, fail, spins, deadline);
+        if (const int e = lim.check(a, fail)) return e;
     }
     return 0;
 }
@@ -459,8 +474,7 @@ template <typename T> union Vec8 {
 // the same limits as wait_ge. A single peer is polled by a loop of its own. On failure `*peer` is a rank still missing.
 __device__ int ll_wait_all(const CollArgs& a, int par, u64 line, unsigned flag, unsigned mask,
                            uint2 (&got)[MAX_RANKS], int* peer) {
-    u64 deadline = 0;
-    unsigned spins = 0;
+    Limits lim;
     volatile u64* fail = a.sync[a.rank] + FAIL_OFF;
     if ((mask & (mask - 1u)) == 0u) {
         // One peer (2 ranks, or a rooted kind's non-root): a tight loop of one load and one
@@ -477,7 +491,7 @@ __device__ int ll_wait_all(const CollArgs& a, int par, u64 line, unsigned flag, 
                     if (r == q) got[r] = make_uint2(v.x, v.z);
                 return 0;
             }
-            WAIT_LIMITS(a, fail, spins, deadline);
+            if (const int e = lim.check(a, fail)) return e;
         }
     }
     // Source r's line sits r slots after source 0's: one base pointer and constant offsets
@@ -497,7 +511,7 @@ __device__ int ll_wait_all(const CollArgs& a, int par, u64 line, unsigned flag, 
         }
         if (mask == 0) return 0;
         *peer = __ffs(mask) - 1;
-        WAIT_LIMITS(a, fail, spins, deadline);
+        if (const int e = lim.check(a, fail)) return e;
     }
 }
 
@@ -678,6 +692,12 @@ __device__ void run_direct(const CollArgs& a, u64 base, int* err) {
             }
             break;
         }
+        case K_ALLGATHER_CE:
+        case K_ALLTOALL_CE:
+        case K_ALLREDUCE_CE:
+            // A copy-engine plan's barrier (count 0): no data, and a failure recorded under
+            // the collective's own kind.
+            break;
         default:
             return;
     }
@@ -735,31 +755,6 @@ __device__ void ce_reduce_vecs(uint4* out, const uint4* in, u64 lo, u64 hi, int 
     }
 }
 
-// wait_ge for the copy-engine reduce kernel: the same limits, but the host's abort flag (a
-// PCIe read) at most once every CE_HOST_POLL_NS; the time limit and the failure word (local)
-// still every 1024 polls.
-__device__ int wait_ge_sparse(const CollArgs& a, volatile u64* flag, u64 want) {
-    u64 deadline = 0, host_due = 0;
-    unsigned spins = 0;
-    volatile u64* fail = a.sync[a.rank] + FAIL_OFF;
-    while (*flag < want) {
-        if ((++spins & 1023u) != 0) continue;
-        const u64 t = now_ns();
-        if (deadline == 0) {
-            deadline = t + a.timeout_ns;
-            host_due = t + CE_HOST_POLL_NS;
-        } else if (t > deadline) {
-            return F_TIMEOUT;
-        }
-        if (*fail) return F_ELSEWHERE;
-        if (t >= host_due) {
-            if (*a.abort_flag) return F_ABORT;
-            host_due = t + CE_HOST_POLL_NS;
-        }
-    }
-    return 0;
-}
-
 // K_ALLREDUCE_CE, two ranks, on a stream of its own beside the copies (comm.rs): for each chunk,
 // wait until the peer's copy of it has landed in this rank's output (its flag), then reduce
 // this rank's input into it, the two sources in rank order, as every other path does. Aligned
@@ -778,7 +773,7 @@ __device__ void run_ce_reduce(const CollArgs& a, int* err) {
     const bool vec = aligned16(out) && aligned16(in);
     for (int k = 0; k < CE_CHUNKS; ++k) {
         if (threadIdx.x == 0) {
-            const int e = wait_ge_sparse(a, flags + k, 1);
+            const int e = wait_ge(a, flags + k, 1);
             fence_sys();  // acquire: the copy landed before the peer's stream wrote the flag
             if (e) {
                 if (e != F_ELSEWHERE) record_failure(a, e, 1 - me, 0);
@@ -1230,19 +1225,17 @@ __device__ void p2p_fail(const P2pArgs& a, int code, int kind, int peer, u64 min
 
 // Waits until *flag >= want (thread 0 of the block only).
 __device__ int p2p_wait(const P2pArgs& a, volatile u64* flag, u64 want) {
-    u64 deadline = 0;
-    unsigned spins = 0;
+    Limits lim;
     volatile u64* fail = a.my_sync + FAIL_OFF;
     while (*flag < want) {
-        WAIT_LIMITS(a, fail, spins, deadline);
+        if (const int e = lim.check(a, fail)) return e;
     }
     return 0;
 }
 
 // Waits until the LL line at `p` carries `flag` in both halves, and gives its data.
 __device__ int p2p_wait_line(const P2pArgs& a, const unsigned char* p, unsigned flag, uint2* got) {
-    u64 deadline = 0;
-    unsigned spins = 0;
+    Limits lim;
     volatile u64* fail = a.my_sync + FAIL_OFF;
     while (true) {
         const uint4 v = ll_load(p);
@@ -1250,7 +1243,7 @@ __device__ int p2p_wait_line(const P2pArgs& a, const unsigned char* p, unsigned 
             *got = make_uint2(v.x, v.z);
             return 0;
         }
-        WAIT_LIMITS(a, fail, spins, deadline);
+        if (const int e = lim.check(a, fail)) return e;
     }
 }
 

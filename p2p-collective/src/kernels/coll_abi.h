@@ -42,10 +42,8 @@
 #define CE_FLAGS_OFF P2P_END_OFF  // [CE_CHUNKS], written by the peer's stream
 #define CE_CHUNKS 6
 #define CE_ALIGN 65536
-// Its reduce kernel reads the host's abort flag at most once every this many ns while it waits
-// (every block's waiting thread reading pinned host memory once every 1024 polls, as the other
-// waits do, cost 8-25 % at 256 MiB-1 GiB: perf-notes §30).
-#define CE_HOST_POLL_NS 100000
+// A waiting grid reads the host's abort flag about once every this many ns (coll.cu `Limits`).
+#define HOST_POLL_NS 100000
 // The status word `kind` of a failed send or recv (the collectives use `enum Kind`).
 #define K_SEND 64
 #define K_RECV 65
@@ -78,10 +76,10 @@ enum Kind {
     K_ALLGATHER_DIRECT = 17,
     K_REDUCESCATTER_DIRECT = 18,
     K_ALLTOALL_DIRECT = 19,
-    // Host-side: the copy engines between two barrier kernels (K_ALLGATHER_DIRECT with no
-    // data); no kernel runs K_ALLGATHER_CE or K_ALLTOALL_CE.
+    // The copy engines between two barriers: the direct kernel (coll_<type>_direct) with no
+    // data under this kind, so that a barrier's failure names the collective.
     K_ALLGATHER_CE = 20,
-    // Two ranks: a barrier kernel, then the copy engines carry each rank's input into the
+    // Two ranks: a barrier (as above), then the copy engines carry each rank's input into the
     // peer's output (CE_FLAGS_OFF above) while this kind's kernel (coll_<type>_ce) reduces.
     K_ALLREDUCE_CE = 21,
     K_ALLTOALL_CE = 22,
