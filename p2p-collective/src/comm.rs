@@ -1154,7 +1154,8 @@ impl Communicator {
         self.abort.clone()
     }
 
-    /// Stops every running and queued call: waits give up at once, and later calls fail.
+    /// Stops every running and queued call: each waiting kernel thread sees it within a few
+    /// milliseconds (it reads the flag at most once every 6.4 ms), and later calls fail.
     pub fn abort(&self) {
         self.abort.abort();
     }

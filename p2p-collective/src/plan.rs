@@ -68,10 +68,11 @@ pub struct Tuning {
     /// data among the non-roots (every GPU's links carry it about once) instead of the root
     /// sending to, or receiving from, every peer.
     pub split_min_bytes: usize,
-    /// All-gathers, reduce-scatters and all-to-alls on registered buffers run the direct
-    /// kernels from this many bytes (all ranks' parts together) on more than two ranks, and
-    /// from twice as many on two; below, the scratch path is faster (measured on 2 and 4 x
-    /// H200: perf-notes section 18).
+    /// All-gathers, reduce-scatters and (on more than two ranks) all-to-alls on registered
+    /// buffers run the direct kernels from this many bytes (all ranks' parts together) on more
+    /// than two ranks, and from twice as many on two; below, the scratch path is faster
+    /// (measured on 2 and 4 x H200: perf-notes section 18). On two ranks a reduce-scatter
+    /// reads directly only below [`RS_DIRECT_MAX_BYTES_TWO_RANKS`].
     pub direct_min_bytes: usize,
     /// On two ranks, all-gathers and all-to-alls on registered buffers of at least this many
     /// bytes (all ranks' parts together) move the data with the copy engines instead of SMs,
@@ -517,7 +518,7 @@ pub fn plan_with(
         Op::ReduceScatter
             if access.input
                 && parts_direct
-                && (world > 2 || seg_bytes * world < RS_DIRECT_MAX_BYTES_TWO_RANKS) =>
+                && (world != 2 || seg_bytes * world < RS_DIRECT_MAX_BYTES_TWO_RANKS) =>
         {
             (
                 Kind::ReduceScatterDirect,

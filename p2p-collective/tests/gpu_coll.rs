@@ -381,10 +381,15 @@ fn gpu2_a_missing_peer_in_a_copy_engine_call_is_named() {
             })
         };
         let comms = Communicator::init_all_with(&devices[..2], options).expect("init_all");
-        if !comms[0].sharing().is_p2p() {
-            return; // host-staged: nothing registers, no copy-engine plan
-        }
         let refs: Vec<&Communicator> = comms.iter().collect();
+        if !comms[0].sharing().is_p2p() {
+            // Host-staged (P2P_DISABLE=1): registration is refused, so no copy-engine plan.
+            let b: Vec<&dyn DeviceMemory> = ins.iter().map(|b| b as &dyn DeviceMemory).collect();
+            // SAFETY: nothing is registered (the call fails); the buffers outlive it anyway.
+            let e = unsafe { Communicator::register_all(&refs, &b) }.expect_err("host-staged");
+            assert!(e.to_string().contains("no P2P"), "{e}");
+            return;
+        }
         for bufs in [&ins, &outs] {
             let b: Vec<&dyn DeviceMemory> = bufs.iter().map(|b| b as &dyn DeviceMemory).collect();
             // SAFETY: the buffers outlive the communicators (declared before them).

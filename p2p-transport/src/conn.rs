@@ -150,8 +150,9 @@ type Shared = Arc<dyn DeviceMemory + Send + Sync>;
 ///
 /// The flag is an `int` in pinned host memory that every wait of the kernels polls. The host
 /// sets it to [`ABORTED`]; a collective kernel that fails (time limit, mismatch) sets it to
-/// [`KERNEL_FAILED`] itself, so that the other ranks sharing the flag stop at once rather than at
-/// their own time limit. The first reason given with [`abort_because`](Self::abort_because) is
+/// [`KERNEL_FAILED`] itself, so that the other ranks sharing the flag stop within milliseconds
+/// (a collective kernel's waiting thread reads the flag at most once every 6.4 ms) rather than
+/// at their own time limit. The first reason given with [`abort_because`](Self::abort_because) is
 /// kept for the error reports.
 #[derive(Clone)]
 pub struct AbortHandle {

@@ -23,6 +23,8 @@ build() {
   } >"$res/$name.cu"
   if ! nvcc -O3 -std=c++17 -arch="sm_$arch" -o "$res/$name" "$res/$name.cu" -lcuda \
     >"$res/$name.build.log" 2>&1; then
+    # Runs in the background: say so in the log, whose runs of $name then fail with exit 127.
+    echo "# BUILD FAILED: $name (see $name.build.log)" >>"$log"
     cat "$res/$name.build.log"
     exit 1
   fi

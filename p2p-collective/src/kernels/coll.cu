@@ -110,12 +110,15 @@ __device__ void record_failure(const CollArgs& a, int code, int peer, u64 peer_s
 
 // The limits of every wait (wait_ge, ll_wait_all, the send/recv waits), checked once every 1024
 // rounds of its poll: the failure word and the clock (both on this GPU), and the host's abort
-// flag (pinned memory: a read across PCIe) in each block at most once every
-// HOST_POLL_NS * gridDim.x, the blocks' first reads staggered by HOST_POLL_NS so that the grid
-// as a whole reads it about once every HOST_POLL_NS. (Every waiting block reading it once
-// every 1024 polls cost the copy-engine all-reduce ~100 us a call at 1 GiB, 5 %: perf-notes
-// §30-31.) An abort reaches every waiting block within HOST_POLL_NS * gridDim.x (25.6 ms at
-// MAX_BLOCKS blocks) plus 1024 polls.
+// flag (pinned memory: a read across PCIe) by each waiting thread at most once every
+// HOST_POLL_NS * S, where S = min(gridDim.x, HOST_POLL_SPREAD), the blocks' first reads
+// staggered HOST_POLL_NS apart, so that a grid whose blocks all wait reads it about
+// max(1, gridDim.x / HOST_POLL_SPREAD) times every HOST_POLL_NS. (Every waiting block reading
+// it once every 1024 polls cost the copy-engine all-reduce ~100-170 us a call at 1 GiB:
+// perf-notes §30-31.) An abort, or a failure on another GPU of this process (which arrives
+// through the same flag), reaches every waiting thread within HOST_POLL_NS * HOST_POLL_SPREAD
+// (6.4 ms) plus 1024 polls; at the time limit the flag is read once more, so that a wait
+// aborted late reports the abort, not a time-out.
 struct Limits {
     u64 deadline = 0, host_due = 0;
     unsigned spins = 0;
@@ -126,15 +129,16 @@ struct Limits {
         if ((++spins & 1023u) != 0) return 0;
         if (*fail) return F_ELSEWHERE;
         const u64 t = now_ns();
+        const unsigned spread = gridDim.x < HOST_POLL_SPREAD ? gridDim.x : HOST_POLL_SPREAD;
         if (deadline == 0) {
             deadline = t + a.timeout_ns;
-            host_due = t + HOST_POLL_NS * (u64)(blockIdx.x + 1);
+            host_due = t + HOST_POLL_NS * (u64)(blockIdx.x % spread + 1);
         } else if (t > deadline) {
-            return F_TIMEOUT;
+            return *a.abort_flag ? F_ABORT : F_TIMEOUT;
         }
         if (t >= host_due) {
             if (*a.abort_flag) return F_ABORT;
-            host_due = t + HOST_POLL_NS * (u64)gridDim.x;
+            host_due = t + HOST_POLL_NS * (u64)spread;
         }
         return 0;
     }

@@ -42,8 +42,10 @@
 #define CE_FLAGS_OFF P2P_END_OFF  // [CE_CHUNKS], written by the peer's stream
 #define CE_CHUNKS 6
 #define CE_ALIGN 65536
-// A waiting grid reads the host's abort flag about once every this many ns (coll.cu `Limits`).
+// How often waits read the host's abort flag (coll.cu `Limits`): each waiting thread at most
+// once every HOST_POLL_NS * min(blocks, HOST_POLL_SPREAD) ns, the blocks staggered.
 #define HOST_POLL_NS 100000
+#define HOST_POLL_SPREAD 64
 // The status word `kind` of a failed send or recv (the collectives use `enum Kind`).
 #define K_SEND 64
 #define K_RECV 65
