@@ -326,24 +326,7 @@ fn gpu2_a_missing_peer_times_out_with_an_error_and_poisons_the_communicator() {
         .all_reduce_in_place(&mut buf, 4096, DataType::F32, RedOp::Sum, &stream)
         .expect("enqueue");
     let e = comms[0].synchronize(&stream).expect_err("must time out");
-    let took = t.elapsed();
-    eprintln!("{e} (after {took:?})");
-    assert!(
-        matches!(
-            e,
-            Error::Stalled {
-                peer: 1,
-                rank: 0,
-                ..
-            }
-        ),
-        "{e:?}"
-    );
-    assert!(
-        e.to_string().contains("all_reduce") && e.to_string().contains("timed out"),
-        "{e}"
-    );
-    assert!(took < Duration::from_secs(10), "took {took:?}");
+    assert_rank0_timed_out_on_rank1(&e, "all_reduce", t.elapsed());
     let again = comms[0]
         .all_reduce_in_place(&mut buf, 4096, DataType::F32, RedOp::Sum, &stream)
         .expect_err("unusable");
@@ -409,25 +392,30 @@ fn gpu2_a_missing_peer_in_a_copy_engine_call_is_named() {
             .call(&call, &ins[0], &mut outs[0], &stream)
             .expect("enqueue");
         let e = comms[0].synchronize(&stream).expect_err("must time out");
-        let took = t.elapsed();
-        eprintln!("{e} (after {took:?})");
-        assert!(
-            matches!(
-                e,
-                Error::Stalled {
-                    peer: 1,
-                    rank: 0,
-                    ..
-                }
-            ),
-            "{e:?}"
-        );
-        assert!(
-            e.to_string().starts_with(op.name()) && e.to_string().contains("timed out"),
-            "{op}: {e}"
-        );
-        assert!(took < Duration::from_secs(10), "took {took:?}");
+        assert_rank0_timed_out_on_rank1(&e, op.name(), t.elapsed());
     }
+}
+
+/// `e` says that `op` on rank 0 timed out waiting for rank 1, `took` after the call began.
+fn assert_rank0_timed_out_on_rank1(e: &Error, op: &str, took: Duration) {
+    eprintln!("{e} (after {took:?})");
+    assert!(
+        matches!(
+            e,
+            Error::Stalled {
+                peer: 1,
+                rank: 0,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let text = e.to_string();
+    assert!(
+        text.starts_with(op) && text.contains("timed out"),
+        "{op}: {e}"
+    );
+    assert!(took < Duration::from_secs(10), "took {took:?}");
 }
 
 /// `abort()` from another thread ends a waiting collective at once.
