@@ -525,6 +525,10 @@ pub fn plan_with(
                 "registered input: every rank reads its part from every peer's input",
             )
         }
+        Op::ReduceScatter if access.input && parts_direct => (
+            Kind::ReduceScatter,
+            "registered input, but 1 GiB or more on 2 ranks: pushing through the scratch measured faster than reading the peer's input",
+        ),
         Op::ReduceScatter => (
             Kind::ReduceScatter,
             "every rank pushes each part to its owner",
