@@ -73,6 +73,8 @@ __device__ void wait_chunk(const unsigned* flags, int k, int* err) {
 }
 
 // out[k] += in[k] for every chunk k, each chunk once its flag says the peer's copy landed.
+// Kept apart from the library's loop (coll.cu ce_reduce_vecs, the same shape) on purpose: this
+// is the baseline (mode geo) that the library's kernel (modes lib*) is measured against.
 extern "C" __global__ void __launch_bounds__(512) ce_reduce(float4* out, const float4* in,
                                                             const unsigned* flags, int K,
                                                             int geo, size_t total4, int* err) {
