@@ -50,7 +50,7 @@ const _: () = assert!(STATUS_OFF + STATUS_WORDS <= crate::abi::P2P_FREED_OFF);
 const _: () = assert!(crate::abi::P2P_END_OFF * 8 <= SYNC_BYTES);
 const _: () = assert!((crate::abi::CE_FLAGS_OFF + crate::abi::CE_CHUNKS) * 8 <= SYNC_BYTES);
 // `coll_abi.h` asserts the same size for its `CollArgs`.
-const _: () = assert!(std::mem::size_of::<CollArgs>() == 344);
+const _: () = assert!(std::mem::size_of::<CollArgs>() == 360);
 const _: () = assert!(std::mem::size_of::<crate::abi::P2pArgs>() == 1568);
 
 /// How a communicator behaves; [`Options::from_env`] reads the `P2P_*` settings.
@@ -154,16 +154,19 @@ enum Family {
     Ll2 = 4,
     /// The copy-engine all-reduce's reduction (`coll_<type>_ce`).
     Ce = 5,
+    /// The pipelined one-shot all-reduce (`coll_<type>_pipe`).
+    Pipe = 6,
 }
 
 impl Family {
-    const ALL: [Family; 6] = [
+    const ALL: [Family; 7] = [
         Family::Steps,
         Family::Ll,
         Family::Direct,
         Family::Split,
         Family::Ll2,
         Family::Ce,
+        Family::Pipe,
     ];
 
     fn of(kind: Kind, world: usize) -> Family {
@@ -173,6 +176,8 @@ impl Family {
             Family::Ll
         } else if kind == Kind::AllReduceCe {
             Family::Ce
+        } else if kind == Kind::AllReducePipe {
+            Family::Pipe
         } else if kind.is_direct() {
             Family::Direct
         } else if matches!(kind, Kind::BroadcastSplit | Kind::ReduceSplit) {
@@ -190,13 +195,14 @@ impl Family {
             Family::Split => "_split",
             Family::Ll2 => "_ll2",
             Family::Ce => "_ce",
+            Family::Pipe => "_pipe",
         }
     }
 }
 
 pub(crate) struct Kernels {
     /// `[family][type]`.
-    functions: [[Function; 7]; 6],
+    functions: [[Function; 7]; 7],
     /// Send and recv (`p2p_sendrecv`), for every type.
     pub(crate) sendrecv: Function,
     /// Resident blocks per SM of `p2p_sendrecv`.
@@ -225,7 +231,7 @@ impl Kernels {
             .map(<[Function; 7]>::try_from)
             .collect::<std::result::Result<Vec<_>, _>>()
             .ok()
-            .and_then(|rows| <[[Function; 7]; 6]>::try_from(rows).ok())
+            .and_then(|rows| <[[Function; 7]; 7]>::try_from(rows).ok())
             .ok_or_else(|| Error::InvalidArgument {
                 op: "init",
                 rank: 0,
@@ -1474,7 +1480,9 @@ impl Communicator {
             abort_flag: self.abort.device_ptr(),
             count: p.units,
             piece: p.piece,
+            sub: p.sub,
             slot_bytes: self.tuning.slot_bytes() as u64,
+            stride: self.tuning.piece_bytes as u64,
             timeout_ns: self
                 .options
                 .timeout

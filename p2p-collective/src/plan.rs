@@ -52,7 +52,9 @@ pub struct Tuning {
     /// and never more than can be resident at once, so no block waits for a peer block that
     /// cannot start). An LL call on two ranks runs smaller blocks, up to four times as many.
     pub max_blocks: u32,
-    /// Most bytes one block moves per chunk (per source rank); sets the scratch size.
+    /// Most bytes one block moves per chunk (per source rank), a multiple of 16; sets the
+    /// scratch size: block b's region of each slot starts at `b * piece_bytes`, whatever the
+    /// call's own piece, so that a region is only ever used by the same block index.
     pub piece_bytes: usize,
     /// Bytes per block below which a call uses fewer blocks.
     pub block_bytes: usize,
@@ -98,6 +100,15 @@ pub struct Tuning {
     /// against 333-337 / 349-351 / 354-357 for one-shot in the same runs (f32 and bf16;
     /// perf-notes section 31). `usize::MAX` turns it off.
     pub ce_all_reduce_min_bytes: usize,
+    /// On two ranks, all-reduces above LL's sizes and up to this many bytes run the pipelined
+    /// one-shot ([`Kind::AllReducePipe`]: each block's push and reduction overlapped), when
+    /// they fit one round of the scratch (`max_blocks * piece_bytes`, 16 MiB on H200). Default
+    /// 0 (off): the kernel compiles and is planned, but has not yet run on a GPU
+    /// (docs/perf-notes.md §33); `P2P_ALGO=pipe` forces it.
+    pub pipe_max_bytes: usize,
+    /// Bytes per sub-piece of the pipelined one-shot: each block pushes its piece in
+    /// sub-pieces of this size, and gives its peers a flag after each. A multiple of 16.
+    pub pipe_sub_bytes: usize,
 }
 
 impl Tuning {
@@ -118,11 +129,13 @@ impl Tuning {
             direct_min_bytes: 16 << 20,
             ce_min_bytes: 256 << 20,
             ce_all_reduce_min_bytes: 256 << 20,
+            pipe_max_bytes: 0,
+            pipe_sub_bytes: 4 << 10,
         }
     }
 
     /// How many words [`to_words`](Self::to_words) gives.
-    pub const WORDS: usize = 9;
+    pub const WORDS: usize = 11;
 
     /// Every knob as a word, for ranks to compare at start-up.
     pub fn to_words(&self) -> [u64; Self::WORDS] {
@@ -136,13 +149,15 @@ impl Tuning {
             self.direct_min_bytes as u64,
             self.ce_min_bytes as u64,
             self.ce_all_reduce_min_bytes as u64,
+            self.pipe_max_bytes as u64,
+            self.pipe_sub_bytes as u64,
         ]
     }
 
     /// The inverse of [`to_words`](Self::to_words); `None` for a wrong length or a value out
     /// of range.
     pub fn from_words(w: &[u64]) -> Option<Tuning> {
-        let [b, p, bb, o, l, sp, d, ce, ce_ar] = <[u64; Self::WORDS]>::try_from(w).ok()?;
+        let [b, p, bb, o, l, sp, d, ce, ce_ar, pm, ps] = <[u64; Self::WORDS]>::try_from(w).ok()?;
         Some(Tuning {
             max_blocks: u32::try_from(b).ok()?,
             piece_bytes: usize::try_from(p).ok()?,
@@ -153,13 +168,17 @@ impl Tuning {
             direct_min_bytes: usize::try_from(d).ok()?,
             ce_min_bytes: usize::try_from(ce).ok()?,
             ce_all_reduce_min_bytes: usize::try_from(ce_ar).ok()?,
+            pipe_max_bytes: usize::try_from(pm).ok()?,
+            pipe_sub_bytes: usize::try_from(ps).ok()?,
         })
     }
 
     /// Checks values that reach the kernels: `max_blocks` in `1..=`[`MAX_BLOCKS`] and at most
     /// `resident` (the blocks the GPU holds at once: more would wait for peers that cannot
-    /// start), `piece_bytes` from 1 KiB to 64 MiB, `block_bytes` nonzero, `ll_max_bytes` at most
-    /// [`LL_MAX_BYTES`], and a workspace for `world` ranks that fits a `usize`.
+    /// start), `piece_bytes` a multiple of 16 (it is the distance between blocks' regions of the
+    /// scratch) from 1 KiB to 64 MiB, `block_bytes` nonzero, `ll_max_bytes` at most
+    /// [`LL_MAX_BYTES`], `pipe_sub_bytes` a nonzero multiple of 16, and a workspace for `world`
+    /// ranks that fits a `usize`.
     pub fn validate(&self, resident: u32, world: usize) -> Result<(), String> {
         if self.max_blocks == 0 || self.max_blocks > MAX_BLOCKS.min(resident.max(1)) {
             return Err(format!(
@@ -168,14 +187,20 @@ impl Tuning {
                 MAX_BLOCKS.min(resident.max(1))
             ));
         }
-        if !(1 << 10..=64 << 20).contains(&self.piece_bytes) {
+        if !(1 << 10..=64 << 20).contains(&self.piece_bytes) || self.piece_bytes % 16 != 0 {
             return Err(format!(
-                "piece_bytes = {} must be 1 KiB to 64 MiB",
+                "piece_bytes = {} must be a multiple of 16 from 1 KiB to 64 MiB",
                 self.piece_bytes
             ));
         }
         if self.block_bytes == 0 {
             return Err("block_bytes must be nonzero".into());
+        }
+        if self.pipe_sub_bytes == 0 || self.pipe_sub_bytes % 16 != 0 {
+            return Err(format!(
+                "pipe_sub_bytes = {} must be a nonzero multiple of 16",
+                self.pipe_sub_bytes
+            ));
         }
         if self.ll_max_bytes > LL_MAX_BYTES {
             return Err(format!(
@@ -266,11 +291,16 @@ pub enum Kind {
     /// All-to-all into every peer's registered output by the copy engines, between two barrier
     /// kernels, this rank's own part copied beside them on a second stream.
     AllToAllCe = crate::abi::K_ALLTOALL_CE,
+    /// All-reduce, one-shot through the scratch with each block's push and reduction
+    /// overlapped: half its warps push sub-pieces and flag each, the other half reduce each
+    /// sub-piece as its flags arrive. One round of the scratch at most. Not yet run on a GPU
+    /// (docs/perf-notes.md §33).
+    AllReducePipe = crate::abi::K_ALLREDUCE_PIPE,
 }
 
 impl Kind {
     /// Every kind, by code.
-    pub const ALL: [Kind; 23] = [
+    pub const ALL: [Kind; 24] = [
         Kind::AllReduceOneShot,
         Kind::AllReduceTwoShot,
         Kind::Reduce,
@@ -294,6 +324,7 @@ impl Kind {
         Kind::AllGatherCe,
         Kind::AllReduceCe,
         Kind::AllToAllCe,
+        Kind::AllReducePipe,
     ];
 
     /// The kind with code `code`, as the kernel records it in its status.
@@ -309,7 +340,8 @@ impl Kind {
             | Kind::AllReduceRing
             | Kind::AllReduceLl
             | Kind::AllReduceDirect
-            | Kind::AllReduceCe => Op::AllReduce,
+            | Kind::AllReduceCe
+            | Kind::AllReducePipe => Op::AllReduce,
             Kind::Reduce | Kind::ReduceSplit | Kind::ReduceLl => Op::Reduce,
             Kind::Broadcast | Kind::BroadcastSplit | Kind::BroadcastLl => Op::Broadcast,
             Kind::AllGather | Kind::AllGatherLl | Kind::AllGatherDirect | Kind::AllGatherCe => {
@@ -331,6 +363,7 @@ impl Kind {
             Kind::AllReduceTwoShot => Some(Algorithm::TwoShot),
             Kind::AllReduceRing => Some(Algorithm::Ring),
             Kind::AllReduceLl => Some(Algorithm::Ll),
+            Kind::AllReducePipe => Some(Algorithm::Pipe),
             _ => None,
         }
     }
@@ -423,6 +456,9 @@ pub struct Plan {
     /// Elements per block per chunk (a whole number of 16-byte vectors); for LL, 8-byte units
     /// per block; for the direct kinds, elements per block of the rank's share.
     pub piece: u64,
+    /// For [`Kind::AllReducePipe`], elements per sub-piece (a whole number of 16-byte
+    /// vectors); 0 for the other kinds.
+    pub sub: u64,
     /// Rounds over the data.
     pub chunks: u64,
     /// Why this algorithm, for the log.
@@ -446,6 +482,8 @@ impl Plan {
             // One barrier kernel; the reduce kernel waits for flags, not steps.
             Kind::AllReduceCe => 2,
             Kind::AllReduceRing => 2 * (world as u64).saturating_sub(1),
+            // One flag per sub-piece, the count rounded up to odd (see `run_pipe`).
+            Kind::AllReducePipe => self.piece.div_ceil(self.sub.max(1)) | 1,
             _ => 1,
         };
         self.chunks * per_chunk
@@ -553,7 +591,18 @@ pub fn plan_with(
     let kernel_type = if op.reduces() { dtype } else { DataType::U8 };
     let elem = kernel_type.size();
     let units = (seg_bytes / elem) as u64;
-    if kind.is_ce() {
+    // What one rank moves: the whole buffer for all-reduce, broadcast and reduce; its n parts
+    // for the others.
+    let bytes = match op {
+        Op::AllGather | Op::ReduceScatter | Op::AllToAll => seg_bytes * world,
+        _ => seg_bytes,
+    };
+    let pipe = match kind {
+        Kind::AllReducePipe => pipe_shape(seg_bytes, elem, tuning),
+        _ => None,
+    };
+    // (grid, threads, piece, sub, chunks)
+    let (kind, shape) = if kind.is_ce() {
         // No kernel moves data: one block runs each barrier around the copies; the all-reduce's
         // reduce kernel runs a block per SM (measured: 32 blocks lost 10-15 % at 256 MiB-1 GiB,
         // perf-notes §30).
@@ -562,49 +611,17 @@ pub fn plan_with(
         } else {
             1
         };
-        return Plan {
-            kind,
-            kernel_type,
-            units,
-            grid,
-            threads: THREADS,
-            piece: 1,
-            chunks: 1,
-            reason,
-        };
-    }
-    if kind.is_ll() {
+        (kind, (grid, THREADS, 1, 0, 1))
+    } else if kind.is_ll() {
         // 8-byte units, one per thread; one round. Each block owns THREADS lines of each LL
         // slot whatever the grid (see `coll.cu`), so at most LL_GRID = 128 blocks; `ll_fits`
         // kept the grid within the tuning's resident blocks.
         let (grid, piece, threads) = ll_shape(seg_bytes, world);
-        return Plan {
-            kind,
-            kernel_type,
-            units,
-            grid,
-            threads,
-            piece,
-            chunks: 1,
-            reason,
-        };
-    }
-    // What one rank moves: the whole buffer for all-reduce, broadcast and reduce; its n parts
-    // for the others.
-    let bytes = match op {
-        Op::AllGather | Op::ReduceScatter | Op::AllToAll => seg_bytes * world,
-        _ => seg_bytes,
-    };
-    // About `block_bytes` per block, within the resident blocks.
-    let grid_for = |bytes: usize| {
-        bytes
-            .div_ceil(tuning.block_bytes.max(16))
-            .clamp(1, tuning.max_blocks.max(1) as usize) as u32
-    };
-    let grid = grid_for(bytes);
-    if kind.is_direct() {
+        (kind, (grid, threads, piece, 0, 1))
+    } else if kind.is_direct() {
         // One pass, no scratch: each block takes a contiguous share of what this rank handles
         // (its part of the data for all-reduce, a rank's part for the others).
+        let grid = grid_for(bytes, tuning);
         let share = if kind == Kind::AllReduceDirect {
             units.div_ceil(world as u64)
         } else {
@@ -612,34 +629,59 @@ pub fn plan_with(
         };
         let per_vec = (16 / elem) as u64;
         let piece = share.div_ceil(grid as u64).div_ceil(per_vec).max(1) * per_vec;
-        return Plan {
-            kind,
-            kernel_type,
-            units,
-            grid,
-            threads: THREADS,
-            piece,
-            chunks: 1,
-            reason,
+        (kind, (grid, THREADS, piece, 0, 1))
+    } else if let Some((grid, piece, sub)) = pipe {
+        (kind, (grid, THREADS, piece, sub, 1))
+    } else {
+        // The stepped kinds through the scratch: pieces of at most `piece_bytes` (a block's
+        // region of a slot), as many rounds as it takes. (A pipelined plan that would not fit
+        // one round, which `choose_all_reduce` never makes, runs one-shot.)
+        let kind = match kind {
+            Kind::AllReducePipe => Kind::AllReduceOneShot,
+            k => k,
         };
-    }
-    let grid = grid_for(seg_bytes);
-    let piece_bytes = seg_bytes
-        .div_ceil(grid as usize)
-        .next_multiple_of(16)
-        .min(tuning.piece_bytes.max(16) / 16 * 16);
-    let piece = (piece_bytes / elem) as u64;
-    let chunks = units.div_ceil(piece * grid as u64);
+        let grid = grid_for(seg_bytes, tuning);
+        let piece_bytes = seg_bytes
+            .div_ceil(grid as usize)
+            .next_multiple_of(16)
+            .min(tuning.piece_bytes.max(16) / 16 * 16);
+        let piece = (piece_bytes / elem) as u64;
+        let chunks = units.div_ceil(piece * grid as u64);
+        (kind, (grid, THREADS, piece, 0, chunks))
+    };
+    let (grid, threads, piece, sub, chunks) = shape;
     Plan {
         kind,
         kernel_type,
         units,
         grid,
-        threads: THREADS,
+        threads,
         piece,
+        sub,
         chunks,
         reason,
     }
+}
+
+/// Blocks for `bytes`: about `block_bytes` per block, within the resident blocks.
+fn grid_for(bytes: usize, tuning: &Tuning) -> u32 {
+    bytes
+        .div_ceil(tuning.block_bytes.max(16))
+        .clamp(1, tuning.max_blocks.max(1) as usize) as u32
+}
+
+/// The grid, piece and sub-piece (elements of `elem` bytes) of a pipelined all-reduce of
+/// `bytes` ([`Kind::AllReducePipe`]), or `None` where its piece would pass the tuning's
+/// `piece_bytes` (the kernel runs one round of the scratch).
+fn pipe_shape(bytes: usize, elem: usize, tuning: &Tuning) -> Option<(u32, u64, u64)> {
+    let grid = grid_for(bytes, tuning);
+    let piece_bytes = bytes.div_ceil(grid as usize).next_multiple_of(16);
+    if piece_bytes > tuning.piece_bytes {
+        return None;
+    }
+    let sub_bytes = (tuning.pipe_sub_bytes / 16 * 16).clamp(16, piece_bytes);
+    let elem = elem.max(1);
+    Some((grid, (piece_bytes / elem) as u64, (sub_bytes / elem) as u64))
 }
 
 /// The grid, piece (8-byte units per block) and threads per block of an LL call whose sources
@@ -694,6 +736,15 @@ fn choose_all_reduce(
                 "LL forced, but the call passes LL's 512 KiB or the resident blocks: one-shot",
             )
         }
+        Some(Algorithm::Pipe) if pipe_shape(bytes, 1, tuning).is_some() => {
+            return (Kind::AllReducePipe, "forced by P2P_ALGO/Options")
+        }
+        Some(Algorithm::Pipe) => {
+            return (
+                Kind::AllReduceOneShot,
+                "pipe forced, but the call passes one round of the scratch (max_blocks x piece_bytes): one-shot",
+            )
+        }
         None => {}
     }
     if ll_default(bytes, world, tuning) {
@@ -709,6 +760,12 @@ fn choose_all_reduce(
         (
             Kind::AllReduceCe,
             "registered output, out of place, large, 2 ranks: the copy engines carry each input into the peer's output while a kernel reduces each chunk as it lands",
+        )
+    } else if world == 2 && bytes <= tuning.pipe_max_bytes && pipe_shape(bytes, 1, tuning).is_some()
+    {
+        (
+            Kind::AllReducePipe,
+            "2 ranks, within one round of the scratch: one-shot with each block's push and reduction overlapped",
         )
     } else if access.input && access.output && world > 2 {
         // On two ranks one-shot already moves each byte once; direct measured no faster.
@@ -830,6 +887,18 @@ mod validate_tests {
                 ll_max_bytes: LL_MAX_BYTES + 1,
                 ..ok
             },
+            Tuning {
+                piece_bytes: (64 << 10) + 4,
+                ..ok
+            },
+            Tuning {
+                pipe_sub_bytes: 0,
+                ..ok
+            },
+            Tuning {
+                pipe_sub_bytes: 4100,
+                ..ok
+            },
         ];
         for t in bad {
             assert!(t.validate(132, 8).is_err(), "{t:?} accepted");
@@ -885,8 +954,14 @@ mod tests {
 
     #[test]
     fn pieces_cover_every_element_in_whole_vectors_and_fit_the_scratch() {
-        let tuning = no_ll();
-        for op in Op::ALL {
+        let pipelined = Tuning {
+            pipe_max_bytes: 16 << 20,
+            ..no_ll()
+        };
+        for (tuning, op) in [no_ll(), pipelined]
+            .into_iter()
+            .flat_map(|t| Op::ALL.map(|op| (t, op)))
+        {
             for dtype in DataType::ALL {
                 for count in [1usize, 7, 1023, 65537, (1 << 20) + 3, 64 << 20] {
                     for world in [2, 3, 8] {
@@ -996,6 +1071,69 @@ mod tests {
             plan(Op::AllReduce, DataType::U8, fits + 1, 2, None, &tuning).kind,
             Kind::AllReduceOneShot
         );
+    }
+
+    #[test]
+    fn two_ranks_pipeline_all_reduces_from_ll_up_to_one_round_of_the_scratch() {
+        // Off by default until measured (perf-notes §33).
+        let default = Tuning::for_device(132, 2);
+        assert_eq!(default.pipe_max_bytes, 0);
+        let p = plan(Op::AllReduce, DataType::F32, 1 << 20, 2, None, &default);
+        assert_eq!(p.kind, Kind::AllReduceOneShot);
+        let tuning = Tuning {
+            pipe_max_bytes: 16 << 20,
+            ..default
+        };
+        let round = tuning.slot_bytes();
+        assert_eq!(round, 16 << 20, "H200: 256 blocks of 64 KiB");
+        for dtype in [DataType::F32, DataType::BF16, DataType::F64, DataType::U8] {
+            let e = dtype.size();
+            for bytes in [
+                LL_MAX_BYTES + 16,
+                1 << 20,
+                (3 << 20) + 48,
+                4 << 20,
+                tuning.pipe_max_bytes,
+            ] {
+                let count = bytes / e;
+                let p = plan(Op::AllReduce, dtype, count, 2, None, &tuning);
+                assert_eq!(p.kind, Kind::AllReducePipe, "{dtype} {bytes}");
+                assert_eq!(p.chunks, 1);
+                assert!(
+                    p.grid as u64 * p.piece >= p.units,
+                    "{dtype} {bytes}: one round"
+                );
+                assert!(p.piece as usize * e <= tuning.piece_bytes);
+                assert_eq!(p.piece as usize * e % 16, 0);
+                assert_eq!(
+                    p.sub as usize * e,
+                    tuning.pipe_sub_bytes.min(p.piece as usize * e)
+                );
+                assert_eq!(p.steps(2) % 2, 1, "the counter moves on by an odd number");
+                assert_eq!(p.steps(2), p.piece.div_ceil(p.sub) | 1);
+            }
+            // Past the knob or one round: one-shot; more ranks: not by default.
+            let big = plan(Op::AllReduce, dtype, (round + 16) / e, 2, None, &tuning);
+            assert_eq!(big.kind, Kind::AllReduceOneShot);
+            let four = plan(Op::AllReduce, dtype, (4 << 20) / e, 4, None, &tuning);
+            assert_ne!(four.kind, Kind::AllReducePipe);
+        }
+        // Forced (whatever the knob): on any world size within one round; past it, one-shot,
+        // saying why.
+        let forced = |count, world| {
+            plan(
+                Op::AllReduce,
+                DataType::F32,
+                count,
+                world,
+                Some(Algorithm::Pipe),
+                &default,
+            )
+        };
+        assert_eq!(forced(1 << 20, 4).kind, Kind::AllReducePipe);
+        let p = forced(64 << 20, 2);
+        assert_eq!(p.kind, Kind::AllReduceOneShot);
+        assert!(p.reason.contains("pipe forced"), "{}", p.reason);
     }
 
     #[test]

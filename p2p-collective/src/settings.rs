@@ -3,7 +3,7 @@
 //!
 //! | variable | values | default | effect |
 //! | --- | --- | --- | --- |
-//! | `P2P_ALGO` | `auto`, `oneshot`, `twoshot`, `ring`, `ll` | `auto` | force one all-reduce algorithm |
+//! | `P2P_ALGO` | `auto`, `oneshot`, `twoshot`, `ring`, `ll`, `pipe` | `auto` | force one all-reduce algorithm (`pipe`: not yet run on a GPU) |
 //! | `P2P_CHECK` | boolean | `0` | compare every call's operation, type, reduction, root and count across ranks on the GPU and fail on a mismatch |
 //! | `P2P_TIMEOUT_MS` | milliseconds, 1 to 86400000 (one day) | `30000` | how long a collective's kernel waits for a peer before it gives up with an error |
 
@@ -29,16 +29,23 @@ pub enum Algorithm {
     /// 16-byte store): no separate flag and no fence, for messages up to 64 KiB (larger ones
     /// run one-shot).
     Ll,
+    /// One-shot with each block's push and reduction overlapped: half its warps push
+    /// sub-pieces into the peers' scratch and flag each, the other half reduce each sub-piece
+    /// as its flags arrive. Up to one round of the scratch (`max_blocks x piece_bytes`, 16 MiB
+    /// on H200); larger calls run one-shot. Compiled and planned, not yet run on a GPU
+    /// (docs/perf-notes.md §33).
+    Pipe,
 }
 
 impl Algorithm {
     /// The names `P2P_ALGO` uses (`None` is `auto`).
-    pub const NAMES: [(&'static str, Option<Algorithm>); 5] = [
+    pub const NAMES: [(&'static str, Option<Algorithm>); 6] = [
         ("auto", None),
         ("oneshot", Some(Algorithm::OneShot)),
         ("twoshot", Some(Algorithm::TwoShot)),
         ("ring", Some(Algorithm::Ring)),
         ("ll", Some(Algorithm::Ll)),
+        ("pipe", Some(Algorithm::Pipe)),
     ];
 
     /// The name, e.g. `oneshot`.
@@ -48,6 +55,7 @@ impl Algorithm {
             Algorithm::TwoShot => "twoshot",
             Algorithm::Ring => "ring",
             Algorithm::Ll => "ll",
+            Algorithm::Pipe => "pipe",
         }
     }
 }

@@ -52,8 +52,13 @@ fn gpu2_all_reduce_matrix() {
 
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
-fn gpu2_all_reduce_matrix_two_shot_ring_and_ll() {
-    for algorithm in [Algorithm::TwoShot, Algorithm::Ring, Algorithm::Ll] {
+fn gpu2_all_reduce_matrix_every_forced_algorithm() {
+    for algorithm in [
+        Algorithm::TwoShot,
+        Algorithm::Ring,
+        Algorithm::Ll,
+        Algorithm::Pipe,
+    ] {
         eprintln!("algorithm {}", algorithm.name());
         matrix(
             &[Op::AllReduce],
@@ -582,6 +587,7 @@ fn gpu2_rounding_inputs_give_bitwise_identical_results_on_every_rank() {
         Algorithm::TwoShot,
         Algorithm::Ring,
         Algorithm::Ll,
+        Algorithm::Pipe,
     ] {
         // LL carries at most 512 KiB.
         let count = if algorithm == Algorithm::Ll {
@@ -680,8 +686,6 @@ fn gpu2_rounding_inputs_give_bitwise_identical_results_on_every_rank() {
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_varying_sizes_back_to_back_for_every_algorithm() {
-    let devices = gpus(world());
-    let n = devices.len();
     let calls = 300usize;
     // Sizes from 1 element to 40,000 (160 KB), mostly LL-sized, in a fixed pseudo-random order.
     let mut x = 0x2545_f491_4f6c_dd1d_u64;
@@ -694,13 +698,13 @@ fn gpu2_varying_sizes_back_to_back_for_every_algorithm() {
             1 + (x % cap as u64) as usize
         })
         .collect();
-    let value = |call: usize, rank: usize, i: usize| ((call * 7 + rank * 13 + i) % 97) as f32;
     let algorithms = [
         None,
         Some(Algorithm::Ll),
         Some(Algorithm::OneShot),
         Some(Algorithm::TwoShot),
         Some(Algorithm::Ring),
+        Some(Algorithm::Pipe),
     ];
     for algorithm in algorithms {
         let name = algorithm.map_or("auto", |a| a.name());
@@ -708,70 +712,122 @@ fn gpu2_varying_sizes_back_to_back_for_every_algorithm() {
             algorithm,
             ..env_options()
         };
-        let comms = Communicator::init_all_with(&devices, options).expect("init_all");
-        let streams: Vec<Stream> = devices
-            .iter()
-            .map(|d| Stream::new(d).expect("stream"))
-            .collect();
-        let mut ins = Vec::new();
-        let mut outs = Vec::new();
-        for (c, &size) in sizes.iter().enumerate() {
-            let mut row_in = Vec::new();
-            let mut row_out = Vec::new();
-            for (r, d) in devices.iter().enumerate() {
-                let host: Vec<f32> = (0..size).map(|i| value(c, r, i)).collect();
-                row_in.push(DeviceBuffer::from_host(d, &host).expect("input"));
-                let mut out = DeviceBuffer::<f32>::new(d, size).expect("output");
-                out.memset_u8(0xff).expect("poison");
-                row_out.push(out);
-            }
-            ins.push(row_in);
-            outs.push(row_out);
+        back_to_back(name, options, &sizes, |_| false);
+    }
+}
+
+/// All-reduces whose plans change kind, grid and piece from call to call (LL, one-shot at
+/// several grids and over several rounds, the pipelined one-shot), some in place, back to back with no
+/// synchronisation: block b's scratch region and step parity must stay its own whatever the
+/// previous call's grid (a call on fewer blocks leaves the others' counters behind), and the
+/// pipelined kernel's odd step count must hand the next call the other parity.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_calls_of_every_kind_and_grid_back_to_back() {
+    // f32 elements: LL (4 KB, 400 KB), one-shot or pipelined (600 KB on 37 blocks, 1.2 MB on
+    // 74, an odd count; 4 MB and 10 MB on 256), one-shot (20 MB: two rounds of 16 MiB).
+    let shapes = [
+        1_000usize,
+        100_000,
+        150_000,
+        300_007,
+        1 << 20,
+        2_500_000,
+        5_000_000,
+    ];
+    let calls = 64usize;
+    let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+    let sizes: Vec<usize> = (0..calls)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            shapes[(x % shapes.len() as u64) as usize]
+        })
+        .collect();
+    back_to_back("auto", env_options(), &sizes, |c| c % 3 == 1);
+    // The same with the pipelined one-shot on (off by default until measured).
+    let sms = gpus(1)[0].sm_count();
+    let mut tuning = p2p_collective::plan::Tuning::for_device(sms, 2);
+    tuning.pipe_max_bytes = 16 << 20;
+    let options = Options {
+        tuning: Some(tuning),
+        ..env_options()
+    };
+    back_to_back("auto, pipelined", options, &sizes, |c| c % 3 == 1);
+}
+
+/// Runs one f32 sum all-reduce per entry of `sizes` on every rank, all queued before any is
+/// waited for (in place where `in_place(call)`), then checks every element of every result.
+fn back_to_back(name: &str, options: Options, sizes: &[usize], in_place: impl Fn(usize) -> bool) {
+    let devices = gpus(world());
+    let n = devices.len();
+    let calls = sizes.len();
+    let value = |call: usize, rank: usize, i: usize| ((call * 7 + rank * 13 + i) % 97) as f32;
+    let comms = Communicator::init_all_with(&devices, options).expect("init_all");
+    let streams: Vec<Stream> = devices
+        .iter()
+        .map(|d| Stream::new(d).expect("stream"))
+        .collect();
+    let mut ins = Vec::new();
+    let mut outs = Vec::new();
+    for (c, &size) in sizes.iter().enumerate() {
+        let mut row_in = Vec::new();
+        let mut row_out = Vec::new();
+        for (r, d) in devices.iter().enumerate() {
+            let host: Vec<f32> = (0..size).map(|i| value(c, r, i)).collect();
+            row_in.push(DeviceBuffer::from_host(d, &host).expect("input"));
+            let len = if in_place(c) { 1 } else { size };
+            let mut out = DeviceBuffer::<f32>::new(d, len).expect("output");
+            out.memset_u8(0xff).expect("poison");
+            row_out.push(out);
         }
-        let start = Instant::now();
-        for c in 0..calls {
-            for r in 0..n {
-                comms[r]
-                    .all_reduce(
-                        &ins[c][r],
-                        &mut outs[c][r],
-                        sizes[c],
-                        DataType::F32,
-                        RedOp::Sum,
-                        &streams[r],
-                    )
-                    .expect("all_reduce");
-            }
-        }
+        ins.push(row_in);
+        outs.push(row_out);
+    }
+    let start = Instant::now();
+    for c in 0..calls {
         for r in 0..n {
-            comms[r].synchronize(&streams[r]).expect("sync");
+            let (op, dtype, sum) = (sizes[c], DataType::F32, RedOp::Sum);
+            let result = if in_place(c) {
+                comms[r].all_reduce_in_place(&mut ins[c][r], op, dtype, sum, &streams[r])
+            } else {
+                comms[r].all_reduce(&ins[c][r], &mut outs[c][r], op, dtype, sum, &streams[r])
+            };
+            result.expect("all_reduce");
         }
-        let elapsed = start.elapsed();
-        let mut wrong = 0usize;
-        let mut first = String::new();
-        for c in 0..calls {
-            for r in 0..n {
-                let got = outs[c][r].to_host_vec::<f32>().expect("read");
-                for (i, &g) in got.iter().enumerate() {
-                    let want: f32 = (0..n).map(|p| value(c, p, i)).sum();
-                    if g != want {
-                        if first.is_empty() {
-                            first = format!(
-                                "call {c} ({} elements, {:?}), rank {r}, element {i}: got {g}, want {want}",
-                                sizes[c],
-                                comms[r].plan(&Call::new(Op::AllReduce, DataType::F32, sizes[c])).kind
-                            );
-                        }
-                        wrong += 1;
+    }
+    for r in 0..n {
+        comms[r].synchronize(&streams[r]).expect("sync");
+    }
+    let elapsed = start.elapsed();
+    let mut wrong = 0usize;
+    let mut first = String::new();
+    for c in 0..calls {
+        for r in 0..n {
+            let got = if in_place(c) {
+                ins[c][r].to_host_vec::<f32>().expect("read")
+            } else {
+                outs[c][r].to_host_vec::<f32>().expect("read")
+            };
+            for (i, &g) in got.iter().enumerate() {
+                let want: f32 = (0..n).map(|p| value(c, p, i)).sum();
+                if g != want {
+                    if first.is_empty() {
+                        first = format!(
+                            "call {c} ({} elements, {:?}, in place {}), rank {r}, element {i}: got {g}, want {want}",
+                            sizes[c],
+                            comms[r].plan(&Call::new(Op::AllReduce, DataType::F32, sizes[c])).kind,
+                            in_place(c)
+                        );
                     }
+                    wrong += 1;
                 }
             }
         }
-        eprintln!(
-            "{name}: {calls} calls of varying size on {n} ranks in {elapsed:?}, {wrong} wrong"
-        );
-        assert_eq!(wrong, 0, "{name}: {wrong} wrong elements; first: {first}");
     }
+    eprintln!("{name}: {calls} calls of varying size on {n} ranks in {elapsed:?}, {wrong} wrong");
+    assert_eq!(wrong, 0, "{name}: {wrong} wrong elements; first: {first}");
 }
 
 /// Every collective kernel keeps two resident blocks per SM (the planner's grid): a kernel that

@@ -12,7 +12,7 @@ fn the_collective_kernels_compile_for_sm80_and_sm90() {
         let cubin = compile(&COLL, arch).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(&cubin[..4], b"\x7fELF", "not an ELF cubin");
         for ty in ["f32", "f64", "f16", "bf16", "i32", "i64", "u8"] {
-            for family in ["", "_ll", "_ll2", "_direct", "_split", "_ce"] {
+            for family in ["", "_ll", "_ll2", "_direct", "_split", "_ce", "_pipe"] {
                 let kernel = format!("coll_{ty}{family}");
                 let found = cubin
                     .windows(kernel.len() + 1)

@@ -115,34 +115,8 @@ enum Command {
         /// Skip the correctness check before each figure (tuning sweeps only).
         #[arg(long)]
         no_check: bool,
-        /// Planner: most bytes a block moves per chunk, KiB (default 64).
-        #[arg(long)]
-        piece_kib: Option<usize>,
-        /// Planner: most blocks per call (default: two per SM, at most 256).
-        #[arg(long)]
-        blocks: Option<u32>,
-        /// Planner: bytes per block that small calls aim for, KiB (default 16); smaller spreads a
-        /// mid-sized call over more blocks.
-        #[arg(long)]
-        block_kib: Option<usize>,
-        /// Planner: calls up to this size per source run LL, KiB (default 512, over n / 2 on
-        /// more than 3 ranks; 0 turns LL off; at most 512).
-        #[arg(long)]
-        ll_kib: Option<usize>,
-        /// Planner: broadcasts and reduces from this size split among the non-roots on more
-        /// than two ranks, KiB (default 1024).
-        #[arg(long)]
-        split_kib: Option<usize>,
-        /// Planner: on two ranks, all-gathers and all-to-alls on registered buffers of at
-        /// least this many MiB (all parts) move the data with the copy engines (default 256;
-        /// 0: at every size LL does not take; a large number: never).
-        #[arg(long)]
-        ce_mib: Option<usize>,
-        /// Planner: on two ranks, out-of-place all-reduces into a registered output of at
-        /// least this many MiB run by the copy engines (default 256; a large number: never;
-        /// perf-notes §30-31).
-        #[arg(long)]
-        ce_all_reduce_mib: Option<usize>,
+        #[command(flatten)]
+        tuning: TuningArgs,
     },
     /// Render a `coll` results file again (the Markdown table and the SVG plot beside it), for
     /// results assembled from several runs.
@@ -300,13 +274,7 @@ fn main() -> ExitCode {
             factor,
             types,
             no_check,
-            piece_kib,
-            blocks,
-            block_kib,
-            ll_kib,
-            split_kib,
-            ce_mib,
-            ce_all_reduce_mib,
+            tuning,
         } => {
             let mut chosen = Vec::new();
             for name in &ops {
@@ -378,14 +346,7 @@ fn main() -> ExitCode {
                 } else {
                     all_reduce_types
                 },
-                tuning: tuning_from(
-                    piece_kib,
-                    blocks,
-                    block_kib,
-                    ll_kib,
-                    split_kib,
-                    (ce_mib, ce_all_reduce_mib),
-                ),
+                tuning: tuning_from(&tuning),
                 ..defaults
             };
             coll_cmd(out, &opts)
@@ -403,14 +364,58 @@ fn main() -> ExitCode {
     }
 }
 
-fn tuning_from(
+/// `p2p-bench coll`'s planner knobs (tuning sweeps); none given: the device's defaults.
+#[derive(clap::Args, Debug, Default)]
+struct TuningArgs {
+    /// Planner: most bytes a block moves per chunk, KiB (default 64).
+    #[arg(long)]
     piece_kib: Option<usize>,
+    /// Planner: most blocks per call (default: two per SM, at most 256).
+    #[arg(long)]
     blocks: Option<u32>,
+    /// Planner: bytes per block that small calls aim for, KiB (default 16); smaller spreads a
+    /// mid-sized call over more blocks.
+    #[arg(long)]
     block_kib: Option<usize>,
+    /// Planner: calls up to this size per source run LL, KiB (default 512, over n / 2 on
+    /// more than 3 ranks; 0 turns LL off; at most 512).
+    #[arg(long)]
     ll_kib: Option<usize>,
+    /// Planner: broadcasts and reduces from this size split among the non-roots on more
+    /// than two ranks, KiB (default 1024).
+    #[arg(long)]
     split_kib: Option<usize>,
-    (ce_mib, ce_all_reduce_mib): (Option<usize>, Option<usize>),
-) -> Option<Tuning> {
+    /// Planner: on two ranks, all-gathers and all-to-alls on registered buffers of at
+    /// least this many MiB (all parts) move the data with the copy engines (default 256;
+    /// 0: at every size LL does not take; a large number: never).
+    #[arg(long)]
+    ce_mib: Option<usize>,
+    /// Planner: on two ranks, out-of-place all-reduces into a registered output of at
+    /// least this many MiB run by the copy engines (default 256; a large number: never;
+    /// perf-notes §30-31).
+    #[arg(long)]
+    ce_all_reduce_mib: Option<usize>,
+    /// Planner: on two ranks, all-reduces above LL's sizes and up to this many KiB run the
+    /// pipelined one-shot (default 16384; 0: never).
+    #[arg(long)]
+    pipe_max_kib: Option<usize>,
+    /// Planner: bytes per sub-piece of the pipelined one-shot, KiB (default 4).
+    #[arg(long)]
+    pipe_sub_kib: Option<usize>,
+}
+
+fn tuning_from(args: &TuningArgs) -> Option<Tuning> {
+    let TuningArgs {
+        piece_kib,
+        blocks,
+        block_kib,
+        ll_kib,
+        split_kib,
+        ce_mib,
+        ce_all_reduce_mib,
+        pipe_max_kib,
+        pipe_sub_kib,
+    } = *args;
     if piece_kib.is_none()
         && blocks.is_none()
         && block_kib.is_none()
@@ -418,6 +423,8 @@ fn tuning_from(
         && split_kib.is_none()
         && ce_mib.is_none()
         && ce_all_reduce_mib.is_none()
+        && pipe_max_kib.is_none()
+        && pipe_sub_kib.is_none()
     {
         return None;
     }
@@ -443,6 +450,12 @@ fn tuning_from(
     }
     if let Some(c) = ce_all_reduce_mib {
         t.ce_all_reduce_min_bytes = c.saturating_mul(1 << 20);
+    }
+    if let Some(m) = pipe_max_kib {
+        t.pipe_max_bytes = m.saturating_mul(1 << 10);
+    }
+    if let Some(k) = pipe_sub_kib {
+        t.pipe_sub_bytes = k.max(1) << 10;
     }
     Some(t)
 }

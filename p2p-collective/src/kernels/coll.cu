@@ -17,9 +17,11 @@
 // correctly. Every rank launches the same grid and the same number of steps for a call (both
 // follow from the count alone), so block b's counter agrees on every rank.
 //
-// Scratch is double-buffered by step parity. Writing into a peer's half for step s is safe
+// Scratch is double-buffered by step parity, and each half holds one region per block index,
+// used by that block index alone on every rank. Writing into a peer's half for step s is safe
 // because this block waited, in step s-1, for the peer's signal of s-1, which the peer gave
-// after it finished reading step s-2 (the last use of that half).
+// after it finished reading step s-2 (the last use of that half). (The pipelined all-reduce
+// keeps the same rule with its own argument: see run_pipe.)
 //
 // No hangs: every wait polls the abort flag (pinned host memory) and the device's failure word,
 // and gives up after `timeout_ns`; a kernel that fails sets the abort flag so that the ranks
@@ -154,44 +156,50 @@ __device__ int wait_ge(const CollArgs& a, volatile u64* flag, u64 want) {
     return 0;
 }
 
+// One peer's half of a step: signal_one gives peer p this block's step (after a release fence,
+// so that the block's pushes that happened before it are visible first); wait_one waits for
+// peer p's signal of `step` and acquires its pushes. wait_one returns the failure (recorded,
+// unless it happened elsewhere) or 0. In checking mode the signature travels in the slot of
+// parity `par`: the step's parity for the stepped kinds (a peer gives step s + 2 only after
+// this rank gave s + 1, so the two slots are enough); one slot for a whole pipelined call.
+__device__ __forceinline__ void signal_one(const CollArgs& a, int p, u64 step, int par) {
+    const int b = blockIdx.x;
+    fence_sys();
+    if (a.check) {
+        a.sync[p][SIGS_OFF + (par * MAX_BLOCKS + b) * MAX_RANKS + a.rank] = a.sig;
+        fence_sys();
+    }
+    ((volatile u64*)a.sync[p])[FLAGS_OFF + b * MAX_RANKS + a.rank] = step;
+}
+
+__device__ __forceinline__ int wait_one(const CollArgs& a, int p, u64 step, int par) {
+    const int b = blockIdx.x;
+    volatile u64* mine = a.sync[a.rank];
+    int e = wait_ge(a, mine + FLAGS_OFF + b * MAX_RANKS + p, step);
+    fence_sys();  // acquire: the peer's pushes are visible after its signal
+    u64 peer_sig = 0;
+    if (!e && a.check) {
+        peer_sig = mine[SIGS_OFF + (par * MAX_BLOCKS + b) * MAX_RANKS + p];
+        if (peer_sig != a.sig) e = F_MISMATCH;
+    }
+    if (e && e != F_ELSEWHERE) record_failure(a, e, p, peer_sig);
+    return e;
+}
+
 // The step barrier of one block with every peer (see the file comment), in two halves so that a
 // block can do local work while its signal travels: signal_peers, then wait_peers. Thread
 // p < nranks handles peer p.
 __device__ void signal_peers(const CollArgs& a, u64 step) {
-    __syncthreads();
+    __syncthreads();  // the block's pushes happen before thread p's release fence
     const int p = threadIdx.x;
-    if (p < a.nranks && p != a.rank) {
-        const int b = blockIdx.x;
-        const int par = (int)(step & 1);
-        // Release: the block's pushes (ordered before this thread by the barrier above) become
-        // visible to the peer before the signal does.
-        fence_sys();
-        if (a.check) {
-            a.sync[p][SIGS_OFF + (par * MAX_BLOCKS + b) * MAX_RANKS + a.rank] = a.sig;
-            fence_sys();
-        }
-        ((volatile u64*)a.sync[p])[FLAGS_OFF + b * MAX_RANKS + a.rank] = step;
-    }
+    if (p < a.nranks && p != a.rank) signal_one(a, p, step, (int)(step & 1));
 }
 
 // Returns nonzero (for every thread) if the collective must stop.
 __device__ int wait_peers(const CollArgs& a, u64 step, int* err) {
     const int p = threadIdx.x;
     if (p < a.nranks && p != a.rank) {
-        const int b = blockIdx.x;
-        const int par = (int)(step & 1);
-        volatile u64* mine = a.sync[a.rank];
-        int e = wait_ge(a, mine + FLAGS_OFF + b * MAX_RANKS + p, step);
-        fence_sys();  // acquire: the peer's pushes are visible after its signal
-        u64 peer_sig = 0;
-        if (!e && a.check) {
-            peer_sig = mine[SIGS_OFF + (par * MAX_BLOCKS + b) * MAX_RANKS + p];
-            if (peer_sig != a.sig) e = F_MISMATCH;
-        }
-        if (e) {
-            if (e != F_ELSEWHERE) record_failure(a, e, p, peer_sig);
-            *err = e;
-        }
+        if (const int e = wait_one(a, p, step, (int)(step & 1))) *err = e;
     }
     __syncthreads();
     return *err;
@@ -229,7 +237,18 @@ __device__ void copy_bytes(unsigned char* dst, const unsigned char* src, u64 n) 
     for (u64 j = head + threadIdx.x; j < n; j += blockDim.x) dst[j] = __ldcg(src + j);
 }
 
-// Copies n bytes to up to MAX_RANKS destinations (null entries skipped), reading once.
+// The threads of a block that run a loop: [FIRST, FIRST + COUNT), or from FIRST to the block's
+// end when COUNT is 0. (Template parameters, not arguments, so that the whole-block loops
+// compile as they did before the pipelined kernel split its block: arguments cost spills.)
+template <unsigned FIRST, unsigned COUNT> struct Threads {
+    static __device__ __forceinline__ unsigned tid() { return threadIdx.x - FIRST; }
+    static __device__ __forceinline__ unsigned count() { return COUNT ? COUNT : blockDim.x - FIRST; }
+};
+typedef Threads<0, 0> Block;
+
+// Copies n bytes to up to MAX_RANKS destinations (null entries skipped), reading once, with
+// the threads TH.
+template <typename TH = Block>
 __device__ void copy_bytes_multi(unsigned char* const* dsts, int ndst, const unsigned char* src, u64 n) {
     if (n == 0) return;
     bool vec = aligned16(src);
@@ -238,14 +257,14 @@ __device__ void copy_bytes_multi(unsigned char* const* dsts, int ndst, const uns
     if (vec) {
         const u64 nv = n >> 4;
         const uint4* s = (const uint4*)src;
-        for (u64 i = threadIdx.x; i < nv; i += blockDim.x) {
+        for (u64 i = TH::tid(); i < nv; i += TH::count()) {
             const uint4 v = __ldcg(s + i);
             for (int k = 0; k < ndst; ++k)
                 if (dsts[k]) ((uint4*)dsts[k])[i] = v;
         }
         head = nv << 4;
     }
-    for (u64 j = head + threadIdx.x; j < n; j += blockDim.x) {
+    for (u64 j = head + TH::tid(); j < n; j += TH::count()) {
         const unsigned char v = __ldcg(src + j);
         for (int k = 0; k < ndst; ++k)
             if (dsts[k]) dsts[k][j] = v;
@@ -343,13 +362,13 @@ PAIR(half_t, R_PROD, "fma.rn.f16x2", y, 0x80008000u)
 
 // The vector loop of reduce_into for one reduction, known at compile time so that the loop
 // body holds no branch on it.
-template <typename T, int OP>
+template <typename T, int OP, typename TH>
 __device__ void reduce_vecs(uint4* out, unsigned char* const* extra, int nextra, const T* const* srcs, int nsrc,
                             u64 nv, int nranks) {
     typedef typename Ty<T>::acc A;
     const int E = 16 / sizeof(T);
     if (Pair<T, OP>::ok && nsrc == 2) {
-        for (u64 i = threadIdx.x; i < nv; i += blockDim.x) {
+        for (u64 i = TH::tid(); i < nv; i += TH::count()) {
             const uint4 x = __ldcg((const uint4*)srcs[0] + i);
             const uint4 y = __ldcg((const uint4*)srcs[1] + i);
             const uint4 v = make_uint4(Pair<T, OP>::apply(x.x, y.x), Pair<T, OP>::apply(x.y, y.y),
@@ -359,7 +378,7 @@ __device__ void reduce_vecs(uint4* out, unsigned char* const* extra, int nextra,
         }
         return;
     }
-    for (u64 i = threadIdx.x; i < nv; i += blockDim.x) {
+    for (u64 i = TH::tid(); i < nv; i += TH::count()) {
         A acc[16 / sizeof(T)];
         Pack<T>::up(__ldcg((const uint4*)srcs[0] + i), acc);
         for (int k = 1; k < nsrc; ++k) {
@@ -379,8 +398,9 @@ __device__ void reduce_vecs(uint4* out, unsigned char* const* extra, int nextra,
 }
 
 // out[i] (and every extra destination) = reduce over srcs[0..nsrc) in that order, for n
-// elements. The order is the same on every rank, so every rank gets the same bits.
-template <typename T>
+// elements, by the threads TH. The order is the same on every rank, so every rank gets the
+// same bits.
+template <typename T, typename TH = Block>
 __device__ void reduce_into(T* out, unsigned char* const* extra, int nextra, const T* const* srcs, int nsrc, u64 n,
                             int op, int nranks) {
     typedef typename Ty<T>::acc A;
@@ -393,15 +413,15 @@ __device__ void reduce_into(T* out, unsigned char* const* extra, int nextra, con
         const u64 nv = n / E;
         uint4* o = (uint4*)out;
         switch (op) {
-            case R_PROD: reduce_vecs<T, R_PROD>(o, extra, nextra, srcs, nsrc, nv, nranks); break;
-            case R_MIN: reduce_vecs<T, R_MIN>(o, extra, nextra, srcs, nsrc, nv, nranks); break;
-            case R_MAX: reduce_vecs<T, R_MAX>(o, extra, nextra, srcs, nsrc, nv, nranks); break;
-            case R_AVG: reduce_vecs<T, R_AVG>(o, extra, nextra, srcs, nsrc, nv, nranks); break;
-            default: reduce_vecs<T, R_SUM>(o, extra, nextra, srcs, nsrc, nv, nranks); break;
+            case R_PROD: reduce_vecs<T, R_PROD, TH>(o, extra, nextra, srcs, nsrc, nv, nranks); break;
+            case R_MIN: reduce_vecs<T, R_MIN, TH>(o, extra, nextra, srcs, nsrc, nv, nranks); break;
+            case R_MAX: reduce_vecs<T, R_MAX, TH>(o, extra, nextra, srcs, nsrc, nv, nranks); break;
+            case R_AVG: reduce_vecs<T, R_AVG, TH>(o, extra, nextra, srcs, nsrc, nv, nranks); break;
+            default: reduce_vecs<T, R_SUM, TH>(o, extra, nextra, srcs, nsrc, nv, nranks); break;
         }
         head = nv * E;
     }
-    for (u64 j = head + threadIdx.x; j < n; j += blockDim.x) {
+    for (u64 j = head + TH::tid(); j < n; j += TH::count()) {
         A acc = Ty<T>::up(srcs[0][j]);
         for (int k = 1; k < nsrc; ++k) acc = combine<A>(op, acc, Ty<T>::up(srcs[k][j]));
         const T r = Ty<T>::down(finish<A>(op, acc, nranks));
@@ -519,8 +539,9 @@ __device__ int ll_wait_all(const CollArgs& a, int par, u64 line, unsigned flag, 
     }
 }
 
-// Every collective through LL lines, in one step: each rank stores its lines into the LL slots
-// of the peers that need them, then waits for the lines it needs and combines them. `a.count`
+// Every collective through LL lines, in one step: each rank stores a line per unit into the LL
+// slot of every peer (an empty line where the peer needs no data), then waits for every peer's
+// line and combines what it needs. `a.count`
 // is one source's segment (the whole buffer, or one rank's part for all-gather, reduce-scatter
 // and all-to-all); `a.piece` is 8-byte units per block, at most one per thread (the plan keeps
 // piece <= the block's threads <= THREADS). What each kind sends and combines:
@@ -557,10 +578,13 @@ __device__ void run_ll(const CollArgs& a) {
         err = (int)((volatile u64*)mine)[FAIL_OFF];
         base = mine[COUNTERS_OFF + blockIdx.x];
     }
-    // Broadcast and reduce: the root exchanges a line with every non-root both ways (data one
-    // way, an empty acknowledgement the other), so that no rank can run more than one call
-    // ahead: a root that only sent (broadcast) would overwrite, two calls later, lines a slow
-    // non-root has not read yet (seen as a stall under CUDA graph replay).
+    // Broadcast and reduce: every rank exchanges a line with every peer both ways (data from
+    // the root, or to it; an empty line otherwise), so that no rank can run more than one call
+    // ahead of any peer: a root that only sent (broadcast) would overwrite, two calls later,
+    // lines a slow non-root has not read yet (seen as a stall under CUDA graph replay), and on
+    // more than two ranks a non-root that heard only from the root could go on to push, in
+    // the next stepped call, into the scratch half another non-root was still reading (the
+    // parity argument of the file comment needs a line or flag from every peer in every step).
     const bool rooted = kind == K_BROADCAST_LL || kind == K_REDUCE_LL;
     // Whether this rank's input carries data (a broadcast's non-roots have no input).
     const bool has_input = kind != K_BROADCAST_LL || me == root;
@@ -582,11 +606,13 @@ __device__ void run_ll(const CollArgs& a) {
     const u64 line = (u64)blockIdx.x * LL_LINES_PER_BLOCK + threadIdx.x;
     if (has) {
         if (rooted) {
-            // Data where the collective sends it, an empty acknowledgement the other way.
-            const bool data = kind == K_BROADCAST_LL ? me == root : me != root;
-            const uint2 d = data ? first : make_uint2(0, 0);
-            for (int q = 0; q < N; ++q)
-                if (q != me && (me == root || q == root)) ll_store(ll_slot(a, q, par, me) + 16 * line, d, flag);
+            // Data where the collective sends it (broadcast: from the root; reduce: to it), an
+            // empty line everywhere else.
+            for (int q = 0; q < N; ++q) {
+                if (q == me) continue;
+                const bool data = kind == K_BROADCAST_LL ? me == root : q == root;
+                ll_store(ll_slot(a, q, par, me) + 16 * line, data ? first : make_uint2(0, 0), flag);
+            }
         } else if (parted_in) {
             for (int q = 0; q < N; ++q)
                 if (q != me)
@@ -598,8 +624,8 @@ __device__ void run_ll(const CollArgs& a) {
     }
     LL_PROBE(2);
     if (has) {
-        // Rooted kinds: the root waits for every non-root, a non-root for the root.
-        const unsigned need = rooted && me != root ? 1u << root : ((1u << N) - 1u) & ~(1u << me);
+        // Every kind waits for every peer's line (see `rooted` above).
+        const unsigned need = ((1u << N) - 1u) & ~(1u << me);
         uint2 got[MAX_RANKS];
         int peer = 0;
         const int e = need ? ll_wait_all(a, par, line, flag, need, got, &peer) : 0;
@@ -821,6 +847,103 @@ __device__ void run_ce_reduce(const CollArgs& a, int* err) {
     }
 }
 
+// ---- The pipelined one-shot all-reduce (K_ALLREDUCE_PIPE) -----------------------------------
+//
+// One-shot through the scratch (every rank pushes its input into every peer's scratch and
+// reduces what arrived, in rank order), with each block's push and reduction overlapped. The
+// plan gives one chunk (count <= grid * piece): block b's piece is cut into S = piece / sub
+// sub-pieces, rounded up (the same S on every block and rank). Warps [0, PIPE_PUSH_WARPS) push
+// sub-piece s into every peer's slot and give each peer the flag base + s + 1 (a named barrier
+// among them, then a release fence by the thread of that peer); the other warps reduce
+// sub-piece s once every peer's flag has reached base + s + 1 and (in place, where the
+// reduction overwrites the input they read) this block's pushers are past s. So the push of
+// sub-piece s + 1 crosses the link while sub-piece s is reduced. The pushers never wait for a
+// peer, so the ranks cannot wait on each other in a cycle; nor do they stop when a reducer
+// fails (the peers' calls then end normally, and the failure reaches them through the abort
+// flag or their next call). In checking mode every flag of a call carries the signature in
+// the slot of the call's parity (see signal_one).
+//
+// Scratch reuse: every sub-piece of a call goes into the parity half (base + 1) & 1, and the
+// counter moves on by S rounded up to odd, so the next call's first step writes the other half.
+// That half was last read by the peer in a kernel before this one (its reducers can still be
+// reading this call's half when its last flag arrives, so the file comment's argument, which
+// takes a peer's flag for "done reading", does not hold for these flags). The peer ran that
+// earlier kernel to its end before its pushers gave this call's first flag (kernels on a stream
+// end in order; griddepcontrol.wait), and this block waited for that flag. The call after next
+// writes this half again only after a flag of the next call, so after the peer's whole kernel
+// for this one.
+template <typename T>
+__device__ void run_pipe(const CollArgs& a, u64 base, int* err) {
+    const int b = blockIdx.x, N = a.nranks, me = a.rank;
+    const u64 E = sizeof(T);
+    constexpr unsigned P = PIPE_PUSH_WARPS * 32;
+    const unsigned tid = threadIdx.x;
+    if (a.sub == 0 || blockDim.x <= P) return;  // never planned; the peers' waits will say so
+    const u64 S = (a.piece + a.sub - 1) / a.sub;
+    const int par = (int)((base + 1) & 1);
+    const bool in_place = a.input == a.output;
+    const u64 lo0 = (u64)b * a.piece;
+    const u64 lo = lo0 < a.count ? lo0 : a.count;
+    const u64 n = (lo + a.piece < a.count ? lo + a.piece : a.count) - lo;
+    const T* in = (const T*)a.input + lo;
+    T* out = (T*)a.output + lo;
+    // This block's region of rank r's slot for source src (see SLOT in run).
+    auto slot = [&](int r, int src) { return a.scratch[r] + ((u64)par * N + src) * a.slot_bytes + (u64)b * a.stride; };
+    __shared__ volatile unsigned pushed;  // sub-pieces this block's pushers have read
+    if (tid == 0) pushed = 0;
+    __syncthreads();
+    if (tid < P) {
+        unsigned char* dsts[MAX_RANKS];
+        for (u64 s = 0; s < S; ++s) {
+            u64 slo, shi;
+            part_of(s, a.sub, n, slo, shi);
+            for (int q = 0; q < N; ++q) dsts[q] = q == me ? 0 : slot(q, me) + slo * E;
+            copy_bytes_multi<Threads<0, P>>(dsts, N, (const unsigned char*)(in + slo), (shi - slo) * E);
+            // The pushes before the fence. (barrier.sync, not bar.sync: the threads of a warp
+            // need not arrive together.)
+            asm volatile("barrier.sync 1, %0;" ::"r"(P) : "memory");
+            if (tid < (unsigned)N && tid != (unsigned)me) signal_one(a, (int)tid, base + s + 1, par);
+            if (tid == P - 1) pushed = (unsigned)(s + 1);
+        }
+    } else {
+        const unsigned rt = tid - P, R = blockDim.x - P;
+        const T* srcs[MAX_RANKS];
+        for (u64 s = 0; s < S; ++s) {
+            int e = 0;
+            if (rt < (unsigned)N && rt != (unsigned)me) {
+                e = wait_one(a, (int)rt, base + s + 1, par);
+                if (e) *err = e;  // read only after the final __syncthreads
+            }
+            if (in_place && rt == R - 1) {
+                // No time limit: the pushers wait for nothing but their own barrier, so this
+                // ends within a sub-piece's copy.
+                while (pushed < s + 1) {
+                }
+            }
+            // Whether any reducer failed, decided inside the barrier: a shared word read after
+            // it could already hold the next sub-piece's failure for some threads and not
+            // others, and a thread that left the loop alone would leave the rest at this
+            // barrier for good.
+            int any;
+            asm volatile(
+                "{ .reg .pred f, q;\n"
+                "  setp.ne.s32 f, %1, 0;\n"
+                "  barrier.red.or.pred q, 2, %2, f;\n"
+                "  selp.s32 %0, 1, 0, q; }"
+                : "=r"(any)
+                : "r"(e), "r"(R)
+                : "memory");
+            if (any) break;
+            u64 slo, shi;
+            part_of(s, a.sub, n, slo, shi);
+            for (int r = 0; r < N; ++r) srcs[r] = r == me ? in + slo : (const T*)(slot(me, r) + slo * E);
+            reduce_into<T, Threads<P, 0>>(out + slo, nullptr, 0, srcs, N, shi - slo, a.redop, N);
+        }
+    }
+    __syncthreads();
+    if (tid == 0 && !*err) a.sync[me][COUNTERS_OFF + b] = base + (S | 1);
+}
+
 // The kernel families, each its own entry point so that each gets its own register allocation
 // (one large function made ptxas spill in the hot loops): the stepped kinds through the scratch
 // (`coll_<type>`), the split broadcast and reduce (`coll_<type>_split`), LL (`coll_<type>_ll`),
@@ -828,9 +951,10 @@ __device__ void run_ce_reduce(const CollArgs& a, int* err) {
 // ranks with its kind and world size known at compile time (`coll_<type>_ll2`: the smaller
 // code, with its one peer and one reduction unrolled, measured 0.45 us faster a call than the
 // general LL kernel at 8 B-4 KiB, perf-notes §28), and the copy-engine all-reduce's reduction
-// (`coll_<type>_ce`: in the direct family its unrolled loop made ptxas spill there). The host
-// picks by kind and world size.
-enum Family { FAM_STEPS = 0, FAM_LL = 1, FAM_DIRECT = 2, FAM_SPLIT = 3, FAM_LL2 = 4, FAM_CE = 5 };
+// (`coll_<type>_ce`: in the direct family its unrolled loop made ptxas spill there), and the
+// pipelined one-shot all-reduce (`coll_<type>_pipe`, its block split into pushing and reducing
+// warps). The host picks by kind and world size.
+enum Family { FAM_STEPS = 0, FAM_LL = 1, FAM_DIRECT = 2, FAM_SPLIT = 3, FAM_LL2 = 4, FAM_CE = 5, FAM_PIPE = 6 };
 
 template <typename T, int FAMILY>
 __device__ void run(const CollArgs& a) {
@@ -868,6 +992,10 @@ __device__ void run(const CollArgs& a) {
         run_direct<T>(a, base, &err);
         return;
     }
+    if (FAMILY == FAM_PIPE) {
+        run_pipe<T>(a, base, &err);
+        return;
+    }
 
     u64 step = base;
     const u64 chunk = a.piece * (u64)G;
@@ -875,7 +1003,10 @@ __device__ void run(const CollArgs& a) {
     const T* in = (const T*)a.input;
     T* out = (T*)a.output;
     // This block's slot in rank r's scratch for parity `par` and source rank `src`.
-#define SLOT(r, par, src) (a.scratch[r] + ((u64)(par) * N + (src)) * a.slot_bytes + (u64)b * a.piece * E)
+    // Block b's region starts at b * stride (the tuning's largest piece) whatever this call's
+    // piece, so it is only ever used by block b, on every rank: blocks' counters differ after
+    // calls of different grids, and the parity argument of the file comment holds per block.
+#define SLOT(r, par, src) (a.scratch[r] + ((u64)(par) * N + (src)) * a.slot_bytes + (u64)b * a.stride)
 
     for (u64 c = 0; c < nchunks; ++c) {
         const u64 lo0 = c * chunk + (u64)b * a.piece;
@@ -1128,7 +1259,8 @@ __device__ void run(const CollArgs& a) {
     extern "C" __global__ void __launch_bounds__(512, 2) name##_ll2(CollArgs a) { run<T, FAM_LL2>(a); } \
     extern "C" __global__ void __launch_bounds__(512, 2) name##_direct(CollArgs a) { run<T, FAM_DIRECT>(a); } \
     extern "C" __global__ void __launch_bounds__(512, 2) name##_split(CollArgs a) { run<T, FAM_SPLIT>(a); } \
-    extern "C" __global__ void __launch_bounds__(512, 2) name##_ce(CollArgs a) { run<T, FAM_CE>(a); }
+    extern "C" __global__ void __launch_bounds__(512, 2) name##_ce(CollArgs a) { run<T, FAM_CE>(a); } \
+    extern "C" __global__ void __launch_bounds__(512, 2) name##_pipe(CollArgs a) { run<T, FAM_PIPE>(a); }
 
 COLL_KERNEL(coll_f32, float)
 COLL_KERNEL(coll_f64, double)

@@ -46,6 +46,9 @@
 // once every HOST_POLL_NS * min(blocks, HOST_POLL_SPREAD) ns, the blocks staggered.
 #define HOST_POLL_NS 100000
 #define HOST_POLL_SPREAD 64
+// The pipelined all-reduce (K_ALLREDUCE_PIPE): warps [0, PIPE_PUSH_WARPS) of a block push, the
+// rest reduce.
+#define PIPE_PUSH_WARPS 8
 // The status word `kind` of a failed send or recv (the collectives use `enum Kind`).
 #define K_SEND 64
 #define K_RECV 65
@@ -85,6 +88,9 @@ enum Kind {
     // peer's output (CE_FLAGS_OFF above) while this kind's kernel (coll_<type>_ce) reduces.
     K_ALLREDUCE_CE = 21,
     K_ALLTOALL_CE = 22,
+    // All-reduce, one-shot through the scratch with each block's push and reduction overlapped
+    // (coll_<type>_pipe; one chunk: count <= grid * piece).
+    K_ALLREDUCE_PIPE = 23,
 };  // plan.rs `Kind`, code for code (checked in plan.rs's tests)
 
 enum RedOp { R_SUM = 0, R_PROD = 1, R_MIN = 2, R_MAX = 3, R_AVG = 4 };
@@ -104,7 +110,9 @@ struct CollArgs {
     volatile int* abort_flag;           // pinned host memory: every wait polls it; a failing kernel sets it to 2
     u64 count;                          // elements per segment (see each kind)
     u64 piece;                          // elements per block per chunk, a multiple of 16 bytes
+    u64 sub;                            // K_ALLREDUCE_PIPE: elements per sub-piece (else 0)
     u64 slot_bytes;                     // bytes per (parity, source rank) slot of scratch
+    u64 stride;                         // bytes between blocks' regions of a slot (the largest piece)
     u64 timeout_ns;
     u64 sig;
     int kind, redop, rank, nranks, root, check;
@@ -137,4 +145,4 @@ static_assert(sizeof(P2pArgs) == 1568, "P2pArgs changed: comm.rs asserts the sam
 static_assert(P2P_LL_BYTES <= P2P_BLOCKS * P2P_MIN_CHUNK, "an LL chunk must fit its slot's LL area");
 
 // The host's `CollArgs` (comm.rs) has the same layout and checks the same size.
-static_assert(sizeof(CollArgs) == 344, "CollArgs changed: comm.rs asserts the same size");
+static_assert(sizeof(CollArgs) == 360, "CollArgs changed: comm.rs asserts the same size");
