@@ -50,7 +50,7 @@ const _: () = assert!(STATUS_OFF + STATUS_WORDS <= crate::abi::P2P_FREED_OFF);
 const _: () = assert!(crate::abi::P2P_END_OFF * 8 <= SYNC_BYTES);
 const _: () = assert!((crate::abi::CE_FLAGS_OFF + crate::abi::CE_CHUNKS) * 8 <= SYNC_BYTES);
 // `coll_abi.h` asserts the same size for its `CollArgs`.
-const _: () = assert!(std::mem::size_of::<CollArgs>() == 360);
+const _: () = assert!(std::mem::size_of::<CollArgs>() == 368);
 const _: () = assert!(std::mem::size_of::<crate::abi::P2pArgs>() == 1568);
 
 /// How a communicator behaves; [`Options::from_env`] reads the `P2P_*` settings.
@@ -1507,7 +1507,7 @@ impl Communicator {
         }
         tracing::debug!(
             rank = self.rank,
-            "{op} {} {} x {}: {:?}, {} blocks of {} threads x {} chunks ({})",
+            "{op} {} {} x {}: {:?}, {} blocks of {} threads x {} chunks ({}){}",
             call.dtype,
             call.count,
             size,
@@ -1515,7 +1515,12 @@ impl Communicator {
             p.grid,
             p.threads,
             p.chunks,
-            p.reason
+            p.reason,
+            if p.own_by_copy_engine && !partial {
+                "; own part by the copy engine beside the kernel (out of place, large)"
+            } else {
+                ""
+            }
         );
         // LL runs one 8-byte unit per thread: a piece larger than the block would drop units.
         debug_assert!(!p.kind.is_ll() || p.piece <= p.threads as u64, "{p:?}");
@@ -1528,13 +1533,46 @@ impl Communicator {
             return self.enqueue_ce(call, &p, &input, &output, peers, &mut args, stream);
         }
         let function = self.kernels.function(p.kind, p.kernel_type, self.world);
-        launch(
-            &self.kernels.module,
-            function,
-            (p.grid, p.threads),
-            &mut args,
-            stream,
-        )
+        // A partial overlap (undefined; only unsafe code makes one) keeps the kernel's copy.
+        if !p.own_by_copy_engine || partial {
+            return launch(
+                &self.kernels.module,
+                function,
+                (p.grid, p.threads),
+                &mut args,
+                stream,
+            );
+        }
+        // This rank's own part by the copy engine on the side stream, beside the kernel.
+        let seg = (call.count * size) as u64;
+        let own_src = match call.op {
+            Op::AllToAll => input.ptr + self.rank as u64 * seg,
+            _ => input.ptr,
+        };
+        let own_dst = output.ptr + self.rank as u64 * seg;
+        args.own_done = 1;
+        let side = self.side.fork(stream)?;
+        // SAFETY: `check_call` found the input and output long enough for the call (an
+        // all-to-all's input and output and an all-gather's output hold `world` parts of `seg`
+        // bytes, an all-gather's input one), so both ranges lie inside them; they do not overlap
+        // (the plan copies the own part this way only out of place, and not for a partial
+        // overlap). The fork orders the copy after the caller's earlier work on `stream`; the
+        // kernel on `stream` neither reads the destination nor writes the source.
+        #[allow(unsafe_code)]
+        let copied = unsafe { p2p_mem::copy_async(own_dst, own_src, seg as usize, side) };
+        let queued = copied.map_err(Error::from).and_then(|()| {
+            launch(
+                &self.kernels.module,
+                function,
+                (p.grid, p.threads),
+                &mut args,
+                stream,
+            )
+        });
+        // Joined whatever happened, so that `stream` waits for the copy and a capture ends with
+        // its fork joined.
+        let joined = self.side.join(stream);
+        queued.and(joined)
     }
 
     /// A copy-engine plan (`Kind::is_ce`, two ranks): a barrier kernel (every rank has entered

@@ -109,6 +109,12 @@ pub struct Tuning {
     /// Bytes per sub-piece of the pipelined one-shot: each block pushes its piece in
     /// sub-pieces of this size, and gives its peers a flag after each. A multiple of 16.
     pub pipe_sub_bytes: usize,
+    /// Out-of-place all-gathers and all-to-alls through the scratch of at least this many
+    /// bytes (all parts together) copy this rank's own part into its output with the copy
+    /// engine, on the communicator's second stream beside the kernel, instead of with the
+    /// kernel's SMs ([`Plan::own_by_copy_engine`]). In place, nothing is copied either way.
+    /// Default `usize::MAX` (off): not yet run on a GPU (docs/perf-notes.md §34).
+    pub ce_own_min_bytes: usize,
 }
 
 impl Tuning {
@@ -131,11 +137,12 @@ impl Tuning {
             ce_all_reduce_min_bytes: 256 << 20,
             pipe_max_bytes: 0,
             pipe_sub_bytes: 4 << 10,
+            ce_own_min_bytes: usize::MAX,
         }
     }
 
     /// How many words [`to_words`](Self::to_words) gives.
-    pub const WORDS: usize = 11;
+    pub const WORDS: usize = 12;
 
     /// Every knob as a word, for ranks to compare at start-up.
     pub fn to_words(&self) -> [u64; Self::WORDS] {
@@ -151,13 +158,15 @@ impl Tuning {
             self.ce_all_reduce_min_bytes as u64,
             self.pipe_max_bytes as u64,
             self.pipe_sub_bytes as u64,
+            self.ce_own_min_bytes as u64,
         ]
     }
 
     /// The inverse of [`to_words`](Self::to_words); `None` for a wrong length or a value out
     /// of range.
     pub fn from_words(w: &[u64]) -> Option<Tuning> {
-        let [b, p, bb, o, l, sp, d, ce, ce_ar, pm, ps] = <[u64; Self::WORDS]>::try_from(w).ok()?;
+        let [b, p, bb, o, l, sp, d, ce, ce_ar, pm, ps, own] =
+            <[u64; Self::WORDS]>::try_from(w).ok()?;
         Some(Tuning {
             max_blocks: u32::try_from(b).ok()?,
             piece_bytes: usize::try_from(p).ok()?,
@@ -170,6 +179,7 @@ impl Tuning {
             ce_all_reduce_min_bytes: usize::try_from(ce_ar).ok()?,
             pipe_max_bytes: usize::try_from(pm).ok()?,
             pipe_sub_bytes: usize::try_from(ps).ok()?,
+            ce_own_min_bytes: usize::try_from(own).ok()?,
         })
     }
 
@@ -459,6 +469,9 @@ pub struct Plan {
     /// For [`Kind::AllReducePipe`], elements per sub-piece (a whole number of 16-byte
     /// vectors); 0 for the other kinds.
     pub sub: u64,
+    /// An all-gather or all-to-all through the scratch, out of place, whose own part the copy
+    /// engine copies on a second stream beside the kernel (see [`Tuning::ce_own_min_bytes`]).
+    pub own_by_copy_engine: bool,
     /// Rounds over the data.
     pub chunks: u64,
     /// Why this algorithm, for the log.
@@ -650,6 +663,9 @@ pub fn plan_with(
         (kind, (grid, THREADS, piece, 0, chunks))
     };
     let (grid, threads, piece, sub, chunks) = shape;
+    let own_by_copy_engine = matches!(kind, Kind::AllGather | Kind::AllToAll)
+        && !access.in_place
+        && bytes >= tuning.ce_own_min_bytes;
     Plan {
         kind,
         kernel_type,
@@ -658,6 +674,7 @@ pub fn plan_with(
         threads,
         piece,
         sub,
+        own_by_copy_engine,
         chunks,
         reason,
     }
@@ -1134,6 +1151,52 @@ mod tests {
         let p = forced(64 << 20, 2);
         assert_eq!(p.kind, Kind::AllReduceOneShot);
         assert!(p.reason.contains("pipe forced"), "{}", p.reason);
+    }
+
+    #[test]
+    fn the_own_part_goes_to_the_copy_engine_only_out_of_place_through_the_scratch() {
+        let default = Tuning::for_device(132, 2);
+        assert_eq!(default.ce_own_min_bytes, usize::MAX, "off until measured");
+        let on = Tuning {
+            ce_own_min_bytes: 64 << 20,
+            ..default
+        };
+        let out_of_place = Access::NONE;
+        let in_place = Access {
+            in_place: true,
+            ..Access::NONE
+        };
+        let registered = Access {
+            input: true,
+            output: true,
+            in_place: false,
+        };
+        // 32 MiB per part on 2 ranks: 64 MiB in all.
+        let count = 8 << 20;
+        let own = |op, tuning: &Tuning, access| {
+            plan_with(op, DataType::F32, count, 2, None, tuning, access).own_by_copy_engine
+        };
+        for op in [Op::AllGather, Op::AllToAll] {
+            assert!(!own(op, &default, out_of_place), "{op}");
+            assert!(own(op, &on, out_of_place), "{op}");
+            assert!(!own(op, &on, in_place), "{op}");
+            // Registered: the direct kinds (all-gather), which copy the own part their way; an
+            // all-to-all on two ranks stays on the scratch below the copy engines' size.
+            let r = plan_with(op, DataType::F32, count, 2, None, &on, registered);
+            assert_eq!(
+                r.own_by_copy_engine,
+                r.kind == Kind::AllToAll,
+                "{op}: {r:?}"
+            );
+            // Below the knob (all parts together), and LL-sized calls.
+            let small = plan_with(op, DataType::F32, count / 2 - 4, 2, None, &on, out_of_place);
+            assert!(!small.own_by_copy_engine, "{op}");
+            let ll = plan_with(op, DataType::F32, 16, 2, None, &on, out_of_place);
+            assert!(ll.kind.is_ll() && !ll.own_by_copy_engine, "{op}");
+        }
+        for op in [Op::AllReduce, Op::Broadcast, Op::Reduce, Op::ReduceScatter] {
+            assert!(!own(op, &on, out_of_place), "{op}");
+        }
     }
 
     #[test]

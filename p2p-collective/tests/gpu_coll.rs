@@ -877,6 +877,24 @@ fn gpu2_split_broadcast_and_reduce_matrix() {
     matrix(&[Op::Broadcast, Op::Reduce], options);
 }
 
+/// All-gather and all-to-all through the scratch with the own part copied by the copy engine on
+/// the communicator's second stream (`Tuning::ce_own_min_bytes`, here at every count): every
+/// count, in place (nothing copied) and out of place; then replayed in a CUDA graph (the fork
+/// and join of the second stream inside the capture).
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_own_part_by_copy_engine_matrix_and_graph_replay() {
+    let options = without_ll(|t| t.ce_own_min_bytes = 0);
+    let comms = locals(options.clone(), 1);
+    for op in [Op::AllGather, Op::AllToAll] {
+        let plan = comms[0].comm.plan(&Call::new(op, DataType::F32, 1000));
+        assert!(plan.own_by_copy_engine, "{op}: {plan:?}");
+    }
+    drop(comms);
+    matrix(&[Op::AllGather, Op::AllToAll], options.clone());
+    graph_replay_with_changing_inputs(options, false);
+}
+
 /// Every collective on buffers registered on every rank (`register_all`): the direct kinds
 /// where the planner picks them (all-gather and reduce-scatter; all-reduce and all-to-all on
 /// more than two ranks; parts 16-byte aligned, so counts 4096 and 65536 are added), the others

@@ -39,16 +39,6 @@ if [ "${SKIP_SWEEP:-0}" != 1 ]; then
   sweep oneshot-again
   pack
 fi
-read -r -a pipe_flags <<<"${PIPE_FLAGS:---pipe-max-kib 16384}"
-for r in $(seq 1 "${RUNS:-2}"); do
-  for v in pipe defaults; do
-    flags=()
-    [ "$v" = pipe ] && flags=("${pipe_flags[@]}")
-    timeout 300 ./p2p-bench coll --ops all_reduce --min-bytes $((64 << 10)) --max-mib 64 \
-      --samples 20 --out "$res/coll-$v-r$r" "${flags[@]}" >"$res/coll-$v-r$r.log" 2>&1
-    note "coll $v run $r (${flags[*]}): exit $?"
-    pack
-  done
-done
+coll_ab pipe "${PIPE_FLAGS:---pipe-max-kib 16384}" --ops all_reduce --min-bytes $((64 << 10)) --max-mib 64 --samples 20
 note "done"
 pack

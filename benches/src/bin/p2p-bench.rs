@@ -116,7 +116,7 @@ enum Command {
         #[arg(long)]
         no_check: bool,
         #[command(flatten)]
-        tuning: TuningArgs,
+        tuning: Box<TuningArgs>,
     },
     /// Render a `coll` results file again (the Markdown table and the SVG plot beside it), for
     /// results assembled from several runs.
@@ -402,6 +402,11 @@ struct TuningArgs {
     /// Planner: bytes per sub-piece of the pipelined one-shot, KiB (default 4).
     #[arg(long)]
     pipe_sub_kib: Option<usize>,
+    /// Planner: out-of-place all-gathers and all-to-alls through the scratch of at least this
+    /// many MiB (all parts) copy the own part with the copy engine beside the kernel (default:
+    /// never; 0: at every size LL does not take).
+    #[arg(long)]
+    ce_own_mib: Option<usize>,
 }
 
 fn tuning_from(args: &TuningArgs) -> Option<Tuning> {
@@ -415,6 +420,7 @@ fn tuning_from(args: &TuningArgs) -> Option<Tuning> {
         ce_all_reduce_mib,
         pipe_max_kib,
         pipe_sub_kib,
+        ce_own_mib,
     } = *args;
     if piece_kib.is_none()
         && blocks.is_none()
@@ -425,6 +431,7 @@ fn tuning_from(args: &TuningArgs) -> Option<Tuning> {
         && ce_all_reduce_mib.is_none()
         && pipe_max_kib.is_none()
         && pipe_sub_kib.is_none()
+        && ce_own_mib.is_none()
     {
         return None;
     }
@@ -456,6 +463,9 @@ fn tuning_from(args: &TuningArgs) -> Option<Tuning> {
     }
     if let Some(k) = pipe_sub_kib {
         t.pipe_sub_bytes = k.max(1) << 10;
+    }
+    if let Some(m) = ce_own_mib {
+        t.ce_own_min_bytes = m.saturating_mul(1 << 20);
     }
     Some(t)
 }

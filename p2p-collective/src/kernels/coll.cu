@@ -1133,7 +1133,7 @@ __device__ void run(const CollArgs& a) {
                 for (int q = 0; q < N; ++q) dsts[q] = q == me ? 0 : SLOT(q, par, me);
                 copy_bytes_multi(dsts, N, (const unsigned char*)(in + lo), n * E);
                 signal_peers(a, ++step);  // the own part is copied while the signal travels
-                copy_bytes((unsigned char*)(out + (u64)me * a.count + lo), (const unsigned char*)(in + lo), n * E);
+                if (!a.own_done) copy_bytes((unsigned char*)(out + (u64)me * a.count + lo), (const unsigned char*)(in + lo), n * E);
                 if (wait_peers(a, step, &err)) return;
                 for (int r = 0; r < N; ++r)
                     if (r != me) copy_bytes((unsigned char*)(out + (u64)r * a.count + lo), SLOT(me, par, r), n * E);
@@ -1156,7 +1156,8 @@ __device__ void run(const CollArgs& a) {
                 for (int q = 0; q < N; ++q)
                     if (q != me) copy_bytes(SLOT(q, par, me), (const unsigned char*)(in + (u64)q * a.count + lo), n * E);
                 signal_peers(a, ++step);  // the own part is copied while the signal travels
-                copy_bytes((unsigned char*)(out + (u64)me * a.count + lo), (const unsigned char*)(in + (u64)me * a.count + lo), n * E);
+                if (!a.own_done)
+                    copy_bytes((unsigned char*)(out + (u64)me * a.count + lo), (const unsigned char*)(in + (u64)me * a.count + lo), n * E);
                 if (wait_peers(a, step, &err)) return;
                 for (int r = 0; r < N; ++r)
                     if (r != me) copy_bytes((unsigned char*)(out + (u64)r * a.count + lo), SLOT(me, par, r), n * E);

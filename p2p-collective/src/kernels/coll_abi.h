@@ -116,6 +116,7 @@ struct CollArgs {
     u64 timeout_ns;
     u64 sig;
     int kind, redop, rank, nranks, root, check;
+    int own_done;                       // K_ALLGATHER, K_ALLTOALL: the own part is copied elsewhere (the copy engine)
 };
 
 // Point-to-point groups (NCCL's ncclGroupStart/End around ncclSend/ncclRecv): one kernel runs
@@ -145,4 +146,4 @@ static_assert(sizeof(P2pArgs) == 1568, "P2pArgs changed: comm.rs asserts the sam
 static_assert(P2P_LL_BYTES <= P2P_BLOCKS * P2P_MIN_CHUNK, "an LL chunk must fit its slot's LL area");
 
 // The host's `CollArgs` (comm.rs) has the same layout and checks the same size.
-static_assert(sizeof(CollArgs) == 360, "CollArgs changed: comm.rs asserts the same size");
+static_assert(sizeof(CollArgs) == 368, "CollArgs changed: comm.rs asserts the same size");
