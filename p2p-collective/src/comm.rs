@@ -627,6 +627,7 @@ impl Communicator {
         let blob = tuning
             .to_words()
             .iter()
+            .chain(&planner_words(&options))
             .fold(
                 wire::Writer::new()
                     .text(&host)
@@ -648,11 +649,19 @@ impl Communicator {
                 let words: Vec<u64> = (0..Tuning::WORDS)
                     .map(|_| rd.u64())
                     .collect::<Option<_>>()?;
+                let planner = [rd.u64()?, rd.u64()?];
                 rd.end()?;
-                Some((their_host, their_path, uuid, words))
+                Some((their_host, their_path, uuid, words, planner))
             })();
-            let (their_host, their_path, uuid, theirs) =
+            let (their_host, their_path, uuid, theirs, their_planner) =
                 parsed.ok_or_else(|| fail(format!("rank {r} sent a malformed introduction")))?;
+            if their_planner != planner_words(&options) {
+                return Err(fail(format!(
+                    "rank {r} plans with {}, this rank with {}: every rank needs the same P2P_ALGO and P2P_CHECK (Options::algorithm, Options::check), or ranks run different kernels for one call",
+                    describe_planner_words(their_planner),
+                    describe_planner_words(planner_words(&options))
+                )));
+            }
             if theirs[..] != tuning.to_words()[..] {
                 return Err(fail(format!(
                     "rank {r} plans with tuning {}, this rank with {tuning:?}: every rank needs the same GPU model and tuning",
@@ -1569,6 +1578,14 @@ impl Communicator {
                 stream,
             )
         });
+        if let Err(e) = &queued {
+            // Peers may already be waiting for this rank's kernel: stop them now rather than
+            // at their time limit.
+            self.abort.abort_because(
+                self.rank,
+                format!("queueing {op} with its own part by the copy engine failed: {e}"),
+            );
+        }
         // Joined whatever happened, so that `stream` waits for the copy and a capture ends with
         // its fork joined.
         let joined = self.side.join(stream);
@@ -2030,6 +2047,27 @@ fn wait_idle(device: &Device, limit: Duration) -> bool {
     }
 }
 
+/// The settings besides the tuning that the planner reads, as the words that ranks of a
+/// process-per-GPU communicator compare at start-up: the forced algorithm (`P2P_ALGO`; its
+/// position in [`Algorithm::NAMES`], 0 for `auto`) and checking mode (`P2P_CHECK`), which
+/// turns LL and the copy engines off.
+fn planner_words(options: &Options) -> [u64; 2] {
+    let algorithm = Algorithm::NAMES
+        .iter()
+        .position(|(_, a)| *a == options.algorithm)
+        .unwrap_or(0);
+    [algorithm as u64, options.check as u64]
+}
+
+/// `planner_words` in words, e.g. `P2P_ALGO=ring P2P_CHECK=0`.
+fn describe_planner_words([algorithm, check]: [u64; 2]) -> String {
+    let name = usize::try_from(algorithm)
+        .ok()
+        .and_then(|i| Algorithm::NAMES.get(i))
+        .map_or("(unknown)", |(name, _)| *name);
+    format!("P2P_ALGO={name} P2P_CHECK={check}")
+}
+
 /// Refuses tuning values the kernels cannot run with (see [`Tuning::validate`]).
 fn check_tuning(
     t: &Tuning,
@@ -2130,8 +2168,42 @@ fn warn_unused_settings(cfg: &Config, one_process: bool) {
 
 #[cfg(test)]
 mod tests {
-    use super::unused_settings;
+    use super::{describe_planner_words, planner_words, unused_settings, Options};
+    use crate::settings::Algorithm;
     use p2p_transport::config::Config;
+
+    #[test]
+    fn ranks_compare_the_forced_algorithm_and_checking_mode() {
+        let auto = Options::from_settings(Default::default(), Config::default());
+        assert_eq!(planner_words(&auto), [0, 0]);
+        let mut seen = vec![planner_words(&auto)];
+        for (name, algorithm) in Algorithm::NAMES.into_iter().skip(1) {
+            let forced = Options {
+                algorithm,
+                ..auto.clone()
+            };
+            let w = planner_words(&forced);
+            assert!(!seen.contains(&w), "{name}: {w:?} taken");
+            assert_eq!(
+                describe_planner_words(w),
+                format!("P2P_ALGO={name} P2P_CHECK=0")
+            );
+            seen.push(w);
+        }
+        let check = Options {
+            check: true,
+            ..auto.clone()
+        };
+        assert_ne!(planner_words(&check), planner_words(&auto));
+        assert_eq!(
+            describe_planner_words(planner_words(&check)),
+            "P2P_ALGO=auto P2P_CHECK=1"
+        );
+        assert_eq!(
+            describe_planner_words([99, 0]),
+            "P2P_ALGO=(unknown) P2P_CHECK=0"
+        );
+    }
 
     fn cfg(vars: &[(&str, &str)]) -> Config {
         Config::from_vars(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())))

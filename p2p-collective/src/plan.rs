@@ -85,7 +85,8 @@ pub struct Tuning {
     /// direct kernel, all-to-all 380-382 against 350 for the SMs and 357-359 for NCCL's
     /// symmetric mode; slower below about 256 MiB. Not on more than two ranks (not measured
     /// there) nor in checking mode. Every rank must make the same choice: a rank whose buffers
-    /// are not registered, or (for an all-to-all) that calls in place where the others do not,
+    /// are not registered, or (for an all-to-all, and for an all-reduce under
+    /// [`ce_all_reduce_min_bytes`](Self::ce_all_reduce_min_bytes)) that calls in place where the others do not,
     /// runs another plan. That is not detected (the barriers compare step numbers; only
     /// checking mode, which never uses the copy engines, compares calls): the results are
     /// undefined, and the call may end at the time limit or report nothing. The copies are

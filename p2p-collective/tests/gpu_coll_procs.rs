@@ -275,28 +275,7 @@ fn gpu2_a_killed_rank_is_reported_to_every_survivor_within_a_second() {
         );
         return;
     }
-    let exe = std::env::current_exe().expect("current exe");
-    let job = format!("test-kill-{}", std::process::id());
-    let children: Vec<_> = (0..world)
-        .map(|r| {
-            std::process::Command::new(&exe)
-                .args([
-                    NAME,
-                    "--exact",
-                    "--include-ignored",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env("RANK", r.to_string())
-                .env("WORLD_SIZE", world.to_string())
-                .env("LOCAL_RANK", r.to_string())
-                .env("P2P_JOB_ID", &job)
-                .env("P2P_JOB_SECRET", "a secret for this test only")
-                .stdout(std::process::Stdio::null())
-                .spawn()
-                .expect("spawn a rank")
-        })
-        .collect();
+    let children = spawn_ranks(NAME, "kill", |_| None);
     for (r, mut c) in children.into_iter().enumerate() {
         let status = c.wait().expect("wait");
         if r == victim {
@@ -304,5 +283,66 @@ fn gpu2_a_killed_rank_is_reported_to_every_survivor_within_a_second() {
         } else {
             assert!(status.success(), "survivor rank {r}: {status}");
         }
+    }
+}
+
+/// Starts `world()` copies of this test executable running test `name` as the ranks of one job
+/// (`tag` names it), each with the launcher's variables and `extra(rank)` set, if any.
+fn spawn_ranks(
+    name: &str,
+    tag: &str,
+    extra: impl Fn(usize) -> Option<(&'static str, &'static str)>,
+) -> Vec<std::process::Child> {
+    let world = world();
+    let exe = std::env::current_exe().expect("current exe");
+    let job = format!("test-{tag}-{}", std::process::id());
+    (0..world)
+        .map(|r| {
+            let mut cmd = std::process::Command::new(&exe);
+            cmd.args([
+                name,
+                "--exact",
+                "--include-ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("RANK", r.to_string())
+            .env("WORLD_SIZE", world.to_string())
+            .env("LOCAL_RANK", r.to_string())
+            .env("P2P_JOB_ID", &job)
+            .env("P2P_JOB_SECRET", "a secret for this test only")
+            .stdout(std::process::Stdio::null());
+            if let Some((k, v)) = extra(r) {
+                cmd.env(k, v);
+            }
+            cmd.spawn().expect("spawn a rank")
+        })
+        .collect()
+}
+
+/// Ranks whose `P2P_ALGO` differs would run different kernels for one call (counters out of
+/// step, wrong results with no error): every rank refuses at init, naming both settings.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_ranks_with_different_planner_settings_are_refused_at_init() {
+    const NAME: &str = "gpu2_ranks_with_different_planner_settings_are_refused_at_init";
+    if std::env::var_os("RANK").is_some() {
+        let Err(e) = Communicator::from_env() else {
+            panic!("init must refuse ranks that plan differently");
+        };
+        let msg = e.to_string();
+        eprintln!("{msg}");
+        assert!(
+            msg.contains("P2P_ALGO=ring") && msg.contains("P2P_ALGO=auto"),
+            "{msg}"
+        );
+        return;
+    }
+    let children = spawn_ranks(NAME, "planner", |r| {
+        (r == 0).then_some(("P2P_ALGO", "ring"))
+    });
+    for (r, mut c) in children.into_iter().enumerate() {
+        let status = c.wait().expect("wait");
+        assert!(status.success(), "rank {r}: {status}");
     }
 }

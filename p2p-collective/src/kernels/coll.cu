@@ -271,6 +271,27 @@ __device__ void copy_bytes_multi(unsigned char* const* dsts, int ndst, const uns
     }
 }
 
+// One element, read past L1 as copy_bytes reads (the scratch is written by other GPUs): by
+// its bits, as an unsigned integer of its size.
+template <typename T> __device__ __forceinline__ T ld_cg(const T* p) {
+    static_assert(sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8, "element size");
+    T v;
+    if (sizeof(T) == 1) {
+        const unsigned char u = __ldcg((const unsigned char*)p);
+        memcpy(&v, &u, 1);
+    } else if (sizeof(T) == 2) {
+        const unsigned short u = __ldcg((const unsigned short*)p);
+        memcpy(&v, &u, 2);
+    } else if (sizeof(T) == 4) {
+        const unsigned u = __ldcg((const unsigned*)p);
+        memcpy(&v, &u, 4);
+    } else {
+        const unsigned long long u = __ldcg((const unsigned long long*)p);
+        memcpy(&v, &u, 8);
+    }
+    return v;
+}
+
 template <typename T> union Vec {
     uint4 u;
     T t[16 / sizeof(T)];
@@ -422,8 +443,8 @@ __device__ void reduce_into(T* out, unsigned char* const* extra, int nextra, con
         head = nv * E;
     }
     for (u64 j = head + TH::tid(); j < n; j += TH::count()) {
-        A acc = Ty<T>::up(srcs[0][j]);
-        for (int k = 1; k < nsrc; ++k) acc = combine<A>(op, acc, Ty<T>::up(srcs[k][j]));
+        A acc = Ty<T>::up(ld_cg(srcs[0] + j));
+        for (int k = 1; k < nsrc; ++k) acc = combine<A>(op, acc, Ty<T>::up(ld_cg(srcs[k] + j)));
         const T r = Ty<T>::down(finish<A>(op, acc, nranks));
         out[j] = r;
         for (int k = 0; k < nextra; ++k) ((T*)extra[k])[j] = r;
