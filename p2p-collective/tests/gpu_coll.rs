@@ -688,16 +688,10 @@ fn gpu2_rounding_inputs_give_bitwise_identical_results_on_every_rank() {
 fn gpu2_varying_sizes_back_to_back_for_every_algorithm() {
     let calls = 300usize;
     // Sizes from 1 element to 40,000 (160 KB), mostly LL-sized, in a fixed pseudo-random order.
-    let mut x = 0x2545_f491_4f6c_dd1d_u64;
-    let sizes: Vec<usize> = (0..calls)
-        .map(|k| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let cap = if k % 5 == 0 { 40_000 } else { 16_384 };
-            1 + (x % cap as u64) as usize
-        })
-        .collect();
+    let sizes = pseudo_random(0x2545_f491_4f6c_dd1d, calls, |k, x| {
+        let cap = if k % 5 == 0 { 40_000 } else { 16_384 };
+        1 + (x % cap as u64) as usize
+    });
     let algorithms = [
         None,
         Some(Algorithm::Ll),
@@ -735,16 +729,9 @@ fn gpu2_calls_of_every_kind_and_grid_back_to_back() {
         2_500_000,
         5_000_000,
     ];
-    let calls = 64usize;
-    let mut x = 0x9e37_79b9_7f4a_7c15_u64;
-    let sizes: Vec<usize> = (0..calls)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            shapes[(x % shapes.len() as u64) as usize]
-        })
-        .collect();
+    let sizes = pseudo_random(0x9e37_79b9_7f4a_7c15, 64, |_, x| {
+        shapes[(x % shapes.len() as u64) as usize]
+    });
     back_to_back("auto", env_options(), &sizes, |c| c % 3 == 1);
     // The same with the pipelined one-shot on (off by default until measured).
     let sms = gpus(1)[0].sm_count();
@@ -755,6 +742,20 @@ fn gpu2_calls_of_every_kind_and_grid_back_to_back() {
         ..env_options()
     };
     back_to_back("auto, pipelined", options, &sizes, |c| c % 3 == 1);
+}
+
+/// `n` values `pick(k, x_k)` from a xorshift sequence x_1, x_2, ... started at `seed`: a fixed
+/// pseudo-random order.
+fn pseudo_random(seed: u64, n: usize, mut pick: impl FnMut(usize, u64) -> usize) -> Vec<usize> {
+    let mut x = seed;
+    (0..n)
+        .map(|k| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            pick(k, x)
+        })
+        .collect()
 }
 
 /// Runs one f32 sum all-reduce per entry of `sizes` on every rank, all queued before any is
