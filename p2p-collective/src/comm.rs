@@ -624,10 +624,11 @@ impl Communicator {
         let listener = FdListener::bind(&dir.path().join("ws"))?;
         let host = p2p_transport::hostname();
         let path = listener.path().to_string_lossy().into_owned();
+        let planner = planner_words(&options);
         let blob = tuning
             .to_words()
             .iter()
-            .chain(&planner_words(&options))
+            .chain(&planner)
             .fold(
                 wire::Writer::new()
                     .text(&host)
@@ -649,17 +650,17 @@ impl Communicator {
                 let words: Vec<u64> = (0..Tuning::WORDS)
                     .map(|_| rd.u64())
                     .collect::<Option<_>>()?;
-                let planner = [rd.u64()?, rd.u64()?];
+                let their_planner = [rd.u64()?, rd.u64()?];
                 rd.end()?;
-                Some((their_host, their_path, uuid, words, planner))
+                Some((their_host, their_path, uuid, words, their_planner))
             })();
             let (their_host, their_path, uuid, theirs, their_planner) =
                 parsed.ok_or_else(|| fail(format!("rank {r} sent a malformed introduction")))?;
-            if their_planner != planner_words(&options) {
+            if their_planner != planner {
                 return Err(fail(format!(
                     "rank {r} plans with {}, this rank with {}: every rank needs the same P2P_ALGO and P2P_CHECK (Options::algorithm, Options::check), or ranks run different kernels for one call",
                     describe_planner_words(their_planner),
-                    describe_planner_words(planner_words(&options))
+                    describe_planner_words(planner)
                 )));
             }
             if theirs[..] != tuning.to_words()[..] {
