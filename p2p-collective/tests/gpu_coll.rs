@@ -332,10 +332,17 @@ fn gpu2_a_missing_peer_times_out_with_an_error_and_poisons_the_communicator() {
         .expect("enqueue");
     let e = comms[0].synchronize(&stream).expect_err("must time out");
     assert_rank0_timed_out_on_rank1(&e, "all_reduce", t.elapsed());
-    let again = comms[0]
-        .all_reduce_in_place(&mut buf, 4096, DataType::F32, RedOp::Sum, &stream)
+    assert_unusable(&comms[0]);
+}
+
+/// A later call on `comm` is refused at once: an earlier failure made it unusable.
+fn assert_unusable(comm: &Communicator) {
+    let s = Stream::new(comm.device()).expect("stream");
+    let mut b = DeviceBuffer::<f32>::zeroed(comm.device(), 16).expect("buf");
+    let e = comm
+        .all_reduce_in_place(&mut b, 16, DataType::F32, RedOp::Sum, &s)
         .expect_err("unusable");
-    assert!(matches!(again, Error::Unusable { .. }), "{again:?}");
+    assert!(matches!(e, Error::Unusable { .. }), "{e:?}");
 }
 
 /// A copy-engine all-to-all or all-reduce whose peer never calls stops in its first barrier
@@ -451,12 +458,7 @@ fn gpu2_abort_from_another_thread_ends_a_stuck_call() {
     assert!(e.to_string().contains("was aborted"), "{e}");
     assert!(took < Duration::from_secs(10), "took {took:?}");
     for c in &comms {
-        let s = Stream::new(c.device()).expect("stream");
-        let mut b = DeviceBuffer::<f32>::zeroed(c.device(), 16).expect("buf");
-        let e = c
-            .all_reduce_in_place(&mut b, 16, DataType::F32, RedOp::Sum, &s)
-            .expect_err("aborted");
-        assert!(matches!(e, Error::Unusable { .. }), "{e:?}");
+        assert_unusable(c);
     }
 }
 
