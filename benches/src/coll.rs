@@ -14,7 +14,7 @@ use std::io::IsTerminal;
 use std::time::Instant;
 
 use p2p_collective::verify::{
-    build, class, compare, expected, in_place_input_offset, result_region, value, Class,
+    class, compare, expected, in_place_input_offset, input, result_region, Class,
 };
 use p2p_collective::{
     Access, Call, Communicator, DataType, Op, Options as CommOptions, Registration,
@@ -114,15 +114,7 @@ struct Harness<'a> {
     floor: Vec<crate::floor::EmptyKernel>,
 }
 
-impl timing::Ranks for Harness<'_> {
-    fn timers(&self) -> Vec<&timing::Timer> {
-        self.ranks.iter().map(|r| &r.timer).collect()
-    }
-
-    fn comms(&self) -> &[Communicator] {
-        self.comms
-    }
-}
+timing::impl_ranks!(Harness<'_>);
 
 impl Harness<'_> {
     fn issue(&mut self, imp: Imp, call: &Call, in_place: bool) -> Result<(), String> {
@@ -214,7 +206,7 @@ impl Harness<'_> {
         if self.pristine_holds != Some((call.dtype, c)) {
             for (rank, r) in self.ranks.iter_mut().enumerate() {
                 let len = r.pristine.len() / size;
-                let host = build(call.dtype, len, |j| value(c, call.dtype, rank, n, j));
+                let host = input(call, n, rank, len);
                 r.pristine
                     .slice_mut(..host.len())
                     .map_err(e)?
@@ -259,28 +251,21 @@ impl Harness<'_> {
         Ok(wrong)
     }
 
-    /// Microseconds per call, eager: the slowest rank, median over samples.
-    fn time_eager(
+    /// Microseconds per call, the slowest rank, median over samples: eager, or with `iters`
+    /// calls captured in one CUDA graph per rank (`graph`).
+    fn time(
         &mut self,
-        imp: Imp,
-        call: &Call,
-        in_place: bool,
+        graph: bool,
+        (imp, call, in_place): (Imp, &Call, bool),
         iters: usize,
         samples: usize,
     ) -> Result<Stat, String> {
-        timing::eager(self, iters, samples, |h| h.issue(imp, call, in_place))
-    }
-
-    /// Microseconds per call with `iters` calls captured in one CUDA graph per rank.
-    fn time_graph(
-        &mut self,
-        imp: Imp,
-        call: &Call,
-        in_place: bool,
-        iters: usize,
-        samples: usize,
-    ) -> Result<Stat, String> {
-        timing::graph(self, iters, samples, |h| h.issue(imp, call, in_place))
+        let issue = |h: &mut Self| h.issue(imp, call, in_place);
+        if graph {
+            timing::graph(self, iters, samples, issue)
+        } else {
+            timing::eager(self, iters, samples, issue)
+        }
     }
 
     /// Host microseconds to issue one call on one rank (enqueue only).
@@ -466,9 +451,9 @@ pub fn run(opts: &Options) -> Result<Value, String> {
                     } else {
                         Err("not checked (--no-check)".to_string())
                     };
-                    let eager = h.time_eager(imp, &call, in_place, iters, opts.samples);
+                    let eager = h.time(false, (imp, &call, in_place), iters, opts.samples);
                     let graph = if bytes <= opts.graph_max_bytes && !in_place {
-                        Some(h.time_graph(imp, &call, in_place, iters, opts.samples.min(10)))
+                        Some(h.time(true, (imp, &call, in_place), iters, opts.samples.min(10)))
                     } else {
                         None
                     };
@@ -530,8 +515,13 @@ pub fn run(opts: &Options) -> Result<Value, String> {
             Ok(s) => json!({"us": s.median, "us_min": s.min, "us_max": s.max}),
             Err(e) => json!({"error": e}),
         };
-        let eager = fig(h.time_eager(Imp::Floor, &floor_call, false, 100, opts.samples));
-        let graph = fig(h.time_graph(Imp::Floor, &floor_call, false, 100, opts.samples.min(10)));
+        let eager = fig(h.time(false, (Imp::Floor, &floor_call, false), 100, opts.samples));
+        let graph = fig(h.time(
+            true,
+            (Imp::Floor, &floor_call, false),
+            100,
+            opts.samples.min(10),
+        ));
         json!({"eager": eager, "graph": graph})
     };
     deregister(&comms, registrations)?;

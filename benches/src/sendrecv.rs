@@ -138,15 +138,7 @@ struct Harness<'a> {
     streams: Vec<p2p_sys::cuda::CUstream>,
 }
 
-impl timing::Ranks for Harness<'_> {
-    fn timers(&self) -> Vec<&timing::Timer> {
-        self.ranks.iter().map(|r| &r.timer).collect()
-    }
-
-    fn comms(&self) -> &[Communicator] {
-        self.comms
-    }
-}
+timing::impl_ranks!(Harness<'_>);
 
 impl Harness<'_> {
     fn issue(&mut self, imp: Imp, bytes: usize) -> Result<(), String> {

@@ -41,6 +41,23 @@ pub trait Ranks {
     }
 }
 
+/// Implements [`Ranks`] for a harness type whose `ranks` (a `Vec`) each hold a `timer` and
+/// whose `comms` are the communicators.
+macro_rules! impl_ranks {
+    ($harness:ty) => {
+        impl $crate::timing::Ranks for $harness {
+            fn timers(&self) -> Vec<&$crate::timing::Timer> {
+                self.ranks.iter().map(|r| &r.timer).collect()
+            }
+
+            fn comms(&self) -> &[p2p_collective::Communicator] {
+                self.comms
+            }
+        }
+    };
+}
+pub(crate) use impl_ranks;
+
 /// Calls per timed sample: about 1 GiB of traffic, between 5 and 100.
 pub fn iters_for(bytes: usize) -> usize {
     ((1usize << 30) / bytes.max(1)).clamp(5, 100)

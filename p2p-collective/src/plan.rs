@@ -932,6 +932,18 @@ mod tests {
         Tuning::for_device(132, 1)
     }
 
+    /// The plan of an all-reduce of `count` elements of `dtype` on `world` ranks with
+    /// `algorithm` forced.
+    fn forced(
+        dtype: DataType,
+        count: usize,
+        world: usize,
+        algorithm: Algorithm,
+        tuning: &Tuning,
+    ) -> Plan {
+        plan(Op::AllReduce, dtype, count, world, Some(algorithm), tuning)
+    }
+
     /// As `t()` with LL off: the plans of the pushed-data kinds at every size.
     fn no_ll() -> Tuning {
         Tuning {
@@ -957,15 +969,7 @@ mod tests {
             Kind::AllReduceTwoShot
         );
         assert_eq!(
-            plan(
-                Op::AllReduce,
-                DataType::F32,
-                7,
-                2,
-                Some(Algorithm::Ring),
-                &no_ll()
-            )
-            .kind,
+            forced(DataType::F32, 7, 2, Algorithm::Ring, &no_ll()).kind,
             Kind::AllReduceRing
         );
     }
@@ -1026,23 +1030,9 @@ mod tests {
 
     #[test]
     fn steps_count_the_barriers_per_block() {
-        let p = plan(
-            Op::AllReduce,
-            DataType::F32,
-            1 << 26,
-            4,
-            Some(Algorithm::Ring),
-            &t(),
-        );
+        let p = forced(DataType::F32, 1 << 26, 4, Algorithm::Ring, &t());
         assert_eq!(p.steps(4), p.chunks * 6);
-        let p = plan(
-            Op::AllReduce,
-            DataType::F32,
-            1 << 26,
-            4,
-            Some(Algorithm::TwoShot),
-            &t(),
-        );
+        let p = forced(DataType::F32, 1 << 26, 4, Algorithm::TwoShot, &t());
         assert_eq!(p.steps(4), p.chunks * 2);
     }
 
@@ -1138,16 +1128,7 @@ mod tests {
         }
         // Forced (whatever the knob): on any world size within one round; past it, one-shot,
         // saying why.
-        let forced = |count, world| {
-            plan(
-                Op::AllReduce,
-                DataType::F32,
-                count,
-                world,
-                Some(Algorithm::Pipe),
-                &default,
-            )
-        };
+        let forced = |count, world| forced(DataType::F32, count, world, Algorithm::Pipe, &default);
         assert_eq!(forced(1 << 20, 4).kind, Kind::AllReducePipe);
         let p = forced(64 << 20, 2);
         assert_eq!(p.kind, Kind::AllReduceOneShot);
@@ -1583,14 +1564,7 @@ mod tests {
             (256 << 10, 128, 256, 256),
             (LL_MAX_BYTES, 128, 512, 512),
         ] {
-            let p = plan(
-                Op::AllReduce,
-                DataType::U8,
-                bytes,
-                2,
-                Some(Algorithm::Ll),
-                &tuning,
-            );
+            let p = forced(DataType::U8, bytes, 2, Algorithm::Ll, &tuning);
             assert_eq!(p.kind, Kind::AllReduceLl, "{bytes}");
             assert_eq!(
                 (p.grid, p.piece, p.threads),
@@ -1599,14 +1573,7 @@ mod tests {
             );
         }
         // More ranks: one block per THREADS units, THREADS threads, as before.
-        let p = plan(
-            Op::AllReduce,
-            DataType::U8,
-            4096,
-            4,
-            Some(Algorithm::Ll),
-            &tuning,
-        );
+        let p = forced(DataType::U8, 4096, 4, Algorithm::Ll, &tuning);
         assert_eq!((p.grid, p.piece, p.threads), (1, 512, THREADS));
         let p = plan(Op::AllGather, DataType::U8, 64 << 10, 3, None, &tuning);
         assert_eq!(
@@ -1637,12 +1604,11 @@ mod tests {
                 assert_eq!(p.steps(2), 1);
             }
         }
-        let big = plan(
-            Op::AllReduce,
+        let big = forced(
             DataType::F32,
             LL_MAX_BYTES / 4 + 1,
             2,
-            Some(Algorithm::Ll),
+            Algorithm::Ll,
             &tuning,
         );
         assert_eq!(big.kind, Kind::AllReduceOneShot);

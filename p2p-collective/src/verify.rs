@@ -155,6 +155,13 @@ pub fn compare(
     (wrong, first)
 }
 
+/// Rank `rank`'s exact input for `call` on `world` ranks: `len` elements of `call.dtype`
+/// (its input's length from [`Op::buffer_lens`], or more), element `j` as [`value`] gives it.
+pub fn input(call: &Call, world: usize, rank: usize, len: usize) -> Vec<u8> {
+    let c = class(call.op, call.redop);
+    build(call.dtype, len, |j| value(c, call.dtype, rank, world, j))
+}
+
 /// Where rank `rank`'s input starts, in elements, in the one buffer of an in-place call: its
 /// own part for all-gather, the start otherwise.
 pub fn in_place_input_offset(call: &Call, rank: usize) -> usize {

@@ -38,10 +38,7 @@ fn matrix(ops: &[Op], options: Options) {
     let counts = counts();
     let max = counts.iter().copied().max().unwrap_or(1);
     let mut ls = locals(options, max);
-    let s = run_matrix(&mut ls, ops, &counts);
-    eprintln!("{} cases, {} wrong elements", s.cases, s.wrong);
-    assert_eq!(s.wrong, 0, "wrong results:\n{}", s.failures.join("\n"));
-    assert!(s.cases > 0);
+    run_matrix(&mut ls, ops, &counts).assert_exact("matrix");
 }
 
 #[test]
@@ -1016,12 +1013,10 @@ fn registered_matrix(
         );
     }
     let s = run_matrix(&mut ls, ops, &counts);
-    eprintln!("registered: {} cases, {} wrong elements", s.cases, s.wrong);
     for (i, reg) in regs.into_iter().enumerate() {
         ls[i % n].comm.deregister(reg).expect("deregister");
     }
-    assert_eq!(s.wrong, 0, "wrong results:\n{}", s.failures.join("\n"));
-    assert!(s.cases > 0);
+    s.assert_exact("registered");
 }
 
 /// `register_all` over the communicators inside `Local`s.
@@ -1176,10 +1171,7 @@ fn gpu2_sharing_follows_the_configuration() {
         .map(|c| Local::new(c, 65537))
         .collect();
     assert!(ls.iter().all(|l| l.comm.sharing() == Sharing::HostStaged));
-    let s = run_matrix(&mut ls, &Op::ALL, &counts);
-    eprintln!("host-staged: {} cases, {} wrong elements", s.cases, s.wrong);
-    assert_eq!(s.wrong, 0, "wrong results:\n{}", s.failures.join("\n"));
-    assert!(s.cases > 0);
+    run_matrix(&mut ls, &Op::ALL, &counts).assert_exact("host-staged");
     let bufs: Vec<&dyn DeviceMemory> = ls.iter().map(|l| &l.input as &dyn DeviceMemory).collect();
     let comms: Vec<&Communicator> = ls.iter().map(|l| &l.comm).collect();
     // SAFETY: nothing is registered (the call fails); the buffers outlive it anyway.
@@ -1205,14 +1197,7 @@ fn gpu2_send_recv_matrix() {
         } else {
             common::run_p2p_matrix(&mut ls, &counts)
         };
-        eprintln!("{what}: {} checks, {} wrong bytes", s.cases, s.wrong);
-        assert_eq!(
-            s.wrong,
-            0,
-            "{what}: wrong results:\n{}",
-            s.failures.join("\n")
-        );
-        assert!(s.cases > 0);
+        s.assert_exact(what);
     }
 }
 

@@ -37,12 +37,20 @@ fn launch_or_run(test: &str, body: impl FnOnce()) {
     assert!(status.success(), "a rank failed: {status}");
 }
 
+/// As [`launch_or_run`], the rank's body given its communicator (from the environment) and
+/// its rank.
+fn launch_or_run_comm(test: &str, body: impl FnOnce(Communicator, usize)) {
+    launch_or_run(test, || {
+        let comm = Communicator::from_env().expect("from_env");
+        let rank = comm.rank();
+        body(comm, rank)
+    })
+}
+
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_process_per_gpu_matrix() {
-    launch_or_run("gpu2_process_per_gpu_matrix", || {
-        let comm = Communicator::from_env().expect("from_env");
-        let rank = comm.rank();
+    launch_or_run_comm("gpu2_process_per_gpu_matrix", |comm, rank| {
         // Between processes: cuMem fds by default, legacy IPC with P2P_CUMEM=0, host memory
         // with P2P_DISABLE=1 or P2P_LEVEL=LOC (the GPU machines' pairs are NVLink, which every
         // other level allows; the bundle's scripts run all four).
@@ -63,14 +71,7 @@ fn gpu2_process_per_gpu_matrix() {
         let counts = counts();
         let max = counts.iter().copied().max().unwrap_or(1);
         let mut ls = vec![Local::new(comm, max)];
-        let s = run_matrix(&mut ls, &Op::ALL, &counts);
-        eprintln!("rank {rank}: {} cases, {} wrong elements", s.cases, s.wrong);
-        assert_eq!(
-            s.wrong,
-            0,
-            "rank {rank}: wrong results:\n{}",
-            s.failures.join("\n")
-        );
+        run_matrix(&mut ls, &Op::ALL, &counts).assert_exact(&format!("rank {rank}"));
     });
 }
 
@@ -80,9 +81,7 @@ fn gpu2_process_per_gpu_matrix() {
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_process_per_gpu_send_recv() {
-    launch_or_run("gpu2_process_per_gpu_send_recv", || {
-        let comm = Communicator::from_env().expect("from_env");
-        let rank = comm.rank();
+    launch_or_run_comm("gpu2_process_per_gpu_send_recv", |comm, rank| {
         let counts = common::p2p_counts();
         let max = counts.iter().copied().max().unwrap_or(1);
         // Twice the largest count: the group matrix sends n + 1 messages per rank.
@@ -94,19 +93,10 @@ fn gpu2_process_per_gpu_send_recv() {
             } else {
                 common::run_p2p_matrix(&mut ls, &counts)
             };
-            eprintln!(
-                "rank {rank}: {what}: {} checks, {} wrong bytes ({})",
-                s.cases,
-                s.wrong,
+            s.assert_exact(&format!(
+                "rank {rank}: {what} ({})",
                 ls[0].comm.sharing().name()
-            );
-            assert_eq!(
-                s.wrong,
-                0,
-                "rank {rank}: {what}: wrong results:\n{}",
-                s.failures.join("\n")
-            );
-            assert!(s.cases > 0);
+            ));
         }
     });
 }
@@ -202,19 +192,10 @@ fn registered_matrix(
             assert_eq!(plan(Op::AllToAll, false), Kind::AllToAllCe);
         }
         let s = run_matrix(&mut ls, ops, &counts);
-        eprintln!(
-            "rank {rank}: registered ({name}): {} cases, {} wrong elements",
-            s.cases, s.wrong
-        );
         for reg in regs {
             ls[0].comm.deregister(reg).expect("deregister");
         }
-        assert_eq!(
-            s.wrong,
-            0,
-            "rank {rank}: wrong results:\n{}",
-            s.failures.join("\n")
-        );
+        s.assert_exact(&format!("rank {rank}: registered ({name})"));
     });
 }
 

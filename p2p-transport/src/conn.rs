@@ -504,6 +504,28 @@ pub struct RecvConn {
     side: Side,
 }
 
+/// What both ends of a connection offer besides their transfers.
+macro_rules! conn_end {
+    ($end:ty) => {
+        impl $end {
+            /// A handle that aborts this end from any thread.
+            pub fn abort_handle(&self) -> AbortHandle {
+                self.side.abort.clone()
+            }
+            /// Lets `group` (the job's ranks, watched for failures) stop this end's waits when
+            /// any rank dies or fails, so that [`wait`](Self::wait) returns
+            /// [`Error::PeerFailed`] naming that rank within the group's detection time rather
+            /// than this connection's time limit; and reports this end's own stall (time
+            /// limit) to every other rank.
+            pub fn watch(&self, group: &crate::rendezvous::Group) {
+                group.watch(&self.side.abort);
+            }
+        }
+    };
+}
+conn_end!(SendConn);
+conn_end!(RecvConn);
+
 impl SendConn {
     /// Queues sending all of `src` (on this side's GPU) on `stream`. The receiver must call
     /// [`RecvConn::recv`] with a buffer of the same size; messages match in order.
@@ -515,17 +537,6 @@ impl SendConn {
     pub fn wait(&mut self, stream: &Stream) -> Result<()> {
         self.side.wait("send", stream)
     }
-    /// A handle that aborts this end from any thread.
-    pub fn abort_handle(&self) -> AbortHandle {
-        self.side.abort.clone()
-    }
-    /// Lets `group` (the job's ranks, watched for failures) stop this end's waits when any
-    /// rank dies or fails, so that [`wait`](Self::wait) returns [`Error::PeerFailed`] naming
-    /// that rank within the group's detection time rather than this connection's time limit;
-    /// and reports this end's own stall (time limit) to every other rank.
-    pub fn watch(&self, group: &crate::rendezvous::Group) {
-        group.watch(&self.side.abort);
-    }
 }
 
 impl RecvConn {
@@ -536,17 +547,6 @@ impl RecvConn {
     /// Waits for the receives queued on `stream`, and reports a stall.
     pub fn wait(&mut self, stream: &Stream) -> Result<()> {
         self.side.wait("recv", stream)
-    }
-    /// A handle that aborts this end from any thread.
-    pub fn abort_handle(&self) -> AbortHandle {
-        self.side.abort.clone()
-    }
-    /// Lets `group` (the job's ranks, watched for failures) stop this end's waits when any
-    /// rank dies or fails, so that [`wait`](Self::wait) returns [`Error::PeerFailed`] naming
-    /// that rank within the group's detection time rather than this connection's time limit;
-    /// and reports this end's own stall (time limit) to every other rank.
-    pub fn watch(&self, group: &crate::rendezvous::Group) {
-        group.watch(&self.side.abort);
     }
 }
 

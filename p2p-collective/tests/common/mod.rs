@@ -9,9 +9,7 @@
 
 use std::time::Instant;
 
-use p2p_collective::verify::{
-    build, class, compare, expected, in_place_input_offset, result_region, value,
-};
+use p2p_collective::verify::{compare, expected, in_place_input_offset, input, result_region};
 use p2p_collective::{Call, Communicator, DataType, Op, RedOp};
 use p2p_mem::{DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
 #[allow(unused_imports)] // gpu_coll uses it, gpu_coll_procs does not
@@ -57,6 +55,21 @@ pub struct Summary {
     pub cases: usize,
     pub wrong: usize,
     pub failures: Vec<String>,
+}
+
+impl Summary {
+    /// Prints `what: N cases, N wrong` and fails the test, listing the failures, unless some
+    /// cases ran and none was wrong.
+    pub fn assert_exact(&self, what: &str) {
+        eprintln!("{what}: {} cases, {} wrong", self.cases, self.wrong);
+        assert_eq!(
+            self.wrong,
+            0,
+            "{what}: wrong results:\n{}",
+            self.failures.join("\n")
+        );
+        assert!(self.cases > 0, "{what}: no case ran");
+    }
 }
 
 /// Runs `ops` x every type x every reduction x every root x in/out of place x `counts` on the
@@ -116,43 +129,33 @@ pub fn run_matrix(locals: &mut [Local], ops: &[Op], counts: &[usize]) -> Summary
     sum
 }
 
+/// Copies `host` into `buf` at byte `off` (nothing when `host` is empty).
+pub fn upload(buf: &mut DeviceBuffer<u8>, off: usize, host: &[u8]) {
+    if !host.is_empty() {
+        buf.slice_mut(off..off + host.len())
+            .expect("view")
+            .copy_from_host(host)
+            .expect("upload");
+    }
+}
+
 /// Runs one call on every local rank and checks each output. Returns (#wrong, detail).
 pub fn run_case(locals: &mut [Local], call: &Call, in_place: bool) -> (usize, String) {
     let n = locals[0].comm.world_size();
-    let Call {
-        op,
-        dtype,
-        count,
-        redop,
-        root,
-    } = *call;
-    let size = dtype.size();
-    let c = class(op, redop);
+    let size = call.dtype.size();
     // Inputs.
     for l in locals.iter_mut() {
         let r = l.comm.rank();
-        let (in_len, out_len) = op.buffer_lens(count, n, r, root);
-        let host = build(dtype, in_len, |j| value(c, dtype, r, n, j));
+        let (in_len, out_len) = call.op.buffer_lens(call.count, n, r, call.root);
+        let host = input(call, n, r, in_len);
         l.output.memset_u8(0xff).expect("poison");
         if in_place {
-            let buf_len = in_len.max(out_len);
-            let off = in_place_input_offset(call, r) * size;
-            if buf_len > 0 && !host.is_empty() {
-                l.output
-                    .slice_mut(off..off + host.len())
-                    .expect("view")
-                    .copy_from_host(&host)
-                    .expect("input");
+            if in_len.max(out_len) > 0 {
+                upload(&mut l.output, in_place_input_offset(call, r) * size, &host);
             }
         } else {
             l.input.memset_u8(0x00).expect("clear");
-            if !host.is_empty() {
-                l.input
-                    .slice_mut(..host.len())
-                    .expect("view")
-                    .copy_from_host(&host)
-                    .expect("input");
-            }
+            upload(&mut l.input, 0, &host);
         }
     }
     // The calls: every rank's from this one thread (they never block the host).
@@ -184,7 +187,7 @@ pub fn run_case(locals: &mut [Local], call: &Call, in_place: bool) -> (usize, St
             .expect("view")
             .to_host_vec::<u8>()
             .expect("read back");
-        let (w, first) = compare(dtype, &got, |j| expected(call, n, r, in_place, j));
+        let (w, first) = compare(call.dtype, &got, |j| expected(call, n, r, in_place, j));
         if w > 0 {
             detail += &format!("(rank {r}: {first:?}) ");
         }
@@ -358,13 +361,7 @@ pub fn run_p2p_group_matrix(locals: &mut [Local], counts: &[usize]) -> Summary {
                 let host: Vec<u8> = sends.iter().flat_map(|(_, m)| m.clone()).collect();
                 assert!(host.len() + 16 <= l.input.len(), "locals too small");
                 l.output.memset_u8(0xff).expect("poison");
-                if !host.is_empty() {
-                    l.input
-                        .slice_mut(..host.len())
-                        .expect("input")
-                        .copy_from_host(&host)
-                        .expect("upload");
-                }
+                upload(&mut l.input, 0, &host);
                 // Where each received message lands: from 0, 1, ..., n - 1, then the extra.
                 let mut recv_lens: Vec<usize> = (0..n)
                     .map(|f| group_count(count, f, rank, n) * size)
