@@ -859,6 +859,7 @@ impl Communicator {
         // Nor the copy engines: their copies are queued whatever the first barrier finds, so
         // a mismatch found there could not stop them.
         tuning.ce_min_bytes = usize::MAX;
+        tuning.ce_min_bytes_more_ranks = usize::MAX;
         tuning.ce_all_reduce_min_bytes = usize::MAX;
         let forced = match self.options.algorithm {
             Some(Algorithm::Ll) => Some(Algorithm::OneShot),
@@ -1593,7 +1594,8 @@ impl Communicator {
         queued.and(joined)
     }
 
-    /// A copy-engine plan (`Kind::is_ce`, two ranks): a barrier kernel (every rank has entered
+    /// A copy-engine plan (`Kind::is_ce`: all-gather and all-to-all on any world size, all-reduce
+    /// on two ranks): a barrier kernel (every rank has entered
     /// the call, so every buffer is free), then [`queue_ce`](Self::queue_ce). The barriers are
     /// the direct kernel with no data.
     #[allow(clippy::too_many_arguments)]
@@ -2137,7 +2139,7 @@ fn unused_settings(cfg: &Config, one_process: bool) -> Vec<String> {
         out.push(format!("P2P_READ={v} (the collective kernels read and write peer memory as each algorithm needs)"));
     }
     if cfg.use_copy_engine {
-        out.push("P2P_USE_COPY_ENGINE=1 (the collectives move data with their own kernels; the copy engines only for large all-gathers and all-to-alls on registered buffers on two ranks, Tuning::ce_min_bytes)".into());
+        out.push("P2P_USE_COPY_ENGINE=1 (the collectives move data with their own kernels; the copy engines only for large all-gathers and all-to-alls on registered buffers, Tuning::ce_min_bytes and ce_min_bytes_more_ranks)".into());
     }
     if !cfg.intermediate {
         out.push("P2P_INTERMEDIATE=0 (the collectives never relay through a third GPU)".into());

@@ -83,8 +83,9 @@ pub struct Tuning {
     /// out of place, then a second barrier. Measured on 2 x H200 (perf-notes sections 29 and
     /// 30): all-gather 381-385 GB/s busbw at 1 GiB in or out of place against 361-362 for the
     /// direct kernel, all-to-all 380-382 against 350 for the SMs and 357-359 for NCCL's
-    /// symmetric mode; slower below about 256 MiB. Not on more than two ranks (not measured
-    /// there) nor in checking mode. Every rank must make the same choice: a rank whose buffers
+    /// symmetric mode; slower below about 256 MiB. On more than two ranks
+    /// [`ce_min_bytes_more_ranks`](Self::ce_min_bytes_more_ranks) takes its place; never in
+    /// checking mode. Every rank must make the same choice: a rank whose buffers
     /// are not registered, or (for an all-to-all, and for an all-reduce under
     /// [`ce_all_reduce_min_bytes`](Self::ce_all_reduce_min_bytes)) that calls in place where the others do not,
     /// runs another plan. That is not detected (the barriers compare step numbers; only
@@ -93,6 +94,14 @@ pub struct Tuning {
     /// queued whatever the barrier before them finds: after a call that fails (a time limit,
     /// an abort), the contents of the ranks' registered buffers are undefined.
     pub ce_min_bytes: usize,
+    /// On more than two ranks, what [`ce_min_bytes`](Self::ce_min_bytes) is on two: all-gathers
+    /// and all-to-alls on registered buffers of at least this many bytes (all ranks' parts
+    /// together) move by the copy engines, one copy into each peer's output (staggered: rank r
+    /// writes to r + 1 first), under the same conditions. Default `usize::MAX` (off): not yet
+    /// run on more than two ranks. What it aims at: on 4 x H200 NCCL's copy-engine all-gather
+    /// and all-to-all reached 361-387 GB/s busbw at 1 GiB where the direct kernels reached
+    /// 342-348 (perf-notes sections 18 and 35).
+    pub ce_min_bytes_more_ranks: usize,
     /// On two ranks, out-of-place all-reduces into a registered output of at least this many
     /// bytes run by the copy engines ([`Kind::AllReduceCe`]: each rank's input copied into the
     /// peer's output in [`CE_CHUNKS`] halving chunks while a kernel reduces each chunk as it
@@ -135,6 +144,7 @@ impl Tuning {
             split_min_bytes: 1 << 20,
             direct_min_bytes: 16 << 20,
             ce_min_bytes: 256 << 20,
+            ce_min_bytes_more_ranks: usize::MAX,
             ce_all_reduce_min_bytes: 256 << 20,
             pipe_max_bytes: 0,
             pipe_sub_bytes: 4 << 10,
@@ -143,7 +153,7 @@ impl Tuning {
     }
 
     /// How many words [`to_words`](Self::to_words) gives.
-    pub const WORDS: usize = 12;
+    pub const WORDS: usize = 13;
 
     /// Every knob as a word, for ranks to compare at start-up.
     pub fn to_words(&self) -> [u64; Self::WORDS] {
@@ -156,6 +166,7 @@ impl Tuning {
             self.split_min_bytes as u64,
             self.direct_min_bytes as u64,
             self.ce_min_bytes as u64,
+            self.ce_min_bytes_more_ranks as u64,
             self.ce_all_reduce_min_bytes as u64,
             self.pipe_max_bytes as u64,
             self.pipe_sub_bytes as u64,
@@ -166,7 +177,7 @@ impl Tuning {
     /// The inverse of [`to_words`](Self::to_words); `None` for a wrong length or a value out
     /// of range.
     pub fn from_words(w: &[u64]) -> Option<Tuning> {
-        let [b, p, bb, o, l, sp, d, ce, ce_ar, pm, ps, own] =
+        let [b, p, bb, o, l, sp, d, ce, ce_more, ce_ar, pm, ps, own] =
             <[u64; Self::WORDS]>::try_from(w).ok()?;
         Some(Tuning {
             max_blocks: u32::try_from(b).ok()?,
@@ -177,6 +188,7 @@ impl Tuning {
             split_min_bytes: usize::try_from(sp).ok()?,
             direct_min_bytes: usize::try_from(d).ok()?,
             ce_min_bytes: usize::try_from(ce).ok()?,
+            ce_min_bytes_more_ranks: usize::try_from(ce_more).ok()?,
             ce_all_reduce_min_bytes: usize::try_from(ce_ar).ok()?,
             pipe_max_bytes: usize::try_from(pm).ok()?,
             pipe_sub_bytes: usize::try_from(ps).ok()?,
@@ -542,6 +554,13 @@ pub fn plan_with(
         2 * tuning.direct_min_bytes
     };
     let parts_direct = seg_bytes % 16 == 0 && seg_bytes * world >= direct_min;
+    // The copy engines for a registered all-gather or all-to-all, all parts together.
+    let ce_min = if world > 2 {
+        tuning.ce_min_bytes_more_ranks
+    } else {
+        tuning.ce_min_bytes
+    };
+    let ce_parts = world >= 2 && seg_bytes * world >= ce_min;
     let (kind, reason) = match op {
         Op::AllReduce => choose_all_reduce(seg_bytes, world, forced, tuning, access),
         _ if ll_default(seg_bytes, world, tuning) => (
@@ -558,9 +577,13 @@ pub fn plan_with(
             "large on > 2 ranks: each non-root reduces a part over every rank and sends it to the root",
         ),
         Op::Reduce => (Kind::Reduce, "every peer pushes to the root"),
-        Op::AllGather if world == 2 && access.output && seg_bytes * world >= tuning.ce_min_bytes => (
+        Op::AllGather if access.output && ce_parts => (
             Kind::AllGatherCe,
-            "registered, large, 2 ranks: the copy engines write into the peer's buffer",
+            if world == 2 {
+                "registered, large, 2 ranks: the copy engines write into the peer's buffer"
+            } else {
+                "registered, large (ce_min_bytes_more_ranks): the copy engines write into every peer's buffer"
+            },
         ),
         Op::AllGather if access.output && parts_direct => (
             Kind::AllGatherDirect,
@@ -585,17 +608,14 @@ pub fn plan_with(
             Kind::ReduceScatter,
             "every rank pushes each part to its owner",
         ),
-        Op::AllToAll
-            if world == 2
-                && access.output
-                && !access.in_place
-                && seg_bytes * world >= tuning.ce_min_bytes =>
-        {
-            (
-                Kind::AllToAllCe,
-                "registered output, large, 2 ranks: the copy engines write the peer's part into its output",
-            )
-        }
+        Op::AllToAll if access.output && !access.in_place && ce_parts => (
+            Kind::AllToAllCe,
+            if world == 2 {
+                "registered output, large, 2 ranks: the copy engines write the peer's part into its output"
+            } else {
+                "registered output, large (ce_min_bytes_more_ranks): the copy engines write each peer's part into its output"
+            },
+        ),
         Op::AllToAll if access.output && !access.in_place && world > 2 && parts_direct => (
             Kind::AllToAllDirect,
             "registered output: every rank writes each part into its owner's output",
@@ -1412,7 +1432,7 @@ mod tests {
     }
 
     #[test]
-    fn copy_engines_for_large_registered_calls_on_two_ranks() {
+    fn copy_engines_for_large_registered_calls_on_two_ranks_and_more_when_asked() {
         let mut tuning = t();
         let in_place = Access {
             input: true,
@@ -1462,7 +1482,7 @@ mod tests {
                 assert_eq!((p.kind, p.grid, p.threads), (Kind::AllGatherCe, 1, THREADS));
                 assert_eq!((p.kind.variant(), p.kind.op()), ("ce", Op::AllGather));
             } else {
-                // More ranks: not measured, the kernels.
+                // More ranks: off by default (not measured), the kernels.
                 assert!(!p.kind.is_ce(), "{p:?}");
             }
             for access in [out, out_only] {
@@ -1520,6 +1540,37 @@ mod tests {
         // Small calls stay LL.
         let p = plan_with(Op::AllGather, DataType::F32, 16, 2, None, &tuning, in_place);
         assert_eq!(p.kind, Kind::AllGatherLl);
+
+        // More ranks with their own threshold: all-gather and all-to-all (the all-reduce by the
+        // copy engines is for two ranks only); two ranks keep theirs.
+        assert_eq!(t().ce_min_bytes_more_ranks, usize::MAX);
+        let more = Tuning {
+            ce_min_bytes: usize::MAX,
+            ce_min_bytes_more_ranks: 64 << 20,
+            ..tuning
+        };
+        for world in [2, 3, 4, 8] {
+            let count = (64usize << 20).div_ceil(4 * world);
+            let kind = |op, count, access| {
+                plan_with(op, DataType::F32, count, world, None, &more, access).kind
+            };
+            for access in [in_place, out, out_only] {
+                let k = kind(Op::AllGather, count, access);
+                assert_eq!(k == Kind::AllGatherCe, world > 2, "{world} {k:?}");
+                assert!(!kind(Op::AllGather, count - 4, access).is_ce());
+            }
+            let a2a = kind(Op::AllToAll, count, out_only);
+            assert_eq!(a2a == Kind::AllToAllCe, world > 2, "{world} {a2a:?}");
+            assert!(!kind(Op::AllToAll, count, in_place).is_ce());
+            assert!(!kind(Op::AllToAll, count, Access::NONE).is_ce());
+            let ar = kind(Op::AllReduce, count * world, out_only);
+            assert_eq!(ar == Kind::AllReduceCe, world == 2, "{world} {ar:?}");
+            if world > 2 {
+                let p = plan_with(Op::AllGather, DataType::F32, count, world, None, &more, out);
+                assert_eq!((p.grid, p.threads, p.kernel_type), (1, THREADS, DataType::U8));
+                assert!(p.reason.contains("ce_min_bytes_more_ranks"), "{}", p.reason);
+            }
+        }
     }
 
     #[test]

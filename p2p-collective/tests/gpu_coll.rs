@@ -152,14 +152,16 @@ fn gpu2_graph_replay_with_changing_inputs() {
 
 /// The same with the all-gather in place on a registered buffer (this rank's input copied into
 /// its part first, in the graph) and the all-reduce into a registered output, the copy engines
-/// moving both (`ce_min_bytes` and `ce_all_reduce_min_bytes` 0, LL off): the copies, the flag writes, the barrier kernels and
-/// the all-reduce's second stream replay in the graph.
+/// moving both (`ce_min_bytes`, `ce_min_bytes_more_ranks` and `ce_all_reduce_min_bytes` 0, LL
+/// off; the all-reduce by the copy engines on two ranks only): the copies, the flag writes, the
+/// barrier kernels and the all-reduce's second stream replay in the graph.
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_graph_replay_of_a_copy_engine_all_gather() {
     let sms = gpus(1)[0].sm_count();
     let mut tuning = p2p_collective::plan::Tuning::for_device(sms, 2);
     tuning.ce_min_bytes = 0;
+    tuning.ce_min_bytes_more_ranks = 0;
     tuning.ce_all_reduce_min_bytes = 0;
     tuning.ll_max_bytes = 0; // 70 001 floats per part would run LL
     let options = Options {
@@ -215,8 +217,8 @@ fn graph_replay_with_changing_inputs(options: Options, ce: bool) {
             ..access
         };
         assert_eq!(
-            plan(Op::AllReduce, out_of_place),
-            p2p_collective::plan::Kind::AllReduceCe
+            plan(Op::AllReduce, out_of_place) == p2p_collective::plan::Kind::AllReduceCe,
+            n == 2
         );
         regs
     } else {
@@ -914,10 +916,10 @@ fn gpu2_registered_buffers_matrix() {
     );
 }
 
-/// The copy-engine plans on registered buffers (`ce_min_bytes` and `ce_all_reduce_min_bytes`
-/// 0, so every count LL does not
-/// take), at every count, type and reduction: all-gather in and out of place, all-reduce and
-/// all-to-all out of place (in place they run the kernels).
+/// The copy-engine plans on registered buffers (`ce_min_bytes`, `ce_min_bytes_more_ranks` and
+/// `ce_all_reduce_min_bytes` 0, so every count LL does not take), at every count, type and
+/// reduction: all-gather in and out of place, all-to-all out of place (in place it runs the
+/// kernels) on any world size, and all-reduce out of place on two ranks.
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_copy_engine_matrix() {
@@ -926,20 +928,16 @@ fn gpu2_copy_engine_matrix() {
     registered_matrix(
         without_ll(|t| {
             t.ce_min_bytes = 0;
+            t.ce_min_bytes_more_ranks = 0;
             t.ce_all_reduce_min_bytes = 0;
         }),
         &[Op::AllReduce, Op::AllGather, Op::AllToAll],
         |op, out_of_place, in_place| {
             let (want_out, want_in) = match op {
-                Op::AllReduce => (Some(Kind::AllReduceCe), None),
+                Op::AllReduce if two => (Some(Kind::AllReduceCe), None),
+                Op::AllReduce => (None, None),
                 Op::AllGather => (Some(Kind::AllGatherCe), Some(Kind::AllGatherCe)),
                 _ => (Some(Kind::AllToAllCe), None),
-            };
-            // The copy engines run on two ranks only (measured there).
-            let (want_out, want_in) = if two {
-                (want_out, want_in)
-            } else {
-                (None, None)
             };
             assert_eq!(
                 out_of_place.is_ce().then_some(out_of_place),

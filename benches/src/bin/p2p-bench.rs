@@ -390,6 +390,11 @@ struct TuningArgs {
     /// 0: at every size LL does not take; a large number: never).
     #[arg(long)]
     ce_mib: Option<usize>,
+    /// Planner: on more than two ranks, what --ce-mib is on two: all-gathers and all-to-alls
+    /// on registered buffers of at least this many MiB (all parts) by the copy engines
+    /// (default: never; 0: at every size LL does not take; perf-notes §35).
+    #[arg(long)]
+    ce_more_ranks_mib: Option<usize>,
     /// Planner: on two ranks, out-of-place all-reduces into a registered output of at
     /// least this many MiB run by the copy engines (default 256; a large number: never;
     /// perf-notes §30-31).
@@ -417,6 +422,7 @@ fn tuning_from(args: &TuningArgs) -> Option<Tuning> {
         ll_kib,
         split_kib,
         ce_mib,
+        ce_more_ranks_mib,
         ce_all_reduce_mib,
         pipe_max_kib,
         pipe_sub_kib,
@@ -428,6 +434,7 @@ fn tuning_from(args: &TuningArgs) -> Option<Tuning> {
         && ll_kib.is_none()
         && split_kib.is_none()
         && ce_mib.is_none()
+        && ce_more_ranks_mib.is_none()
         && ce_all_reduce_mib.is_none()
         && pipe_max_kib.is_none()
         && pipe_sub_kib.is_none()
@@ -454,6 +461,9 @@ fn tuning_from(args: &TuningArgs) -> Option<Tuning> {
     }
     if let Some(c) = ce_mib {
         t.ce_min_bytes = c.saturating_mul(1 << 20);
+    }
+    if let Some(c) = ce_more_ranks_mib {
+        t.ce_min_bytes_more_ranks = c.saturating_mul(1 << 20);
     }
     if let Some(c) = ce_all_reduce_mib {
         t.ce_all_reduce_min_bytes = c.saturating_mul(1 << 20);
