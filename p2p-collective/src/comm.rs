@@ -1657,9 +1657,10 @@ impl Communicator {
     /// The work of [`enqueue_ce`](Self::enqueue_ce) after its first barrier, on the caller's
     /// stream and the side stream:
     /// - all-gather and all-to-all: this rank's part (its input; its part `q` of the input for
-    ///   an all-to-all) into part `rank` of every peer's output, one `cuMemcpyAsync` each, and
-    ///   out of place its own part into its own output on the side stream at the same time;
-    ///   the caller then queues a second barrier (every peer's copy into this rank's output
+    ///   an all-to-all) into part `rank` of every peer's output, one `cuMemcpyAsync` each (with
+    ///   `Tuning::ce_streams` 2, its second half on the side stream beside the first), and out
+    ///   of place its own part into its own output on the side stream at the same time; the
+    ///   caller then queues a second barrier (every peer's copy into this rank's output
     ///   has finished: each peer runs it after its copies);
     /// - all-reduce (two ranks): the reduce kernel on the side stream, then the input into the
     ///   peer's output in [`plan::CE_CHUNKS`] chunks, each followed by a stream write of 1 into
@@ -1685,24 +1686,42 @@ impl Communicator {
         };
         // Out of place, this rank's own part is one more copy: beside the peers', not after.
         let own = p.kind != Kind::AllReduceCe && part(me) != output.ptr + me as u64 * seg;
-        if p.kind != Kind::AllReduceCe && !own {
-            return self.queue_ce_copies(seg, &part, peers, stream);
+        // With two streams, each peer copy's second half goes on the side stream
+        // (`Tuning::ce_streams`), from a 4 KiB boundary.
+        let half = if self.tuning.ce_streams > 1 {
+            seg / 2 / 4096 * 4096
+        } else {
+            seg
+        };
+        if p.kind != Kind::AllReduceCe && !own && half == seg {
+            return self.queue_ce_copies(seg, &part, peers, (0, seg), stream);
         }
         let side = self.side.fork(stream)?;
         let queued = if p.kind == Kind::AllReduceCe {
             self.queue_ce_all_reduce(call, p, input, peers, args, side, stream)
         } else {
-            // SAFETY: `check_call` found the input and output long enough for the call; part
-            // `me` of each lies inside them, and they do not overlap (an all-gather here is out
-            // of place with its buffers apart: `enqueue` plans no copy engines for a partial
-            // overlap; an all-to-all in place is never planned here).
-            #[allow(unsafe_code)]
-            let copied = unsafe {
-                p2p_mem::copy_async(output.ptr + me as u64 * seg, part(me), seg as usize, side)
-            };
-            copied
-                .map_err(Error::from)
-                .and_then(|()| self.queue_ce_copies(seg, &part, peers, stream))
+            self.queue_ce_copies(seg, &part, peers, (half, seg), side)
+                .and_then(|()| {
+                    if !own {
+                        return Ok(());
+                    }
+                    // SAFETY: `check_call` found the input and output long enough for the
+                    // call; part `me` of each lies inside them, and they do not overlap (an
+                    // all-gather here is out of place with its buffers apart: `enqueue` plans
+                    // no copy engines for a partial overlap; an all-to-all in place is never
+                    // planned here).
+                    #[allow(unsafe_code)]
+                    let copied = unsafe {
+                        p2p_mem::copy_async(
+                            output.ptr + me as u64 * seg,
+                            part(me),
+                            seg as usize,
+                            side,
+                        )
+                    };
+                    copied.map_err(Error::from)
+                })
+                .and_then(|()| self.queue_ce_copies(seg, &part, peers, (0, half), stream))
         };
         // Joined whatever happened: the caller's stream must wait for whatever reached the side
         // stream (a reduce kernel writing the output, a copy reading the input), and a capture
@@ -1711,32 +1730,42 @@ impl Communicator {
         queued.and(joined)
     }
 
-    /// The copies of an all-gather or all-to-all by the copy engines: this rank's part `q`
-    /// (`part(q)`, `seg` bytes) into part `rank` of every peer q's output.
+    /// The copies of an all-gather or all-to-all by the copy engines: bytes `[lo, hi)` of this
+    /// rank's part `q` (`part(q)`, `seg` bytes) into part `rank` of every peer q's output.
     #[allow(unsafe_code)]
     fn queue_ce_copies(
         &self,
         seg: u64,
         part: &dyn Fn(usize) -> u64,
         peers: &[u64; MAX_RANKS],
+        (lo, hi): (u64, u64),
         stream: &Stream,
     ) -> Result<()> {
         let me = self.rank;
+        if lo >= hi {
+            return Ok(());
+        }
+        debug_assert!(hi <= seg);
         // Staggered, so that the ranks spread over their targets.
         for k in 1..self.world {
             let q = (me + k) % self.world;
             // SAFETY: `check_call` found the source long enough for the call, and every rank
             // registered an output of the same length (the window `peers` came from, which
-            // holds this rank's whole output), so part `me` of rank q's output lies inside rank
-            // q's registered buffer, which stays mapped while registered; it does not overlap
-            // this rank's source. On the success path the first barrier kept every rank from
+            // holds this rank's whole output), so bytes [lo, hi) (hi <= seg) of part `me` of
+            // rank q's output lie inside rank q's registered buffer, which stays mapped while
+            // registered; they do not overlap this rank's source. On the success path the first barrier kept every rank from
             // copying before all had entered the call, and the second keeps each rank's later
             // work from starting before every copy into its buffer has run. If the first
             // barrier fails (a time limit, an abort, an earlier failure), the copies still run:
             // they stay inside the registered buffers, whose contents are then undefined
             // (documented on `Tuning::ce_min_bytes`), as after any failed collective.
             unsafe {
-                p2p_mem::copy_async(peers[q] + me as u64 * seg, part(q), seg as usize, stream)
+                p2p_mem::copy_async(
+                    peers[q] + me as u64 * seg + lo,
+                    part(q) + lo,
+                    (hi - lo) as usize,
+                    stream,
+                )
             }?;
         }
         Ok(())

@@ -125,6 +125,12 @@ pub struct Tuning {
     /// kernel's SMs ([`Plan::own_by_copy_engine`]). In place, nothing is copied either way.
     /// Default `usize::MAX` (off): not yet run on a GPU (docs/perf-notes.md §34).
     pub ce_own_min_bytes: usize,
+    /// Streams that share each copy of an all-gather or all-to-all by the copy engines: 1 (the
+    /// default) copies each peer's part in one `cuMemcpyAsync` on the caller's stream; 2 splits
+    /// it in halves, the second on the communicator's second stream, so that two copy engines
+    /// (an H200 has three) may carry one direction at once. Not yet run on a GPU
+    /// (docs/perf-notes.md §36). 1 or 2.
+    pub ce_streams: usize,
 }
 
 impl Tuning {
@@ -149,11 +155,12 @@ impl Tuning {
             pipe_max_bytes: 0,
             pipe_sub_bytes: 4 << 10,
             ce_own_min_bytes: usize::MAX,
+            ce_streams: 1,
         }
     }
 
     /// How many words [`to_words`](Self::to_words) gives.
-    pub const WORDS: usize = 13;
+    pub const WORDS: usize = 14;
 
     /// Every knob as a word, for ranks to compare at start-up.
     pub fn to_words(&self) -> [u64; Self::WORDS] {
@@ -171,13 +178,14 @@ impl Tuning {
             self.pipe_max_bytes as u64,
             self.pipe_sub_bytes as u64,
             self.ce_own_min_bytes as u64,
+            self.ce_streams as u64,
         ]
     }
 
     /// The inverse of [`to_words`](Self::to_words); `None` for a wrong length or a value out
     /// of range.
     pub fn from_words(w: &[u64]) -> Option<Tuning> {
-        let [b, p, bb, o, l, sp, d, ce, ce_more, ce_ar, pm, ps, own] =
+        let [b, p, bb, o, l, sp, d, ce, ce_more, ce_ar, pm, ps, own, ces] =
             <[u64; Self::WORDS]>::try_from(w).ok()?;
         Some(Tuning {
             max_blocks: u32::try_from(b).ok()?,
@@ -193,6 +201,7 @@ impl Tuning {
             pipe_max_bytes: usize::try_from(pm).ok()?,
             pipe_sub_bytes: usize::try_from(ps).ok()?,
             ce_own_min_bytes: usize::try_from(own).ok()?,
+            ce_streams: usize::try_from(ces).ok()?,
         })
     }
 
@@ -200,8 +209,8 @@ impl Tuning {
     /// `resident` (the blocks the GPU holds at once: more would wait for peers that cannot
     /// start), `piece_bytes` a multiple of 16 (it is the distance between blocks' regions of the
     /// scratch) from 1 KiB to 64 MiB, `block_bytes` nonzero, `ll_max_bytes` at most
-    /// [`LL_MAX_BYTES`], `pipe_sub_bytes` a nonzero multiple of 16, and a workspace for `world`
-    /// ranks that fits a `usize`.
+    /// [`LL_MAX_BYTES`], `pipe_sub_bytes` a nonzero multiple of 16, `ce_streams` 1 or 2, and a
+    /// workspace for `world` ranks that fits a `usize`.
     pub fn validate(&self, resident: u32, world: usize) -> Result<(), String> {
         if self.max_blocks == 0 || self.max_blocks > MAX_BLOCKS.min(resident.max(1)) {
             return Err(format!(
@@ -224,6 +233,9 @@ impl Tuning {
                 "pipe_sub_bytes = {} must be a nonzero multiple of 16",
                 self.pipe_sub_bytes
             ));
+        }
+        if !(1..=2).contains(&self.ce_streams) {
+            return Err(format!("ce_streams = {} must be 1 or 2", self.ce_streams));
         }
         if self.ll_max_bytes > LL_MAX_BYTES {
             return Err(format!(
@@ -937,7 +949,23 @@ mod validate_tests {
                 pipe_sub_bytes: 4100,
                 ..ok
             },
+            Tuning {
+                ce_streams: 0,
+                ..ok
+            },
+            Tuning {
+                ce_streams: 3,
+                ..ok
+            },
         ];
+        assert_eq!(
+            Tuning {
+                ce_streams: 2,
+                ..ok
+            }
+            .validate(264, 8),
+            Ok(())
+        );
         for t in bad {
             assert!(t.validate(132, 8).is_err(), "{t:?} accepted");
         }
@@ -1567,7 +1595,10 @@ mod tests {
             assert_eq!(ar == Kind::AllReduceCe, world == 2, "{world} {ar:?}");
             if world > 2 {
                 let p = plan_with(Op::AllGather, DataType::F32, count, world, None, &more, out);
-                assert_eq!((p.grid, p.threads, p.kernel_type), (1, THREADS, DataType::U8));
+                assert_eq!(
+                    (p.grid, p.threads, p.kernel_type),
+                    (1, THREADS, DataType::U8)
+                );
                 assert!(p.reason.contains("ce_min_bytes_more_ranks"), "{}", p.reason);
             }
         }

@@ -923,6 +923,18 @@ fn gpu2_registered_buffers_matrix() {
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_copy_engine_matrix() {
+    copy_engine_matrix(1);
+}
+
+/// The same with each copy of an all-gather or all-to-all split over two streams
+/// (`Tuning::ce_streams` 2).
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_copy_engine_matrix_on_two_streams() {
+    copy_engine_matrix(2);
+}
+
+fn copy_engine_matrix(streams: usize) {
     use p2p_collective::plan::Kind;
     let two = world() == 2;
     registered_matrix(
@@ -930,6 +942,7 @@ fn gpu2_copy_engine_matrix() {
             t.ce_min_bytes = 0;
             t.ce_min_bytes_more_ranks = 0;
             t.ce_all_reduce_min_bytes = 0;
+            t.ce_streams = streams;
         }),
         &[Op::AllReduce, Op::AllGather, Op::AllToAll],
         |op, out_of_place, in_place| {

@@ -412,6 +412,10 @@ struct TuningArgs {
     /// never; 0: at every size LL does not take).
     #[arg(long)]
     ce_own_mib: Option<usize>,
+    /// Planner: streams that share each copy of an all-gather or all-to-all by the copy
+    /// engines, 1 or 2 (default 1; perf-notes §36).
+    #[arg(long)]
+    ce_streams: Option<usize>,
 }
 
 fn tuning_from(args: &TuningArgs) -> Option<Tuning> {
@@ -427,6 +431,7 @@ fn tuning_from(args: &TuningArgs) -> Option<Tuning> {
         pipe_max_kib,
         pipe_sub_kib,
         ce_own_mib,
+        ce_streams,
     } = *args;
     if piece_kib.is_none()
         && blocks.is_none()
@@ -439,6 +444,7 @@ fn tuning_from(args: &TuningArgs) -> Option<Tuning> {
         && pipe_max_kib.is_none()
         && pipe_sub_kib.is_none()
         && ce_own_mib.is_none()
+        && ce_streams.is_none()
     {
         return None;
     }
@@ -476,6 +482,9 @@ fn tuning_from(args: &TuningArgs) -> Option<Tuning> {
     }
     if let Some(m) = ce_own_mib {
         t.ce_own_min_bytes = m.saturating_mul(1 << 20);
+    }
+    if let Some(c) = ce_streams {
+        t.ce_streams = c; // init refuses anything but 1 or 2, saying so
     }
     Some(t)
 }
