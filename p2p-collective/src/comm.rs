@@ -1545,16 +1545,47 @@ impl Communicator {
         }
         let function = self.kernels.function(p.kind, p.kernel_type, self.world);
         // A partial overlap (undefined; only unsafe code makes one) keeps the kernel's copy.
-        if !p.own_by_copy_engine || partial {
-            return launch(
+        let queued = if !p.own_by_copy_engine || partial {
+            launch(
                 &self.kernels.module,
                 function,
                 (p.grid, p.threads),
                 &mut args,
                 stream,
+            )
+        } else {
+            self.launch_beside_own_copy(call, &input, &output, function, &p, &mut args, stream)
+        };
+        self.abort_on_error(op, queued)
+    }
+
+    /// After an error queueing a call's work: the peers may already be waiting for this rank's
+    /// kernel (or barrier), so stop them now rather than at their time limit.
+    pub(crate) fn abort_on_error(&self, op: &str, queued: Result<()>) -> Result<()> {
+        if let Err(e) = &queued {
+            self.abort.abort_because(
+                self.rank,
+                format!("queueing {op} failed, so its peers would wait for this rank: {e}"),
             );
         }
-        // This rank's own part by the copy engine on the side stream, beside the kernel.
+        queued
+    }
+
+    /// The kernel of an out-of-place all-gather or all-to-all through the scratch, with this
+    /// rank's own part copied by the copy engine on the side stream beside it
+    /// (`Plan::own_by_copy_engine`).
+    #[allow(clippy::too_many_arguments)]
+    fn launch_beside_own_copy(
+        &self,
+        call: &Call,
+        input: &Region<'_>,
+        output: &Region<'_>,
+        function: Function,
+        p: &Plan,
+        args: &mut CollArgs,
+        stream: &Stream,
+    ) -> Result<()> {
+        let size = call.dtype.size();
         let seg = (call.count * size) as u64;
         let own_src = match call.op {
             Op::AllToAll => input.ptr + self.rank as u64 * seg,
@@ -1576,18 +1607,10 @@ impl Communicator {
                 &self.kernels.module,
                 function,
                 (p.grid, p.threads),
-                &mut args,
+                args,
                 stream,
             )
         });
-        if let Err(e) = &queued {
-            // Peers may already be waiting for this rank's kernel: stop them now rather than
-            // at their time limit.
-            self.abort.abort_because(
-                self.rank,
-                format!("queueing {op} with its own part by the copy engine failed: {e}"),
-            );
-        }
         // Joined whatever happened, so that `stream` waits for the copy and a capture ends with
         // its fork joined.
         let joined = self.side.join(stream);
@@ -1630,11 +1653,11 @@ impl Communicator {
                 stream,
             )
         };
-        run_barrier()?;
-        // From here the peers wait for this rank's copies and its second barrier: an error
-        // queueing the rest stops every rank rather than leaving them to their time limit.
-        let queued = self
-            .queue_ce(call, p, input, output, &peers, args, stream)
+        // The peers wait for this rank's first barrier, its copies and its second barrier: an
+        // error queueing any of them stops every rank rather than leaving them to their time
+        // limit.
+        let queued = run_barrier()
+            .and_then(|()| self.queue_ce(call, p, input, output, &peers, args, stream))
             .and_then(|()| {
                 if p.kind == Kind::AllReduceCe {
                     Ok(())
@@ -1642,16 +1665,7 @@ impl Communicator {
                     run_barrier()
                 }
             });
-        if let Err(e) = &queued {
-            self.abort.abort_because(
-                self.rank,
-                format!(
-                    "queueing a copy-engine {} failed half-way: {e}",
-                    call.op.name()
-                ),
-            );
-        }
-        queued
+        self.abort_on_error(call.op.name(), queued)
     }
 
     /// The work of [`enqueue_ce`](Self::enqueue_ce) after its first barrier, on the caller's

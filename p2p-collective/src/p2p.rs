@@ -215,9 +215,9 @@ fn fits(receiving: usize, gpu: i32, sms: usize, per_sm: usize) -> std::result::R
 /// of 8 on an H100 or H200, 6 on an A100).
 ///
 /// The buffers stay borrowed until the group is launched or dropped; dropping a group without
-/// launching it queues nothing. Everything is checked before anything is queued; only a CUDA
-/// launch failure after the group's collectives were queued leaves part of it queued (then drop
-/// the communicator). Launching is asynchronous and can be captured in a CUDA graph.
+/// launching it queues nothing. Everything is checked before anything is queued; a CUDA launch
+/// failure (which may come after the group's collectives were queued) aborts the communicator,
+/// so that no peer waits for the rest: drop it then. Launching is asynchronous and can be captured in a CUDA graph.
 ///
 /// ```no_run
 /// use p2p_collective::{Communicator, DataType};
@@ -440,7 +440,7 @@ impl<'a> P2pGroup<'a> {
         // inboxes and sync areas lie in the workspaces of this rank and its peers (alive while
         // the communicator is, which synchronises before freeing them); the abort flag is
         // pinned memory held by the communicator; the grid covers `channels` channels.
-        unsafe {
+        let launched = unsafe {
             comm.kernels.module.launch(
                 comm.kernels.sendrecv,
                 grid,
@@ -448,8 +448,8 @@ impl<'a> P2pGroup<'a> {
                 &mut params,
                 self.stream,
             )
-        }?;
-        Ok(())
+        };
+        comm.abort_on_error(self.op, launched.map_err(Error::from))
     }
 }
 

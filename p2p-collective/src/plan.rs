@@ -687,10 +687,11 @@ pub fn plan_with(
             k => k,
         };
         let grid = grid_for(seg_bytes, tuning);
+        // (At least one vector: a count of 0, which communicators never launch, plans too.)
         let piece_bytes = seg_bytes
             .div_ceil(grid as usize)
             .next_multiple_of(16)
-            .min(tuning.piece_bytes.max(16) / 16 * 16);
+            .clamp(16, tuning.piece_bytes.max(16) / 16 * 16);
         let piece = (piece_bytes / elem) as u64;
         let chunks = units.div_ceil(piece * grid as u64);
         (kind, (grid, THREADS, piece, 0, chunks))
@@ -721,12 +722,12 @@ fn grid_for(bytes: usize, tuning: &Tuning) -> u32 {
 }
 
 /// The grid, piece and sub-piece (elements of `elem` bytes) of a pipelined all-reduce of
-/// `bytes` ([`Kind::AllReducePipe`]), or `None` where its piece would pass the tuning's
-/// `piece_bytes` (the kernel runs one round of the scratch).
+/// `bytes` ([`Kind::AllReducePipe`]), or `None` for no data or where its piece would pass the
+/// tuning's `piece_bytes` (the kernel runs one round of the scratch).
 fn pipe_shape(bytes: usize, elem: usize, tuning: &Tuning) -> Option<(u32, u64, u64)> {
     let grid = grid_for(bytes, tuning);
     let piece_bytes = bytes.div_ceil(grid as usize).next_multiple_of(16);
-    if piece_bytes > tuning.piece_bytes {
+    if piece_bytes == 0 || piece_bytes > tuning.piece_bytes {
         return None;
     }
     let sub_bytes = (tuning.pipe_sub_bytes / 16 * 16).clamp(16, piece_bytes);
@@ -1178,6 +1179,16 @@ mod tests {
         // saying why.
         let forced = |count, world| forced(DataType::F32, count, world, Algorithm::Pipe, &default);
         assert_eq!(forced(1 << 20, 4).kind, Kind::AllReducePipe);
+        // No data: no pipe shape (the public planner must not panic on a count of 0).
+        assert_eq!(forced(0, 2).kind, Kind::AllReduceOneShot);
+        for op in Op::ALL {
+            for algorithm in [None, Some(Algorithm::Ring), Some(Algorithm::TwoShot)] {
+                for world in [1, 2, 3, 8] {
+                    let p = plan(op, DataType::F32, 0, world, algorithm, &default);
+                    assert_eq!(p.units, 0, "{op} {world} {p:?}");
+                }
+            }
+        }
         let p = forced(64 << 20, 2);
         assert_eq!(p.kind, Kind::AllReduceOneShot);
         assert!(p.reason.contains("pipe forced"), "{}", p.reason);

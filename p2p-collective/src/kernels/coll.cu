@@ -899,7 +899,9 @@ __device__ void run_pipe(const CollArgs& a, u64 base, int* err) {
     const u64 E = sizeof(T);
     constexpr unsigned P = PIPE_PUSH_WARPS * 32;
     const unsigned tid = threadIdx.x;
-    if (a.sub == 0 || blockDim.x <= P) return;  // never planned; the peers' waits will say so
+    // Never planned (plan.rs: THREADS threads, a piece within the stride); the peers' waits will
+    // say so.
+    if (a.sub == 0 || blockDim.x <= P || (blockDim.x & 31) || a.piece * E > a.stride) return;
     const u64 S = (a.piece + a.sub - 1) / a.sub;
     const int par = (int)((base + 1) & 1);
     const bool in_place = a.input == a.output;
@@ -924,7 +926,12 @@ __device__ void run_pipe(const CollArgs& a, u64 base, int* err) {
             // need not arrive together.)
             asm volatile("barrier.sync 1, %0;" ::"r"(P) : "memory");
             if (tid < (unsigned)N && tid != (unsigned)me) signal_one(a, (int)tid, base + s + 1, par);
-            if (tid == P - 1) pushed = (unsigned)(s + 1);
+            if (tid == P - 1) {
+                // The pushers' loads of sub-piece s (done: barrier 1) before the word that lets
+                // an in-place reduction overwrite them.
+                __threadfence_block();
+                pushed = (unsigned)(s + 1);
+            }
         }
     } else {
         const unsigned rt = tid - P, R = blockDim.x - P;
@@ -940,6 +947,7 @@ __device__ void run_pipe(const CollArgs& a, u64 base, int* err) {
                 // ends within a sub-piece's copy.
                 while (pushed < s + 1) {
                 }
+                __threadfence_block();
             }
             // Whether any reducer failed, decided inside the barrier: a shared word read after
             // it could already hold the next sub-piece's failure for some threads and not
