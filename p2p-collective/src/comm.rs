@@ -1673,7 +1673,7 @@ impl Communicator {
     /// - all-gather and all-to-all: this rank's part (its input; its part `q` of the input for
     ///   an all-to-all) into part `rank` of every peer's output, one `cuMemcpyAsync` each (with
     ///   `Tuning::ce_streams` 2, its second half on the side stream beside the first), and out
-    ///   of place its own part into its own output on the side stream at the same time; the
+    ///   of place its own part into its own output on the side stream (first there); the
     ///   caller then queues a second barrier (every peer's copy into this rank's output
     ///   has finished: each peer runs it after its copies);
     /// - all-reduce (two ranks): the reduce kernel on the side stream, then the input into the
@@ -1698,7 +1698,8 @@ impl Communicator {
             Op::AllToAll => input.ptr + q as u64 * seg,
             _ => input.ptr,
         };
-        // Out of place, this rank's own part is one more copy: beside the peers', not after.
+        // Out of place, this rank's own part is one more copy, on the side stream beside the
+        // peers' (first there: a local copy, it ends long before the peer copies).
         let own = p.kind != Kind::AllReduceCe && part(me) != output.ptr + me as u64 * seg;
         // With two streams, each peer copy's second half goes on the side stream
         // (`Tuning::ce_streams`), from a 4 KiB boundary.
@@ -1714,27 +1715,21 @@ impl Communicator {
         let queued = if p.kind == Kind::AllReduceCe {
             self.queue_ce_all_reduce(call, p, input, peers, args, side, stream)
         } else {
-            self.queue_ce_copies(seg, &part, peers, (half, seg), side)
-                .and_then(|()| {
-                    if !own {
-                        return Ok(());
-                    }
-                    // SAFETY: `check_call` found the input and output long enough for the
-                    // call; part `me` of each lies inside them, and they do not overlap (an
-                    // all-gather here is out of place with its buffers apart: `enqueue` plans
-                    // no copy engines for a partial overlap; an all-to-all in place is never
-                    // planned here).
-                    #[allow(unsafe_code)]
-                    let copied = unsafe {
-                        p2p_mem::copy_async(
-                            output.ptr + me as u64 * seg,
-                            part(me),
-                            seg as usize,
-                            side,
-                        )
-                    };
-                    copied.map_err(Error::from)
-                })
+            let own_copied = if own {
+                // SAFETY: `check_call` found the input and output long enough for the call;
+                // part `me` of each lies inside them, and they do not overlap (an all-gather
+                // here is out of place with its buffers apart: `enqueue` plans no copy engines
+                // for a partial overlap; an all-to-all in place is never planned here).
+                #[allow(unsafe_code)]
+                let copied = unsafe {
+                    p2p_mem::copy_async(output.ptr + me as u64 * seg, part(me), seg as usize, side)
+                };
+                copied.map_err(Error::from)
+            } else {
+                Ok(())
+            };
+            own_copied
+                .and_then(|()| self.queue_ce_copies(seg, &part, peers, (half, seg), side))
                 .and_then(|()| self.queue_ce_copies(seg, &part, peers, (0, half), stream))
         };
         // Joined whatever happened: the caller's stream must wait for whatever reached the side
@@ -1767,12 +1762,13 @@ impl Communicator {
             // registered an output of the same length (the window `peers` came from, which
             // holds this rank's whole output), so bytes [lo, hi) (hi <= seg) of part `me` of
             // rank q's output lie inside rank q's registered buffer, which stays mapped while
-            // registered; they do not overlap this rank's source. On the success path the first barrier kept every rank from
-            // copying before all had entered the call, and the second keeps each rank's later
-            // work from starting before every copy into its buffer has run. If the first
-            // barrier fails (a time limit, an abort, an earlier failure), the copies still run:
-            // they stay inside the registered buffers, whose contents are then undefined
-            // (documented on `Tuning::ce_min_bytes`), as after any failed collective.
+            // registered; they do not overlap this rank's source. On the success path the
+            // first barrier kept every rank from copying before all had entered the call, and
+            // the second keeps each rank's later work from starting before every copy into its
+            // buffer has run. If the first barrier fails (a time limit, an abort, an earlier
+            // failure), the copies still run: they stay inside the registered buffers, whose
+            // contents are then undefined (documented on `Tuning::ce_min_bytes`), as after any
+            // failed collective.
             unsafe {
                 p2p_mem::copy_async(
                     peers[q] + me as u64 * seg + lo,

@@ -217,7 +217,8 @@ fn fits(receiving: usize, gpu: i32, sms: usize, per_sm: usize) -> std::result::R
 /// The buffers stay borrowed until the group is launched or dropped; dropping a group without
 /// launching it queues nothing. Everything is checked before anything is queued; a CUDA launch
 /// failure (which may come after the group's collectives were queued) aborts the communicator,
-/// so that no peer waits for the rest: drop it then. Launching is asynchronous and can be captured in a CUDA graph.
+/// so that no peer waits for the rest: drop it then. Launching is asynchronous and can be
+/// captured in a CUDA graph.
 ///
 /// ```no_run
 /// use p2p_collective::{Communicator, DataType};

@@ -531,8 +531,8 @@ impl Plan {
 /// Plans `op` over `count` elements of `dtype` on `world` ranks, through the scratch (no
 /// registered buffers).
 ///
-/// `count` follows NCCL (see [`Op::buffer_lens`]); it must be nonzero (zero counts are no-ops
-/// that never reach the planner).
+/// `count` follows NCCL (see [`Op::buffer_lens`]). A count of 0 plans too, though
+/// communicators never launch one (zero counts are no-ops).
 pub fn plan(
     op: Op,
     dtype: DataType,

@@ -158,17 +158,31 @@ fn gpu2_graph_replay_with_changing_inputs() {
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_graph_replay_of_a_copy_engine_all_gather() {
+    graph_replay_with_changing_inputs(copy_engine_options(1), true);
+}
+
+/// The same with the all-gather's copy split over two streams (`Tuning::ce_streams` 2): the
+/// fork and join inside the capture.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_graph_replay_of_a_copy_engine_all_gather_on_two_streams() {
+    graph_replay_with_changing_inputs(copy_engine_options(2), true);
+}
+
+/// The environment's options with every copy-engine plan at every size LL does not take, LL off
+/// (70 001 floats per part would run LL), and `streams` for `Tuning::ce_streams`.
+fn copy_engine_options(streams: usize) -> Options {
     let sms = gpus(1)[0].sm_count();
     let mut tuning = p2p_collective::plan::Tuning::for_device(sms, 2);
     tuning.ce_min_bytes = 0;
     tuning.ce_min_bytes_more_ranks = 0;
     tuning.ce_all_reduce_min_bytes = 0;
-    tuning.ll_max_bytes = 0; // 70 001 floats per part would run LL
-    let options = Options {
+    tuning.ce_streams = streams;
+    tuning.ll_max_bytes = 0;
+    Options {
         tuning: Some(tuning),
         ..env_options()
-    };
-    graph_replay_with_changing_inputs(options, true);
+    }
 }
 
 /// `ce`: register the all-gather's buffer and the all-reduce's output and run the all-gather
@@ -938,12 +952,7 @@ fn copy_engine_matrix(streams: usize) {
     use p2p_collective::plan::Kind;
     let two = world() == 2;
     registered_matrix(
-        without_ll(|t| {
-            t.ce_min_bytes = 0;
-            t.ce_min_bytes_more_ranks = 0;
-            t.ce_all_reduce_min_bytes = 0;
-            t.ce_streams = streams;
-        }),
+        copy_engine_options(streams),
         &[Op::AllReduce, Op::AllGather, Op::AllToAll],
         |op, out_of_place, in_place| {
             let (want_out, want_in) = match op {

@@ -41,17 +41,18 @@ nccl_tests() {
 }
 # coll_ab TAG "FLAGS" ARGS...: RUNS (default 2) rounds of `p2p-bench coll ARGS`, each round once
 # with FLAGS (split on spaces) into $res/coll-TAG-rN and once with the defaults into
-# $res/coll-defaults-rN: a before and after in one session.
+# $res/coll-TAG-defaults-rN: a before and after in one session. Each run ends at COLL_TIMEOUT
+# seconds (default 300).
 coll_ab() {
   local tag=$1 r v
   local -a flags f
   read -r -a flags <<<"$2"
   shift 2
   for r in $(seq 1 "${RUNS:-2}"); do
-    for v in "$tag" defaults; do
+    for v in "$tag" "$tag-defaults"; do
       f=()
       [ "$v" = "$tag" ] && f=("${flags[@]}")
-      timeout 300 "$here/p2p-bench" coll "$@" --out "$res/coll-$v-r$r" "${f[@]}" >"$res/coll-$v-r$r.log" 2>&1
+      timeout "${COLL_TIMEOUT:-300}" "$here/p2p-bench" coll "$@" --out "$res/coll-$v-r$r" "${f[@]}" >"$res/coll-$v-r$r.log" 2>&1
       note "coll $v run $r (${f[*]}): exit $?"
       pack
     done

@@ -26,5 +26,5 @@ for op in all_reduce all_gather reduce_scatter alltoall broadcast reduce; do
 done
 nccl_tests all_reduce sym-graph -b 8 -e 64M -f 4 -R 2 -G 100
 nccl_tests all_reduce plain-graph -b 8 -e 64M -f 4 -G 100
-pack
 note "done"
+pack
