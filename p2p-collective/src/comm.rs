@@ -1585,36 +1585,50 @@ impl Communicator {
         args: &mut CollArgs,
         stream: &Stream,
     ) -> Result<()> {
-        let size = call.dtype.size();
-        let seg = (call.count * size) as u64;
-        let own_src = match call.op {
-            Op::AllToAll => input.ptr + self.rank as u64 * seg,
-            _ => input.ptr,
-        };
-        let own_dst = output.ptr + self.rank as u64 * seg;
         args.own_done = 1;
         let side = self.side.fork(stream)?;
-        // SAFETY: `check_call` found the input and output long enough for the call (an
-        // all-to-all's input and output and an all-gather's output hold `world` parts of `seg`
-        // bytes, an all-gather's input one), so both ranges lie inside them; they do not overlap
-        // (the plan copies the own part this way only out of place, and not for a partial
-        // overlap). The fork orders the copy after the caller's earlier work on `stream`; the
-        // kernel on `stream` neither reads the destination nor writes the source.
-        #[allow(unsafe_code)]
-        let copied = unsafe { p2p_mem::copy_async(own_dst, own_src, seg as usize, side) };
-        let queued = copied.map_err(Error::from).and_then(|()| {
-            launch(
-                &self.kernels.module,
-                function,
-                (p.grid, p.threads),
-                args,
-                stream,
-            )
-        });
+        // The fork orders the copy after the caller's earlier work on `stream`; the kernel on
+        // `stream` neither reads the destination nor writes the source (`own_done`).
+        let queued = self
+            .copy_own_part(call, input, output, side)
+            .and_then(|()| {
+                launch(
+                    &self.kernels.module,
+                    function,
+                    (p.grid, p.threads),
+                    args,
+                    stream,
+                )
+            });
         // Joined whatever happened, so that `stream` waits for the copy and a capture ends with
         // its fork joined.
         let joined = self.side.join(stream);
         queued.and(joined)
+    }
+
+    /// Queues on `side` the copy of this rank's own part of an out-of-place all-gather or
+    /// all-to-all (its input; part `rank` of an all-to-all's input) into part `rank` of its
+    /// output.
+    fn copy_own_part(
+        &self,
+        call: &Call,
+        input: &Region<'_>,
+        output: &Region<'_>,
+        side: &Stream,
+    ) -> Result<()> {
+        let seg = (call.count * call.dtype.size()) as u64;
+        let mine = self.rank as u64 * seg;
+        let src = match call.op {
+            Op::AllToAll => input.ptr + mine,
+            _ => input.ptr,
+        };
+        // SAFETY: `check_call` found the input and output long enough for the call (an
+        // all-to-all's input and output and an all-gather's output hold `world` parts of `seg`
+        // bytes, an all-gather's input one), so both ranges lie inside them; they do not overlap
+        // (the own part is copied only out of place, never for a partial overlap: `enqueue`).
+        #[allow(unsafe_code)]
+        let copied = unsafe { p2p_mem::copy_async(output.ptr + mine, src, seg as usize, side) };
+        copied.map_err(Error::from)
     }
 
     /// A copy-engine plan (`Kind::is_ce`: all-gather and all-to-all on any world size, all-reduce
@@ -1715,16 +1729,10 @@ impl Communicator {
         let queued = if p.kind == Kind::AllReduceCe {
             self.queue_ce_all_reduce(call, p, input, peers, args, side, stream)
         } else {
+            // (An all-gather here is out of place with its buffers apart: `enqueue` plans no
+            // copy engines for a partial overlap; an all-to-all in place is never planned here.)
             let own_copied = if own {
-                // SAFETY: `check_call` found the input and output long enough for the call;
-                // part `me` of each lies inside them, and they do not overlap (an all-gather
-                // here is out of place with its buffers apart: `enqueue` plans no copy engines
-                // for a partial overlap; an all-to-all in place is never planned here).
-                #[allow(unsafe_code)]
-                let copied = unsafe {
-                    p2p_mem::copy_async(output.ptr + me as u64 * seg, part(me), seg as usize, side)
-                };
-                copied.map_err(Error::from)
+                self.copy_own_part(call, input, output, side)
             } else {
                 Ok(())
             };
