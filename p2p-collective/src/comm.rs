@@ -332,6 +332,9 @@ pub struct Communicator {
     sharing: Sharing,
     pub(crate) abort: AbortHandle,
     failed: Mutex<Option<String>>,
+    /// The most ranks of this communicator on any one GPU (1 unless ranks share a GPU): each
+    /// rank's grids are sized to fit beside the others' ([`Tuning::shared_by`]).
+    pub(crate) share: usize,
     pub(crate) kernels: Arc<Kernels>,
     /// The other processes of the job (process-per-GPU communicators): exchanges and liveness.
     group: Option<Group>,
@@ -454,23 +457,14 @@ impl Communicator {
         let world = devices.len();
         check_world(world)?;
         let mut pairs = Vec::new();
-        for (i, a) in devices.iter().enumerate() {
-            for (j, b) in devices.iter().enumerate() {
-                if i != j && a == b {
-                    return Err(Error::InvalidArgument {
-                        op: "init_all",
-                        rank: i,
-                        what: format!(
-                            "ranks {i} and {j} are both GPU {}: give each rank its own GPU",
-                            a.ordinal()
-                        ),
-                    });
-                }
-                if i != j {
-                    pairs.push(PairP2p::probe(a, b)?);
-                }
+        for a in devices {
+            // Ranks on one GPU reach each other's memory without P2P: only pairs of GPUs.
+            for b in devices.iter().filter(|b| *b != a) {
+                pairs.push(PairP2p::probe(a, b)?);
             }
         }
+        let uuids: Vec<[u8; 16]> = devices.iter().map(|d| *d.uuid()).collect();
+        let share = warn_shared_gpus(&uuids, |r| Some(devices[r].ordinal()));
         peer::limit_to_level(&options.transport, &mut pairs)?;
         warn_unused_settings(&options.transport, true);
         let (sharing, why) = peer::choose(&options.transport, true, &pairs);
@@ -502,6 +496,7 @@ impl Communicator {
             Tuning::for_device(sms, per_sm)
         });
         check_tuning(&tuning, sms, per_sm, world, 0, options.timeout)?;
+        let tuning = tuning.shared_by(share);
         let bytes = workspace_bytes(world, &tuning);
         log_tuning(&tuning, bytes);
         let mut workspaces = Vec::with_capacity(world);
@@ -516,7 +511,11 @@ impl Communicator {
             bases[r] = w.device_ptr();
         }
         log_sharing(
-            devices.iter().map(|d| d.ordinal().to_string()).collect(),
+            devices
+                .iter()
+                .enumerate()
+                .map(|(r, d)| format!("{r}[GPU {}]", d.ordinal()))
+                .collect(),
             sharing,
             &why,
         );
@@ -532,6 +531,7 @@ impl Communicator {
                 sharing,
                 abort: abort.clone(),
                 failed: Mutex::new(None),
+                share,
                 kernels: loaded[r].clone(),
                 group: None,
                 windows: RwLock::new(Vec::new()),
@@ -616,8 +616,6 @@ impl Communicator {
             rank,
             options.timeout,
         )?;
-        let bytes = workspace_bytes(rv.world, &tuning);
-        log_tuning(&tuning, bytes);
         // Workspace handles travel over Unix sockets (fds need them): one listener per rank in a
         // private directory, its path in the group's first exchange.
         let dir = PrivateDir::new("coll")?;
@@ -641,6 +639,7 @@ impl Communicator {
         let fail = |why: String| Error::Bootstrap { rank, why };
         let mut paths = Vec::with_capacity(rv.world);
         let mut pairs = Vec::new();
+        let mut uuids = Vec::with_capacity(rv.world);
         for (r, b) in all.iter().enumerate() {
             let mut rd = wire::Reader::new(b);
             let parsed = (|| {
@@ -674,19 +673,18 @@ impl Communicator {
                     "rank {r} runs on host {their_host:?}, this rank on {host:?}: process-per-GPU communicators need every rank on one host"
                 )));
             }
-            if r != rank {
-                if &uuid == device.uuid() {
-                    tracing::warn!(
-                        rank,
-                        peer = r,
-                        "ranks {rank} and {r} share GPU {}: their kernels time-slice and will be slow",
-                        device.ordinal()
-                    );
-                }
+            // Ranks on this rank's GPU reach its memory without P2P: only other GPUs are probed.
+            if &uuid != device.uuid() {
                 pairs.push(PairP2p::probe_uuid(device, &uuid)?);
             }
+            uuids.push(uuid);
             paths.push(std::path::PathBuf::from(their_path));
         }
+        // Every rank sees every UUID, so all divide the same tuning by the same share.
+        let share = warn_shared_gpus(&uuids, |r| (r == rank).then(|| device.ordinal()));
+        let tuning = tuning.shared_by(share);
+        let bytes = workspace_bytes(rv.world, &tuning);
+        log_tuning(&tuning, bytes);
         // Every rank proposes a sharing from its own view; the weakest wins everywhere.
         peer::limit_to_level(&options.transport, &mut pairs)?;
         if rank == 0 {
@@ -788,7 +786,7 @@ impl Communicator {
             peers.push(PeerMemory::Imported(imported));
         }
         log_sharing(
-            vec![format!("{rank}[{}]", device.ordinal())],
+            vec![format!("{rank}[GPU {}]", device.ordinal())],
             sharing,
             &reason,
         );
@@ -807,6 +805,7 @@ impl Communicator {
             sharing,
             abort,
             failed: Mutex::new(None),
+            share,
             kernels,
             group: Some(group),
             windows: RwLock::new(Vec::new()),
@@ -841,6 +840,13 @@ impl Communicator {
     /// The options in force.
     pub fn options(&self) -> &Options {
         &self.options
+    }
+
+    /// The most ranks of this communicator on any one GPU: 1 unless ranks share a GPU, when
+    /// each rank's grids hold a 1/n share of the GPU's resident blocks ([`Tuning::shared_by`];
+    /// [`tuning`](Self::tuning) is already divided).
+    pub fn ranks_per_gpu(&self) -> usize {
+        self.share
     }
 
     /// The planner's knobs.
@@ -1546,13 +1552,7 @@ impl Communicator {
         let function = self.kernels.function(p.kind, p.kernel_type, self.world);
         // A partial overlap (undefined; only unsafe code makes one) keeps the kernel's copy.
         let queued = if !p.own_by_copy_engine || partial {
-            launch(
-                &self.kernels.module,
-                function,
-                (p.grid, p.threads),
-                &mut args,
-                stream,
-            )
+            self.launch(function, (p.grid, p.threads), &mut args, stream)
         } else {
             self.launch_beside_own_copy(call, &input, &output, function, &p, &mut args, stream)
         };
@@ -1591,15 +1591,7 @@ impl Communicator {
         // `stream` neither reads the destination nor writes the source (`own_done`).
         let queued = self
             .copy_own_part(call, input, output, side)
-            .and_then(|()| {
-                launch(
-                    &self.kernels.module,
-                    function,
-                    (p.grid, p.threads),
-                    args,
-                    stream,
-                )
-            });
+            .and_then(|()| self.launch(function, (p.grid, p.threads), args, stream));
         // Joined whatever happened, so that `stream` waits for the copy and a capture ends with
         // its fork joined.
         let joined = self.side.join(stream);
@@ -1658,15 +1650,7 @@ impl Communicator {
         let barrier = self
             .kernels
             .function(Kind::AllGatherDirect, DataType::U8, self.world);
-        let mut run_barrier = || {
-            launch(
-                &self.kernels.module,
-                barrier,
-                (1, THREADS),
-                &mut barrier_args,
-                stream,
-            )
-        };
+        let mut run_barrier = || self.launch(barrier, (1, THREADS), &mut barrier_args, stream);
         // The peers wait for this rank's first barrier, its copies and its second barrier: an
         // error queueing any of them stops every rank rather than leaving them to their time
         // limit.
@@ -1806,13 +1790,7 @@ impl Communicator {
         let (me, size) = (self.rank, call.dtype.size());
         let peer = 1 - me;
         let reduce = self.kernels.function(p.kind, p.kernel_type, self.world);
-        launch(
-            &self.kernels.module,
-            reduce,
-            (p.grid, p.threads),
-            args,
-            side,
-        )?;
+        self.launch(reduce, (p.grid, p.threads), args, side)?;
         let flags = |r: usize| self.bases[r] + (crate::abi::CE_FLAGS_OFF * 8) as u64;
         // SAFETY: CE_CHUNKS words of this rank's own sync area (`coll_abi.h` keeps them inside
         // it: asserted at the top of this file). On the success path the peer has written all
@@ -2028,22 +2006,37 @@ impl Communicator {
     }
 }
 
-#[allow(unsafe_code)]
-fn launch(
-    module: &Module,
-    function: Function,
-    (grid, threads): (u32, u32),
-    args: &mut CollArgs,
-    stream: &Stream,
-) -> Result<()> {
-    let mut params = [(args as *mut CollArgs).cast::<c_void>()];
-    // SAFETY: `CollArgs` matches the kernel's one by-value parameter field for field. Its
-    // pointers are this call's validated buffers (lengths checked against the plan), the
-    // workspaces of every rank (alive while this communicator is, which synchronises before
-    // freeing them) and the pinned abort flag (held by `self.abort`). The kernel runs
-    // `griddepcontrol.wait` before touching any memory, as an overlapped launch requires.
-    unsafe { module.launch_overlapped(function, grid, threads, &mut params, stream) }?;
-    Ok(())
+impl Communicator {
+    /// Launches one collective kernel on `stream`: overlapped with the previous kernel on the
+    /// stream (programmatic dependent launch), unless ranks share this GPU. There a kernel
+    /// scheduled early would hold SM slots, waiting for its predecessor, that a peer rank's
+    /// kernel on the same GPU needs to start: the predecessor waits for that peer, and the
+    /// three would stall until the time limit (seen on one H100 with two ranks).
+    #[allow(unsafe_code)]
+    fn launch(
+        &self,
+        function: Function,
+        (grid, threads): (u32, u32),
+        args: &mut CollArgs,
+        stream: &Stream,
+    ) -> Result<()> {
+        let module = &self.kernels.module;
+        let mut params = [(args as *mut CollArgs).cast::<c_void>()];
+        // SAFETY: `CollArgs` matches the kernel's one by-value parameter field for field. Its
+        // pointers are this call's validated buffers (lengths checked against the plan), the
+        // workspaces of every rank (alive while this communicator is, which synchronises
+        // before freeing them) and the pinned abort flag (held by `self.abort`). The kernel
+        // runs `griddepcontrol.wait` before touching any memory, as an overlapped launch
+        // requires (and which a plain launch makes a no-op).
+        unsafe {
+            if self.share > 1 {
+                module.launch(function, grid, threads, &mut params, stream)
+            } else {
+                module.launch_overlapped(function, grid, threads, &mut params, stream)
+            }
+        }?;
+        Ok(())
+    }
 }
 
 impl Drop for Communicator {
@@ -2054,6 +2047,7 @@ impl Drop for Communicator {
         // still busy after that (someone else's endless kernel), the memory is leaked rather
         // than freed under a running kernel.
         let limit = self.options.timeout + Duration::from_secs(2);
+        let t = std::time::Instant::now();
         let idle = wait_idle(&self.device, limit)
             || {
                 tracing::error!(
@@ -2076,6 +2070,13 @@ impl Drop for Communicator {
             std::mem::forget(std::mem::take(&mut self._peers));
             std::mem::forget(self.workspace.clone());
         }
+        tracing::debug!(
+            rank = self.rank,
+            "dropping the communicator: GPU {} {} after {:?}",
+            self.device.ordinal(),
+            if idle { "idle" } else { "still busy" },
+            t.elapsed()
+        );
         if let Some(g) = &self.group {
             // Fails at once if a rank is known to have failed.
             if let Err(e) = g.barrier() {
@@ -2146,6 +2147,37 @@ fn check_tuning(
         })
 }
 
+/// The most ranks on any one GPU, from every rank's GPU UUID.
+fn most_ranks_on_one_gpu(uuids: &[[u8; 16]]) -> usize {
+    uuids
+        .iter()
+        .map(|u| uuids.iter().filter(|v| *v == u).count())
+        .max()
+        .unwrap_or(1)
+}
+
+/// Where ranks share a GPU, says so (which ranks, on which GPU, and what it costs) and returns
+/// the most ranks on one GPU. `ordinal(r)` is rank r's GPU as this process numbers it, or
+/// `None` for a rank of another process: a group of ranks is named by its first rank this
+/// process drives.
+fn warn_shared_gpus(uuids: &[[u8; 16]], ordinal: impl Fn(usize) -> Option<i32>) -> usize {
+    let share = most_ranks_on_one_gpu(uuids);
+    let mut named = Vec::new();
+    for (r, u) in uuids.iter().enumerate() {
+        let ranks: Vec<usize> = (0..uuids.len()).filter(|&q| uuids[q] == *u).collect();
+        let Some(gpu) = ordinal(r) else { continue };
+        if ranks.len() > 1 && !named.contains(u) {
+            named.push(*u);
+            tracing::warn!(
+                "ranks {ranks:?} share GPU {gpu}: their kernels run side by side (one process) or \
+                 time-sliced (one process each), each rank with 1/{share} of the GPU's blocks; \
+                 correct but slow, meant for development on fewer GPUs than ranks"
+            );
+        }
+    }
+    share
+}
+
 /// The planner assumes two resident blocks per SM; fewer halves every grid (and large
 /// collectives lose up to 20 %), so say so where it happens.
 fn warn_occupancy(blocks_per_sm: i32) {
@@ -2156,7 +2188,7 @@ fn warn_occupancy(blocks_per_sm: i32) {
     }
 }
 
-/// Logs how the ranks `who` reach their peers, and why.
+/// Logs how the ranks `who` (each as `rank[GPU ordinal]`) reach their peers, and why.
 fn log_sharing(who: Vec<String>, sharing: Sharing, why: &str) {
     tracing::info!(
         "ranks {} reach every peer via {} ({why})",
@@ -2218,9 +2250,30 @@ fn warn_unused_settings(cfg: &Config, one_process: bool) {
 
 #[cfg(test)]
 mod tests {
-    use super::{describe_planner_words, planner_words, unused_settings, Options};
+    use super::{
+        describe_planner_words, most_ranks_on_one_gpu, planner_words, unused_settings,
+        warn_shared_gpus, Options,
+    };
     use crate::settings::Algorithm;
     use p2p_transport::config::Config;
+
+    #[test]
+    fn the_most_ranks_on_one_gpu_sizes_every_ranks_grid() {
+        let (a, b) = ([1u8; 16], [2u8; 16]);
+        assert_eq!(most_ranks_on_one_gpu(&[]), 1);
+        assert_eq!(most_ranks_on_one_gpu(&[a]), 1);
+        assert_eq!(most_ranks_on_one_gpu(&[a, b]), 1);
+        assert_eq!(most_ranks_on_one_gpu(&[a, a]), 2);
+        // Three ranks on one GPU and one on another: every rank divides by 3.
+        assert_eq!(most_ranks_on_one_gpu(&[a, b, a, a]), 3);
+        assert_eq!(most_ranks_on_one_gpu(&[a, b, b, a]), 2);
+        // The warning's share is the same whichever ranks this process drives.
+        assert_eq!(warn_shared_gpus(&[a, b, a, a], |r| Some(r as i32)), 3);
+        assert_eq!(
+            warn_shared_gpus(&[a, b, a, a], |r| (r == 1).then_some(0)),
+            3
+        );
+    }
 
     #[test]
     fn ranks_compare_the_forced_algorithm_and_checking_mode() {

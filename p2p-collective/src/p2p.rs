@@ -178,19 +178,31 @@ fn layout(rank: usize, entries: &[Entry]) -> std::result::Result<Layout, String>
 }
 
 /// Whether `receiving` receiving blocks all run at once on GPU `gpu` (`sms` SMs, `per_sm` blocks
-/// each), with room for a sender: a sender waits only for receivers, so then nothing ever waits
-/// for a block that cannot start.
-fn fits(receiving: usize, gpu: i32, sms: usize, per_sm: usize) -> std::result::Result<(), String> {
-    let resident = sms * per_sm;
+/// each, the share of one of `share` ranks on that GPU), with room for a sender: a sender waits
+/// only for receivers, so then nothing ever waits for a block that cannot start.
+fn fits(
+    receiving: usize,
+    gpu: i32,
+    sms: usize,
+    per_sm: usize,
+    share: usize,
+) -> std::result::Result<(), String> {
+    let share = share.max(1);
+    let resident = sms * per_sm / share;
     if receiving == 0 || receiving < resident {
         return Ok(());
     }
+    let of = if share > 1 {
+        format!("{sms} SMs x {per_sm}, shared by {share} ranks")
+    } else {
+        format!("{sms} SMs x {per_sm}")
+    };
     Err(format!(
         "this group receives from {} ranks: {receiving} receiving blocks ({P2P_BLOCKS} per rank), \
-         but GPU {gpu} runs at most {resident} of them at once ({sms} SMs x {per_sm}); receive \
-         from at most {} other ranks per group",
+         but GPU {gpu} runs at most {resident} of them at once ({of}); receive from at most {} \
+         other ranks per group",
         receiving / P2P_BLOCKS,
-        (resident - 1) / P2P_BLOCKS
+        resident.saturating_sub(1) / P2P_BLOCKS
     ))
 }
 
@@ -381,6 +393,7 @@ impl<'a> P2pGroup<'a> {
             comm.device.ordinal(),
             comm.device.sm_count().max(1) as usize,
             comm.kernels.sendrecv_blocks_per_sm.max(1) as usize,
+            comm.share,
         )
         .map_err(bad)?;
         for (call, input, output) in &self.calls {
@@ -650,16 +663,34 @@ mod tests {
     #[test]
     fn every_receiving_block_must_fit_on_the_gpu() {
         // H200: 132 SMs x 2: receiving from all 7 others of 8 ranks fits.
-        assert!(fits(7 * P2P_BLOCKS, 0, 132, 2).is_ok());
+        assert!(fits(7 * P2P_BLOCKS, 0, 132, 2, 1).is_ok());
         // A100: 108 SMs x 2 = 216 blocks: 7 x 32 = 224 do not; 6 x 32 = 192 do.
-        let e = fits(7 * P2P_BLOCKS, 3, 108, 2).expect_err("224 of 216");
+        let e = fits(7 * P2P_BLOCKS, 3, 108, 2, 1).expect_err("224 of 216");
         assert!(
             e.contains("GPU 3 runs at most 216") && e.contains("at most 6 other ranks"),
             "{e}"
         );
-        assert!(fits(6 * P2P_BLOCKS, 3, 108, 2).is_ok());
+        assert!(fits(6 * P2P_BLOCKS, 3, 108, 2, 1).is_ok());
         // Exactly full leaves no room for a sender.
-        assert!(fits(64, 0, 32, 2).is_err());
-        assert!(fits(0, 0, 1, 1).is_ok());
+        assert!(fits(64, 0, 32, 2, 1).is_err());
+        assert!(fits(0, 0, 1, 1, 1).is_ok());
+    }
+
+    #[test]
+    fn ranks_sharing_a_gpu_share_its_receiving_blocks() {
+        // 4 ranks on one H100 (132 x 2 / 4 = 66 each): receiving from the 3 others needs 96.
+        let e = fits(3 * P2P_BLOCKS, 0, 132, 2, 4).expect_err("96 of 66");
+        assert!(
+            e.contains("at most 66")
+                && e.contains("shared by 4 ranks")
+                && e.contains("at most 2 other"),
+            "{e}"
+        );
+        assert!(fits(2 * P2P_BLOCKS, 0, 132, 2, 4).is_ok());
+        // Two ranks on one GPU: 132 each, so 3 x 32 still fit.
+        assert!(fits(3 * P2P_BLOCKS, 0, 132, 2, 2).is_ok());
+        // A share of 0 counts as 1; a GPU too small for one block refuses without a panic.
+        assert!(fits(3 * P2P_BLOCKS, 0, 132, 2, 0).is_ok());
+        assert!(fits(32, 0, 1, 1, 4).is_err());
     }
 }

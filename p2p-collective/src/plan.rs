@@ -159,6 +159,19 @@ impl Tuning {
         }
     }
 
+    /// The tuning of one of `ranks_per_gpu` ranks that share a GPU: `max_blocks` divided among
+    /// them (at least one block each), so that every rank's grid is resident beside the
+    /// others' (their kernels wait for each other: a grid that could not start would stall its
+    /// peers until the time limit). The same for one rank per GPU. Every rank of a communicator
+    /// divides by the most ranks on any one of its GPUs, so that all plan alike.
+    pub fn shared_by(self, ranks_per_gpu: usize) -> Tuning {
+        let k = u32::try_from(ranks_per_gpu.max(1)).unwrap_or(u32::MAX);
+        Tuning {
+            max_blocks: (self.max_blocks / k).max(1),
+            ..self
+        }
+    }
+
     /// How many words [`to_words`](Self::to_words) gives.
     pub const WORDS: usize = 14;
 
@@ -970,6 +983,35 @@ mod validate_tests {
         for t in bad {
             assert!(t.validate(132, 8).is_err(), "{t:?} accepted");
         }
+    }
+
+    #[test]
+    fn ranks_sharing_a_gpu_split_its_resident_blocks() {
+        // H100/H200: 132 SMs x 2 blocks = 264 resident, capped at MAX_BLOCKS.
+        let one = Tuning::for_device(132, 2);
+        assert_eq!(one.shared_by(1), one);
+        assert_eq!(one.shared_by(0), one);
+        for k in 2..=MAX_RANKS {
+            let t = one.shared_by(k);
+            assert_eq!(t.max_blocks, one.max_blocks / k as u32);
+            // Every rank's grid fits beside the others', and the rest is unchanged.
+            assert!(t.max_blocks as usize * k <= 264, "{k} ranks: {t:?}");
+            assert_eq!(t.validate(264 / k as u32, k), Ok(()));
+            assert_eq!(
+                Tuning {
+                    max_blocks: one.max_blocks,
+                    ..t
+                },
+                one
+            );
+        }
+        // Never below one block, whatever the share.
+        let small = Tuning {
+            max_blocks: 3,
+            ..one
+        };
+        assert_eq!(small.shared_by(8).max_blocks, 1);
+        assert_eq!(small.shared_by(usize::MAX).max_blocks, 1);
     }
 }
 

@@ -214,6 +214,17 @@ impl Device {
         unsafe { cu!(cuCtxSynchronize()) }.on(self.ordinal())
     }
 
+    /// Waits until the work queued on this device's legacy default stream (stream 0) has
+    /// finished: what the synchronous copies and fills here queue there. Unlike
+    /// [`synchronize`](Self::synchronize) it does not wait for other streams (p2p's are created
+    /// non-blocking), so a synchronous copy for one rank never waits for another rank's kernel
+    /// on the same GPU, which may itself wait for a later call of the first rank.
+    pub(crate) fn synchronize_default_stream(&self) -> Result<()> {
+        self.bind_to_thread()?;
+        // SAFETY: a context is current; the null handle names its legacy default stream.
+        unsafe { cu!(cuStreamSynchronize(std::ptr::null_mut())) }.on(self.ordinal())
+    }
+
     /// As [`synchronize`](Self::synchronize), but gives up after `limit`: `Ok(true)` once the
     /// device is idle, `Ok(false)` if work still runs at the deadline (the wait goes on in a
     /// helper thread, which ends when the device does). For `Drop`s: free memory only if the

@@ -405,7 +405,7 @@ impl Module {
         let f = self.function(function)?.raw;
         // SAFETY: the caller guarantees `params`; `f` was just looked up in this module.
         unsafe { self.raw_launch(f, grid, block, params, std::ptr::null_mut()) }?;
-        self.device.synchronize()
+        self.device.synchronize_default_stream()
     }
 }
 

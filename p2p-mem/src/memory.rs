@@ -128,8 +128,9 @@ pub unsafe trait DeviceMemoryMut: DeviceMemory {
         }
         .on(self.device().ordinal())?;
         // From pageable memory the driver returns once the data is staged, before it lands:
-        // wait, so that "synchronous" holds for every source.
-        self.device().synchronize()
+        // wait for the copy (queued on the legacy default stream), so that "synchronous" holds
+        // for every source.
+        self.device().synchronize_default_stream()
     }
 
     /// Sets every byte to `value`. Synchronous.
@@ -144,7 +145,8 @@ pub unsafe trait DeviceMemoryMut: DeviceMemory {
         // SAFETY: the region is `byte_len` bytes of live device memory.
         unsafe { cu!(cuMemsetD8_v2(self.device_ptr(), value, self.byte_len())) }
             .on(self.device().ordinal())?;
-        self.device().synchronize()
+        // The fill is queued on the legacy default stream: wait for it alone.
+        self.device().synchronize_default_stream()
     }
 
     /// Queues a fill of every byte with `value` on `stream`.
@@ -197,9 +199,10 @@ pub unsafe trait DeviceMemoryMut: DeviceMemory {
             ))
         }
         .between(dst_dev.ordinal(), src_dev.ordinal())?;
-        // Device-to-device copies return before they finish; the copy runs in the current
-        // (destination) context, so synchronising it waits for the copy.
-        dst_dev.synchronize()
+        // Device-to-device copies return before they finish; the copy runs on the legacy
+        // default stream of the current (destination) context, so synchronising that stream
+        // waits for the copy.
+        dst_dev.synchronize_default_stream()
     }
 }
 

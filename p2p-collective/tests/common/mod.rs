@@ -12,8 +12,32 @@ use std::time::Instant;
 use p2p_collective::verify::{compare, expected, in_place_input_offset, input, result_region};
 use p2p_collective::{Call, Communicator, DataType, Op, RedOp};
 use p2p_mem::{DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
-#[allow(unused_imports)] // gpu_coll uses it, gpu_coll_procs does not
-pub use p2p_testkit::gpus;
+
+/// With `P2PTEST_LOG` set (a `tracing` filter such as `debug` or `p2p_collective=trace`),
+/// the library's log lines go to stderr with their times, so that a test's log shows where a
+/// slow or stuck run spent its time. Called by [`gpus`]; later calls do nothing.
+pub fn log_to_stderr() {
+    if let Ok(filter) = std::env::var("P2PTEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .with_timer(tracing_subscriber::fmt::time::uptime())
+            .try_init();
+    }
+}
+
+/// The GPUs of `n` ranks in one process: the first `n` GPUs, or with `P2PTEST_SHARE_GPU=1`
+/// every rank on GPU 0 (ranks sharing a GPU: the suites at any world size on a machine with
+/// one GPU). The process-per-GPU tests share a GPU by themselves where one is visible.
+pub fn gpus(n: usize) -> Vec<p2p_mem::Device> {
+    log_to_stderr();
+    if std::env::var("P2PTEST_SHARE_GPU").is_ok_and(|v| v == "1") {
+        let one = p2p_testkit::gpus(1).remove(0);
+        eprintln!("P2PTEST_SHARE_GPU=1: {n} ranks on GPU {}", one.ordinal());
+        return vec![one; n];
+    }
+    p2p_testkit::gpus(n)
+}
 
 /// The counts the issue asks for.
 pub const COUNTS: [usize; 7] = [0, 1, 7, 1023, 65537, (1 << 20) + 3, 64 << 20];

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# What a machine with ONE GPU (nvidia-h100-x1, nvidia-h200) can check of the multi-rank code:
+# the one-GPU tests, then the collective suites with every rank on that GPU (ranks sharing a
+# GPU: in one process their kernels run side by side, with one process each they time-slice).
+# This checks the kernels' protocols (flags, steps, LL lines, scratch regions, copy-engine
+# plans) at 2, 3 and 4 ranks, not the links: NVLink paths and performance need several GPUs.
+# Phases, each under the device tool's 10 minutes a command (carry target/bundle):
+#   one-gpu.sh tests   run.sh gpu1_ (the one-GPU tests), then the process-per-rank suite at
+#                      2 ranks on the one GPU (counts P2PTEST_COUNTS, default 0,1,7,1023,65537).
+#   one-gpu.sh coll [W [BUDGET]]  the one-process suite at W ranks (default 2) on the one GPU,
+#                      each test on its own (60 s at most) with its time, for BUDGET seconds
+#                      (default 480).
+#   one-gpu.sh diag W TEST...  the named one-process tests at W ranks with the library's
+#                      debug log (P2PTEST_LOG, default debug), 90 s each.
+#   one-gpu.sh procs [W]  the process-per-rank suite at W ranks (default 2).
+#   one-gpu.sh sharings   the process-per-rank matrix at 2 ranks with P2P_CUMEM=0 (legacy
+#                      IPC) and P2P_DISABLE=1 (host-staged).
+#   one-gpu.sh extra   the examples with 2 ranks on the one GPU (p2p-bench launch, torchrun
+#                      with 2 and 4), and the fault-injection suite with 2 ranks
+#                      (FAULT_SECONDS, default 90).
+# Results: $OUT/one-gpu-PHASE.tgz (summary.txt first), packed after every step.
+phase=${1:-tests}
+BATCH=one-gpu-$phase${2:+-$2}
+source "$(dirname "$0")/common.sh"
+finish() { note "${1:-done}"; pack; }
+if [ "$n" -lt 1 ]; then finish "one-gpu.sh: no GPU found"; exit 1; fi
+# Ranks of one process on one GPU wait for each other's kernels: give every stream its own
+# hardware queue (CUDA's default of 8 lets two streams share one, and a kernel queued behind
+# a waiting one could not start until the time limit).
+export CUDA_DEVICE_MAX_CONNECTIONS=32 P2PTEST_SHARE_GPU=1
+counts=${P2PTEST_COUNTS:-0,1,7,1023,65537}
+# run_test EXE WORLD LIMIT TAG [ENV=VALUE...] [-- TEST-FILTER]: one test executable at WORLD ranks.
+run_test() {
+  local exe=$1 w=$2 limit=$3 tag=$4 log
+  shift 4
+  local -a envs=() args=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
+  [ "${1:-}" = -- ] && shift && args=("$@")
+  log=$res/$exe-w$w-$tag.log
+  env "${envs[@]}" P2PTEST_WORLD="$w" P2PTEST_COUNTS="$counts" timeout "$limit" \
+    "$here/tests/$exe" --include-ignored --test-threads=1 --nocapture "${args[@]}" >"$log" 2>&1
+  note "world $w $exe $tag: exit $?: $(grep -E '^test result:' "$log" | tail -n 1)"
+  grep -E '^test .* FAILED|WRONG|panicked|cases, [1-9]' "$log" | head -n 8 | tee -a "$res/summary.txt"
+  pack
+}
+# each_test EXE WORLD PER_TEST BUDGET TAG: every test of EXE on its own at WORLD ranks (each
+# ending at PER_TEST seconds), with its time, until BUDGET seconds have passed; one log each.
+each_test() {
+  local exe=$1 w=$2 per=$3 budget=$4 tag=$5 t0 t rc ok=0 bad=0 left=0 log
+  t0=$(date +%s)
+  mkdir -p "$res/$exe-w$w-$tag"
+  for t in $("$here/tests/$exe" --list --include-ignored 2>/dev/null | sed -n 's/: test$//p'); do
+    if [ $(( $(date +%s) - t0 )) -ge "$budget" ]; then left=$((left + 1)); continue; fi
+    log=$res/$exe-w$w-$tag/$t.log
+    local s=$(date +%s)
+    P2PTEST_WORLD="$w" P2PTEST_COUNTS="$counts" timeout "$per" \
+      "$here/tests/$exe" "$t" --exact --include-ignored --test-threads=1 --nocapture >"$log" 2>&1
+    rc=$?
+    if [ "$rc" -eq 0 ] && grep -q '^test result: ok. 1 passed' "$log"; then
+      ok=$((ok + 1)); echo "ok $t ($(( $(date +%s) - s ))s)" >>"$res/$exe-w$w-$tag.txt"
+    else
+      bad=$((bad + 1)); echo "FAILED $t (exit $rc, $(( $(date +%s) - s ))s)" >>"$res/$exe-w$w-$tag.txt"
+      grep -E 'panicked|^[A-Za-z]+\(|Stalled|wrong' "$log" | head -n 4 | sed 's/^/    /' >>"$res/$exe-w$w-$tag.txt"
+    fi
+  done
+  note "world $w $exe $tag: $ok passed, $bad failed, $left not run (budget ${budget}s)"
+  grep -A4 '^FAILED' "$res/$exe-w$w-$tag.txt" | head -n 20 | tee -a "$res/summary.txt"
+  pack
+}
+case $phase in
+  tests)
+    nvidia-smi -L >"$res/nvidia-smi.txt" 2>&1
+    P2PTEST_SHARE_GPU= timeout 200 "$here/run.sh" gpu1_ >"$res/run-gpu1.log" 2>&1
+    note "run.sh gpu1_: $(tail -n 1 "$res/run-gpu1.log")"
+    grep -E 'FAILED|no test summary' "$res/run-gpu1.log" | head -n 10 | tee -a "$res/summary.txt"
+    cp -r "$here/bundle-logs" "$res/" 2>/dev/null
+    pack
+    run_test p2p-collective--gpu_coll_procs 2 130 shared
+    ;;
+  coll)
+    each_test p2p-collective--gpu_coll "${2:-2}" 60 "${3:-480}" shared
+    ;;
+  diag)
+    # one-gpu.sh diag W TEST...: the named one-process tests at W ranks, with the library's
+    # debug log (P2PTEST_LOG, times from the start), 90 s each.
+    w=${2:-2}
+    shift 2
+    for t in "$@"; do
+      P2PTEST_LOG=${P2PTEST_LOG:-debug} P2PTEST_WORLD="$w" P2PTEST_COUNTS="$counts" timeout 90 \
+        "$here/tests/p2p-collective--gpu_coll" "$t" --exact --include-ignored --nocapture \
+        >"$res/$t.log" 2>&1
+      note "diag $t at $w ranks: exit $?: $(grep -E '^test result:' "$res/$t.log" | tail -n 1)"
+      pack
+    done
+    ;;
+  procs)
+    run_test p2p-collective--gpu_coll_procs "${2:-2}" 200 shared
+    ;;
+  sharings)
+    for e in P2P_CUMEM=0 P2P_DISABLE=1; do
+      run_test p2p-collective--gpu_coll_procs 2 60 "$e" "$e" -- gpu2_process_per_gpu_matrix
+    done
+    ;;
+  extra)
+    for w in 2; do
+      timeout 100 "$here/p2p-bench" launch -n "$w" -- "$here/examples/torchrun_job" >"$res/torchrun_job-launch-$w.log" 2>&1
+      note "torchrun_job, p2p-bench launch -n $w: exit $?: $(grep -h wrong "$res/torchrun_job-launch-$w.log" | tail -n 1)"
+      timeout 100 "$here/p2p-bench" launch -n "$w" -- "$here/examples/moe_dispatch" >"$res/moe_dispatch-launch-$w.log" 2>&1
+      note "moe_dispatch, p2p-bench launch -n $w: exit $?: $(grep -h wrong "$res/moe_dispatch-launch-$w.log" | tail -n 1)"
+    done
+    if command -v torchrun >/dev/null 2>&1; then
+      for w in 2 4; do
+        timeout 100 torchrun --nproc_per_node="$w" --no-python "$here/examples/torchrun_job" >"$res/torchrun_job-torchrun-$w.log" 2>&1
+        note "torchrun_job, torchrun --nproc_per_node=$w: exit $?: $(grep -h wrong "$res/torchrun_job-torchrun-$w.log" | tail -n 1)"
+      done
+    else
+      note "torchrun is not installed here: not run"
+    fi
+    pack
+    timeout 150 "$here/p2p-bench" faults -n 2 --seconds "${FAULT_SECONDS:-90}" --out "$res" >"$res/faults.log" 2>&1
+    note "faults -n 2 on one GPU: exit $?: $(tail -n 3 "$res/faults.log" | tr '\n' ' ')"
+    ;;
+  *) finish "one-gpu.sh: unknown phase $phase (tests, coll, diag, procs, sharings, extra)"; exit 2 ;;
+esac
+finish
