@@ -202,8 +202,14 @@ fn fits(
          but GPU {gpu} runs at most {resident} of them at once ({of}); receive from at most {} \
          other ranks per group",
         receiving / P2P_BLOCKS,
-        resident.saturating_sub(1) / P2P_BLOCKS
+        peers_fitting(resident)
     ))
+}
+
+/// How many peers a group may receive from when `resident` blocks run at once: every
+/// receiving block ([`P2P_BLOCKS`] per peer) resident, with room for a sender.
+fn peers_fitting(resident: usize) -> usize {
+    resident.saturating_sub(1) / P2P_BLOCKS
 }
 
 /// Sends and receives (and collectives) queued together, like NCCL's `ncclGroupStart` /
@@ -485,6 +491,18 @@ impl Communicator {
         }
     }
 
+    /// The most other ranks one [`group`](Self::group) on this rank may receive from: every
+    /// receiving block must run at once on this rank's GPU (its share of the GPU where ranks
+    /// share one), with room for a sender, else the group is refused with
+    /// [`Error::InvalidArgument`] rather than left to wait. 8 on an H100 or H200 with a GPU per
+    /// rank, so a full all-to-all group of 8 ranks fits; fewer on smaller GPUs or where ranks
+    /// share a GPU (2 with 4 ranks on one H100).
+    pub fn max_group_receive_peers(&self) -> usize {
+        let sms = self.device.sm_count().max(1) as usize;
+        let per_sm = self.kernels.sendrecv_blocks_per_sm.max(1) as usize;
+        peers_fitting(sms * per_sm / self.share.max(1))
+    }
+
     /// Sends `count` elements of `buf` to rank `peer`, which calls [`recv`](Self::recv) (or
     /// receives in a group) with the same count and type. Queued on `stream` like the
     /// collectives (asynchronous, capturable in a CUDA graph); a count of zero still pairs
@@ -692,5 +710,23 @@ mod tests {
         // A share of 0 counts as 1; a GPU too small for one block refuses without a panic.
         assert!(fits(3 * P2P_BLOCKS, 0, 132, 2, 0).is_ok());
         assert!(fits(32, 0, 1, 1, 4).is_err());
+    }
+
+    #[test]
+    fn the_peers_a_group_may_receive_from_match_what_fits_accepts() {
+        for (sms, per_sm, share) in [
+            (132, 2, 1),
+            (108, 2, 1),
+            (132, 2, 4),
+            (132, 2, 3),
+            (40, 1, 1),
+        ] {
+            let peers = peers_fitting(sms * per_sm / share);
+            assert!(fits(peers * P2P_BLOCKS, 0, sms, per_sm, share).is_ok());
+            assert!(fits((peers + 1) * P2P_BLOCKS, 0, sms, per_sm, share).is_err());
+        }
+        assert_eq!(peers_fitting(132 * 2), 8);
+        assert_eq!(peers_fitting(66), 2);
+        assert_eq!(peers_fitting(0), 0);
     }
 }

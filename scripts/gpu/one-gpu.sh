@@ -8,8 +8,8 @@
 #   one-gpu.sh tests   run.sh gpu1_ (the one-GPU tests), then the process-per-rank suite at
 #                      2 ranks on the one GPU (counts P2PTEST_COUNTS, default 0,1,7,1023,65537).
 #   one-gpu.sh coll [W [BUDGET]]  the one-process suite at W ranks (default 2) on the one GPU,
-#                      each test on its own (60 s at most) with its time, for BUDGET seconds
-#                      (default 480).
+#                      each test on its own (60 s at most; the first 180 s, as it may compile
+#                      the kernels) with its time, for BUDGET seconds (default 480).
 #   one-gpu.sh diag W TEST...  the named one-process tests at W ranks with the library's
 #                      debug log (P2PTEST_LOG, default debug), 90 s each.
 #   one-gpu.sh procs [W]  the process-per-rank suite at W ranks (default 2).
@@ -53,7 +53,11 @@ each_test() {
     if [ $(( $(date +%s) - t0 )) -ge "$budget" ]; then left=$((left + 1)); continue; fi
     log=$res/$exe-w$w-$tag/$t.log
     local s=$(date +%s)
-    P2PTEST_WORLD="$w" P2PTEST_COUNTS="$counts" timeout "$per" \
+    # The first test on a fresh machine compiles the kernels (NVRTC, about 70 s on an H100,
+    # cached after): give it two more minutes.
+    local limit=$per
+    [ $((ok + bad)) -eq 0 ] && limit=$((per + 120))
+    P2PTEST_WORLD="$w" P2PTEST_COUNTS="$counts" timeout "$limit" \
       "$here/tests/$exe" "$t" --exact --include-ignored --test-threads=1 --nocapture >"$log" 2>&1
     rc=$?
     if [ "$rc" -eq 0 ] && grep -q '^test result: ok. 1 passed' "$log"; then

@@ -353,6 +353,115 @@ pub fn group_message(case: u64, from: usize, to: usize, k: usize, bytes: usize) 
     p2p_testkit::random_u8(case * 7919 + (from * 64 + to * 2 + k) as u64 + 1, bytes)
 }
 
+/// Whether a group on `comm` that receives from every other rank is refused (ranks sharing a
+/// GPU: `Communicator::max_group_receive_peers` is below world - 1). If so, checks that such a
+/// group is refused before anything is queued, with an error that names the limit: `Ok(true)`,
+/// or `Err` describing what happened instead. `Ok(false)` where such a group fits.
+pub fn group_to_all_refused(comm: &Communicator, stream: &Stream) -> Result<bool, String> {
+    let (n, fit) = (comm.world_size(), comm.max_group_receive_peers());
+    if n - 1 <= fit {
+        return Ok(false);
+    }
+    let d = comm.device();
+    let send = DeviceBuffer::<f32>::zeroed(d, n).map_err(|e| e.to_string())?;
+    let mut recv = DeviceBuffer::<f32>::zeroed(d, n).map_err(|e| e.to_string())?;
+    let mut views = Vec::new();
+    let mut rest = recv.slice_mut(..).map_err(|e| e.to_string())?;
+    for _ in 0..n {
+        let (v, r) = rest.split_at_mut(1).map_err(|e| e.to_string())?;
+        views.push(v);
+        rest = r;
+    }
+    let sends = (0..n)
+        .map(|p| send.slice(p..p + 1))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    let mut g = comm.group(stream);
+    for (p, v) in views.iter_mut().enumerate() {
+        g.recv(v, 1, DataType::F32, p).map_err(|e| e.to_string())?;
+    }
+    for (p, v) in sends.iter().enumerate() {
+        g.send(v, 1, DataType::F32, p).map_err(|e| e.to_string())?;
+    }
+    match g.launch() {
+        Err(e @ p2p_collective::Error::InvalidArgument { .. })
+            if e.to_string()
+                .contains(&format!("receive from at most {fit} other ranks")) =>
+        {
+            eprintln!(
+                "rank {}: a group receiving from all {} others is refused: {e}",
+                comm.rank(),
+                n - 1
+            );
+            Ok(true)
+        }
+        Err(e) => Err(format!(
+            "rank {}: another error than the limit: {e}",
+            comm.rank()
+        )),
+        Ok(()) => Err(format!(
+            "rank {}: a group receiving from {} ranks was queued, above the limit of {fit}",
+            comm.rank(),
+            n - 1
+        )),
+    }
+}
+
+/// Where the ranks' groups cannot receive from every other rank (see [`group_to_all_refused`]),
+/// the group matrix cannot run: checks instead, on every rank, that such a group is refused,
+/// then that the communicator still works (a ring `send_recv` of one element each, compared),
+/// one case per rank. `None` where the groups fit.
+fn groups_refused(locals: &mut [Local]) -> Option<Summary> {
+    let mut s = Summary::default();
+    for l in locals.iter() {
+        match group_to_all_refused(&l.comm, &l.stream) {
+            Ok(false) => return None,
+            Ok(true) => s.cases += 1,
+            Err(e) => {
+                s.wrong += 1;
+                s.failures.push(e);
+            }
+        }
+    }
+    // Nothing was queued: a ring exchange still runs on every rank.
+    for l in locals.iter_mut() {
+        let (rank, n) = (l.comm.rank(), l.comm.world_size());
+        upload(&mut l.input, 0, &[rank as u8 + 1; 4]);
+        let send = l.input.slice(..4).expect("input");
+        let mut recv = l.output.slice_mut(..4).expect("output");
+        l.comm
+            .send_recv(
+                &send,
+                (rank + 1) % n,
+                &mut recv,
+                (rank + n - 1) % n,
+                4,
+                DataType::U8,
+                &l.stream,
+            )
+            .unwrap_or_else(|e| panic!("rank {rank}: the ring after the refusal: {e}"));
+    }
+    for l in locals.iter() {
+        let (rank, n) = (l.comm.rank(), l.comm.world_size());
+        l.comm
+            .synchronize(&l.stream)
+            .unwrap_or_else(|e| panic!("rank {rank}: the ring after the refusal: {e}"));
+        let got = l
+            .output
+            .slice(..4)
+            .expect("output")
+            .to_host_vec::<u8>()
+            .expect("read");
+        if got != [((rank + n - 1) % n) as u8 + 1; 4] {
+            s.wrong += 1;
+            s.failures.push(format!(
+                "rank {rank}: the ring after the refusal got {got:?}"
+            ));
+        }
+    }
+    Some(s)
+}
+
 /// NCCL-style groups on every rank in `locals`: in one group each rank sends a message of its
 /// own size to every rank (itself included), a second one to the next rank, receives all of
 /// them (adding the receives in descending peer order, so adding order across peers does not
@@ -360,6 +469,9 @@ pub fn group_message(case: u64, from: usize, to: usize, k: usize, bytes: usize) 
 /// Outputs are poisoned first; every byte is compared, and nothing past the messages may be
 /// written. `locals` must hold `(n + 1) * (max count + 2)` elements of 8 bytes.
 pub fn run_p2p_group_matrix(locals: &mut [Local], counts: &[usize]) -> Summary {
+    if let Some(s) = groups_refused(locals) {
+        return s;
+    }
     let mut s = Summary::default();
     let mut case = 0u64;
     for dtype in DataType::ALL {
