@@ -211,7 +211,7 @@ fn run_rank(
             emit(
                 json!({"event": "error", "phase": "init", "t": now_ns() as u64, "error": e.to_string()}),
             );
-            return leak_report(&device, fds0, free0, None);
+            return leak_report(&device, fds0, free0, None, world > count);
         }
     };
     emit(json!({"event": "init-done", "ms": t_init.elapsed().as_secs_f64() * 1e3}));
@@ -285,14 +285,18 @@ fn run_rank(
             die(kind);
         });
     }
-    leak_report(&device, fds0, free0, Some(comm))
+    leak_report(&device, fds0, free0, Some(comm), world > count)
 }
 
+/// Drops the communicator and reports the time, and the fds and GPU memory not returned. Where
+/// ranks share a GPU (`shared`) the GPU's free memory also moves with the other ranks'
+/// processes (their contexts and buffers come and go), so no GPU figure is reported (null).
 fn leak_report(
     device: &p2p_mem::Device,
     fds0: usize,
     free0: usize,
     comm: Option<Communicator>,
+    shared: bool,
 ) -> Result<(), String> {
     let t = Instant::now();
     drop(comm);
@@ -304,7 +308,8 @@ fn leak_report(
     let mut free1 = device.memory_info().map_err(|e| e.to_string())?.0;
     // Likewise fds: a stranger's connection is closed by its handshake thread within
     // HANDSHAKE_TIMEOUT (2 s) of its arrival.
-    while (free1 < free0 || open_fds() > fds0) && t.elapsed() < Duration::from_secs(5) {
+    while ((free1 < free0 && !shared) || open_fds() > fds0) && t.elapsed() < Duration::from_secs(5)
+    {
         std::thread::sleep(Duration::from_millis(10));
         free1 = device.memory_info().map_err(|e| e.to_string())?.0;
     }
@@ -313,7 +318,7 @@ fn leak_report(
         "drop_ms": drop_ms,
         "mem_return_ms": t.elapsed().as_secs_f64() * 1e3,
         "fd_delta": open_fds() as i64 - fds0 as i64,
-        "gpu_mem_delta": free0 as i64 - free1 as i64,
+        "gpu_mem_delta": if shared { Value::Null } else { json!(free0 as i64 - free1 as i64) },
     }));
     Ok(())
 }
@@ -455,8 +460,8 @@ pub struct Trial {
     pub faults: u64,
     /// Survivors' fds and GPU bytes not returned after dropping the communicator.
     pub fd_leak: i64,
-    /// GPU bytes.
-    pub mem_leak: i64,
+    /// GPU bytes; `None` where ranks shared a GPU (not measured: see `leak_report`).
+    pub mem_leak: Option<i64>,
     /// Where the victim was when it died: before init finished or after.
     pub phase: String,
     /// Whether every rank exited.
@@ -640,7 +645,7 @@ pub fn run_trial(
         foreign_accepted: 0,
         faults: 1,
         fd_leak: 0,
-        mem_leak: 0,
+        mem_leak: Some(0),
         phase,
         clean_exit,
         drop_ms: 0.0,
@@ -660,7 +665,10 @@ pub fn run_trial(
         for v in of(r, "after-drop") {
             t.drop_ms = t.drop_ms.max(v["drop_ms"].as_f64().unwrap_or(0.0));
             t.fd_leak += v["fd_delta"].as_i64().unwrap_or(0).max(0);
-            t.mem_leak += v["gpu_mem_delta"].as_i64().unwrap_or(0).max(0);
+            t.mem_leak = match (t.mem_leak, v["gpu_mem_delta"].as_i64()) {
+                (Some(sum), Some(d)) => Some(sum + d.max(0)),
+                _ => None,
+            };
         }
         if let Some(e) = of(r, "error").first() {
             let text = e["error"].as_str().unwrap_or("").to_string();
@@ -776,7 +784,7 @@ fn summarize(world: usize, all: &[Trial], warm_ok: bool, timeout_ms: u64) -> (Va
     ));
     md.push_str("| fault | trials | faults | detected by every survivor | names the rank | detection median / p99 / max (ms) | of which by the rendezvous time limit | survivors' drop, max (ms) | hangs | wrong | foreign joins | fds leaked | GPU bytes leaked |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     let kinds: Vec<Kind> = Kind::ALL.to_vec();
-    let mut totals = (0u64, 0usize, 0usize, 0u64, 0i64, 0i64);
+    let mut totals = (0u64, 0usize, 0usize, 0u64, 0i64, Some(0i64));
     let mut dead_ms = Vec::new();
     for k in kinds {
         let ts: Vec<&Trial> = all.iter().filter(|t| t.kind == k).collect();
@@ -808,7 +816,7 @@ fn summarize(world: usize, all: &[Trial], warm_ok: bool, timeout_ms: u64) -> (Va
         let wrong: usize = ts.iter().map(|t| t.wrong).sum();
         let foreign: u64 = ts.iter().map(|t| t.foreign_accepted).sum();
         let fds: i64 = ts.iter().map(|t| t.fd_leak).sum();
-        let mem: i64 = ts.iter().map(|t| t.mem_leak).sum();
+        let mem: Option<i64> = ts.iter().map(|t| t.mem_leak).sum();
         if k.dies() && k != Kind::KillBeforeInit {
             // A victim that died before it joined the rendezvous is found by its time limit:
             // those detections are counted apart.
@@ -850,14 +858,14 @@ fn summarize(world: usize, all: &[Trial], warm_ok: bool, timeout_ms: u64) -> (Va
             wrong,
             foreign,
             fds,
-            mem
+            mem.map_or("not measured".into(), |m| m.to_string())
         ));
         totals.0 += faults;
         totals.1 += hangs;
         totals.2 += wrong;
         totals.3 += foreign;
         totals.4 += fds;
-        totals.5 += mem;
+        totals.5 = totals.5.zip(mem).map(|(a, b)| a + b);
         rows.push(json!({
             "fault": k.name(), "trials": ts.len(), "faults": faults,
             "detected_by_every_survivor": detected, "names_the_rank": named,
@@ -877,7 +885,7 @@ fn summarize(world: usize, all: &[Trial], warm_ok: bool, timeout_ms: u64) -> (Va
         percentile(&mut dead_ms, 1.0),
     );
     md.push_str(&format!(
-        "\nTotal: {} trials, {} injected faults; dead peer (process ends after it joined) detected at p99 {} ms, max {} ms; {} hangs, {} wrong elements, {} foreign joins, {} fds and {} GPU bytes leaked.\n",
+        "\nTotal: {} trials, {} injected faults; dead peer (process ends after it joined) detected at p99 {} ms, max {} ms; {} hangs, {} wrong elements, {} foreign joins, {} fds and {} leaked.\n",
         all.len(),
         totals.0,
         p99.map_or("-".into(), |v| format!("{v:.1}")),
@@ -886,7 +894,10 @@ fn summarize(world: usize, all: &[Trial], warm_ok: bool, timeout_ms: u64) -> (Va
         totals.2,
         totals.3,
         totals.4,
-        totals.5
+        totals.5.map_or(
+            "GPU bytes not measured (ranks shared a GPU, whose free memory also moves with the other ranks' processes)".into(),
+            |m| format!("{m} GPU bytes")
+        )
     ));
     let summary = json!({
         "world": world, "trials": all.len(), "faults": totals.0,
@@ -897,4 +908,52 @@ fn summarize(world: usize, all: &[Trial], warm_ok: bool, timeout_ms: u64) -> (Va
         "rows": rows,
     });
     (summary, md)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trial(kind: Kind, mem_leak: Option<i64>) -> Trial {
+        Trial {
+            kind,
+            world: 2,
+            victim: 1,
+            delay_us: 0,
+            survivors: vec![(0, Some(1.0), "rank 1 failed".into(), true)],
+            hang: false,
+            wrong: 0,
+            foreign_accepted: 0,
+            faults: 1,
+            fd_leak: 0,
+            mem_leak,
+            phase: "after init".into(),
+            clean_exit: true,
+            drop_ms: 1.0,
+            init_ms: 1.0,
+        }
+    }
+
+    #[test]
+    fn gpu_leaks_add_up_and_an_unmeasured_trial_is_reported_as_such() {
+        let measured = [
+            trial(Kind::KillBetweenCalls, Some(4096)),
+            trial(Kind::KillBetweenCalls, Some(0)),
+        ];
+        let (json, md) = summarize(2, &measured, true, 2000);
+        assert_eq!(json["gpu_bytes_leaked"], 4096);
+        assert!(md.contains("4096 GPU bytes leaked"), "{md}");
+        // One trial with ranks sharing a GPU: its kind's row and the total say "not measured".
+        let mixed = [
+            trial(Kind::KillBetweenCalls, Some(4096)),
+            trial(Kind::KillBetweenCalls, None),
+        ];
+        let (json, md) = summarize(2, &mixed, true, 2000);
+        assert!(json["gpu_bytes_leaked"].is_null(), "{json}");
+        assert!(md.contains("| not measured |"), "{md}");
+        assert!(
+            md.contains("GPU bytes not measured (ranks shared a GPU"),
+            "{md}"
+        );
+    }
 }

@@ -27,7 +27,8 @@ if [ "$n" -lt 1 ]; then finish "one-gpu.sh: no GPU found"; exit 1; fi
 # Ranks of one process on one GPU wait for each other's kernels: give every stream its own
 # hardware queue (CUDA's default of 8 lets two streams share one, and a kernel queued behind
 # a waiting one could not start until the time limit).
-export CUDA_DEVICE_MAX_CONNECTIONS=32 P2PTEST_SHARE_GPU=1
+# (Set CUDA_DEVICE_MAX_CONNECTIONS to try another value.)
+export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32} P2PTEST_SHARE_GPU=1
 counts=${P2PTEST_COUNTS:-0,1,7,1023,65537}
 # run_test EXE WORLD LIMIT TAG [ENV=VALUE...] [-- TEST-FILTER]: one test executable at WORLD ranks.
 run_test() {
