@@ -885,7 +885,7 @@ fn summarize(world: usize, all: &[Trial], warm_ok: bool, timeout_ms: u64) -> (Va
         percentile(&mut dead_ms, 1.0),
     );
     md.push_str(&format!(
-        "\nTotal: {} trials, {} injected faults; dead peer (process ends after it joined) detected at p99 {} ms, max {} ms; {} hangs, {} wrong elements, {} foreign joins, {} fds and {} leaked.\n",
+        "\nTotal: {} trials, {} injected faults; dead peer (process ends after it joined) detected at p99 {} ms, max {} ms; {} hangs, {} wrong elements, {} foreign joins, {}.\n",
         all.len(),
         totals.0,
         p99.map_or("-".into(), |v| format!("{v:.1}")),
@@ -893,11 +893,13 @@ fn summarize(world: usize, all: &[Trial], warm_ok: bool, timeout_ms: u64) -> (Va
         totals.1,
         totals.2,
         totals.3,
-        totals.4,
-        totals.5.map_or(
-            "GPU bytes not measured (ranks shared a GPU, whose free memory also moves with the other ranks' processes)".into(),
-            |m| format!("{m} GPU bytes")
-        )
+        match totals.5 {
+            Some(m) => format!("{} fds and {m} GPU bytes leaked", totals.4),
+            None => format!(
+                "{} fds leaked (GPU bytes not measured: ranks shared a GPU, whose free memory also moves with the other ranks' processes)",
+                totals.4
+            ),
+        }
     ));
     let summary = json!({
         "world": world, "trials": all.len(), "faults": totals.0,
@@ -942,7 +944,7 @@ mod tests {
         ];
         let (json, md) = summarize(2, &measured, true, 2000);
         assert_eq!(json["gpu_bytes_leaked"], 4096);
-        assert!(md.contains("4096 GPU bytes leaked"), "{md}");
+        assert!(md.contains("0 fds and 4096 GPU bytes leaked"), "{md}");
         // One trial with ranks sharing a GPU: its kind's row and the total say "not measured".
         let mixed = [
             trial(Kind::KillBetweenCalls, Some(4096)),
@@ -952,7 +954,7 @@ mod tests {
         assert!(json["gpu_bytes_leaked"].is_null(), "{json}");
         assert!(md.contains("| not measured |"), "{md}");
         assert!(
-            md.contains("GPU bytes not measured (ranks shared a GPU"),
+            md.contains("0 fds leaked (GPU bytes not measured: ranks shared a GPU"),
             "{md}"
         );
     }
