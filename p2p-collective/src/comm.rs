@@ -26,7 +26,10 @@ use p2p_mem::{check_peer_mappable, check_stream, Device, DeviceMemory, DeviceMem
 use p2p_transport::config::Config;
 
 use crate::settings::{Algorithm, Settings};
-use p2p_transport::conn::{AbortHandle, KERNEL_FAILED};
+use p2p_transport::conn::{
+    AbortHandle, KERNEL_FAILED, KERNEL_FAILED_MISMATCH, KERNEL_FAILED_PEER_SHIFT,
+    KERNEL_FAILED_RANK_SHIFT,
+};
 use p2p_transport::peer::{self, LocalRegion, PairP2p, PeerRegion, Sharing};
 
 use crate::error::{Error, Result};
@@ -51,6 +54,11 @@ const _: () = assert!(crate::abi::P2P_END_OFF * 8 <= SYNC_BYTES);
 const _: () = assert!((crate::abi::CE_FLAGS_OFF + crate::abi::CE_CHUNKS) * 8 <= SYNC_BYTES);
 // `coll_abi.h` asserts the same size for its `CollArgs`.
 const _: () = assert!(std::mem::size_of::<CollArgs>() == 368);
+// The kernels' value for the abort flag is the transport's (AbortHandle reads it).
+const _: () = assert!(crate::abi::ABORT_KERNEL_FAILED == KERNEL_FAILED as usize);
+const _: () = assert!(crate::abi::ABORT_PEER_SHIFT == KERNEL_FAILED_PEER_SHIFT as usize);
+const _: () = assert!(crate::abi::ABORT_RANK_SHIFT == KERNEL_FAILED_RANK_SHIFT as usize);
+const _: () = assert!(crate::abi::ABORT_MISMATCH == KERNEL_FAILED_MISMATCH as usize);
 const _: () = assert!(std::mem::size_of::<crate::abi::P2pArgs>() == 1568);
 
 /// How a communicator behaves; [`Options::from_env`] reads the `P2P_*` settings.
@@ -1271,11 +1279,10 @@ impl Communicator {
                     }
                     c if c == F_ABORT as u64 => match self.abort.reason() {
                         Some((_, why)) => format!("was aborted ({why})"),
-                        None if self.abort.value() == KERNEL_FAILED => {
-                            "was stopped because another rank's call on this process timed out or found a mismatched send"
-                                .into()
-                        }
-                        None => "was aborted".into(),
+                        None => match self.abort.kernel_failure() {
+                            Some(f) => format!("was stopped ({f}, on this process)"),
+                            None => "was aborted".into(),
+                        },
                     },
                     c => format!("failed (kernel status {c})"),
                 },

@@ -55,7 +55,7 @@ use p2p_mem::fdpass::{self, FdChannel, FdListener};
 use p2p_mem::wire::{self, Reader, Writer};
 use sha2::{Digest, Sha256};
 
-use crate::conn::AbortHandle;
+use crate::conn::{AbortHandle, KernelFailure};
 use crate::error::{Error, Result};
 
 /// How long a connecting process has to complete its half of the handshake.
@@ -69,6 +69,10 @@ pub const MAX_BLOB: usize = 6 * 1024;
 pub const MAX_WORLD: usize = 64;
 /// The shortest accepted `P2P_JOB_SECRET`.
 pub const MIN_SECRET_LEN: usize = 16;
+/// How much longer than its own time limit a rank that joined waits for rank 0's verdict (all
+/// joined, or who did not): rank 0 keeps the time limit from its own start, which may come later
+/// than this rank's. A rank 0 that dies is seen at once (its socket closes).
+pub const VERDICT_GRACE: Duration = Duration::from_secs(1);
 /// How often the monitor wakes to look at the abort flags.
 const TICK: Duration = Duration::from_millis(5);
 
@@ -390,6 +394,17 @@ fn send(link: &FdChannel, kind: u16, payload: &[u8]) -> p2p_mem::Result<()> {
     link.send_msg(&wire::encode_message(kind, payload))
 }
 
+/// Rank 0 gives up the rendezvous: tells every rank that joined why (they fail with that
+/// reason, naming the rank at fault, rather than with rank 0's hang-up), then returns `why`.
+fn stop_rendezvous(links: &[Option<Arc<FdChannel>>], why: String) -> String {
+    let refusal = Writer::new().text(&why).finish();
+    for l in links.iter().flatten() {
+        // A rank that is gone cannot be told; the others can.
+        let _ = send(l, REFUSED, &refusal);
+    }
+    why
+}
+
 /// Receives one message of `kind` within `timeout`; anything else is an error in words.
 fn expect(
     link: &FdChannel,
@@ -551,10 +566,13 @@ impl Group {
                 if Instant::now() > deadline {
                     let missing: Vec<usize> =
                         (1..rv.world).filter(|&r| links[r].is_none()).collect();
-                    return Err(fail(format!(
-                        "ranks {missing:?} did not join within {:?} at {}",
-                        rv.timeout,
-                        path.display()
+                    return Err(fail(stop_rendezvous(
+                        &links,
+                        format!(
+                            "ranks {missing:?} did not join within {:?} at {}",
+                            rv.timeout,
+                            path.display()
+                        ),
                     )));
                 }
                 match listener.accept_within(Duration::from_millis(5)) {
@@ -586,15 +604,21 @@ impl Group {
                             // An authenticated rank holds the job's key: a disagreement is the
                             // job's own misconfiguration, so it fails the rendezvous.
                             if j.world != rv.world {
-                                return Err(fail(format!(
-                                    "rank {} (pid {}) says WORLD_SIZE={}, rank 0 has {}",
-                                    j.rank, j.pid, j.world, rv.world
+                                return Err(fail(stop_rendezvous(
+                                    &links,
+                                    format!(
+                                        "rank {} (pid {}) says WORLD_SIZE={}, rank 0 has {}",
+                                        j.rank, j.pid, j.world, rv.world
+                                    ),
                                 )));
                             }
                             if j.rank == 0 || j.rank >= rv.world || links[j.rank].is_some() {
-                                return Err(fail(format!(
-                                    "pid {} claims rank {}, which is taken or out of range: do two processes have the same RANK?",
-                                    j.pid, j.rank
+                                return Err(fail(stop_rendezvous(
+                                    &links,
+                                    format!(
+                                        "pid {} claims rank {}, which is taken or out of range: do two processes have the same RANK?",
+                                        j.pid, j.rank
+                                    ),
                                 )));
                             }
                             pids[j.rank] = j.pid;
@@ -608,9 +632,20 @@ impl Group {
             drop(listener);
             let ready = pids.iter().fold(Writer::new(), |w, p| w.u32(*p)).finish();
             for (r, l) in links.iter().enumerate() {
-                if let Some(l) = l {
-                    send(l, READY, &ready)
-                        .map_err(|e| fail(format!("telling rank {r} that all joined: {e}")))?;
+                let Some(l) = l else { continue };
+                if let Err(e) = send(l, READY, &ready) {
+                    // Rank r left after it joined. The ranks told before it are in the group
+                    // now: a failure report names r to them; the others are refused, naming r.
+                    let why = format!("rank {r} (pid {}) left after joining: {e}", pids[r]);
+                    let report = wire::encode_message(
+                        FAIL,
+                        &Writer::new().u32(r as u32).text(&why).finish(),
+                    );
+                    for told in links[..r].iter().flatten() {
+                        let _ = told.send_msg(&report);
+                    }
+                    stop_rendezvous(&links[r + 1..], why);
+                    return Err(fail(format!("telling rank {r} that all joined: {e}")));
                 }
             }
         } else {
@@ -632,11 +667,18 @@ impl Group {
                     Err((true, _)) => std::thread::sleep(Duration::from_millis(10)),
                 }
             };
-            let left = deadline.saturating_duration_since(Instant::now());
+            // Rank 0 answers by its own deadline (all joined, or who did not): wait for that
+            // verdict a little past this rank's.
+            let left = (deadline + VERDICT_GRACE).saturating_duration_since(Instant::now());
             let ready = expect(&link, READY, 4 * MAX_WORLD, left.max(TICK)).map_err(|why| {
-                fail(format!(
-                    "waiting for every rank to join: rank 0 failed or left: {why}"
-                ))
+                fail(match why.strip_prefix("refused: ") {
+                    Some(why) => {
+                        format!(
+                            "waiting for every rank to join: rank 0 stopped the rendezvous: {why}"
+                        )
+                    }
+                    None => format!("waiting for every rank to join: rank 0 failed or left: {why}"),
+                })
             })?;
             let mut r = Reader::new(&ready);
             for p in pids.iter_mut() {
@@ -973,15 +1015,17 @@ fn monitor(sh: &Shared) {
         };
         if let Some(a) = local {
             if sh.lock().failure.is_none() {
-                let why = match a.reason() {
-                    Some((_, why)) => why,
-                    None if a.value() == crate::conn::KERNEL_FAILED => {
-                        "a collective kernel failed on this rank (time limit or mismatched call)"
-                            .into()
-                    }
-                    None => "aborted by the user".into(),
+                let failure = a.kernel_failure();
+                let why = match (a.reason(), failure) {
+                    (Some((_, why)), _) => why,
+                    (None, Some(f)) => f.to_string(),
+                    (None, None) => "aborted by the user".into(),
                 };
-                let who = a.reason().map_or(sh.rank, |(r, _)| r);
+                let who = match (a.reason(), failure) {
+                    (Some((r, _)), _) => r,
+                    (None, Some(KernelFailure { rank: Some(r), .. })) => r,
+                    _ => sh.rank,
+                };
                 sh.fail(who, why, None);
             }
         }
@@ -1158,6 +1202,100 @@ mod tests {
         };
         let e = Group::join(&r).expect_err("must time out").to_string();
         assert!(e.contains("ranks [1, 2] did not join"), "{e}");
+    }
+
+    #[test]
+    fn the_ranks_that_joined_learn_which_rank_did_not() {
+        let name = "missing-told";
+        let world = 4;
+        // Rank 0 gives up after 400 ms; ranks 1 and 2 would wait 5 s on their own.
+        let r0 = Rendezvous {
+            timeout: Duration::from_millis(400),
+            ..rv(name, 0, world)
+        };
+        let g0 = std::thread::spawn(move || Group::join(&r0));
+        let t = Instant::now();
+        let others: Vec<_> = (1..3)
+            .map(|r| {
+                std::thread::spawn(move || {
+                    let rv = Rendezvous {
+                        timeout: Duration::from_secs(5),
+                        ..rv(name, r, world)
+                    };
+                    Group::join(&rv)
+                })
+            })
+            .collect();
+        let e0 = g0
+            .join()
+            .expect("t")
+            .expect_err("rank 3 never came")
+            .to_string();
+        assert!(e0.contains("ranks [3] did not join"), "{e0}");
+        for (r, g) in (1..3).zip(others) {
+            let e = g.join().expect("t").expect_err("stopped").to_string();
+            assert!(
+                e.contains("rank 0 stopped the rendezvous: ranks [3] did not join"),
+                "rank {r}: {e}"
+            );
+        }
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn ranks_started_before_rank_0_still_hear_who_did_not_join() {
+        let name = "missing-late-0";
+        let world = 4;
+        let limit = Duration::from_millis(400);
+        // Ranks 1 and 2 start 250 ms before rank 0, with the same time limit: theirs passes
+        // before rank 0's, whose verdict they wait for (VERDICT_GRACE) rather than failing
+        // with "nothing arrived".
+        let others: Vec<_> = (1..3)
+            .map(|r| {
+                std::thread::spawn(move || {
+                    let rv = Rendezvous {
+                        timeout: limit,
+                        ..rv(name, r, world)
+                    };
+                    Group::join(&rv)
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(250));
+        let r0 = Rendezvous {
+            timeout: limit,
+            ..rv(name, 0, world)
+        };
+        let e0 = Group::join(&r0).expect_err("rank 3 never came").to_string();
+        assert!(e0.contains("ranks [3] did not join"), "{e0}");
+        for (r, g) in (1..3).zip(others) {
+            let e = g.join().expect("t").expect_err("stopped").to_string();
+            assert!(
+                e.contains("rank 0 stopped the rendezvous: ranks [3] did not join"),
+                "rank {r}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_rank_that_leaves_after_joining_is_named_to_the_others() {
+        let name = "left";
+        let world = 3;
+        let g0 = std::thread::spawn(move || Group::join(&rv(name, 0, world)));
+        // Rank 1 joins by hand and leaves before rank 0 tells it that all joined.
+        let r1 = rv(name, 1, world);
+        drop(try_join(&r1, &r1, 1, Duration::from_secs(5)).expect("rank 1 joins"));
+        std::thread::sleep(Duration::from_millis(100));
+        let e2 = Group::join(&rv(name, 2, world))
+            .expect_err("rank 1 left")
+            .to_string();
+        assert!(
+            e2.contains("rank 0 stopped the rendezvous: rank 1")
+                && e2.contains("left after joining"),
+            "{e2}"
+        );
+        let e0 = g0.join().expect("t").expect_err("rank 1 left").to_string();
+        assert!(e0.contains("telling rank 1 that all joined"), "{e0}");
     }
 
     #[test]

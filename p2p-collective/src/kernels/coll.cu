@@ -92,12 +92,21 @@ __device__ __forceinline__ u64 now_ns() {
 
 __device__ __forceinline__ void fence_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 
+// The abort flag's value for rank `rank`'s kernel that failed (`code`) waiting for `peer`
+// (coll_abi.h).
+__device__ __forceinline__ int abort_value(int rank, int peer, int code) {
+    const int p = peer >= 0 && peer < MAX_RANKS ? peer + 1 : 0;
+    const int r = rank >= 0 && rank < MAX_RANKS ? rank + 1 : 0;
+    return ABORT_KERNEL_FAILED | (p << ABORT_PEER_SHIFT) | (r << ABORT_RANK_SHIFT) |
+           (code == F_MISMATCH ? ABORT_MISMATCH : 0);
+}
+
 __device__ void record_failure(const CollArgs& a, int code, int peer, u64 peer_sig) {
     u64* my = a.sync[a.rank];
     // A time limit stops every rank that shares this flag (one process: all of them) at once;
     // the host's monitor reports it to the other processes. (A mismatch is seen by every rank
     // itself, since each compares every peer's signature.)
-    if (code == F_TIMEOUT && *a.abort_flag == 0) *a.abort_flag = 2;
+    if (code == F_TIMEOUT && *a.abort_flag == 0) *a.abort_flag = abort_value(a.rank, peer, code);
     if (atomicCAS((unsigned long long*)(my + FAIL_OFF), 0ull, (unsigned long long)code) == 0ull) {
         volatile u64* st = my + STATUS_OFF;
         st[1] = (u64)a.kind;
@@ -1375,7 +1384,8 @@ __device__ void p2p_fail(const P2pArgs& a, int code, int kind, int peer, u64 min
     // A mismatch stops this process's ranks too, so that the sender (which may be waiting for
     // slots this receiver will never free) ends at once; other processes learn it from the
     // host's monitor.
-    if ((code == F_TIMEOUT || code == F_MISMATCH) && *a.abort_flag == 0) *a.abort_flag = 2;
+    if ((code == F_TIMEOUT || code == F_MISMATCH) && *a.abort_flag == 0)
+        *a.abort_flag = abort_value(a.rank, peer, code);
     u64* my = a.my_sync;
     if (atomicCAS((unsigned long long*)(my + FAIL_OFF), 0ull, (unsigned long long)code) == 0ull) {
         volatile u64* st = my + STATUS_OFF;

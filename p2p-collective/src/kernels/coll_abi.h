@@ -54,6 +54,14 @@
 #define K_RECV 65
 #define K_RECV_ORDER 66  // a recv met another message number than its own: words 4, 5 are the two numbers
 #define SYNC_BYTES (64 * 1024)  // the sync area at the start of a workspace; the scratch follows
+// The host's abort flag (p2p_transport::conn::AbortHandle): a failing kernel sets it to
+// ABORT_KERNEL_FAILED | (the rank it waited for + 1) << ABORT_PEER_SHIFT
+// | (its own rank + 1) << ABORT_RANK_SHIFT, plus ABORT_MISMATCH for a mismatched call
+// (otherwise it reached its time limit).
+#define ABORT_KERNEL_FAILED 2
+#define ABORT_PEER_SHIFT 8
+#define ABORT_RANK_SHIFT 16
+#define ABORT_MISMATCH 16777216  // 1 << 24
 
 // LL: the largest all-reduce it carries, and the bytes of one (parity, source) slot of its region.
 #define LL_MAX_BYTES (512 * 1024)
