@@ -1,7 +1,8 @@
 //! Moving bytes between GPUs of one process: the data paths.
 //!
-//! [`Transport`] holds what the paths need per process: one compiled copy kernel per device,
-//! the peer access it has enabled, and the staging pipelines. [`Transport::copy`] queues one
+//! [`Transport`] holds what the paths need per process: per device its kernels and a bridge
+//! stream, the peer access it has enabled, the staging pipelines (`staged.rs`) and the routes
+//! of [`Transport::copy_peer`] (`routes.rs`), each made at its first use. [`Transport::copy`] queues one
 //! copy on a stream by a chosen [`Path`]; [`Transport::copy_route`] runs the path a
 //! [`Route`] from mode selection calls for. Every path is stream-ordered and asynchronous: it
 //! starts after the work already queued on `stream` and the stream's later work waits for it.
@@ -17,20 +18,23 @@
 //! As with every asynchronous CUDA call, `src` and `dst` must stay allocated until the stream
 //! has run the copy.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use p2p_mem::{
-    Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Event, PinnedHostBuffer, Stream,
-};
+use p2p_mem::{Device, DeviceMemory, DeviceMemoryMut, Event, Stream};
 use p2p_sys::cu;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::kernels::{self, Function, Module, SrKernels};
-use crate::mode::{select, Direction, Endpoint, Engine, Mode, Route};
-use crate::topo::Topology;
+use crate::mode::{Direction, Engine, Mode, Route};
+
+mod routes;
+mod staged;
+
+use routes::Routes;
+use staged::Pipelines;
 
 /// How one copy moves its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -63,37 +67,97 @@ pub const SM_THREADS: u32 = 512;
 /// Blocks per SM of the SM copy kernel (the grid is capped by the data size).
 pub const SM_BLOCKS_PER_SM: u32 = 2;
 
-/// (source GPU, destination GPU, relay GPU or -1 for host-staged).
-type PipelineKey = (i32, i32, i32);
-
-struct Kernels {
+struct CopyKernel {
     module: Module,
     copy: Function,
 }
 
-/// A lazily made resource, or the error its first attempt met (kept whole, shared by every
-/// later use).
-type Cached<T> = std::result::Result<T, Arc<Error>>;
+/// A resource made at its first use and kept, or the error its first attempt met (kept whole
+/// and reported by every later use as [`Error::Earlier`]).
+struct Lazy<T> {
+    what: &'static str,
+    cell: OnceLock<std::result::Result<T, Arc<Error>>>,
+}
 
-fn earlier(what: &'static str, e: &Arc<Error>) -> Error {
-    Error::Earlier {
-        what,
-        source: e.clone(),
+impl<T> Lazy<T> {
+    const fn new(what: &'static str) -> Lazy<T> {
+        Lazy {
+            what,
+            cell: OnceLock::new(),
+        }
+    }
+
+    /// The resource, made by `make` if this is its first use.
+    fn get(&self, make: impl FnOnce() -> Result<T>) -> Result<&T> {
+        self.cell
+            .get_or_init(|| make().map_err(Arc::new))
+            .as_ref()
+            .map_err(|e| Error::Earlier {
+                what: self.what,
+                source: e.clone(),
+            })
+    }
+}
+
+/// What the transport keeps for one of its GPUs, each made at its first use.
+struct PerDevice {
+    device: Device,
+    /// The SM copy kernel.
+    copy: Lazy<CopyKernel>,
+    /// The send/recv kernels of the connections.
+    sendrecv: Lazy<Arc<SrKernels>>,
+    /// The stream a copy that must run on this GPU is bridged to from another GPU's stream.
+    bridge: Lazy<Stream>,
+}
+
+impl PerDevice {
+    fn new(device: Device) -> PerDevice {
+        PerDevice {
+            device,
+            copy: Lazy::new("the SM copy kernel"),
+            sendrecv: Lazy::new("the send/recv kernels"),
+            bridge: Lazy::new("a bridge stream"),
+        }
+    }
+}
+
+/// The pairs of GPUs between which this process has enabled peer access.
+#[derive(Default)]
+struct PeerAccess {
+    enabled: Mutex<HashSet<(i32, i32)>>,
+}
+
+impl PeerAccess {
+    /// Enables `device` to access `peer`'s memory, once per pair.
+    fn ensure(&self, device: &Device, peer: &Device) -> Result<()> {
+        let key = (device.ordinal(), peer.ordinal());
+        let mut enabled = self.enabled.lock().unwrap_or_else(|p| p.into_inner());
+        if device != peer && !enabled.contains(&key) {
+            device.enable_peer_access(peer)?;
+            enabled.insert(key);
+        }
+        Ok(())
+    }
+
+    /// Enables peer access in both directions between `a` and `b`.
+    fn ensure_both(&self, a: &Device, b: &Device) -> Result<()> {
+        self.ensure(a, b)?;
+        self.ensure(b, a)
     }
 }
 
 /// What one process needs to move data between its GPUs. Cheap to share across threads.
+///
+/// It is made of four parts, each filled as copies first need it: per GPU, the kernels and the
+/// bridge stream; the peer access enabled so far; the staging pipelines
+/// (`staged.rs`); and the routes of [`copy_peer`](Self::copy_peer) (`routes.rs`: topology,
+/// configuration, one choice per pair).
 pub struct Transport {
-    devices: Vec<Device>,
-    kernels: Vec<OnceLock<Cached<Kernels>>>,
-    peers: Mutex<HashSet<(i32, i32)>>,
-    pipelines: Mutex<HashMap<PipelineKey, Arc<Mutex<Pipeline>>>>,
+    devices: Vec<PerDevice>,
+    peers: PeerAccess,
+    pipelines: Pipelines,
+    routes: Routes,
     sm_grid: Mutex<SmGrid>,
-    config: Mutex<Option<Config>>,
-    routes: Mutex<HashMap<(usize, usize), Route>>,
-    topology: OnceLock<Cached<Topology>>,
-    bridges: Vec<OnceLock<Cached<Stream>>>,
-    sendrecv: Vec<OnceLock<Cached<Arc<SrKernels>>>>,
 }
 
 /// The launch shape of the SM copy kernel: blocks per SM (capped by the data) and threads per
@@ -117,97 +181,19 @@ impl SmGrid {
 impl Transport {
     /// A transport over `devices` (usually [`Device::all`]); kernels compile on first use.
     pub fn new(devices: Vec<Device>) -> Transport {
-        let kernels = devices.iter().map(|_| OnceLock::new()).collect();
-        let n = devices.len();
         Transport {
-            devices,
-            kernels,
-            peers: Mutex::new(HashSet::new()),
-            pipelines: Mutex::new(HashMap::new()),
+            devices: devices.into_iter().map(PerDevice::new).collect(),
+            peers: PeerAccess::default(),
+            pipelines: Pipelines::default(),
+            routes: Routes::new(),
             sm_grid: Mutex::new(SmGrid::DEFAULT),
-            sendrecv: (0..n).map(|_| OnceLock::new()).collect(),
-            config: Mutex::new(None),
-            routes: Mutex::new(HashMap::new()),
-            topology: OnceLock::new(),
-            bridges: (0..n).map(|_| OnceLock::new()).collect(),
         }
     }
 
     /// Uses `config` for [`copy_peer`](Self::copy_peer)'s mode selection instead of the
     /// `P2P_*` environment.
     pub fn set_config(&self, config: Config) {
-        *self.config.lock().unwrap_or_else(|p| p.into_inner()) = Some(config);
-        self.routes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
-    }
-
-    /// The route `copy_peer` takes from GPU `a` to GPU `b`: chosen (and logged) once per pair,
-    /// then reused until [`set_config`](Self::set_config) changes the configuration.
-    fn route(&self, a: usize, b: usize) -> Result<Route> {
-        if let Some(r) = self
-            .routes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&(a, b))
-        {
-            return Ok(r.clone());
-        }
-        let ends = [
-            Endpoint {
-                rank: a,
-                gpu: a,
-                process: 0,
-            },
-            Endpoint {
-                rank: b,
-                gpu: b,
-                process: 0,
-            },
-        ];
-        let route = if a == b {
-            Route {
-                from: ends[0],
-                to: ends[0],
-                mode: Mode::Local,
-                direction: Direction::Write,
-                engine: Engine::CopyEngine,
-                link: "same GPU".into(),
-                reason: "both buffers on one GPU".into(),
-            }
-        } else {
-            select(self.topology()?, &ends, &self.config()?)?
-                .into_iter()
-                .find(|r| r.from.gpu == a && r.to.gpu == b)
-                .ok_or_else(|| {
-                    Error::InvalidArgument(format!("no route from GPU {a} to GPU {b}"))
-                })?
-        };
-        self.routes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert((a, b), route.clone());
-        Ok(route)
-    }
-
-    fn config(&self) -> Result<Config> {
-        if let Some(c) = self
-            .config
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-        {
-            return Ok(c);
-        }
-        Ok(Config::from_env_lenient()?)
-    }
-
-    fn topology(&self) -> Result<&Topology> {
-        self.topology
-            .get_or_init(|| crate::topo::discover().map_err(|e| Arc::new(e.into())))
-            .as_ref()
-            .map_err(|e| earlier("topology discovery", e))
+        self.routes.set_config(config);
     }
 
     /// Copies all of `src` into `dst` (on any GPUs of this process) the way mode selection
@@ -242,7 +228,7 @@ impl Transport {
             src.device().ordinal() as usize,
             dst.device().ordinal() as usize,
         );
-        let route = self.route(a, b)?;
+        let route = self.routes.get(a, b)?;
         let runner = match (route.mode, route.engine, route.direction) {
             (Mode::DirectPointer, Engine::SmKernel, Direction::Read) => dst.device().clone(),
             _ => src.device().clone(),
@@ -254,11 +240,10 @@ impl Transport {
             self.copy_route(&route, dst, src, stream)?;
         } else {
             // Bridge: the runner's stream waits for `stream`, runs the copy, and `stream` waits back.
-            let i = self.index_of(&runner)?;
-            let bridge = self.bridges[i]
-                .get_or_init(|| Stream::new(&runner).map_err(|e| Arc::new(e.into())))
-                .as_ref()
-                .map_err(|e| earlier("a bridge stream", e))?;
+            let bridge = self
+                .slot(&runner)?
+                .bridge
+                .get(|| Ok(Stream::new(&runner)?))?;
             let before = Event::new(stream.device())?;
             before.record(stream)?;
             before.wait_on(bridge)?;
@@ -274,20 +259,24 @@ impl Transport {
     pub fn device(&self, ordinal: i32) -> Result<&Device> {
         self.devices
             .iter()
+            .map(|d| &d.device)
             .find(|d| d.ordinal() == ordinal)
             .ok_or_else(|| {
                 Error::InvalidArgument(format!(
                     "GPU {ordinal} is not one of this transport's devices ({:?})",
-                    self.devices.iter().map(Device::ordinal).collect::<Vec<_>>()
+                    self.devices
+                        .iter()
+                        .map(|d| d.device.ordinal())
+                        .collect::<Vec<_>>()
                 ))
             })
     }
 
-    /// The position of `device` among this transport's devices.
-    fn index_of(&self, device: &Device) -> Result<usize> {
+    /// What this transport keeps for `device`.
+    fn slot(&self, device: &Device) -> Result<&PerDevice> {
         self.devices
             .iter()
-            .position(|d| d == device)
+            .find(|d| &d.device == device)
             .ok_or_else(|| {
                 Error::InvalidArgument(format!(
                     "GPU {} is not part of this transport",
@@ -296,49 +285,30 @@ impl Transport {
             })
     }
 
-    fn kernels(&self, device: &Device) -> Result<&Kernels> {
-        let i = self.index_of(device)?;
-        self.kernels[i]
-            .get_or_init(|| {
-                let build = || -> p2p_mem::Result<Kernels> {
-                    let module = Module::build(device, &kernels::COPY)?;
-                    let copy = module.function("p2p_copy_bytes")?;
-                    Ok(Kernels { module, copy })
-                };
-                build().map_err(|e| Arc::new(e.into()))
-            })
-            .as_ref()
-            .map_err(|e| earlier("the SM copy kernel", e))
+    fn copy_kernel(&self, device: &Device) -> Result<&CopyKernel> {
+        self.slot(device)?.copy.get(|| {
+            let module = Module::build(device, &kernels::COPY)?;
+            let copy = module.function("p2p_copy_bytes")?;
+            Ok(CopyKernel { module, copy })
+        })
     }
 
     /// The send/recv kernels of `device`, compiled on first use.
     pub(crate) fn sendrecv_kernels(&self, device: &Device) -> Result<Arc<SrKernels>> {
-        let i = self.index_of(device)?;
-        self.sendrecv[i]
-            .get_or_init(|| {
-                SrKernels::build(device)
-                    .map(Arc::new)
-                    .map_err(|e| Arc::new(e.into()))
-            })
-            .clone()
-            .map_err(|e| earlier("the send/recv kernels", &e))
+        self.slot(device)?
+            .sendrecv
+            .get(|| Ok(Arc::new(SrKernels::build(device)?)))
+            .cloned()
     }
 
     /// Enables `device` to access `peer`'s memory, once per pair.
     pub fn ensure_peer_access(&self, device: &Device, peer: &Device) -> Result<()> {
-        let key = (device.ordinal(), peer.ordinal());
-        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
-        if device != peer && !peers.contains(&key) {
-            device.enable_peer_access(peer)?;
-            peers.insert(key);
-        }
-        Ok(())
+        self.peers.ensure(device, peer)
     }
 
     /// Enables peer access in both directions between `a` and `b`.
     pub fn ensure_peer_access_both(&self, a: &Device, b: &Device) -> Result<()> {
-        self.ensure_peer_access(a, b)?;
-        self.ensure_peer_access(b, a)
+        self.peers.ensure_both(a, b)
     }
 
     /// The SM copy kernel's launch shape.
@@ -406,27 +376,7 @@ impl Transport {
                 } else {
                     None
                 };
-                let key = (
-                    sd.ordinal(),
-                    dd.ordinal(),
-                    via.as_ref().map_or(-1, |v| v.ordinal()),
-                );
-                let pipeline = {
-                    let mut map = self.pipelines.lock().unwrap_or_else(|p| p.into_inner());
-                    match map.get(&key) {
-                        Some(p) => p.clone(),
-                        None => {
-                            if let Some(v) = &via {
-                                // The relay legs are peer copies: direct only with peer access.
-                                self.ensure_peer_access_both(&sd, v)?;
-                                self.ensure_peer_access_both(v, &dd)?;
-                            }
-                            let p = Arc::new(Mutex::new(Pipeline::new(&sd, &dd, via.as_ref())?));
-                            map.insert(key, p.clone());
-                            p
-                        }
-                    }
-                };
+                let pipeline = self.pipelines.get(&sd, &dd, via.as_ref(), &self.peers)?;
                 let mut p = pipeline.lock().unwrap_or_else(|p| p.into_inner());
                 p.run(dst.device_ptr(), src.device_ptr(), bytes, stream)
             }
@@ -465,7 +415,7 @@ impl Transport {
         bytes: usize,
         stream: &Stream,
     ) -> Result<()> {
-        let k = self.kernels(runner)?;
+        let k = self.copy_kernel(runner)?;
         let vectors = bytes.div_ceil(16).div_ceil(4) as u64;
         let grid = self.sm_grid();
         let max_blocks = runner.sm_count().max(1) as u64 * grid.blocks_per_sm as u64;
@@ -488,7 +438,7 @@ impl Transport {
 }
 
 /// `cuMemcpyPeerAsync` in [`CE_CHUNK`] pieces on `stream`.
-fn copy_engine(
+pub(super) fn copy_engine(
     dst: u64,
     dd: &Device,
     src: u64,
@@ -517,140 +467,36 @@ fn copy_engine(
     Ok(())
 }
 
-enum Staging {
-    Host(PinnedHostBuffer<u8>),
-    Device(DeviceBuffer<u8>),
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl Staging {
-    fn ptr(&self) -> u64 {
-        match self {
-            Staging::Host(b) => b.as_ptr() as u64,
-            Staging::Device(b) => b.device_ptr(),
+    #[test]
+    fn a_lazy_resource_is_made_once_and_keeps_its_first_error() {
+        let made = std::cell::Cell::new(0);
+        let ok: Lazy<u32> = Lazy::new("a number");
+        for _ in 0..3 {
+            let v = ok.get(|| {
+                made.set(made.get() + 1);
+                Ok(7)
+            });
+            assert_eq!(*v.expect("made"), 7);
         }
-    }
-}
-
-/// Two legs overlapped through [`STAGE_SLOTS`] buffers: leg one fills a slot on stream one, leg
-/// two drains it on stream two, and a slot is refilled only after it was drained.
-struct Pipeline {
-    src_dev: Device,
-    dst_dev: Device,
-    mid: Option<Device>,
-    slots: Vec<Staging>,
-    s1: Stream,
-    s2: Stream,
-    filled: Vec<Event>,
-    drained: Vec<Event>,
-    used: Vec<bool>,
-    done: Event,
-}
-
-impl Pipeline {
-    fn new(src: &Device, dst: &Device, via: Option<&Device>) -> Result<Pipeline> {
-        let (leg2_dev, slots) = match via {
-            // Relay: leg one copies into the relay GPU, leg two out of it, both on copy engines.
-            Some(v) => (
-                v.clone(),
-                (0..STAGE_SLOTS)
-                    .map(|_| DeviceBuffer::<u8>::new(v, STAGE_CHUNK).map(Staging::Device))
-                    .collect::<p2p_mem::Result<Vec<_>>>()?,
-            ),
-            // Host-staged: device-to-host on the source, host-to-device on the destination.
-            None => (
-                dst.clone(),
-                (0..STAGE_SLOTS)
-                    .map(|_| PinnedHostBuffer::<u8>::new(src, STAGE_CHUNK).map(Staging::Host))
-                    .collect::<p2p_mem::Result<Vec<_>>>()?,
-            ),
-        };
-        let s1 = Stream::new(src)?;
-        let s2 = Stream::new(&leg2_dev)?;
-        let filled = (0..STAGE_SLOTS)
-            .map(|_| Event::new(src))
-            .collect::<p2p_mem::Result<Vec<_>>>()?;
-        let drained = (0..STAGE_SLOTS)
-            .map(|_| Event::new(&leg2_dev))
-            .collect::<p2p_mem::Result<Vec<_>>>()?;
-        let done = Event::new(&leg2_dev)?;
-        Ok(Pipeline {
-            src_dev: src.clone(),
-            dst_dev: dst.clone(),
-            mid: via.cloned(),
-            slots,
-            s1,
-            s2,
-            filled,
-            drained,
-            used: vec![false; STAGE_SLOTS],
-            done,
-        })
-    }
-
-    fn run(&mut self, dst: u64, src: u64, bytes: usize, caller: &Stream) -> Result<()> {
-        let start = Event::new(caller.device())?;
-        start.record(caller)?;
-        start.wait_on(&self.s1)?;
-        let mut off = 0;
-        let mut k = 0;
-        while off < bytes {
-            let len = STAGE_CHUNK.min(bytes - off);
-            let slot = k % STAGE_SLOTS;
-            if self.used[slot] {
-                self.drained[slot].wait_on(&self.s1)?;
-            }
-            let buf = self.slots[slot].ptr();
-            self.leg1(buf, src + off as u64, len)?;
-            self.filled[slot].record(&self.s1)?;
-            self.filled[slot].wait_on(&self.s2)?;
-            self.leg2(dst + off as u64, buf, len)?;
-            self.drained[slot].record(&self.s2)?;
-            self.used[slot] = true;
-            off += len;
-            k += 1;
-        }
-        self.done.record(&self.s2)?;
-        Ok(self.done.wait_on(caller)?)
-    }
-
-    fn leg1(&self, buf: u64, src: u64, len: usize) -> Result<()> {
-        let (sd, s) = (&self.src_dev, &self.s1);
-        match &self.mid {
-            Some(mid) => copy_engine(buf, mid, src, sd, len, s),
-            None => {
-                sd.bind_to_thread()?;
-                // SAFETY: `buf` is a pinned staging buffer of STAGE_CHUNK >= len bytes owned by the
-                // pipeline; `src` lies in a live allocation.
-                unsafe {
-                    cu!(cuMemcpyDtoHAsync_v2(
-                        buf as *mut c_void,
-                        src,
-                        len,
-                        s.cu_stream()
-                    ))
-                }
-                .map_err(crate::error::cuda(sd.ordinal(), None))
-            }
-        }
-    }
-
-    fn leg2(&self, dst: u64, buf: u64, len: usize) -> Result<()> {
-        let (dd, s) = (&self.dst_dev, &self.s2);
-        match &self.mid {
-            Some(mid) => copy_engine(dst, dd, buf, mid, len, s),
-            None => {
-                dd.bind_to_thread()?;
-                // SAFETY: as in leg1, in the other direction.
-                unsafe {
-                    cu!(cuMemcpyHtoDAsync_v2(
-                        dst,
-                        buf as *const c_void,
-                        len,
-                        s.cu_stream()
-                    ))
-                }
-                .map_err(crate::error::cuda(dd.ordinal(), None))
-            }
-        }
+        assert_eq!(made.get(), 1);
+        let bad: Lazy<u32> = Lazy::new("the SM copy kernel");
+        let first = bad
+            .get(|| Err(Error::InvalidArgument("no NVRTC".into())))
+            .expect_err("fails")
+            .to_string();
+        // A later use does not try again: it reports the first error, whole, with what failed.
+        let later = bad
+            .get(|| unreachable!("made again"))
+            .expect_err("still fails");
+        assert!(matches!(later, Error::Earlier { .. }), "{later:?}");
+        assert!(
+            first.contains("the SM copy kernel") && first.contains("no NVRTC"),
+            "{first}"
+        );
+        assert_eq!(first, later.to_string());
     }
 }
