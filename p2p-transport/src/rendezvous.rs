@@ -1204,33 +1204,25 @@ mod tests {
         assert!(e.contains("ranks [1, 2] did not join"), "{e}");
     }
 
-    #[test]
-    fn the_ranks_that_joined_learn_which_rank_did_not() {
-        let name = "missing-told";
-        let world = 4;
-        // Rank 0 gives up after 400 ms; ranks 1 and 2 would wait 5 s on their own.
-        let r0 = Rendezvous {
-            timeout: Duration::from_millis(400),
-            ..rv(name, 0, world)
-        };
-        let g0 = std::thread::spawn(move || Group::join(&r0));
-        let t = Instant::now();
-        let others: Vec<_> = (1..3)
+    /// Ranks 1 and 2 of a 4-rank job `name` join with time limit `limit`, each on a thread.
+    fn ranks_1_and_2(
+        name: &'static str,
+        limit: Duration,
+    ) -> Vec<std::thread::JoinHandle<Result<Group>>> {
+        (1..3)
             .map(|r| {
                 std::thread::spawn(move || {
-                    let rv = Rendezvous {
-                        timeout: Duration::from_secs(5),
-                        ..rv(name, r, world)
-                    };
-                    Group::join(&rv)
+                    Group::join(&Rendezvous {
+                        timeout: limit,
+                        ..rv(name, r, 4)
+                    })
                 })
             })
-            .collect();
-        let e0 = g0
-            .join()
-            .expect("t")
-            .expect_err("rank 3 never came")
-            .to_string();
+            .collect()
+    }
+
+    /// Rank 0 gave up for want of rank 3 (`e0`), and ranks 1 and 2 heard why from it.
+    fn all_heard_rank_3_is_missing(e0: &str, others: Vec<std::thread::JoinHandle<Result<Group>>>) {
         assert!(e0.contains("ranks [3] did not join"), "{e0}");
         for (r, g) in (1..3).zip(others) {
             let e = g.join().expect("t").expect_err("stopped").to_string();
@@ -1239,42 +1231,39 @@ mod tests {
                 "rank {r}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn the_ranks_that_joined_learn_which_rank_did_not() {
+        let name = "missing-told";
+        // Rank 0 gives up after 400 ms; ranks 1 and 2 would wait 5 s on their own.
+        let r0 = Rendezvous {
+            timeout: Duration::from_millis(400),
+            ..rv(name, 0, 4)
+        };
+        let g0 = std::thread::spawn(move || Group::join(&r0));
+        let t = Instant::now();
+        let others = ranks_1_and_2(name, Duration::from_secs(5));
+        let e0 = g0.join().expect("t").expect_err("rank 3 never came");
+        all_heard_rank_3_is_missing(&e0.to_string(), others);
         assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     }
 
     #[test]
     fn ranks_started_before_rank_0_still_hear_who_did_not_join() {
         let name = "missing-late-0";
-        let world = 4;
         let limit = Duration::from_millis(400);
         // Ranks 1 and 2 start 250 ms before rank 0, with the same time limit: theirs passes
         // before rank 0's, whose verdict they wait for (VERDICT_GRACE) rather than failing
         // with "nothing arrived".
-        let others: Vec<_> = (1..3)
-            .map(|r| {
-                std::thread::spawn(move || {
-                    let rv = Rendezvous {
-                        timeout: limit,
-                        ..rv(name, r, world)
-                    };
-                    Group::join(&rv)
-                })
-            })
-            .collect();
+        let others = ranks_1_and_2(name, limit);
         std::thread::sleep(Duration::from_millis(250));
         let r0 = Rendezvous {
             timeout: limit,
-            ..rv(name, 0, world)
+            ..rv(name, 0, 4)
         };
-        let e0 = Group::join(&r0).expect_err("rank 3 never came").to_string();
-        assert!(e0.contains("ranks [3] did not join"), "{e0}");
-        for (r, g) in (1..3).zip(others) {
-            let e = g.join().expect("t").expect_err("stopped").to_string();
-            assert!(
-                e.contains("rank 0 stopped the rendezvous: ranks [3] did not join"),
-                "rank {r}: {e}"
-            );
-        }
+        let e0 = Group::join(&r0).expect_err("rank 3 never came");
+        all_heard_rank_3_is_missing(&e0.to_string(), others);
     }
 
     #[test]
