@@ -160,6 +160,7 @@ type Shared = Arc<dyn DeviceMemory + Send + Sync>;
 pub struct AbortHandle {
     flag: Arc<PinnedHostBuffer<i32>>,
     reason: Arc<OnceLock<(usize, String)>>,
+    first_failure: Arc<OnceLock<KernelFailure>>,
 }
 
 /// The abort flag's value once the host aborted.
@@ -188,6 +189,7 @@ impl AbortHandle {
         Ok(AbortHandle {
             flag: Arc::new(PinnedHostBuffer::<i32>::new(device, 1)?),
             reason: Arc::new(OnceLock::new()),
+            first_failure: Arc::new(OnceLock::new()),
         })
     }
     fn atomic(&self) -> &AtomicI32 {
@@ -216,15 +218,16 @@ impl AbortHandle {
     pub fn value(&self) -> i32 {
         self.atomic().load(Ordering::SeqCst)
     }
-    /// Whether a kernel set the flag (it failed: a time limit or a mismatched call), rather
-    /// than the host.
-    pub fn kernel_failed(&self) -> bool {
-        self.kernel_failure().is_some()
-    }
     /// What the failed kernel that set the flag wrote into it (which rank, waiting for which,
-    /// why), for the error reports of the ranks it stopped; `None` if no kernel set it.
+    /// why), for the error reports of the ranks it stopped; `None` if no kernel set it. The
+    /// first failure read is kept: kernels on two GPUs that fail at once may both write the
+    /// flag, and every report of this process then names the same one.
     pub fn kernel_failure(&self) -> Option<KernelFailure> {
-        KernelFailure::from_flag(self.value())
+        if let Some(f) = self.first_failure.get() {
+            return Some(*f);
+        }
+        let f = KernelFailure::from_flag(self.value())?;
+        Some(*self.first_failure.get_or_init(|| f))
     }
     /// The rank and reason recorded by [`abort_because`](Self::abort_because), if any.
     pub fn reason(&self) -> Option<(usize, String)> {

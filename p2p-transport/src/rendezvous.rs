@@ -55,7 +55,7 @@ use p2p_mem::fdpass::{self, FdChannel, FdListener};
 use p2p_mem::wire::{self, Reader, Writer};
 use sha2::{Digest, Sha256};
 
-use crate::conn::{AbortHandle, KernelFailure};
+use crate::conn::AbortHandle;
 use crate::error::{Error, Result};
 
 /// How long a connecting process has to complete its half of the handshake.
@@ -394,11 +394,16 @@ fn send(link: &FdChannel, kind: u16, payload: &[u8]) -> p2p_mem::Result<()> {
     link.send_msg(&wire::encode_message(kind, payload))
 }
 
-/// Rank 0 gives up the rendezvous: tells every rank that joined why (they fail with that
-/// reason, naming the rank at fault, rather than with rank 0's hang-up), then returns `why`.
-fn stop_rendezvous(links: &[Option<Arc<FdChannel>>], why: String) -> String {
+/// Rank 0 gives up the rendezvous: tells every rank that joined (`links`), and those whose
+/// handshake has just completed (`also`: the rank at fault among them), why; they fail with
+/// that reason, naming the rank at fault, rather than with rank 0's hang-up. Returns `why`.
+fn stop_rendezvous<'a>(
+    links: &'a [Option<Arc<FdChannel>>],
+    also: impl IntoIterator<Item = &'a FdChannel>,
+    why: String,
+) -> String {
     let refusal = Writer::new().text(&why).finish();
-    for l in links.iter().flatten() {
+    for l in links.iter().flatten().map(|l| &**l).chain(also) {
         // A rank that is gone cannot be told; the others can.
         let _ = send(l, REFUSED, &refusal);
     }
@@ -566,8 +571,11 @@ impl Group {
                 if Instant::now() > deadline {
                     let missing: Vec<usize> =
                         (1..rv.world).filter(|&r| links[r].is_none()).collect();
+                    // Handshakes that completed since the last look are told too.
+                    let late: Vec<Joined> = rx.try_iter().filter_map(|r| r.ok()).collect();
                     return Err(fail(stop_rendezvous(
                         &links,
+                        late.iter().map(|j| &j.link),
                         format!(
                             "ranks {missing:?} did not join within {:?} at {}",
                             rv.timeout,
@@ -606,6 +614,7 @@ impl Group {
                             if j.world != rv.world {
                                 return Err(fail(stop_rendezvous(
                                     &links,
+                                    [&j.link],
                                     format!(
                                         "rank {} (pid {}) says WORLD_SIZE={}, rank 0 has {}",
                                         j.rank, j.pid, j.world, rv.world
@@ -615,6 +624,7 @@ impl Group {
                             if j.rank == 0 || j.rank >= rv.world || links[j.rank].is_some() {
                                 return Err(fail(stop_rendezvous(
                                     &links,
+                                    [&j.link],
                                     format!(
                                         "pid {} claims rank {}, which is taken or out of range: do two processes have the same RANK?",
                                         j.pid, j.rank
@@ -644,7 +654,7 @@ impl Group {
                     for told in links[..r].iter().flatten() {
                         let _ = told.send_msg(&report);
                     }
-                    stop_rendezvous(&links[r + 1..], why);
+                    stop_rendezvous(&links[r + 1..], [], why);
                     return Err(fail(format!("telling rank {r} that all joined: {e}")));
                 }
             }
@@ -677,6 +687,11 @@ impl Group {
                             "waiting for every rank to join: rank 0 stopped the rendezvous: {why}"
                         )
                     }
+                    // Rank 0 is alive (its socket is open) but gave no verdict.
+                    None if why.starts_with("nothing arrived") => format!(
+                        "waiting for every rank to join: rank 0 gave no word (all joined, or who did not) within {:?} of this rank's start: it is still waiting (did it start more than {VERDICT_GRACE:?} after this rank, or with a longer P2P_RENDEZVOUS_TIMEOUT_MS?) or is stuck",
+                        rv.timeout + VERDICT_GRACE
+                    ),
                     None => format!("waiting for every rank to join: rank 0 failed or left: {why}"),
                 })
             })?;
@@ -1015,16 +1030,11 @@ fn monitor(sh: &Shared) {
         };
         if let Some(a) = local {
             if sh.lock().failure.is_none() {
-                let failure = a.kernel_failure();
-                let why = match (a.reason(), failure) {
-                    (Some((_, why)), _) => why,
-                    (None, Some(f)) => f.to_string(),
-                    (None, None) => "aborted by the user".into(),
-                };
-                let who = match (a.reason(), failure) {
-                    (Some((r, _)), _) => r,
-                    (None, Some(KernelFailure { rank: Some(r), .. })) => r,
-                    _ => sh.rank,
+                // Each read once, so that the rank and the reason come from one source.
+                let (who, why) = match (a.reason(), a.kernel_failure()) {
+                    (Some((r, why)), _) => (r, why),
+                    (None, Some(f)) => (f.rank.unwrap_or(sh.rank), f.to_string()),
+                    (None, None) => (sh.rank, "aborted by the user".into()),
                 };
                 sh.fail(who, why, None);
             }
@@ -1264,6 +1274,50 @@ mod tests {
         };
         let e0 = Group::join(&r0).expect_err("rank 3 never came");
         all_heard_rank_3_is_missing(&e0.to_string(), others);
+    }
+
+    #[test]
+    fn two_processes_with_one_rank_both_hear_why() {
+        let name = "same-rank";
+        let world = 3;
+        let g0 = std::thread::spawn(move || Group::join(&rv(name, 0, world)));
+        let first = std::thread::spawn(move || Group::join(&rv(name, 1, world)));
+        std::thread::sleep(Duration::from_millis(200));
+        // A second process claims rank 1: rank 0 stops, and tells both why (the second one
+        // too, though it never joined).
+        let e = Group::join(&rv(name, 1, world))
+            .expect_err("rank 1 is taken")
+            .to_string();
+        assert!(
+            e.contains("rank 0 stopped the rendezvous") && e.contains("claims rank 1"),
+            "{e}"
+        );
+        let e = first.join().expect("t").expect_err("stopped").to_string();
+        assert!(e.contains("claims rank 1, which is taken"), "{e}");
+        let e0 = g0.join().expect("t").expect_err("stopped").to_string();
+        assert!(e0.contains("do two processes have the same RANK?"), "{e0}");
+    }
+
+    #[test]
+    fn a_rank_told_before_one_that_left_learns_which() {
+        let name = "left-later";
+        let world = 3;
+        let g0 = std::thread::spawn(move || Group::join(&rv(name, 0, world)));
+        // Rank 2 joins by hand and leaves; rank 1 joins after it. Rank 0 tells rank 1 that
+        // all joined, fails to tell rank 2, and reports rank 2 to rank 1.
+        let r2 = rv(name, 2, world);
+        drop(try_join(&r2, &r2, 2, Duration::from_secs(5)).expect("rank 2 joins"));
+        std::thread::sleep(Duration::from_millis(100));
+        let g1 = Group::join(&rv(name, 1, world)).expect("rank 1 was told that all joined");
+        let start = Instant::now();
+        while g1.failure().is_none() && start.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let f = g1.failure().expect("rank 1 learns");
+        assert_eq!(f.rank, 2);
+        assert!(f.why.contains("left after joining"), "{}", f.why);
+        let e0 = g0.join().expect("t").expect_err("rank 2 left").to_string();
+        assert!(e0.contains("telling rank 2 that all joined"), "{e0}");
     }
 
     #[test]

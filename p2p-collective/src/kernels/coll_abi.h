@@ -115,7 +115,7 @@ struct CollArgs {
     u64* sync[MAX_RANKS];               // every rank's sync area, as addressed from this GPU
     const unsigned char* peer_in[MAX_RANKS];  // direct kinds: every rank's input, from this GPU
     unsigned char* peer_out[MAX_RANKS];       // direct kinds: every rank's output, from this GPU
-    volatile int* abort_flag;           // pinned host memory: every wait polls it; a failing kernel sets it to 2
+    volatile int* abort_flag;           // pinned host memory: every wait polls it; a failing kernel sets it (ABORT_KERNEL_FAILED ...)
     u64 count;                          // elements per segment (see each kind)
     u64 piece;                          // elements per block per chunk, a multiple of 16 bytes
     u64 sub;                            // K_ALLREDUCE_PIPE: elements per sub-piece (else 0)
