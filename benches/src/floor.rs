@@ -1,21 +1,48 @@
 //! The launch floor: an empty kernel launched as the collectives launch theirs, for the
 //! benchmarks (tool code, so it lives here rather than in a library crate).
 
+use std::ffi::c_void;
+
 use p2p_mem::kernel::{arch_for, compile_cached, Function, Module, Source};
 use p2p_mem::Device;
 
-/// The empty kernel of [`EmptyKernel`].
+/// 64-bit words in the argument block of `empty_args_kernel`: the collectives' block
+/// ([`p2p_collective::comm::KERNEL_ARGS_BYTES`]; a test checks the two agree).
+pub const ARGS_WORDS: usize = 46;
+
+/// The empty kernels of [`EmptyKernel`]: one with no parameters, one with an argument block
+/// the size of the collectives' (`ARGS_WORDS` must match the constant above).
 pub const EMPTY: Source = Source {
     name: "empty.cu",
     code: r#"
-extern "C" __global__ void empty_kernel() {
+#define ARGS_WORDS 46
+struct EmptyArgs { unsigned long long w[ARGS_WORDS]; };
+
+__device__ __forceinline__ void overlap() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+
+extern "C" __global__ void empty_kernel() { overlap(); }
+
+extern "C" __global__ void empty_args_kernel(EmptyArgs a) {
+    overlap();
+    // Never true for the zeroed block the host passes; keeps the parameter alive.
+    if (a.w[ARGS_WORDS - 1] == 1) asm volatile("trap;");
+}
 "#,
 };
+
+/// How [`EmptyKernel::launch_as`] launches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Launch {
+    /// Programmatic dependent launch (as the collectives launch, unless ranks share a GPU).
+    pub overlapped: bool,
+    /// Pass a zeroed argument block the size of the collectives' (`empty_args_kernel`).
+    pub args: bool,
+}
 
 /// A kernel that does nothing, launched the way the collectives launch theirs (programmatic
 /// dependent launch on compute capability 9.0+): what it costs per launch is the floor under
@@ -23,6 +50,7 @@ extern "C" __global__ void empty_kernel() {
 pub struct EmptyKernel {
     module: Module,
     function: Function,
+    with_args: Function,
 }
 
 impl EmptyKernel {
@@ -31,17 +59,68 @@ impl EmptyKernel {
         let cubin = compile_cached(&EMPTY, &arch_for(device))?;
         let module = Module::load(device, &cubin)?;
         let function = module.function("empty_kernel")?;
-        Ok(EmptyKernel { module, function })
+        let with_args = module.function("empty_args_kernel")?;
+        Ok(EmptyKernel {
+            module,
+            function,
+            with_args,
+        })
     }
 
-    /// Queues one launch of `grid` blocks of `block` threads on `stream` (of this kernel's GPU).
-    #[allow(unsafe_code)] // a kernel launch: the one unsafe call in this crate's library
+    /// Queues one launch of `grid` blocks of `block` threads on `stream` (of this kernel's GPU),
+    /// with no parameters and programmatic dependent launch.
     pub fn launch(&self, grid: u32, block: u32, stream: &p2p_mem::Stream) -> p2p_mem::Result<()> {
-        // SAFETY: the kernel takes no parameters and touches no memory; its first instruction
-        // is the `griddepcontrol.wait` that launch_overlapped asks for.
+        let how = Launch {
+            overlapped: true,
+            args: false,
+        };
+        self.launch_as(how, grid, block, stream)
+    }
+
+    /// Queues one launch as `how` says.
+    #[allow(unsafe_code)] // kernel launches: the one unsafe block in this crate's library
+    pub fn launch_as(
+        &self,
+        how: Launch,
+        grid: u32,
+        block: u32,
+        stream: &p2p_mem::Stream,
+    ) -> p2p_mem::Result<()> {
+        let mut block_args = [0u64; ARGS_WORDS];
+        let mut one = [block_args.as_mut_ptr().cast::<c_void>()];
+        let (function, params): (Function, &mut [*mut c_void]) = if how.args {
+            (self.with_args, &mut one)
+        } else {
+            (self.function, &mut [])
+        };
+        // SAFETY: `empty_kernel` takes no parameters; `empty_args_kernel` takes one by-value
+        // block of ARGS_WORDS words, which `block_args` is and which outlives the call (the
+        // driver copies it at launch). Neither kernel touches memory, and both start with the
+        // `griddepcontrol.wait` that launch_overlapped asks for.
         unsafe {
-            self.module
-                .launch_overlapped(self.function, grid, block, &mut [], stream)
+            if how.overlapped {
+                self.module
+                    .launch_overlapped(function, grid, block, params, stream)
+            } else {
+                self.module.launch(function, grid, block, params, stream)
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_argument_block_is_the_collectives_size_in_rust_and_cuda() {
+        assert_eq!(
+            ARGS_WORDS * 8,
+            p2p_collective::comm::KERNEL_ARGS_BYTES,
+            "change ARGS_WORDS here and in EMPTY's source"
+        );
+        assert!(EMPTY
+            .code
+            .contains(&format!("#define ARGS_WORDS {ARGS_WORDS}\n")));
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! `p2p-bench list` reports the GPUs and CUDA libraries it finds; [`p2p`] is the bandwidth and
 //! latency benchmark (`cargo xtask bench p2p`); [`coll`] the collective benchmark beside NCCL
-//! (`cargo xtask bench coll`), which drives NCCL through [`nccl`].
+//! (`cargo xtask bench coll`), which drives NCCL through [`nccl`]; [`host`] splits the host's
+//! cost of issuing one call (`p2p-bench host`).
 
 #![deny(unsafe_code)]
 
@@ -11,6 +12,7 @@ pub mod coll;
 pub mod doctor;
 pub mod faults;
 pub mod floor;
+pub mod host;
 pub mod kernels;
 #[allow(unsafe_code)] // kernel launches
 pub mod latency;

@@ -54,6 +54,11 @@ const _: () = assert!(crate::abi::P2P_END_OFF * 8 <= SYNC_BYTES);
 const _: () = assert!((crate::abi::CE_FLAGS_OFF + crate::abi::CE_CHUNKS) * 8 <= SYNC_BYTES);
 // `coll_abi.h` asserts the same size for its `CollArgs`.
 const _: () = assert!(std::mem::size_of::<CollArgs>() == 368);
+
+/// Bytes of the one argument block that every collective kernel launch passes by value (the
+/// `CollArgs` of `coll_abi.h`): what the driver copies into each launch. For host-cost
+/// experiments (`p2p-bench host` launches an empty kernel with a block of this size).
+pub const KERNEL_ARGS_BYTES: usize = std::mem::size_of::<CollArgs>();
 // The kernels' value for the abort flag is the transport's (AbortHandle reads it).
 const _: () = assert!(crate::abi::ABORT_KERNEL_FAILED == KERNEL_FAILED as usize);
 const _: () = assert!(crate::abi::ABORT_PEER_SHIFT == KERNEL_FAILED_PEER_SHIFT as usize);

@@ -113,8 +113,8 @@ pub struct Tuning {
     /// On two ranks, all-reduces above LL's sizes and up to this many bytes run the pipelined
     /// one-shot ([`Kind::AllReducePipe`]: each block's push and reduction overlapped), when
     /// they fit one round of the scratch (`max_blocks * piece_bytes`, 16 MiB on H200). Default
-    /// 0 (off): the kernel compiles and is planned, but has not yet run on a GPU
-    /// (docs/perf-notes.md §33); `P2P_ALGO=pipe` forces it.
+    /// 0 (off): correct in the suites with ranks sharing one GPU, but not yet run across GPUs
+    /// or measured (docs/perf-notes.md §33); `P2P_ALGO=pipe` forces it.
     pub pipe_max_bytes: usize,
     /// Bytes per sub-piece of the pipelined one-shot: each block pushes its piece in
     /// sub-pieces of this size, and gives its peers a flag after each. A multiple of 16.
@@ -123,13 +123,14 @@ pub struct Tuning {
     /// bytes (all parts together) copy this rank's own part into its output with the copy
     /// engine, on the communicator's second stream beside the kernel, instead of with the
     /// kernel's SMs ([`Plan::own_by_copy_engine`]). In place, nothing is copied either way.
-    /// Default `usize::MAX` (off): not yet run on a GPU (docs/perf-notes.md §34).
+    /// Default `usize::MAX` (off): correct with ranks sharing one GPU, not yet run across GPUs
+    /// (docs/perf-notes.md §34).
     pub ce_own_min_bytes: usize,
     /// Streams that share each copy of an all-gather or all-to-all by the copy engines: 1 (the
     /// default) copies each peer's part in one `cuMemcpyAsync` on the caller's stream; 2 splits
     /// it in halves, the second on the communicator's second stream, so that two copy engines
-    /// (an H200 has three) may carry one direction at once. Not yet run on a GPU
-    /// (docs/perf-notes.md §36). 1 or 2.
+    /// (an H200 has three) may carry one direction at once. Correct with ranks sharing one
+    /// GPU, not yet run across GPUs (docs/perf-notes.md §36). 1 or 2.
     pub ce_streams: usize,
 }
 

@@ -15,6 +15,8 @@
 #   one-gpu.sh procs [W]  the process-per-rank suite at W ranks (default 2).
 #   one-gpu.sh sharings   the process-per-rank matrix at 2 ranks with P2P_CUMEM=0 (legacy
 #                      IPC) and P2P_DISABLE=1 (host-staged).
+#   one-gpu.sh host    p2p-bench host at 2 and 4 ranks on the GPU, two rounds (BASE=path: A/B
+#                      against another build's p2p-bench; perf-notes §38).
 #   one-gpu.sh extra   the examples with 2 ranks on the one GPU (p2p-bench launch, torchrun
 #                      with 2 and 4), and the fault-injection suite with 2 ranks
 #                      (FAULT_SECONDS, default 90).
@@ -125,6 +127,22 @@ case $phase in
     timeout 150 "$here/p2p-bench" faults -n 2 --seconds "${FAULT_SECONDS:-90}" --out "$res" >"$res/faults.log" 2>&1
     note "faults -n 2 on one GPU: exit $?: $(tail -n 3 "$res/faults.log" | tr '\n' ' ')"
     ;;
-  *) finish "one-gpu.sh: unknown phase $phase (tests, coll, diag, procs, sharings, extra)"; exit 2 ;;
+  host)
+    # p2p-bench host (perf-notes §38): the host's cost of one call, split into the launch, the
+    # argument block and ours, with 2 and 4 ranks on the GPU, two rounds; with BASE=path (a
+    # p2p-bench of another tree, e.g. ../ab/p2p-bench-X) that build runs first in each round.
+    for round in 1 2; do
+      for w in 2 4; do
+        for b in ${BASE:-} "$here/p2p-bench"; do
+          if [ "$b" = "$here/p2p-bench" ]; then tag=new; else tag=base; fi
+          f=$res/host-w$w-$tag-r$round
+          timeout 150 "$b" host --share-gpu "$w" --samples "${HOST_SAMPLES:-50}" --json "$f.json" >"$f.md" 2>"$f.err"
+          note "host, $w ranks, $tag, round $round: exit $?: $(tail -n 1 "$f.md")"
+          pack
+        done
+      done
+    done
+    ;;
+  *) finish "one-gpu.sh: unknown phase $phase (tests, coll, diag, procs, sharings, extra, host)"; exit 2 ;;
 esac
 finish

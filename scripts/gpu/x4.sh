@@ -15,6 +15,7 @@
 #   x4.sh ce [W]  the copy engines on more than two ranks (perf-notes §35) at W ranks (default
 #                 every GPU): all-gather and all-to-all from 16 MiB with --ce-more-ranks-mib 0
 #                 against the defaults, two rounds.
+#   x4.sh host    p2p-bench host on 2, 3 and every GPU, two rounds (perf-notes §38; ~2 min).
 # Results: $OUT/x4-PHASE.tgz (summary.txt first), packed after every step.
 phase=${1:-tests}
 BATCH=x4-$phase
@@ -69,6 +70,18 @@ case $phase in
     timeout 540 "$here/p2p-bench" coll --gpus 3 --factor 4 --out "$res/coll-w3" >"$res/coll-w3.md" 2>"$res/coll-w3.err"
     note "coll on 3 GPUs: exit $? ($(grep -c WRONG "$res/coll-w3.err") WRONG lines)"
     ;;
-  *) finish "x4.sh: unknown phase $phase (tests, more, bench, bench3, ce)"; exit 2 ;;
+  host)
+    # p2p-bench host (perf-notes §38): the host's cost of one call split, on 2, 3 and every GPU,
+    # two rounds (about 10 s each; no NCCL).
+    for round in 1 2; do
+      for w in $(printf '%s\n' 2 3 "$n" | sort -un); do
+        f=$res/host-w$w-r$round
+        timeout 120 "$here/p2p-bench" host --gpus "$w" --samples 50 --json "$f.json" >"$f.md" 2>"$f.err"
+        note "host on $w GPUs, round $round: exit $?: $(tail -n 1 "$f.md")"
+        pack
+      done
+    done
+    ;;
+  *) finish "x4.sh: unknown phase $phase (tests, more, bench, bench3, ce, host)"; exit 2 ;;
 esac
 finish

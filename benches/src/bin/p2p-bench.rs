@@ -145,6 +145,26 @@ enum Command {
         #[arg(long, default_value = "docs/results")]
         out: PathBuf,
     },
+    /// Host time to issue one call, split: binding the context, an empty kernel launched as
+    /// ours, the same with our argument block, our all-reduce (8 B, 8 KiB, in place); prints a
+    /// Markdown table (perf-notes §38).
+    Host {
+        /// How many GPUs, one rank each (0: all).
+        #[arg(long, default_value_t = 0)]
+        gpus: usize,
+        /// Instead put this many ranks on GPU 0 (for a machine with one GPU).
+        #[arg(long, default_value_t = 0)]
+        share_gpu: usize,
+        /// Timed batches per variant (median, min and max reported).
+        #[arg(long, default_value_t = 30)]
+        samples: usize,
+        /// Calls per rank in one batch.
+        #[arg(long, default_value_t = 200)]
+        calls: usize,
+        /// Also write the JSON here.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+    },
     /// Send/recv between the GPUs of this process: ours (a group of sends and receives per
     /// rank) beside NCCL's grouped ncclSend/ncclRecv, eager and under CUDA graph, each size
     /// checked first; writes JSON and Markdown.
@@ -225,6 +245,36 @@ fn main() -> ExitCode {
             max_mib,
             samples,
         } => p2p_cmd(out, matrix_mib, max_mib, samples),
+        Command::Host {
+            gpus,
+            share_gpu,
+            samples,
+            calls,
+            json,
+        } => {
+            let opts = p2p_benches::host::Options {
+                gpus,
+                share_gpu,
+                samples,
+                calls,
+            };
+            let v = match p2p_benches::host::run(&opts) {
+                Ok(v) => v,
+                Err(e) => {
+                    eprintln!("p2p-bench host: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            print!("{}", p2p_benches::host::markdown(&v));
+            if let Some(path) = json {
+                let text = serde_json::to_string_pretty(&v).unwrap_or_default();
+                if let Err(e) = std::fs::write(&path, text) {
+                    eprintln!("p2p-bench host: writing {}: {e}", path.display());
+                    return ExitCode::FAILURE;
+                }
+            }
+            ExitCode::SUCCESS
+        }
         Command::Sendrecv {
             pattern,
             out,
