@@ -33,6 +33,7 @@ extern "C" __global__ void empty_args_kernel(EmptyArgs a) {
     if (a.w[ARGS_WORDS - 1] == 1) asm volatile("trap;");
 }
 "#,
+    defines: &[],
 };
 
 /// How [`EmptyKernel::launch_as`] launches.

@@ -38,14 +38,38 @@ use crate::types::{DataType, Op, RedOp};
 use p2p_mem::wire;
 use p2p_transport::rendezvous::{Group, Rendezvous};
 
-/// The collective kernels: `coll_f32` ... `coll_u8`, one per element type.
+/// The collective kernels (`coll_f32` ... `coll_u8`, each in seven families) and the send/recv
+/// kernel (`p2p_sendrecv`), in one program.
 pub const COLL: Source = Source {
     name: "coll.cu",
     code: concat!(
         include_str!("kernels/coll_abi.h"),
         include_str!("kernels/coll.cu")
     ),
+    defines: &[],
 };
+
+/// [`COLL`] as the parts a communicator compiles, in parallel and cached each on its own: part
+/// `k` < 7 holds the kernels of `DataType::ALL[k]`, the last part `p2p_sendrecv`. Compiled
+/// whole, NVRTC takes about a minute on one thread; in parts on 16 cores, 8-11 s
+/// (docs/perf-notes.md section 39).
+pub const COLL_PARTS: [Source; crate::abi::COLL_PARTS] = {
+    const fn part(defines: &'static [&'static str]) -> Source {
+        Source { defines, ..COLL }
+    }
+    [
+        part(&["COLL_PART=0"]),
+        part(&["COLL_PART=1"]),
+        part(&["COLL_PART=2"]),
+        part(&["COLL_PART=3"]),
+        part(&["COLL_PART=4"]),
+        part(&["COLL_PART=5"]),
+        part(&["COLL_PART=6"]),
+        part(&["COLL_PART=7"]),
+    ]
+};
+const _: () = assert!(crate::abi::COLL_PART_P2P == crate::abi::COLL_PARTS - 1);
+const _: () = assert!(crate::abi::COLL_PART_P2P == DataType::ALL.len());
 
 use crate::abi::{CollArgs, F_ABORT, F_MISMATCH, F_TIMEOUT, STATUS_OFF, STATUS_WORDS, SYNC_BYTES};
 const _: () = assert!((STATUS_OFF + STATUS_WORDS) * 8 <= SYNC_BYTES);
@@ -213,27 +237,53 @@ impl Family {
     }
 }
 
+/// A kernel and the module it is in (which launches it).
+#[derive(Clone, Copy)]
+pub(crate) struct Kernel<'a> {
+    pub(crate) module: &'a Module,
+    pub(crate) function: Function,
+}
+
+/// The kernels of [`COLL_PARTS`] loaded on one device.
 pub(crate) struct Kernels {
-    /// `[family][type]`.
+    /// One per part of [`COLL_PARTS`].
+    modules: Vec<Module>,
+    /// `[family][type]`, in module `type`.
     functions: [[Function; 7]; 7],
-    /// Send and recv (`p2p_sendrecv`), for every type.
-    pub(crate) sendrecv: Function,
+    /// Send and recv (`p2p_sendrecv`), for every type, in the last module.
+    sendrecv: Function,
     /// Resident blocks per SM of `p2p_sendrecv`.
     pub(crate) sendrecv_blocks_per_sm: i32,
     /// Resident blocks per SM of the least-occupant kernel.
     blocks_per_sm: i32,
-    pub(crate) module: Module,
 }
 
 impl Kernels {
-    fn load(device: &Device, cubin: &[u8]) -> Result<Kernels> {
-        let module = Module::load(device, cubin)?;
+    /// Loads the cubins of [`COLL_PARTS`] (in its order) on `device`.
+    fn load(device: &Device, cubins: &[Vec<u8>]) -> Result<Kernels> {
+        let missing = |what: String| Error::InvalidArgument {
+            op: "init",
+            rank: 0,
+            what,
+        };
+        if cubins.len() != COLL_PARTS.len() {
+            return Err(missing(format!(
+                "{} cubins for the {} parts of the collective kernels",
+                cubins.len(),
+                COLL_PARTS.len()
+            )));
+        }
+        let modules = cubins
+            .iter()
+            .map(|c| Module::load(device, c))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
         let mut functions = Vec::with_capacity(Family::ALL.len());
         let mut blocks_per_sm = i32::MAX;
         for family in Family::ALL {
             let mut row = Vec::with_capacity(DataType::ALL.len());
             for d in DataType::ALL {
-                let f = module.function(&format!("{}{}", d.kernel(), family.suffix()))?;
+                let name = format!("{}{}", d.kernel(), family.suffix());
+                let f = modules[d.index()].function(&name)?;
                 blocks_per_sm = blocks_per_sm.min(f.max_blocks_per_sm(THREADS)?);
                 row.push(f);
             }
@@ -245,24 +295,31 @@ impl Kernels {
             .collect::<std::result::Result<Vec<_>, _>>()
             .ok()
             .and_then(|rows| <[[Function; 7]; 7]>::try_from(rows).ok())
-            .ok_or_else(|| Error::InvalidArgument {
-                op: "init",
-                rank: 0,
-                what: "the collective module is missing kernels".into(),
-            })?;
-        let sendrecv = module.function("p2p_sendrecv")?;
+            .ok_or_else(|| missing("the collective module is missing kernels".into()))?;
+        let sendrecv = modules[crate::abi::COLL_PART_P2P].function("p2p_sendrecv")?;
         let sendrecv_blocks_per_sm = sendrecv.max_blocks_per_sm(THREADS)?;
         Ok(Kernels {
+            modules,
             functions,
             sendrecv,
             sendrecv_blocks_per_sm,
             blocks_per_sm,
-            module,
         })
     }
 
-    fn function(&self, kind: Kind, dtype: DataType, world: usize) -> Function {
-        self.functions[Family::of(kind, world) as usize][dtype.index()]
+    fn function(&self, kind: Kind, dtype: DataType, world: usize) -> Kernel<'_> {
+        Kernel {
+            module: &self.modules[dtype.index()],
+            function: self.functions[Family::of(kind, world) as usize][dtype.index()],
+        }
+    }
+
+    /// `p2p_sendrecv`.
+    pub(crate) fn sendrecv(&self) -> Kernel<'_> {
+        Kernel {
+            module: &self.modules[crate::abi::COLL_PART_P2P],
+            function: self.sendrecv,
+        }
     }
 }
 
@@ -499,8 +556,8 @@ impl Communicator {
         // compile_cached memoises per process: GPUs of one architecture share one compile.
         let mut loaded = Vec::with_capacity(world);
         for d in devices {
-            let cubin = kernels::compile_cached(&COLL, &kernels::arch_for(d))?;
-            loaded.push(Arc::new(Kernels::load(d, &cubin)?));
+            let cubins = kernels::compile_cached_all(&COLL_PARTS, &kernels::arch_for(d))?;
+            loaded.push(Arc::new(Kernels::load(d, &cubins)?));
         }
         let sms = devices.iter().map(|d| d.sm_count()).min().unwrap_or(1);
         let per_sm = loaded.iter().map(|k| k.blocks_per_sm).min().unwrap_or(1);
@@ -615,7 +672,7 @@ impl Communicator {
         let arch = kernels::arch_for(device);
         let kernels = Arc::new(Kernels::load(
             device,
-            &kernels::compile_cached(&COLL, &arch)?,
+            &kernels::compile_cached_all(&COLL_PARTS, &arch)?,
         )?);
         let tuning = options.tuning.unwrap_or_else(|| {
             warn_occupancy(kernels.blocks_per_sm);
@@ -1592,7 +1649,7 @@ impl Communicator {
         call: &Call,
         input: &Region<'_>,
         output: &Region<'_>,
-        function: Function,
+        function: Kernel<'_>,
         p: &Plan,
         args: &mut CollArgs,
         stream: &Stream,
@@ -2027,12 +2084,11 @@ impl Communicator {
     #[allow(unsafe_code)]
     fn launch(
         &self,
-        function: Function,
+        Kernel { module, function }: Kernel<'_>,
         (grid, threads): (u32, u32),
         args: &mut CollArgs,
         stream: &Stream,
     ) -> Result<()> {
-        let module = &self.kernels.module;
         let mut params = [(args as *mut CollArgs).cast::<c_void>()];
         // SAFETY: `CollArgs` matches the kernel's one by-value parameter field for field. Its
         // pointers are this call's validated buffers (lengths checked against the plan), the

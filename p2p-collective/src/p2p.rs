@@ -461,13 +461,10 @@ impl<'a> P2pGroup<'a> {
         // the communicator is, which synchronises before freeing them); the abort flag is
         // pinned memory held by the communicator; the grid covers `channels` channels.
         let launched = unsafe {
-            comm.kernels.module.launch(
-                comm.kernels.sendrecv,
-                grid,
-                THREADS,
-                &mut params,
-                self.stream,
-            )
+            let kernel = comm.kernels.sendrecv();
+            kernel
+                .module
+                .launch(kernel.function, grid, THREADS, &mut params, self.stream)
         };
         comm.abort_on_error(self.op, launched.map_err(Error::from))
     }

@@ -2,14 +2,15 @@
 //! architecture at first use, cached on disk, loaded into a device's context and launched.
 //!
 //! Every crate's kernels go through here (the transport's copy, probe, latency and send/recv
-//! kernels, the collectives' `coll.cu`): [`compile_cached`] is the one compile path (in-process
-//! memo plus an on-disk cache keyed by the source, the target and the NVRTC version);
-//! [`compile`] is the uncached step under it, for CI's compile checks. [`Module`] loads a cubin
-//! and launches its [`Function`]s on a [`Stream`].
+//! kernels, the collectives' `coll.cu`): [`compile_cached_all`] is the one compile path
+//! (in-process memo plus an on-disk cache keyed by the source, its macros, the target and the
+//! NVRTC version; the sources missing from it compile in parallel threads), [`compile_cached`]
+//! its one-source case; [`compile_all`] and [`compile`] are the uncached step under them, for
+//! CI's compile checks. [`Module`] loads a cubin and launches its [`Function`]s on a [`Stream`].
 //!
 //! ```no_run
 //! use p2p_mem::kernel::{Module, Source};
-//! const K: Source = Source { name: "k.cu", code: "extern \"C\" __global__ void k() {}" };
+//! const K: Source = Source { name: "k.cu", code: "extern \"C\" __global__ void k() {}", defines: &[] };
 //! let gpu = p2p_mem::Device::new(0)?;
 //! let module = Module::build(&gpu, &K)?;
 //! let k = module.function("k")?;
@@ -23,13 +24,27 @@ use p2p_sys::{check_nvrtc, cu, cuda, nvrtc, Library};
 use crate::device::{Device, Stream};
 use crate::error::{Error, Result};
 
-/// A kernel source: its name and CUDA C++ text.
+/// A kernel source: its name, CUDA C++ text and the macros it is compiled with.
 #[derive(Debug, Clone, Copy)]
 pub struct Source {
     /// File name, used in error messages.
     pub name: &'static str,
     /// The CUDA C++ code.
     pub code: &'static str,
+    /// Macros defined for the compile, each `NAME` or `NAME=VALUE` (NVRTC's `-D`): one text
+    /// compiled into several programs, e.g. a part of its kernels each (empty for most).
+    pub defines: &'static [&'static str],
+}
+
+impl Source {
+    /// The name, with the macros if any: `coll.cu [COLL_PART=0]`.
+    fn label(&self) -> String {
+        if self.defines.is_empty() {
+            self.name.to_string()
+        } else {
+            format!("{} [{}]", self.name, self.defines.join(" "))
+        }
+    }
 }
 
 /// `sm_90` for compute capability 9.0.
@@ -39,8 +54,45 @@ pub fn arch_for(device: &Device) -> String {
 }
 
 /// Compiles `source` to a cubin for `arch` (e.g. `sm_90`). Needs libnvrtc, but no GPU.
+/// NVRTC's optimiser runs on every core (`-split-compile`, which leaves the code unchanged).
 pub fn compile(source: &Source, arch: &str) -> Result<Vec<u8>> {
+    let mut cubins = compile_all(std::slice::from_ref(source), arch)?;
+    cubins
+        .pop()
+        .ok_or_else(|| compile_error(source, arch, "no cubin"))
+}
+
+/// Compiles several sources for `arch`, in parallel: one thread per source, and NVRTC's
+/// optimiser splitting each over the cores left (`-split-compile`). Returns the cubins in the
+/// order of `sources`, or the first source's error. One large program cut into parts compiles
+/// several times faster this way than whole (docs/perf-notes.md section 39).
+pub fn compile_all(sources: &[Source], arch: &str) -> Result<Vec<Vec<u8>>> {
     p2p_sys::probe::require(Library::Nvrtc)?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let split = (cores / sources.len().max(1)).max(1);
+    if sources.len() == 1 {
+        return Ok(vec![compile_with(&sources[0], arch, split)?]);
+    }
+    std::thread::scope(|s| {
+        let threads: Vec<_> = sources
+            .iter()
+            .map(|source| s.spawn(move || compile_with(source, arch, split)))
+            .collect();
+        sources
+            .iter()
+            .zip(threads)
+            .map(|(source, t)| {
+                t.join().unwrap_or_else(|_| {
+                    Err(compile_error(source, arch, "the compile thread panicked"))
+                })
+            })
+            .collect()
+    })
+}
+
+/// One NVRTC compile, its optimiser split over `split` threads (`-split-compile`; an NVRTC
+/// that rejects the option compiles again on one thread).
+fn compile_with(source: &Source, arch: &str, split: usize) -> Result<Vec<u8>> {
     let code = CString::new(source.code)
         .map_err(|_| compile_error(source, arch, "source contains a NUL byte"))?;
     let name = CString::new(source.name)
@@ -58,18 +110,36 @@ pub fn compile(source: &Source, arch: &str) -> Result<Vec<u8>> {
         )
     })?;
     let program = Program(prog);
-    let opts: Vec<CString> = [
+    let mut opts = vec![
         format!("--gpu-architecture={arch}"),
         "--std=c++17".into(),
         "-default-device".into(),
-    ]
-    .into_iter()
-    .filter_map(|o| CString::new(o).ok())
-    .collect();
+    ];
+    opts.extend(source.defines.iter().map(|d| format!("--define-macro={d}")));
+    if split > 1 {
+        opts.push(format!("-split-compile={split}"));
+    }
+    let opts: Vec<CString> = opts
+        .into_iter()
+        .map(CString::new)
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|_| compile_error(source, arch, "a macro contains a NUL byte"))?;
     let opt_ptrs: Vec<*const std::ffi::c_char> = opts.iter().map(|o| o.as_ptr()).collect();
     // SAFETY: the program is live; `opt_ptrs` holds `len` NUL-terminated strings that outlive the call.
     let compiled =
         unsafe { nvrtc::nvrtcCompileProgram(program.0, opt_ptrs.len() as i32, opt_ptrs.as_ptr()) };
+    if compiled == nvrtc::nvrtcResult::NVRTC_ERROR_INVALID_OPTION {
+        let log = program.log();
+        if split > 1 {
+            tracing::debug!(kernel = %source.label(), "NVRTC rejected -split-compile ({log}); compiling on one thread");
+            return compile_with(source, arch, 1);
+        }
+        return Err(compile_error(
+            source,
+            arch,
+            &format!("NVRTC rejected an option of {opts:?}: {log}"),
+        ));
+    }
     if compiled != nvrtc::nvrtcResult::NVRTC_SUCCESS {
         return Err(compile_error(source, arch, &program.log()));
     }
@@ -88,9 +158,18 @@ pub fn compile(source: &Source, arch: &str) -> Result<Vec<u8>> {
 
 /// As [`compile`], but remembers the cubin: in this process, and on disk under
 /// `$XDG_CACHE_HOME/p2p/kernels` (or `~/.cache/p2p/kernels`), keyed by a hash of the source,
-/// the target and the NVRTC version. Large kernels take NVRTC seconds; a cache hit takes
-/// microseconds. A cache that cannot be read or written is skipped, never an error.
+/// its macros, the target and the NVRTC version. Large kernels take NVRTC seconds; a cache hit
+/// takes microseconds. A cache that cannot be read or written is skipped, never an error.
 pub fn compile_cached(source: &Source, arch: &str) -> Result<Vec<u8>> {
+    let mut cubins = compile_cached_all(std::slice::from_ref(source), arch)?;
+    cubins
+        .pop()
+        .ok_or_else(|| compile_error(source, arch, "no cubin"))
+}
+
+/// As [`compile_all`] (the sources not cached compile in parallel), with [`compile_cached`]'s
+/// cache. Returns the cubins in the order of `sources`.
+pub fn compile_cached_all(sources: &[Source], arch: &str) -> Result<Vec<Vec<u8>>> {
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
     static MEMO: OnceLock<Mutex<HashMap<u64, Vec<u8>>>> = OnceLock::new();
@@ -98,37 +177,54 @@ pub fn compile_cached(source: &Source, arch: &str) -> Result<Vec<u8>> {
     let (mut major, mut minor) = (0, 0);
     // SAFETY: libnvrtc is loaded; both are out-pointers.
     unsafe { nvrtc::nvrtcVersion(&mut major, &mut minor) };
-    let key = fnv1a(&[
-        source.code.as_bytes(),
-        arch.as_bytes(),
-        &major.to_le_bytes(),
-        &minor.to_le_bytes(),
-    ]);
     let memo = MEMO.get_or_init(|| Mutex::new(HashMap::new()));
-    if let Some(c) = memo.lock().ok().and_then(|m| m.get(&key).cloned()) {
-        return Ok(c);
-    }
     let dir = std::env::var_os("XDG_CACHE_HOME")
         .map(std::path::PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))
         .map(|d| d.join("p2p").join("kernels"));
-    let file = dir
-        .as_ref()
-        .map(|d| d.join(format!("{}-{arch}-{key:016x}.cubin", source.name)));
-    let cached = file
-        .as_ref()
-        .and_then(|f| std::fs::read(f).ok())
-        .filter(|c| c.starts_with(b"\x7fELF"));
-    let cubin = match cached {
-        Some(c) => {
-            tracing::debug!(kernel = source.name, %arch, "kernel cache hit");
-            c
-        }
-        None => {
-            let t = std::time::Instant::now();
-            let c = compile(source, arch)?;
-            tracing::info!(kernel = source.name, %arch, "compiled in {:.1} s (cached for next time)", t.elapsed().as_secs_f64());
-            if let (Some(d), Some(f)) = (&dir, &file) {
+    let (major, minor) = (major.to_le_bytes(), minor.to_le_bytes());
+    let mut keys = Vec::with_capacity(sources.len());
+    let mut cubins: Vec<Option<Vec<u8>>> = Vec::with_capacity(sources.len());
+    for source in sources {
+        let mut parts = vec![
+            source.code.as_bytes(),
+            arch.as_bytes(),
+            &major[..],
+            &minor[..],
+        ];
+        parts.extend(source.defines.iter().map(|d| d.as_bytes()));
+        let key = fnv1a(&parts);
+        let file = dir
+            .as_ref()
+            .map(|d| d.join(format!("{}-{arch}-{key:016x}.cubin", source.name)));
+        let cached = memo
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&key).cloned())
+            .or_else(|| {
+                let c = file
+                    .as_ref()
+                    .and_then(|f| std::fs::read(f).ok())
+                    .filter(|c| c.starts_with(b"\x7fELF"));
+                if c.is_some() {
+                    tracing::debug!(kernel = %source.label(), %arch, "kernel cache hit");
+                }
+                c
+            });
+        keys.push((key, file));
+        cubins.push(cached);
+    }
+    let missing: Vec<usize> = (0..sources.len())
+        .filter(|&i| cubins[i].is_none())
+        .collect();
+    if !missing.is_empty() {
+        let todo: Vec<Source> = missing.iter().map(|&i| sources[i]).collect();
+        let t = std::time::Instant::now();
+        let compiled = compile_all(&todo, arch)?;
+        let names: Vec<String> = todo.iter().map(Source::label).collect();
+        tracing::info!(kernels = ?names, %arch, "compiled in {:.1} s (cached for next time)", t.elapsed().as_secs_f64());
+        for (&i, c) in missing.iter().zip(compiled) {
+            if let (Some(d), (_, Some(f))) = (&dir, &keys[i]) {
                 let tmp = f.with_extension(format!("tmp{}", std::process::id()));
                 let written = std::fs::create_dir_all(d)
                     .and_then(|_| std::fs::write(&tmp, &c))
@@ -138,13 +234,18 @@ pub fn compile_cached(source: &Source, arch: &str) -> Result<Vec<u8>> {
                     let _ = std::fs::remove_file(&tmp);
                 }
             }
-            c
+            cubins[i] = Some(c);
         }
-    };
-    if let Ok(mut m) = memo.lock() {
-        m.insert(key, cubin.clone());
     }
-    Ok(cubin)
+    let mut out = Vec::with_capacity(sources.len());
+    for ((source, (key, _)), cubin) in sources.iter().zip(keys).zip(cubins) {
+        let c = cubin.ok_or_else(|| compile_error(source, arch, "no cubin"))?;
+        if let Ok(mut m) = memo.lock() {
+            m.insert(key, c.clone());
+        }
+        out.push(c);
+    }
+    Ok(out)
 }
 
 fn fnv1a(parts: &[&[u8]]) -> u64 {
@@ -160,7 +261,7 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
 
 fn compile_error(source: &Source, arch: &str, log: &str) -> Error {
     Error::Compile {
-        kernel: source.name.into(),
+        kernel: source.label(),
         arch: arch.into(),
         log: log.into(),
     }

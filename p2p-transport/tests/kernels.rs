@@ -33,6 +33,7 @@ fn a_broken_kernel_fails_with_the_compiler_log() {
     let broken = p2p_transport::kernels::Source {
         name: "broken.cu",
         code: "extern \"C\" __global__ void k() { undefined_thing(); }",
+        defines: &[],
     };
     let err = compile(&broken, "sm_90").expect_err("must not compile");
     let text = err.to_string();

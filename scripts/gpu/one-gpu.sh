@@ -17,6 +17,9 @@
 #                      IPC) and P2P_DISABLE=1 (host-staged).
 #   one-gpu.sh host    p2p-bench host at 2 and 4 ranks on the GPU, two rounds (BASE=path: A/B
 #                      against another build's p2p-bench; perf-notes §38).
+#   one-gpu.sh compile the time to a first communicator with an empty kernel cache (BASE=path:
+#                      another build's p2p-bench after this one's; ROUNDS), then with a warm one
+#                      (perf-notes §39).
 #   one-gpu.sh extra   the examples with 2 ranks on the one GPU (p2p-bench launch, torchrun
 #                      with 2 and 4), and the fault-injection suite with 2 ranks
 #                      (FAULT_SECONDS, default 90).
@@ -143,6 +146,26 @@ case $phase in
       done
     done
     ;;
-  *) finish "one-gpu.sh: unknown phase $phase (tests, coll, diag, procs, sharings, extra, host)"; exit 2 ;;
+  compile)
+    # The kernels' first compile (perf-notes §39): the time to a communicator (p2p-bench host
+    # at 2 ranks, 5 samples) with an empty kernel cache, this build then BASE's (a p2p-bench
+    # of another tree) if given, ROUNDS rounds (default 1); then this build with its cache warm.
+    for round in $(seq "${ROUNDS:-1}"); do
+      for b in "$here/p2p-bench" ${BASE:-}; do
+        if [ "$b" = "$here/p2p-bench" ]; then tag=new; else tag=base; fi
+        f=$res/compile-$tag-r$round cache=$(mktemp -d)
+        t0=$(date +%s.%N)
+        XDG_CACHE_HOME=$cache P2P_DEBUG=info P2P_DEBUG_SUBSYS=mem timeout 300 "$b" host --share-gpu 2 --samples 5 >"$f.md" 2>"$f.err"
+        rc=$?
+        [ "$tag" = new ] && warm=$cache
+        note "empty cache, $tag, round $round: exit $rc in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s; $(grep -o 'compiled in [0-9.]* s' "$f.err" | tr '\n' ' ')"
+        pack
+      done
+    done
+    t0=$(date +%s.%N)
+    XDG_CACHE_HOME=$warm P2P_DEBUG=debug P2P_DEBUG_SUBSYS=mem timeout 300 "$here/p2p-bench" host --share-gpu 2 --samples 5 >"$res/compile-warm.md" 2>"$res/compile-warm.err"
+    note "warm cache, new: exit $? in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s; $(grep -c 'kernel cache hit' "$res/compile-warm.err") cache hits, $(grep -c 'compiled in' "$res/compile-warm.err") compiles"
+    ;;
+  *) finish "one-gpu.sh: unknown phase $phase (tests, coll, diag, procs, sharings, extra, host, compile)"; exit 2 ;;
 esac
 finish

@@ -7,12 +7,14 @@ use p2p_mem::kernel::Source;
 pub const PROBE: Source = Source {
     name: "probe.cu",
     code: include_str!("probe.cu"),
+    defines: &[],
 };
 
 /// The latency ping-pong: `p2p_pingpong`, flag stores through the peer mapping.
 pub const LATENCY: Source = Source {
     name: "latency.cu",
     code: include_str!("latency.cu"),
+    defines: &[],
 };
 
 /// Every kernel source of the tools (CI compiles each for sm_80 and sm_90).

@@ -1301,13 +1301,34 @@ __device__ void run(const CollArgs& a) {
     extern "C" __global__ void __launch_bounds__(512, 2) name##_ce(CollArgs a) { run<T, FAM_CE>(a); } \
     extern "C" __global__ void __launch_bounds__(512, 2) name##_pipe(CollArgs a) { run<T, FAM_PIPE>(a); }
 
+// Which kernels this compile holds: COLL_PART (coll_abi.h), every kernel when undefined. The
+// order is DataType::ALL's; comm.rs looks each kernel up in its part, so a kernel in the wrong
+// part fails the communicator's init.
+#ifndef COLL_PART
+#define COLL_PART -1
+#endif
+#define COLL_IN(k) (COLL_PART < 0 || COLL_PART == (k))
+#if COLL_IN(0)
 COLL_KERNEL(coll_f32, float)
+#endif
+#if COLL_IN(1)
 COLL_KERNEL(coll_f64, double)
+#endif
+#if COLL_IN(2)
 COLL_KERNEL(coll_f16, half_t)
+#endif
+#if COLL_IN(3)
 COLL_KERNEL(coll_bf16, bhalf_t)
+#endif
+#if COLL_IN(4)
 COLL_KERNEL(coll_i32, int)
+#endif
+#if COLL_IN(5)
 COLL_KERNEL(coll_i64, long long)
+#endif
+#if COLL_IN(6)
 COLL_KERNEL(coll_u8, unsigned char)
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Point-to-point: the sends and receives of a group, outside the collectives' step counters.
@@ -1549,6 +1570,7 @@ __device__ int p2p_message(const P2pArgs& a, int o, int lane, int* err) {
     return 0;
 }
 
+#if COLL_IN(COLL_PART_P2P)
 extern "C" __global__ void __launch_bounds__(512, 2) p2p_sendrecv(P2pArgs a) {
     __shared__ int err;
     // An earlier call failed: the communicator is unusable. Read once, so that every thread of
@@ -1573,3 +1595,4 @@ extern "C" __global__ void __launch_bounds__(512, 2) p2p_sendrecv(P2pArgs a) {
         if (p2p_message(a, o, lane, &err)) return;
     }
 }
+#endif  // COLL_IN(COLL_PART_P2P)

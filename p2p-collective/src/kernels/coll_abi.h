@@ -53,6 +53,12 @@
 #define K_SEND 64
 #define K_RECV 65
 #define K_RECV_ORDER 66  // a recv met another message number than its own: words 4, 5 are the two numbers
+// The kernels compile as COLL_PARTS programs, in parallel (docs/perf-notes.md section 39): part
+// k < COLL_PART_P2P holds the seven families of the k-th type (`DataType::ALL`'s order),
+// part COLL_PART_P2P the send/recv kernel. The host defines COLL_PART for each compile (NVRTC's
+// -D); coll.cu compiled without it holds every kernel.
+#define COLL_PARTS 8
+#define COLL_PART_P2P 7
 #define SYNC_BYTES (64 * 1024)  // the sync area at the start of a workspace; the scratch follows
 // The host's abort flag (p2p_transport::conn::AbortHandle): a failing kernel sets it to
 // ABORT_KERNEL_FAILED | (the rank it waited for + 1) << ABORT_PEER_SHIFT
