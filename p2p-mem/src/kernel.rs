@@ -62,10 +62,11 @@ pub fn compile(source: &Source, arch: &str) -> Result<Vec<u8>> {
         .ok_or_else(|| compile_error(source, arch, "no cubin"))
 }
 
-/// Compiles several sources for `arch`, in parallel: one thread per source, and NVRTC's
-/// optimiser splitting each over the cores left (`-split-compile`). Returns the cubins in the
-/// order of `sources`, or the first source's error. One large program cut into parts compiles
-/// several times faster this way than whole (docs/perf-notes.md section 39).
+/// Compiles several sources for `arch`, in parallel: as many at a time as there are cores
+/// (rayon's pool), NVRTC's optimiser splitting each over the cores left (`-split-compile`).
+/// Returns the cubins in the order of `sources`, or the error of a source that failed. One
+/// large program cut into parts compiles several times faster this way than whole
+/// (docs/perf-notes.md sections 39 and 41).
 pub fn compile_all(sources: &[Source], arch: &str) -> Result<Vec<Vec<u8>>> {
     p2p_sys::probe::require(Library::Nvrtc)?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -73,21 +74,13 @@ pub fn compile_all(sources: &[Source], arch: &str) -> Result<Vec<Vec<u8>>> {
     if sources.len() == 1 {
         return Ok(vec![compile_with(&sources[0], arch, split)?]);
     }
-    std::thread::scope(|s| {
-        let threads: Vec<_> = sources
-            .iter()
-            .map(|source| s.spawn(move || compile_with(source, arch, split)))
-            .collect();
-        sources
-            .iter()
-            .zip(threads)
-            .map(|(source, t)| {
-                t.join().unwrap_or_else(|_| {
-                    Err(compile_error(source, arch, "the compile thread panicked"))
-                })
-            })
-            .collect()
-    })
+    // At most one compile per core at a time (rayon's pool): on 2 cores, eight at once took
+    // 28-31 s against 23-27 s two at a time (perf-notes section 41).
+    use rayon::prelude::*;
+    sources
+        .par_iter()
+        .map(|source| compile_with(source, arch, split))
+        .collect()
 }
 
 /// One NVRTC compile, its optimiser split over `split` threads (`-split-compile`; an NVRTC
@@ -257,7 +250,7 @@ pub fn compile_cached_all(sources: &[Source], arch: &str) -> Result<Vec<Vec<u8>>
 }
 
 /// How long a process waits for another one compiling the same kernels before it compiles
-/// them itself: far longer than a compile takes (10 s on 16 cores, 40 s on 2).
+/// them itself: far longer than a compile takes (10 s on 16 cores, 20-27 s on 2).
 const COMPILE_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// A cached cubin, if `file` holds one.
