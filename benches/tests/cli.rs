@@ -1,23 +1,7 @@
 //! The command-line tool as a user runs it: no GPU needed.
 
-use std::process::Command;
-
-fn p2p_bench(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
-    // The bundle's run.sh points these at its own copies (no build tree on GPU machines).
-    let exe = std::env::var("P2PTEST_BENCH_EXE")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_p2p-bench").into());
-    let mut cmd = Command::new(exe);
-    cmd.args(args);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().expect("run p2p-bench");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
-}
+mod support;
+use support::p2p_bench;
 
 #[test]
 fn a_bad_configuration_value_exits_2_naming_the_variable() {
@@ -30,6 +14,16 @@ fn a_bad_configuration_value_exits_2_naming_the_variable() {
     let (code, _, err) = p2p_bench(&["topo"], &[("P2P_LEVLE", "NVL")]);
     assert_eq!(code, 2);
     assert!(err.contains("P2P_LEVLE is not a p2p setting"), "{err}");
+}
+
+#[test]
+fn kernels_without_a_gpu_or_a_target_exits_2_and_says_what_to_name() {
+    let (code, out, err) = p2p_bench(&["kernels"], &[("CUDA_VISIBLE_DEVICES", "")]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(
+        err.contains("no GPU found here: name the targets, e.g. --arch sm_90"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -1,6 +1,9 @@
 //! The tools' own kernels (the doctor's probe, the latency ping-pong, the launch floor's empty
-//! kernel) compile for sm_80 and sm_90. Needs libnvrtc but no GPU: CI installs it from PyPI
-//! and runs this with `--ignored`.
+//! kernel) compile for sm_80 and sm_90, and `p2p-bench kernels` fills the kernel cache. Needs
+//! libnvrtc but no GPU: CI installs it from PyPI and runs this with `--ignored`.
+
+mod support;
+use support::p2p_bench;
 
 #[test]
 #[ignore = "needs libnvrtc (CI installs it from PyPI)"]
@@ -17,4 +20,40 @@ fn the_tools_kernels_compile_for_sm80_and_sm90() {
             );
         }
     }
+}
+
+#[test]
+#[ignore = "needs libnvrtc (CI installs it from PyPI)"]
+fn p2p_bench_kernels_fills_the_cache_once_and_names_a_bad_target() {
+    let cache = std::env::temp_dir().join(format!("p2p-kernels-cli-{}", std::process::id()));
+    let xdg = cache.to_str().expect("a UTF-8 temporary path");
+    let env = [("XDG_CACHE_HOME", xdg), ("CUDA_CACHE_DISABLE", "1")];
+    let (code, out, err) = p2p_bench(&["kernels", "--arch", "sm_90"], &env);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("sm_90: compiled 8 of the 8 parts of the collective kernels in"),
+        "{out}"
+    );
+    let cubins = std::fs::read_dir(cache.join("p2p").join("kernels"))
+        .expect("the cache folder")
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.starts_with("coll.cu-sm_90-") && name.ends_with(".cubin")
+        })
+        .count();
+    assert_eq!(cubins, 8, "one cubin per part");
+    let (code, out, err) = p2p_bench(&["kernels", "--arch", "sm_90"], &env);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("sm_90: the 8 parts of the collective kernels were cached already"),
+        "{out}"
+    );
+    let (code, out, err) = p2p_bench(&["kernels", "--arch", "sm_1"], &env);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        err.contains("p2p-bench kernels: sm_1: NVRTC could not compile coll.cu"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&cache);
 }

@@ -490,6 +490,23 @@ fn check_world(world: usize) -> Result<()> {
 }
 
 impl Communicator {
+    /// Compiles the collective kernels for `arch` (`"sm_90"` for H100 and H200, `"sm_80"` for
+    /// A100; [`p2p_mem::kernel::arch_for`] names a device's) into the on-disk kernel cache
+    /// ([`p2p_mem::kernel::cache_dir`]), with no GPU: it needs libnvrtc only. Run where the
+    /// program will run (the same cache folder and the same NVRTC, which is part of the key),
+    /// e.g. in a container's build step, and the first communicator there finds the kernels
+    /// cached instead of compiling them (about 10 s on 16 cores: docs/perf-notes.md section
+    /// 39). What is cached already is not compiled again. `p2p-bench kernels` runs it.
+    ///
+    /// ```no_run
+    /// p2p_collective::Communicator::precompile("sm_90")?;
+    /// # Ok::<(), p2p_collective::Error>(())
+    /// ```
+    pub fn precompile(arch: &str) -> Result<()> {
+        kernels::compile_cached_all(&COLL_PARTS, arch)?;
+        Ok(())
+    }
+
     /// One communicator per GPU in `devices`, all in this process (like `ncclCommInitAll`):
     /// rank r is `devices[r]`. Options come from the `P2P_*` environment.
     ///

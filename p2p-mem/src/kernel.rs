@@ -56,7 +56,15 @@ pub fn arch_for(device: &Device) -> String {
 /// Compiles `source` to a cubin for `arch` (e.g. `sm_90`). Needs libnvrtc, but no GPU.
 /// NVRTC's optimiser runs on every core (`-split-compile`, which leaves the code unchanged).
 pub fn compile(source: &Source, arch: &str) -> Result<Vec<u8>> {
-    let mut cubins = compile_all(std::slice::from_ref(source), arch)?;
+    only(
+        compile_all(std::slice::from_ref(source), arch)?,
+        source,
+        arch,
+    )
+}
+
+/// The one cubin of a one-source compile.
+fn only(mut cubins: Vec<Vec<u8>>, source: &Source, arch: &str) -> Result<Vec<u8>> {
     cubins
         .pop()
         .ok_or_else(|| compile_error(source, arch, "no cubin"))
@@ -154,10 +162,11 @@ fn compile_with(source: &Source, arch: &str, split: usize) -> Result<Vec<u8>> {
 /// its macros, the target and the NVRTC version. Large kernels take NVRTC seconds; a cache hit
 /// takes microseconds. A cache that cannot be read or written is skipped, never an error.
 pub fn compile_cached(source: &Source, arch: &str) -> Result<Vec<u8>> {
-    let mut cubins = compile_cached_all(std::slice::from_ref(source), arch)?;
-    cubins
-        .pop()
-        .ok_or_else(|| compile_error(source, arch, "no cubin"))
+    only(
+        compile_cached_all(std::slice::from_ref(source), arch)?,
+        source,
+        arch,
+    )
 }
 
 /// As [`compile_all`] (the sources not cached compile in parallel), with [`compile_cached`]'s
@@ -169,30 +178,14 @@ pub fn compile_cached_all(sources: &[Source], arch: &str) -> Result<Vec<Vec<u8>>
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
     static MEMO: OnceLock<Mutex<HashMap<u64, Vec<u8>>>> = OnceLock::new();
-    p2p_sys::probe::require(Library::Nvrtc)?;
-    let (mut major, mut minor) = (0, 0);
-    // SAFETY: libnvrtc is loaded; both are out-pointers.
-    unsafe { nvrtc::nvrtcVersion(&mut major, &mut minor) };
+    let version = nvrtc_version()?;
     let memo = MEMO.get_or_init(|| Mutex::new(HashMap::new()));
-    let dir = std::env::var_os("XDG_CACHE_HOME")
-        .map(std::path::PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))
-        .map(|d| d.join("p2p").join("kernels"));
-    let (major, minor) = (major.to_le_bytes(), minor.to_le_bytes());
+    let dir = cache_dir();
     let mut keys = Vec::with_capacity(sources.len());
     let mut cubins: Vec<Option<Vec<u8>>> = Vec::with_capacity(sources.len());
     for source in sources {
-        let mut parts = vec![
-            source.code.as_bytes(),
-            arch.as_bytes(),
-            &major[..],
-            &minor[..],
-        ];
-        parts.extend(source.defines.iter().map(|d| d.as_bytes()));
-        let key = fnv1a(&parts);
-        let file = dir
-            .as_ref()
-            .map(|d| d.join(format!("{}-{arch}-{key:016x}.cubin", source.name)));
+        let key = cache_key(source, arch, version);
+        let file = dir.as_ref().map(|d| d.join(cache_name(source, arch, key)));
         let cached = memo
             .lock()
             .ok()
@@ -247,6 +240,49 @@ pub fn compile_cached_all(sources: &[Source], arch: &str) -> Result<Vec<Vec<u8>>
         out.push(c);
     }
     Ok(out)
+}
+
+/// The folder of [`compile_cached`]'s cubins: `$XDG_CACHE_HOME/p2p/kernels`, else
+/// `$HOME/.cache/p2p/kernels`; `None` with neither variable set (nothing is cached then).
+pub fn cache_dir() -> Option<std::path::PathBuf> {
+    std::env::var_os("XDG_CACHE_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))
+        .map(|d| d.join("p2p").join("kernels"))
+}
+
+/// The file in [`cache_dir`] that holds, or would hold, `source`'s cubin for `arch` with the
+/// NVRTC this process loads (part of the key: another NVRTC version compiles again). Needs
+/// libnvrtc; `None` where there is no cache folder.
+pub fn cache_file(source: &Source, arch: &str) -> Result<Option<std::path::PathBuf>> {
+    let key = cache_key(source, arch, nvrtc_version()?);
+    Ok(cache_dir().map(|d| d.join(cache_name(source, arch, key))))
+}
+
+/// NVRTC's (major, minor) version; loads libnvrtc.
+fn nvrtc_version() -> Result<(i32, i32)> {
+    p2p_sys::probe::require(Library::Nvrtc)?;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: libnvrtc is loaded; both are out-pointers.
+    unsafe { nvrtc::nvrtcVersion(&mut major, &mut minor) };
+    Ok((major, minor))
+}
+
+/// The cache key of a compile: a hash of the code, the target, the NVRTC version and the macros.
+fn cache_key(source: &Source, arch: &str, (major, minor): (i32, i32)) -> u64 {
+    let (major, minor) = (major.to_le_bytes(), minor.to_le_bytes());
+    let mut parts = vec![
+        source.code.as_bytes(),
+        arch.as_bytes(),
+        &major[..],
+        &minor[..],
+    ];
+    parts.extend(source.defines.iter().map(|d| d.as_bytes()));
+    fnv1a(&parts)
+}
+
+fn cache_name(source: &Source, arch: &str, key: u64) -> String {
+    format!("{}-{arch}-{key:016x}.cubin", source.name)
 }
 
 /// How long a process waits for another one compiling the same kernels before it compiles

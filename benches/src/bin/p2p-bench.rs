@@ -209,6 +209,15 @@ enum Command {
         #[arg(trailing_var_arg = true, required = true)]
         command: Vec<String>,
     },
+    /// Compile the collective kernels into the on-disk cache, with no GPU needed (libnvrtc
+    /// only): the first communicator then starts without compiling. For a container's build
+    /// step, or a machine's first run.
+    Kernels {
+        /// Targets, e.g. `sm_90` (H100, H200) or `sm_80` (A100); repeat for several. Default:
+        /// those of this machine's GPUs.
+        #[arg(long, value_name = "ARCH")]
+        arch: Vec<String>,
+    },
     /// Check every GPU pair: does P2P work, why not, what to do. Exits 1 if any check fails.
     Doctor {
         /// Print the findings as JSON.
@@ -245,6 +254,7 @@ fn main() -> ExitCode {
             max_mib,
             samples,
         } => p2p_cmd(out, matrix_mib, max_mib, samples),
+        Command::Kernels { arch } => kernels_cmd(arch),
         Command::Host {
             gpus,
             share_gpu,
@@ -711,6 +721,50 @@ fn launch_cmd(n: usize, command: &[String]) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `p2p-bench kernels`: compiles the collective kernels for each target into the cache.
+fn kernels_cmd(mut archs: Vec<String>) -> ExitCode {
+    use p2p_collective::comm::COLL_PARTS;
+    use p2p_mem::kernel::{arch_for, cache_dir, cache_file};
+    if archs.is_empty() {
+        archs = match Device::all() {
+            Ok(gpus) if !gpus.is_empty() => gpus.iter().map(arch_for).collect(),
+            Ok(_) | Err(_) => {
+                eprintln!("p2p-bench kernels: no GPU found here: name the targets, e.g. --arch sm_90 (H100, H200) --arch sm_80 (A100)");
+                return ExitCode::from(2);
+            }
+        };
+        archs.sort();
+        archs.dedup();
+    }
+    let Some(dir) = cache_dir() else {
+        eprintln!("p2p-bench kernels: no cache folder: set XDG_CACHE_HOME or HOME");
+        return ExitCode::FAILURE;
+    };
+    for arch in &archs {
+        let cached = COLL_PARTS
+            .iter()
+            .filter(|s| matches!(cache_file(s, arch), Ok(Some(f)) if f.is_file()))
+            .count();
+        let t = std::time::Instant::now();
+        if let Err(e) = p2p_collective::Communicator::precompile(arch) {
+            eprintln!("p2p-bench kernels: {arch}: {e}");
+            return ExitCode::FAILURE;
+        }
+        let parts = COLL_PARTS.len();
+        if cached == parts {
+            println!("{arch}: the {parts} parts of the collective kernels were cached already");
+        } else {
+            println!(
+                "{arch}: compiled {} of the {parts} parts of the collective kernels in {:.1} s",
+                parts - cached,
+                t.elapsed().as_secs_f64()
+            );
+        }
+    }
+    println!("cache: {}", dir.display());
+    ExitCode::SUCCESS
 }
 
 fn list(json: bool) -> ExitCode {

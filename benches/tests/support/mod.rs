@@ -1,0 +1,21 @@
+//! Running the command-line tool from a test.
+
+use std::process::Command;
+
+/// Runs `p2p-bench` with `args` and extra environment: (exit code, stdout, stderr).
+pub fn p2p_bench(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    // The bundle's run.sh points this at its own copy (no build tree on GPU machines).
+    let exe = std::env::var("P2PTEST_BENCH_EXE")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_p2p-bench").into());
+    let mut cmd = Command::new(exe);
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run p2p-bench");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
