@@ -3,7 +3,7 @@
 //! libnvrtc but no GPU: CI installs it from PyPI and runs this with `--ignored`.
 
 mod support;
-use support::p2p_bench;
+use support::{assert_fails, p2p_bench};
 
 #[test]
 #[ignore = "needs libnvrtc (CI installs it from PyPI)"]
@@ -49,11 +49,14 @@ fn p2p_bench_kernels_fills_the_cache_once_and_names_a_bad_target() {
         out.contains("sm_90: the 8 parts of the collective kernels were cached already"),
         "{out}"
     );
-    let (code, out, err) = p2p_bench(&["kernels", "--arch", "sm_1"], &env);
-    assert_eq!(code, 1, "{out}{err}");
-    assert!(
-        err.contains("p2p-bench kernels: sm_1: NVRTC could not compile coll.cu"),
-        "{err}"
-    );
+    let text = "p2p-bench kernels: sm_1: NVRTC could not compile coll.cu";
+    assert_fails(&["kernels", "--arch", "sm_1"], &env, 1, text);
+    // A cache that cannot be written (its folder is a file) is an error, not a silent compile.
+    let blocked = cache.join("p2p").join("kernels").join(".keep");
+    std::fs::write(&blocked, b"").expect("a file");
+    let blocked = blocked.to_str().expect("a UTF-8 temporary path");
+    let env = [("XDG_CACHE_HOME", blocked), ("CUDA_CACHE_DISABLE", "1")];
+    let text = "does not hold the kernels: could not write";
+    assert_fails(&["kernels", "--arch", "sm_90"], &env, 1, text);
     let _ = std::fs::remove_dir_all(&cache);
 }

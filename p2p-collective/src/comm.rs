@@ -496,15 +496,17 @@ impl Communicator {
     /// program will run (the same cache folder and the same NVRTC, which is part of the key),
     /// e.g. in a container's build step, and the first communicator there finds the kernels
     /// cached instead of compiling them (about 10 s on 16 cores: docs/perf-notes.md section
-    /// 39). What is cached already is not compiled again. `p2p-bench kernels` runs it.
+    /// 39). What is cached already is not compiled again. Returns how many of the
+    /// [`COLL_PARTS`] it compiled (0: all were cached); an error where they are not all in the
+    /// cache afterwards (no cache folder, or one that cannot be written). `p2p-bench kernels`
+    /// runs it.
     ///
     /// ```no_run
-    /// p2p_collective::Communicator::precompile("sm_90")?;
+    /// let compiled = p2p_collective::Communicator::precompile("sm_90")?;
     /// # Ok::<(), p2p_collective::Error>(())
     /// ```
-    pub fn precompile(arch: &str) -> Result<()> {
-        kernels::compile_cached_all(&COLL_PARTS, arch)?;
-        Ok(())
+    pub fn precompile(arch: &str) -> Result<usize> {
+        Ok(kernels::cache_all(&COLL_PARTS, arch)?)
     }
 
     /// One communicator per GPU in `devices`, all in this process (like `ncclCommInitAll`):

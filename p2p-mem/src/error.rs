@@ -132,6 +132,14 @@ pub enum Error {
     /// An argument is outside what the call accepts.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The kernel cache could not hold what was compiled ([`crate::kernel::cache_all`]).
+    #[error("the kernel cache in {dir} does not hold the kernels: {why}; set XDG_CACHE_HOME to a writable folder")]
+    Cache {
+        /// The cache folder.
+        dir: String,
+        /// What went wrong.
+        why: String,
+    },
     /// NVRTC rejected a kernel: the log says why.
     #[error("NVRTC could not compile {kernel} for {arch}:\n{log}")]
     Compile {

@@ -70,25 +70,71 @@ fn only(mut cubins: Vec<Vec<u8>>, source: &Source, arch: &str) -> Result<Vec<u8>
         .ok_or_else(|| compile_error(source, arch, "no cubin"))
 }
 
-/// Compiles several sources for `arch`, in parallel: as many at a time as there are cores
-/// (rayon's pool), NVRTC's optimiser splitting each over the cores left (`-split-compile`).
-/// Returns the cubins in the order of `sources`, or the error of a source that failed. One
-/// large program cut into parts compiles several times faster this way than whole
-/// (docs/perf-notes.md sections 39 and 41).
+/// Compiles several sources for `arch`, in parallel: one compile per core at a time (threads
+/// of its own, each taking the next source), NVRTC's optimiser splitting each over the cores
+/// left (`-split-compile`). Returns the cubins in the order of `sources`, or the error of a
+/// source that failed. One large program cut into parts compiles several times faster this
+/// way than whole (docs/perf-notes.md sections 39 and 41).
 pub fn compile_all(sources: &[Source], arch: &str) -> Result<Vec<Vec<u8>>> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
     p2p_sys::probe::require(Library::Nvrtc)?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let split = (cores / sources.len().max(1)).max(1);
-    if sources.len() == 1 {
-        return Ok(vec![compile_with(&sources[0], arch, split)?]);
+    if sources.len() <= 1 {
+        return sources
+            .iter()
+            .map(|s| compile_with(s, arch, split))
+            .collect();
     }
-    // At most one compile per core at a time (rayon's pool): on 2 cores, eight at once took
-    // 28-31 s against 23-27 s two at a time (perf-notes section 41).
-    use rayon::prelude::*;
+    // Not more compiles at once than cores: on 2 cores, eight at once took 28-31 s against
+    // 20-22 s two at a time (perf-notes section 41). Threads of our own, not a pool shared with
+    // the caller's work (a pool's worker could wait on itself through the compile lock).
+    let next = AtomicUsize::new(0);
+    let work = || {
+        let mut done = Vec::new();
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(source) = sources.get(i) else {
+                return done;
+            };
+            done.push((i, compile_with(source, arch, split)));
+        }
+    };
+    // Per thread: the (source, cubin) pairs it compiled; `None` if it did not start or panicked.
+    type Done = Option<Vec<(usize, Result<Vec<u8>>)>>;
+    let finished: Vec<Done> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..cores.min(sources.len()))
+            .map(|_| {
+                std::thread::Builder::new()
+                    .name("p2p-nvrtc".into())
+                    .spawn_scoped(s, work)
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.ok().and_then(|w| w.join().ok()))
+            .collect()
+    });
+    let mut cubins: Vec<Option<Result<Vec<u8>>>> = sources.iter().map(|_| None).collect();
+    for (i, r) in finished.into_iter().flatten().flatten() {
+        cubins[i] = Some(r);
+    }
+    // A thread that could not start, or panicked, leaves its sources unanswered: compile them
+    // here.
     sources
-        .par_iter()
-        .map(|source| compile_with(source, arch, split))
+        .iter()
+        .zip(cubins)
+        .map(|(source, c)| c.unwrap_or_else(|| compile_with(source, arch, 1)))
         .collect()
+}
+
+/// The options of every compile for `arch` (part of the cache key), before the macros.
+fn options(arch: &str) -> [String; 3] {
+    [
+        format!("--gpu-architecture={arch}"),
+        "--std=c++17".into(),
+        "-default-device".into(),
+    ]
 }
 
 /// One NVRTC compile, its optimiser split over `split` threads (`-split-compile`; an NVRTC
@@ -111,11 +157,7 @@ fn compile_with(source: &Source, arch: &str, split: usize) -> Result<Vec<u8>> {
         )
     })?;
     let program = Program(prog);
-    let mut opts = vec![
-        format!("--gpu-architecture={arch}"),
-        "--std=c++17".into(),
-        "-default-device".into(),
-    ];
+    let mut opts = options(arch).to_vec();
     opts.extend(source.defines.iter().map(|d| format!("--define-macro={d}")));
     if split > 1 {
         opts.push(format!("-split-compile={split}"));
@@ -132,7 +174,8 @@ fn compile_with(source: &Source, arch: &str, split: usize) -> Result<Vec<u8>> {
     if compiled == nvrtc::nvrtcResult::NVRTC_ERROR_INVALID_OPTION {
         let log = program.log();
         if split > 1 {
-            tracing::debug!(kernel = %source.label(), "NVRTC rejected -split-compile ({log}); compiling on one thread");
+            // NVRTC before -split-compile rejects it; any other bad option fails again below.
+            tracing::debug!(kernel = %source.label(), "NVRTC rejected an option ({log}); compiling again without -split-compile");
             return compile_with(source, arch, 1);
         }
         return Err(compile_error(
@@ -149,6 +192,14 @@ fn compile_with(source: &Source, arch: &str, split: usize) -> Result<Vec<u8>> {
     check_nvrtc("nvrtcGetCUBINSize", unsafe {
         nvrtc::nvrtcGetCUBINSize(program.0, &mut size)
     })?;
+    if size == 0 {
+        // NVRTC's answer for a virtual target (`compute_90`): PTX only.
+        return Err(compile_error(
+            source,
+            arch,
+            "no cubin for this target (a virtual architecture?): name a real one, e.g. sm_90",
+        ));
+    }
     let mut cubin = vec![0u8; size];
     // SAFETY: `cubin` has the size NVRTC reported.
     check_nvrtc("nvrtcGetCUBIN", unsafe {
@@ -173,26 +224,80 @@ pub fn compile_cached(source: &Source, arch: &str) -> Result<Vec<u8>> {
 /// cache. Returns the cubins in the order of `sources`. Processes that miss the same sources
 /// at once compile them once: the first holds a lock file in the cache folder while it
 /// compiles, the others wait for it (at most five minutes, then compile themselves) and read
-/// its cubins.
+/// its cubins. A cubin that cannot be written to the cache is logged as a warning.
 pub fn compile_cached_all(sources: &[Source], arch: &str) -> Result<Vec<Vec<u8>>> {
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock};
-    static MEMO: OnceLock<Mutex<HashMap<u64, Vec<u8>>>> = OnceLock::new();
+    let done = cached_compile(sources, arch)?;
+    for why in &done.unstored {
+        tracing::warn!("kernel cache: {why}; the next process compiles again");
+    }
+    Ok(done.cubins)
+}
+
+/// Compiles into the on-disk cache ([`cache_dir`]) those of `sources` that are not there yet,
+/// as [`compile_cached_all`] does, and checks that every one is on disk afterwards: for
+/// filling the cache ahead of a job (a container's build step), where a cache that was not
+/// written must be an error, not a warning. Returns how many it compiled (0: all were cached).
+pub fn cache_all(sources: &[Source], arch: &str) -> Result<usize> {
+    let Some(dir) = cache_dir() else {
+        return Err(Error::Cache {
+            dir: "(none)".into(),
+            why: "neither XDG_CACHE_HOME nor HOME is set".into(),
+        });
+    };
+    let done = cached_compile(sources, arch)?;
+    let cache_error = |why: String| Error::Cache {
+        dir: dir.display().to_string(),
+        why,
+    };
+    if let Some(why) = done.unstored.first() {
+        return Err(cache_error(why.clone()));
+    }
+    // Sources this process had compiled before (its memo) may never have reached the disk.
+    for source in sources {
+        if !is_cached(source, arch)? {
+            return Err(cache_error(format!(
+                "{} is not in it after compiling",
+                source.label()
+            )));
+        }
+    }
+    Ok(done.compiled)
+}
+
+/// Whether the on-disk cache holds a cubin of `source` for `arch` (with the NVRTC this process
+/// loads). Needs libnvrtc.
+pub fn is_cached(source: &Source, arch: &str) -> Result<bool> {
+    Ok(read_cubin(cache_file(source, arch)?.as_deref(), source, arch).is_some())
+}
+
+/// What [`cached_compile`] did.
+struct Compiled {
+    /// In the order of the sources.
+    cubins: Vec<Vec<u8>>,
+    /// How many it compiled (the others came from the memo or the disk).
+    compiled: usize,
+    /// Why a compiled cubin could not be written to the cache, one line each.
+    unstored: Vec<String>,
+}
+
+/// The cubins this process compiled or read, by cache key.
+type Memo = std::sync::Mutex<std::collections::HashMap<u64, Vec<u8>>>;
+static MEMO: std::sync::OnceLock<Memo> = std::sync::OnceLock::new();
+
+fn memo_get(key: u64) -> Option<Vec<u8>> {
+    MEMO.get()?.lock().ok()?.get(&key).cloned()
+}
+
+fn cached_compile(sources: &[Source], arch: &str) -> Result<Compiled> {
     let version = nvrtc_version()?;
-    let memo = MEMO.get_or_init(|| Mutex::new(HashMap::new()));
     let dir = cache_dir();
     let mut keys = Vec::with_capacity(sources.len());
     let mut cubins: Vec<Option<Vec<u8>>> = Vec::with_capacity(sources.len());
     for source in sources {
         let key = cache_key(source, arch, version);
         let file = dir.as_ref().map(|d| d.join(cache_name(source, arch, key)));
-        let cached = memo
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&key).cloned())
-            .or_else(|| read_cubin(file.as_deref(), source, arch));
+        cubins.push(memo_get(key).or_else(|| read_cubin(file.as_deref(), source, arch)));
         keys.push((key, file));
-        cubins.push(cached);
     }
     let mut missing: Vec<usize> = (0..sources.len())
         .filter(|&i| cubins[i].is_none())
@@ -207,30 +312,29 @@ pub fn compile_cached_all(sources: &[Source], arch: &str) -> Result<Vec<Vec<u8>>
         }
         _ => None,
     };
+    // What the lock's previous holder (another process, or a thread of this one) made.
     for &i in &missing {
-        cubins[i] = read_cubin(keys[i].1.as_deref(), &sources[i], arch);
+        let (key, file) = &keys[i];
+        cubins[i] = memo_get(*key).or_else(|| read_cubin(file.as_deref(), &sources[i], arch));
     }
     missing.retain(|&i| cubins[i].is_none());
+    let mut unstored = Vec::new();
     if !missing.is_empty() {
         let todo: Vec<Source> = missing.iter().map(|&i| sources[i]).collect();
         let t = std::time::Instant::now();
         let compiled = compile_all(&todo, arch)?;
         let names: Vec<String> = todo.iter().map(Source::label).collect();
-        tracing::info!(kernels = ?names, %arch, "compiled in {:.1} s (cached for next time)", t.elapsed().as_secs_f64());
+        tracing::info!(kernels = ?names, %arch, "compiled in {:.1} s", t.elapsed().as_secs_f64());
         for (&i, c) in missing.iter().zip(compiled) {
             if let (Some(d), (_, Some(f))) = (&dir, &keys[i]) {
-                let tmp = f.with_extension(format!("tmp{}", std::process::id()));
-                let written = std::fs::create_dir_all(d)
-                    .and_then(|_| std::fs::write(&tmp, &c))
-                    .and_then(|_| std::fs::rename(&tmp, f));
-                if let Err(e) = written {
-                    tracing::debug!("not caching {}: {e}", f.display());
-                    let _ = std::fs::remove_file(&tmp);
+                if let Err(e) = store(d, f, &c) {
+                    unstored.push(format!("could not write {}: {e}", f.display()));
                 }
             }
             cubins[i] = Some(c);
         }
     }
+    let memo = MEMO.get_or_init(Default::default);
     let mut out = Vec::with_capacity(sources.len());
     for ((source, (key, _)), cubin) in sources.iter().zip(keys).zip(cubins) {
         let c = cubin.ok_or_else(|| compile_error(source, arch, "no cubin"))?;
@@ -239,7 +343,27 @@ pub fn compile_cached_all(sources: &[Source], arch: &str) -> Result<Vec<Vec<u8>>
         }
         out.push(c);
     }
-    Ok(out)
+    Ok(Compiled {
+        cubins: out,
+        compiled: missing.len(),
+        unstored,
+    })
+}
+
+/// Writes a cubin into the cache: to a file of this write's own, then renamed into place, so
+/// that a reader never sees part of one.
+fn store(dir: &std::path::Path, file: &std::path::Path, cubin: &[u8]) -> std::io::Result<()> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static WRITES: AtomicU64 = AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, Ordering::Relaxed);
+    let tmp = file.with_extension(format!("tmp{}-{n}", std::process::id()));
+    let written = std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&tmp, cubin))
+        .and_then(|()| std::fs::rename(&tmp, file));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// The folder of [`compile_cached`]'s cubins: `$XDG_CACHE_HOME/p2p/kernels`, else
@@ -268,15 +392,23 @@ fn nvrtc_version() -> Result<(i32, i32)> {
     Ok((major, minor))
 }
 
-/// The cache key of a compile: a hash of the code, the target, the NVRTC version and the macros.
+/// Changed by hand whenever a cached cubin could differ for another reason than the key's
+/// other parts (the code, the target, the NVRTC version, the options and the macros).
+const CACHE_FORMAT: &str = "p2p-kernel-cache-2";
+
+/// The cache key of a compile: a hash of the code, the target, the NVRTC version (major and
+/// minor: a patch release of NVRTC is taken to compile alike), the options and the macros.
 fn cache_key(source: &Source, arch: &str, (major, minor): (i32, i32)) -> u64 {
     let (major, minor) = (major.to_le_bytes(), minor.to_le_bytes());
+    let options = options(arch);
     let mut parts = vec![
         source.code.as_bytes(),
         arch.as_bytes(),
         &major[..],
         &minor[..],
+        CACHE_FORMAT.as_bytes(),
     ];
+    parts.extend(options.iter().map(|o| o.as_bytes()));
     parts.extend(source.defines.iter().map(|d| d.as_bytes()));
     fnv1a(&parts)
 }
@@ -289,13 +421,26 @@ fn cache_name(source: &Source, arch: &str, key: u64) -> String {
 /// them itself: far longer than a compile takes (10 s on 16 cores, 20-27 s on 2).
 const COMPILE_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
 
-/// A cached cubin, if `file` holds one.
+/// A cached cubin, if `file` holds a whole one.
 fn read_cubin(file: Option<&std::path::Path>, source: &Source, arch: &str) -> Option<Vec<u8>> {
-    let c = std::fs::read(file?)
-        .ok()
-        .filter(|c| c.starts_with(b"\x7fELF"))?;
+    let c = std::fs::read(file?).ok().filter(|c| whole_elf(c))?;
     tracing::debug!(kernel = %source.label(), %arch, "kernel cache hit");
     Some(c)
+}
+
+/// Whether `c` is a whole 64-bit little-endian ELF image, as cubins are: its section header
+/// table, which NVRTC writes last, ends inside it (a file cut short is not one).
+fn whole_elf(c: &[u8]) -> bool {
+    let at = |o: usize, n: usize| -> Option<u64> {
+        let mut b = [0u8; 8];
+        b[..n].copy_from_slice(c.get(o..o + n)?);
+        Some(u64::from_le_bytes(b))
+    };
+    let table_end = (|| {
+        let (offset, entry, count) = (at(0x28, 8)?, at(0x3a, 2)?, at(0x3c, 2)?);
+        offset.checked_add(entry * count).filter(|_| count > 0)
+    })();
+    c.starts_with(b"\x7fELF\x02\x01") && table_end.is_some_and(|end| end <= c.len() as u64)
 }
 
 /// An exclusive advisory lock (`flock`) on `dir/<set>.lock`, held while the returned file is
@@ -333,14 +478,14 @@ fn compile_lock(
         }
         if std::time::Instant::now() >= deadline {
             tracing::warn!(
-                "another process has been compiling the same kernels for {wait:?} (it holds {}): compiling them here",
+                "another process (or thread) has been compiling the same kernels for {wait:?} (it holds {}): compiling them here",
                 path.display()
             );
             return None;
         }
         if !told {
             tracing::info!(
-                "another process is compiling the same kernels (it holds {}): waiting for it",
+                "another process (or thread) is compiling the same kernels (it holds {}): waiting for it",
                 path.display()
             );
             told = true;
@@ -669,8 +814,18 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// An ELF64 header whose one section header (64 bytes) lies at 64, and that table.
+    fn tiny_elf() -> Vec<u8> {
+        let mut c = vec![0u8; 128];
+        c[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        c[0x28] = 64; // e_shoff
+        c[0x3a] = 64; // e_shentsize
+        c[0x3c] = 1; // e_shnum
+        c
+    }
+
     #[test]
-    fn a_cache_file_that_is_not_a_cubin_is_a_miss() {
+    fn a_cache_file_that_is_not_a_whole_cubin_is_a_miss() {
         let dir = std::env::temp_dir().join(format!("p2p-cubin-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("a temporary folder");
         let source = Source {
@@ -678,16 +833,79 @@ mod tests {
             code: "",
             defines: &[],
         };
-        let (elf, junk) = (dir.join("a.cubin"), dir.join("b.cubin"));
-        std::fs::write(&elf, b"\x7fELF and the rest").expect("written");
-        std::fs::write(&junk, b"half a write").expect("written");
-        assert_eq!(
-            read_cubin(Some(&elf), &source, "sm_90").as_deref(),
-            Some(&b"\x7fELF and the rest"[..])
-        );
-        assert!(read_cubin(Some(&junk), &source, "sm_90").is_none());
+        let elf = tiny_elf();
+        let cases: [(&str, &[u8], bool); 4] = [
+            ("whole.cubin", &elf, true),
+            ("cut.cubin", &elf[..100], false),
+            ("empty.cubin", b"", false),
+            ("junk.cubin", b"half a write", false),
+        ];
+        for (name, bytes, hit) in cases {
+            let f = dir.join(name);
+            std::fs::write(&f, bytes).expect("written");
+            assert_eq!(
+                read_cubin(Some(&f), &source, "sm_90").is_some(),
+                hit,
+                "{name}"
+            );
+        }
         assert!(read_cubin(Some(&dir.join("none.cubin")), &source, "sm_90").is_none());
         assert!(read_cubin(None, &source, "sm_90").is_none());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_cache_write_lands_whole_under_its_name_and_leaves_no_temporary_file() {
+        let dir = std::env::temp_dir().join(format!("p2p-store-{}", std::process::id()));
+        let file = dir.join("k.cu-sm_90-0123.cubin");
+        store(&dir, &file, &tiny_elf()).expect("stored");
+        assert!(whole_elf(&std::fs::read(&file).expect("read back")));
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .expect("the folder")
+            .filter_map(|e| e.ok().map(|e| e.file_name()))
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+        // A folder that cannot be made: an error, and nothing left behind.
+        let blocked = dir.join("k.cu-sm_90-0123.cubin").join("sub");
+        assert!(store(&blocked, &blocked.join("x.cubin"), &tiny_elf()).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_cache_key_changes_with_every_part_of_a_compile() {
+        let base = Source {
+            name: "k.cu",
+            code: "a",
+            defines: &["X=1"],
+        };
+        let key = |s: &Source, arch: &str, v: (i32, i32)| cache_key(s, arch, v);
+        let k = key(&base, "sm_90", (13, 0));
+        assert_eq!(k, key(&base, "sm_90", (13, 0)));
+        assert_ne!(k, key(&Source { code: "b", ..base }, "sm_90", (13, 0)));
+        assert_ne!(
+            k,
+            key(
+                &Source {
+                    defines: &["X=2"],
+                    ..base
+                },
+                "sm_90",
+                (13, 0)
+            )
+        );
+        assert_ne!(
+            k,
+            key(
+                &Source {
+                    defines: &[],
+                    ..base
+                },
+                "sm_90",
+                (13, 0)
+            )
+        );
+        assert_ne!(k, key(&base, "sm_80", (13, 0)));
+        assert_ne!(k, key(&base, "sm_90", (13, 1)));
+        assert_ne!(k, key(&base, "sm_90", (12, 0)));
     }
 }

@@ -46,3 +46,20 @@ fn a_broken_kernel_fails_with_the_compiler_log() {
         "the log names the problem: {text}"
     );
 }
+
+#[test]
+#[ignore = "needs libnvrtc (CI installs it from PyPI)"]
+fn a_virtual_target_is_refused_not_an_empty_cubin() {
+    let tiny = p2p_transport::kernels::Source {
+        name: "tiny.cu",
+        code: "extern \"C\" __global__ void k() {}",
+        defines: &[],
+    };
+    let err = compile(&tiny, "compute_90").expect_err("no cubin for a virtual target");
+    let text = err.to_string();
+    assert!(text.contains("a virtual architecture?"), "{text}");
+    assert_eq!(
+        &compile(&tiny, "sm_90").expect("a real target")[..4],
+        b"\x7fELF"
+    );
+}

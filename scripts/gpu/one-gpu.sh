@@ -150,10 +150,12 @@ case $phase in
     # The kernels' first compile (perf-notes §39): the time to a communicator (p2p-bench host
     # at 2 ranks, 5 samples) with an empty kernel cache, this build then BASE's (a p2p-bench
     # of another tree) if given, ROUNDS rounds (default 1); then this build with its cache warm.
+    # NVRTC 13's own cache (~/.nv/ComputeCache) stays off, or a repeat would not compile.
+    export CUDA_CACHE_DISABLE=1
     for round in $(seq "${ROUNDS:-1}"); do
       for b in "$here/p2p-bench" ${BASE:-}; do
         if [ "$b" = "$here/p2p-bench" ]; then tag=new; else tag=base; fi
-        f=$res/compile-$tag-r$round cache=$(mktemp -d)
+        f=$res/compile-$tag-r$round cache=$(mktemp -d /tmp/tmp.p2p-compile.XXXXXX)
         t0=$(date +%s.%N)
         XDG_CACHE_HOME=$cache P2P_DEBUG=info P2P_DEBUG_SUBSYS=mem timeout 300 "$b" host --share-gpu 2 --samples 5 >"$f.md" 2>"$f.err"
         rc=$?
@@ -165,6 +167,7 @@ case $phase in
     t0=$(date +%s.%N)
     XDG_CACHE_HOME=$warm P2P_DEBUG=debug P2P_DEBUG_SUBSYS=mem timeout 300 "$here/p2p-bench" host --share-gpu 2 --samples 5 >"$res/compile-warm.md" 2>"$res/compile-warm.err"
     note "warm cache, new: exit $? in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s; $(grep -c 'kernel cache hit' "$res/compile-warm.err") cache hits, $(grep -c 'compiled in' "$res/compile-warm.err") compiles"
+    rm -rf "$warm" /tmp/tmp.p2p-compile.*
     ;;
   *) finish "one-gpu.sh: unknown phase $phase (tests, coll, diag, procs, sharings, extra, host, compile)"; exit 2 ;;
 esac

@@ -19,3 +19,10 @@ pub fn p2p_bench(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stderr).into(),
     )
 }
+
+/// Runs `p2p-bench` and checks that it exits with `code`, its stderr containing `text`.
+pub fn assert_fails(args: &[&str], env: &[(&str, &str)], code: i32, text: &str) {
+    let (got, out, err) = p2p_bench(args, env);
+    assert_eq!(got, code, "p2p-bench {args:?}: {out}{err}");
+    assert!(err.contains(text), "p2p-bench {args:?}: {err}");
+}
