@@ -27,16 +27,23 @@ fn every_kernel_compiles_for_sm80_and_sm90() {
     }
 }
 
+/// Compiles `code` for `arch`, expecting NVRTC to refuse: the error's text.
+fn refusal(name: &'static str, code: &'static str, arch: &str) -> String {
+    let source = p2p_transport::kernels::Source {
+        name,
+        code,
+        defines: &[],
+    };
+    compile(&source, arch)
+        .expect_err("must not compile")
+        .to_string()
+}
+
 #[test]
 #[ignore = "needs libnvrtc (CI installs it from PyPI)"]
 fn a_broken_kernel_fails_with_the_compiler_log() {
-    let broken = p2p_transport::kernels::Source {
-        name: "broken.cu",
-        code: "extern \"C\" __global__ void k() { undefined_thing(); }",
-        defines: &[],
-    };
-    let err = compile(&broken, "sm_90").expect_err("must not compile");
-    let text = err.to_string();
+    let code = "extern \"C\" __global__ void k() { undefined_thing(); }";
+    let text = refusal("broken.cu", code, "sm_90");
     assert!(
         text.starts_with("NVRTC could not compile broken.cu for sm_90"),
         "{text}"
@@ -50,14 +57,14 @@ fn a_broken_kernel_fails_with_the_compiler_log() {
 #[test]
 #[ignore = "needs libnvrtc (CI installs it from PyPI)"]
 fn a_virtual_target_is_refused_not_an_empty_cubin() {
+    const TINY: &str = "extern \"C\" __global__ void k() {}";
+    let text = refusal("tiny.cu", TINY, "compute_90");
+    assert!(text.contains("a virtual architecture?"), "{text}");
     let tiny = p2p_transport::kernels::Source {
         name: "tiny.cu",
-        code: "extern \"C\" __global__ void k() {}",
+        code: TINY,
         defines: &[],
     };
-    let err = compile(&tiny, "compute_90").expect_err("no cubin for a virtual target");
-    let text = err.to_string();
-    assert!(text.contains("a virtual architecture?"), "{text}");
     assert_eq!(
         &compile(&tiny, "sm_90").expect("a real target")[..4],
         b"\x7fELF"
