@@ -321,9 +321,15 @@ fn cached_compile(sources: &[Source], arch: &str) -> Result<Compiled> {
     let mut unstored = Vec::new();
     if !missing.is_empty() {
         let todo: Vec<Source> = missing.iter().map(|&i| sources[i]).collect();
+        let names: Vec<String> = todo.iter().map(Source::label).collect();
+        // Said before as well as after: a first compile takes seconds, and a silent wait in
+        // init looks like a hang.
+        let place = dir
+            .as_ref()
+            .map_or("no cache folder".into(), |d| d.display().to_string());
+        tracing::info!(kernels = ?names, %arch, "compiling (not in the kernel cache: {place}); seconds once, then cached");
         let t = std::time::Instant::now();
         let compiled = compile_all(&todo, arch)?;
-        let names: Vec<String> = todo.iter().map(Source::label).collect();
         tracing::info!(kernels = ?names, %arch, "compiled in {:.1} s", t.elapsed().as_secs_f64());
         for (&i, c) in missing.iter().zip(compiled) {
             if let (Some(d), (_, Some(f))) = (&dir, &keys[i]) {
