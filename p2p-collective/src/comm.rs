@@ -259,6 +259,13 @@ pub(crate) struct Kernels {
 }
 
 impl Kernels {
+    /// Compiles [`COLL_PARTS`] for `device`'s architecture (or finds them in the kernel cache,
+    /// or in this process's memo: GPUs of one architecture share one compile) and loads them.
+    fn build(device: &Device) -> Result<Kernels> {
+        let cubins = kernels::compile_cached_all(&COLL_PARTS, &kernels::arch_for(device))?;
+        Self::load(device, &cubins)
+    }
+
     /// Loads the cubins of [`COLL_PARTS`] (in its order) on `device`.
     fn load(device: &Device, cubins: &[Vec<u8>]) -> Result<Kernels> {
         let missing = |what: String| Error::InvalidArgument {
@@ -572,11 +579,9 @@ impl Communicator {
                 }
             }
         }
-        // compile_cached memoises per process: GPUs of one architecture share one compile.
         let mut loaded = Vec::with_capacity(world);
         for d in devices {
-            let cubins = kernels::compile_cached_all(&COLL_PARTS, &kernels::arch_for(d))?;
-            loaded.push(Arc::new(Kernels::load(d, &cubins)?));
+            loaded.push(Arc::new(Kernels::build(d)?));
         }
         let sms = devices.iter().map(|d| d.sm_count()).min().unwrap_or(1);
         let per_sm = loaded.iter().map(|k| k.blocks_per_sm).min().unwrap_or(1);
@@ -688,11 +693,7 @@ impl Communicator {
         let abort = AbortHandle::new(device)?;
         let group = Group::join(rv)?;
         group.watch(&abort);
-        let arch = kernels::arch_for(device);
-        let kernels = Arc::new(Kernels::load(
-            device,
-            &kernels::compile_cached_all(&COLL_PARTS, &arch)?,
-        )?);
+        let kernels = Arc::new(Kernels::build(device)?);
         let tuning = options.tuning.unwrap_or_else(|| {
             warn_occupancy(kernels.blocks_per_sm);
             Tuning::for_device(device.sm_count(), kernels.blocks_per_sm)

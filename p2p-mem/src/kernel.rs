@@ -226,7 +226,7 @@ pub fn compile_cached(source: &Source, arch: &str) -> Result<Vec<u8>> {
 /// compiles, the others wait for it (at most five minutes, then compile themselves) and read
 /// its cubins. A cubin that cannot be written to the cache is logged as a warning.
 pub fn compile_cached_all(sources: &[Source], arch: &str) -> Result<Vec<Vec<u8>>> {
-    let done = cached_compile(sources, arch)?;
+    let done = cached_compile(sources, arch, true)?;
     for why in &done.unstored {
         tracing::warn!("kernel cache: {why}; the next process compiles again");
     }
@@ -244,30 +244,16 @@ pub fn cache_all(sources: &[Source], arch: &str) -> Result<usize> {
             why: "neither XDG_CACHE_HOME nor HOME is set".into(),
         });
     };
-    let done = cached_compile(sources, arch)?;
-    let cache_error = |why: String| Error::Cache {
-        dir: dir.display().to_string(),
-        why,
-    };
-    if let Some(why) = done.unstored.first() {
-        return Err(cache_error(why.clone()));
+    // Past the memo: what this process compiled before may never have reached the disk. So
+    // every cubin either was read from the disk or compiled now and written (or reported).
+    let done = cached_compile(sources, arch, false)?;
+    match done.unstored.into_iter().next() {
+        Some(why) => Err(Error::Cache {
+            dir: dir.display().to_string(),
+            why,
+        }),
+        None => Ok(done.compiled),
     }
-    // Sources this process had compiled before (its memo) may never have reached the disk.
-    for source in sources {
-        if !is_cached(source, arch)? {
-            return Err(cache_error(format!(
-                "{} is not in it after compiling",
-                source.label()
-            )));
-        }
-    }
-    Ok(done.compiled)
-}
-
-/// Whether the on-disk cache holds a cubin of `source` for `arch` (with the NVRTC this process
-/// loads). Needs libnvrtc.
-pub fn is_cached(source: &Source, arch: &str) -> Result<bool> {
-    Ok(read_cubin(cache_file(source, arch)?.as_deref(), source, arch).is_some())
 }
 
 /// What [`cached_compile`] did.
@@ -288,7 +274,10 @@ fn memo_get(key: u64) -> Option<Vec<u8>> {
     MEMO.get()?.lock().ok()?.get(&key).cloned()
 }
 
-fn cached_compile(sources: &[Source], arch: &str) -> Result<Compiled> {
+/// The cubins of `sources`: from the memo (if `use_memo`), else the disk, else compiled (under the
+/// compile lock) and written to the disk.
+fn cached_compile(sources: &[Source], arch: &str, use_memo: bool) -> Result<Compiled> {
+    let remembered = |key| if use_memo { memo_get(key) } else { None };
     let version = nvrtc_version()?;
     let dir = cache_dir();
     let mut keys = Vec::with_capacity(sources.len());
@@ -296,7 +285,7 @@ fn cached_compile(sources: &[Source], arch: &str) -> Result<Compiled> {
     for source in sources {
         let key = cache_key(source, arch, version);
         let file = dir.as_ref().map(|d| d.join(cache_name(source, arch, key)));
-        cubins.push(memo_get(key).or_else(|| read_cubin(file.as_deref(), source, arch)));
+        cubins.push(remembered(key).or_else(|| read_cubin(file.as_deref(), source, arch)));
         keys.push((key, file));
     }
     let mut missing: Vec<usize> = (0..sources.len())
@@ -315,7 +304,7 @@ fn cached_compile(sources: &[Source], arch: &str) -> Result<Compiled> {
     // What the lock's previous holder (another process, or a thread of this one) made.
     for &i in &missing {
         let (key, file) = &keys[i];
-        cubins[i] = memo_get(*key).or_else(|| read_cubin(file.as_deref(), &sources[i], arch));
+        cubins[i] = remembered(*key).or_else(|| read_cubin(file.as_deref(), &sources[i], arch));
     }
     missing.retain(|&i| cubins[i].is_none());
     let mut unstored = Vec::new();
@@ -379,14 +368,6 @@ pub fn cache_dir() -> Option<std::path::PathBuf> {
         .map(std::path::PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))
         .map(|d| d.join("p2p").join("kernels"))
-}
-
-/// The file in [`cache_dir`] that holds, or would hold, `source`'s cubin for `arch` with the
-/// NVRTC this process loads (part of the key: another NVRTC version compiles again). Needs
-/// libnvrtc; `None` where there is no cache folder.
-pub fn cache_file(source: &Source, arch: &str) -> Result<Option<std::path::PathBuf>> {
-    let key = cache_key(source, arch, nvrtc_version()?);
-    Ok(cache_dir().map(|d| d.join(cache_name(source, arch, key))))
 }
 
 /// NVRTC's (major, minor) version; loads libnvrtc.
