@@ -407,28 +407,17 @@ impl NcclGroup {
             let stream = streams[r] as nccl::cudaStream_t;
             for &(send, peer, part) in ops.get(r).into_iter().flatten() {
                 let off = (part * bytes) as u64;
+                let (u8s, peer, comm) = (nccl::ncclDataType_t::ncclUint8, peer as i32, *comm);
                 // SAFETY: rank r's buffers on its GPU hold every part the pattern uses (the
                 // benchmark sizes them for the largest message times the parts); the stream is
                 // rank r's.
                 let rc = unsafe {
                     if send {
-                        nccl::ncclSend(
-                            (bufs[r].send + off) as *const c_void,
-                            bytes,
-                            nccl::ncclDataType_t::ncclUint8,
-                            peer as i32,
-                            *comm,
-                            stream,
-                        )
+                        let buf = (bufs[r].send + off) as *const c_void;
+                        nccl::ncclSend(buf, bytes, u8s, peer, comm, stream)
                     } else {
-                        nccl::ncclRecv(
-                            (bufs[r].recv + off) as *mut c_void,
-                            bytes,
-                            nccl::ncclDataType_t::ncclUint8,
-                            peer as i32,
-                            *comm,
-                            stream,
-                        )
+                        let buf = (bufs[r].recv + off) as *mut c_void;
+                        nccl::ncclRecv(buf, bytes, u8s, peer, comm, stream)
                     }
                 };
                 if result.is_ok() {

@@ -1020,6 +1020,15 @@ mod validate_tests {
 mod tests {
     use super::*;
 
+    /// Which of a call's buffers are registered, and whether it is in place.
+    fn access(input: bool, output: bool, in_place: bool) -> Access {
+        Access {
+            input,
+            output,
+            in_place,
+        }
+    }
+
     fn t() -> Tuning {
         Tuning::for_device(132, 1)
     }
@@ -1246,15 +1255,8 @@ mod tests {
             ..default
         };
         let out_of_place = Access::NONE;
-        let in_place = Access {
-            in_place: true,
-            ..Access::NONE
-        };
-        let registered = Access {
-            input: true,
-            output: true,
-            in_place: false,
-        };
+        let in_place = access(false, false, true);
+        let registered = access(true, true, false);
         // 32 MiB per part on 2 ranks: 64 MiB in all.
         let count = 8 << 20;
         let own = |op, tuning: &Tuning, access| {
@@ -1344,11 +1346,7 @@ mod tests {
     fn registered_buffers_go_direct_where_the_kernel_can_reach_them() {
         let tuning = t();
         let big = 1 << 24; // 64 MiB of f32
-        let both = Access {
-            input: true,
-            output: true,
-            in_place: false,
-        };
+        let both = access(true, true, false);
         let f = |op, access| plan_with(op, DataType::F32, big, 4, None, &tuning, access);
         assert_eq!(f(Op::AllReduce, both).kind, Kind::AllReduceDirect);
         assert_eq!(f(Op::AllGather, both).kind, Kind::AllGatherDirect);
@@ -1356,22 +1354,13 @@ mod tests {
         assert_eq!(f(Op::AllToAll, both).kind, Kind::AllToAllDirect);
         // What each needs: all-reduce both sides, all-gather and all-to-all the output,
         // reduce-scatter the input; all-to-all never in place.
-        let only_in = Access {
-            output: false,
-            ..both
-        };
-        let only_out = Access {
-            input: false,
-            ..both
-        };
+        let only_in = access(true, false, false);
+        let only_out = access(false, true, false);
         assert_eq!(f(Op::AllReduce, only_in).kind, Kind::AllReduceTwoShot);
         assert_eq!(f(Op::AllGather, only_in).kind, Kind::AllGather);
         assert_eq!(f(Op::ReduceScatter, only_out).kind, Kind::ReduceScatter);
         assert_eq!(f(Op::AllGather, only_out).kind, Kind::AllGatherDirect);
-        let in_place = Access {
-            in_place: true,
-            ..both
-        };
+        let in_place = access(true, true, true);
         assert_eq!(f(Op::AllToAll, in_place).kind, Kind::AllToAll);
         assert_eq!(f(Op::AllReduce, in_place).kind, Kind::AllReduceDirect);
         // Below the direct threshold, with parts not 16-byte aligned, and on two ranks for
@@ -1444,11 +1433,7 @@ mod tests {
     #[test]
     fn direct_shares_cover_every_element_in_whole_vectors() {
         let tuning = t();
-        let both = Access {
-            input: true,
-            output: true,
-            in_place: false,
-        };
+        let both = access(true, true, false);
         for op in [
             Op::AllReduce,
             Op::AllGather,
@@ -1516,19 +1501,9 @@ mod tests {
     #[test]
     fn copy_engines_for_large_registered_calls_on_two_ranks_and_more_when_asked() {
         let mut tuning = t();
-        let in_place = Access {
-            input: true,
-            output: true,
-            in_place: true,
-        };
-        let out = Access {
-            in_place: false,
-            ..in_place
-        };
-        let out_only = Access {
-            input: false,
-            ..out
-        };
+        let in_place = access(true, true, true);
+        let out = access(true, true, false);
+        let out_only = access(false, true, false);
         assert_eq!(tuning.ce_min_bytes, 256 << 20);
         assert_eq!(tuning.ce_all_reduce_min_bytes, 256 << 20);
         // The all-reduce has its own threshold: not with ce_min_bytes alone.

@@ -78,78 +78,72 @@ __device__ __forceinline__ void sr_block_copy(unsigned char* dst, const unsigned
     }
 }
 
-// The fields of `SrArgs` (sendrecv_abi.h) as the kernels' locals.
-#define SR_UNPACK(a)                                                  \
-    const unsigned long long bytes = a.bytes, slot_bytes = a.slot_bytes; \
-    const unsigned nslots = a.nslots;                                  \
-    volatile unsigned long long* ready = a.ready;                      \
-    volatile unsigned long long* freed = a.freed;                      \
-    const unsigned long long base = a.base, timeout_ns = a.timeout_ns; \
-    volatile int* abort_flag = a.abort_flag;                           \
-    int* status = a.status;
+// Chunk k's place in the ring: its slot, its sequence number, and its bytes in the buffer.
+struct SrChunk {
+    unsigned s;
+    unsigned long long seq, off, len;
+};
+
+__device__ __forceinline__ SrChunk sr_chunk(const SrArgs& a, unsigned long long k) {
+    const unsigned long long g = a.base + k;
+    const unsigned long long off = k * a.slot_bytes;
+    const unsigned long long left = a.bytes - off;
+    return SrChunk{(unsigned)(g % a.nslots), g + 1, off, left < a.slot_bytes ? left : a.slot_bytes};
+}
+
+// Thread 0 waits for *flag >= want (want 0: no wait) and the whole block learns the outcome.
+// True when the block must stop: thread 0 has recorded why, with chunk k, in the status.
+__device__ __forceinline__ bool sr_block_wait(const SrArgs& a, volatile unsigned long long* flag,
+                                              unsigned long long want, unsigned long long k) {
+    __shared__ int err;
+    if (threadIdx.x == 0) {
+        err = want ? sr_wait_ge(flag, want, a.timeout_ns, a.abort_flag) : 0;
+        sr_fence();
+    }
+    __syncthreads();
+    if (err) {
+        if (threadIdx.x == 0) sr_fail(a.status, err, k);
+        return true;
+    }
+    return false;
+}
+
+// Once the whole block has copied, thread 0 publishes the chunk: *flag = seq.
+__device__ __forceinline__ void sr_block_post(volatile unsigned long long* flag, unsigned long long seq) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        sr_fence();
+        *flag = seq;
+    }
+}
+
+__device__ __forceinline__ unsigned long long sr_nchunks(const SrArgs& a) {
+    return (a.bytes + a.slot_bytes - 1) / a.slot_bytes;
+}
 
 extern "C" __global__ void p2p_send(SrArgs a) {
-    SR_UNPACK(a)
-    const unsigned char* src = a.buf;
-    unsigned char* slots = a.slots;
-    __shared__ int err;
-    const unsigned long long nchunks = (bytes + slot_bytes - 1) / slot_bytes;
+    const unsigned long long nchunks = sr_nchunks(a);
     for (unsigned long long k = blockIdx.x; k < nchunks; k += gridDim.x) {
-        const unsigned long long g = base + k;
-        const unsigned s = (unsigned)(g % nslots);
-        const unsigned long long seq = g + 1;
-        if (threadIdx.x == 0) {
-            err = seq > nslots ? sr_wait_ge(&freed[s], seq - nslots, timeout_ns, abort_flag) : 0;
-            sr_fence();
-        }
-        __syncthreads();
-        if (err) {
-            if (threadIdx.x == 0) sr_fail(status, err, k);
-            return;
-        }
-        const unsigned long long off = k * slot_bytes;
-        const unsigned long long len = bytes - off < slot_bytes ? bytes - off : slot_bytes;
-        sr_block_copy<SR_PLAIN>(slots + (unsigned long long)s * slot_bytes, src + off, len);
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            sr_fence();
-            ready[s] = seq;
-        }
+        const SrChunk c = sr_chunk(a, k);
+        // The slot is free once the receiver has drained its previous use.
+        if (sr_block_wait(a, &a.freed[c.s], c.seq > a.nslots ? c.seq - a.nslots : 0, k)) return;
+        sr_block_copy<SR_PLAIN>(a.slots + (unsigned long long)c.s * a.slot_bytes, a.buf + c.off, c.len);
+        sr_block_post(&a.ready[c.s], c.seq);
     }
 }
 
 extern "C" __global__ void p2p_recv(SrArgs a) {
-    SR_UNPACK(a)
-    unsigned char* dst = a.buf;
-    const unsigned char* slots = a.slots;
-    const int slots_remote = a.slots_remote;
-    __shared__ int err;
-    const unsigned long long nchunks = (bytes + slot_bytes - 1) / slot_bytes;
+    const unsigned long long nchunks = sr_nchunks(a);
     for (unsigned long long k = blockIdx.x; k < nchunks; k += gridDim.x) {
-        const unsigned long long g = base + k;
-        const unsigned s = (unsigned)(g % nslots);
-        const unsigned long long seq = g + 1;
-        if (threadIdx.x == 0) {
-            err = sr_wait_ge(&ready[s], seq, timeout_ns, abort_flag);
-            sr_fence();
-        }
-        __syncthreads();
-        if (err) {
-            if (threadIdx.x == 0) sr_fail(status, err, k);
-            return;
-        }
-        const unsigned long long off = k * slot_bytes;
-        const unsigned long long len = bytes - off < slot_bytes ? bytes - off : slot_bytes;
-        if (slots_remote) {
-            sr_block_copy<SR_CV>(dst + off, slots + (unsigned long long)s * slot_bytes, len);
+        const SrChunk c = sr_chunk(a, k);
+        if (sr_block_wait(a, &a.ready[c.s], c.seq, k)) return;
+        const unsigned char* slot = a.slots + (unsigned long long)c.s * a.slot_bytes;
+        if (a.slots_remote) {
+            sr_block_copy<SR_CV>(a.buf + c.off, slot, c.len);
         } else {
-            sr_block_copy<SR_CG>(dst + off, slots + (unsigned long long)s * slot_bytes, len);
+            sr_block_copy<SR_CG>(a.buf + c.off, slot, c.len);
         }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            sr_fence();
-            freed[s] = seq;
-        }
+        sr_block_post(&a.freed[c.s], c.seq);
     }
 }
 
