@@ -224,7 +224,8 @@ pub fn compile_cached(source: &Source, arch: &str) -> Result<Vec<u8>> {
 /// cache. Returns the cubins in the order of `sources`. Processes that miss the same sources
 /// at once compile them once: the first holds a lock file in the cache folder while it
 /// compiles, the others wait for it (at most five minutes, then compile themselves) and read
-/// its cubins. A cubin that cannot be written to the cache is logged as a warning.
+/// its cubins, or return its compile error if it failed. A cubin that cannot be written to the
+/// cache is logged as a warning.
 pub fn compile_cached_all(sources: &[Source], arch: &str) -> Result<Vec<Vec<u8>>> {
     let done = cached_compile(sources, arch, true)?;
     for why in &done.unstored {
@@ -293,7 +294,7 @@ fn cached_compile(sources: &[Source], arch: &str, use_memo: bool) -> Result<Comp
         .collect();
     // One compile per machine: processes starting together (one per GPU) that miss the same
     // kernels take turns; the first compiles and writes the cache, the others then read it.
-    let _lock = match (&dir, missing.is_empty()) {
+    let lock = match (&dir, missing.is_empty()) {
         (Some(d), false) => {
             let set: Vec<[u8; 8]> = missing.iter().map(|&i| keys[i].0.to_le_bytes()).collect();
             let set: Vec<&[u8]> = set.iter().map(|k| &k[..]).collect();
@@ -307,6 +308,12 @@ fn cached_compile(sources: &[Source], arch: &str, use_memo: bool) -> Result<Comp
         cubins[i] = remembered(*key).or_else(|| read_cubin(file.as_deref(), &sources[i], arch));
     }
     missing.retain(|&i| cubins[i].is_none());
+    // A holder we waited for failed to compile them: the same compile would fail here too, so
+    // its error, at once, rather than every waiting rank failing in turn.
+    if let (Some(&first), Some(failed)) = (missing.first(), lock.as_ref().and_then(|l| l.failure()))
+    {
+        return Err(compile_error(&sources[first], arch, &format!("the process that compiled these kernels while this one waited for it failed: {failed}")));
+    }
     let mut unstored = Vec::new();
     if !missing.is_empty() {
         let todo: Vec<Source> = missing.iter().map(|&i| sources[i]).collect();
@@ -318,7 +325,9 @@ fn cached_compile(sources: &[Source], arch: &str, use_memo: bool) -> Result<Comp
             .map_or("no cache folder".into(), |d| d.display().to_string());
         tracing::info!(kernels = ?names, %arch, "compiling (not in the kernel cache: {place}); seconds once, then cached");
         let t = std::time::Instant::now();
-        let compiled = compile_all(&todo, arch)?;
+        let record = |failure: Option<&str>| lock.iter().for_each(|l| l.record(failure));
+        record(None);
+        let compiled = compile_all(&todo, arch).inspect_err(|e| record(Some(&e.to_string())))?;
         tracing::info!(kernels = ?names, %arch, "compiled in {:.1} s", t.elapsed().as_secs_f64());
         for (&i, c) in missing.iter().zip(compiled) {
             if let (Some(d), (_, Some(f))) = (&dir, &keys[i]) {
@@ -430,15 +439,48 @@ fn whole_elf(c: &[u8]) -> bool {
     c.starts_with(b"\x7fELF\x02\x01") && table_end.is_some_and(|end| end <= c.len() as u64)
 }
 
-/// An exclusive advisory lock (`flock`) on `dir/<set>.lock`, held while the returned file is
-/// open: closing it releases the lock, and so does the holder's death. Waits at most `wait`
-/// for another holder; `None` where the lock cannot be had (no folder, no `flock`, or the wait
-/// ran out), and the caller compiles without it.
-fn compile_lock(
-    dir: &std::path::Path,
-    set: u64,
-    wait: std::time::Duration,
-) -> Option<std::fs::File> {
+/// The compile lock of one set of kernels, held while this lives: an exclusive advisory lock
+/// (`flock`) on `dir/<set>.lock`, released when the file closes, and by the holder's death.
+/// The file holds why the last holder's compile failed (empty: it did not fail, or died first).
+struct CompileLock {
+    file: std::fs::File,
+    /// Another holder had it first, and this process waited for it.
+    waited: bool,
+}
+
+impl CompileLock {
+    /// Why the holder this process waited for failed to compile (`None`: it did not fail, or
+    /// this process did not wait, so a failure written there is an earlier run's).
+    fn failure(&self) -> Option<String> {
+        use std::io::{Read, Seek};
+        if !self.waited {
+            return None;
+        }
+        let mut text = String::new();
+        let mut f = &self.file;
+        f.rewind().ok()?;
+        f.take(64 << 10).read_to_string(&mut text).ok()?;
+        Some(text).filter(|t| !t.is_empty())
+    }
+
+    /// Records why this holder's compile failed (`None`: clears an earlier record).
+    fn record(&self, failure: Option<&str>) {
+        use std::io::{Seek, Write};
+        let mut f = &self.file;
+        let written = f
+            .set_len(0)
+            .and_then(|()| f.rewind())
+            .and_then(|()| f.write_all(failure.unwrap_or("").as_bytes()));
+        if let Err(e) = written {
+            tracing::debug!("could not record in the compile lock: {e}");
+        }
+    }
+}
+
+/// Waits at most `wait` for the compile lock of kernel set `set` in `dir`. `None` where the lock
+/// cannot be had (no folder, no `flock`, or the wait ran out), and the caller compiles
+/// without it.
+fn compile_lock(dir: &std::path::Path, set: u64, wait: std::time::Duration) -> Option<CompileLock> {
     use rustix::fs::{flock, FlockOperation};
     use rustix::io::Errno;
     let path = dir.join(format!("{set:016x}.lock"));
@@ -447,16 +489,17 @@ fn compile_lock(
             std::fs::OpenOptions::new()
                 .create(true)
                 .truncate(false)
+                .read(true)
                 .write(true)
                 .open(&path)
         })
         .map_err(|e| tracing::debug!("no compile lock at {}: {e}", path.display()))
         .ok()?;
     let deadline = std::time::Instant::now() + wait;
-    let mut told = false;
+    let mut waited = false;
     loop {
         match flock(&file, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => return Some(file),
+            Ok(()) => return Some(CompileLock { file, waited }),
             Err(Errno::WOULDBLOCK) | Err(Errno::INTR) => {}
             Err(e) => {
                 tracing::debug!("no compile lock at {}: {e}", path.display());
@@ -470,12 +513,12 @@ fn compile_lock(
             );
             return None;
         }
-        if !told {
+        if !waited {
             tracing::info!(
                 "another process (or thread) is compiling the same kernels (it holds {}): waiting for it",
                 path.display()
             );
-            told = true;
+            waited = true;
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
@@ -798,6 +841,36 @@ mod tests {
             waited >= Duration::from_millis(100) && waited < Duration::from_secs(5),
             "{waited:?}"
         );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_waiter_learns_that_the_holder_it_waited_for_failed_and_a_later_process_compiles_anew() {
+        let dir = std::env::temp_dir().join(format!("p2p-compile-fail-{}", std::process::id()));
+        let holder = compile_lock(&dir, 9, Duration::ZERO).expect("a free lock");
+        assert_eq!(holder.failure(), None, "it did not wait");
+        let waiter = std::thread::spawn({
+            let dir = dir.clone();
+            move || compile_lock(&dir, 9, Duration::from_secs(10)).map(|l| l.failure())
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        holder.record(None);
+        holder.record(Some("sm_90: error: something"));
+        drop(holder);
+        let seen = waiter.join().expect("the waiter").expect("the lock");
+        assert_eq!(seen.as_deref(), Some("sm_90: error: something"));
+        // A process that did not wait takes the record for an earlier run's and clears it.
+        let later = compile_lock(&dir, 9, Duration::ZERO).expect("a free lock");
+        assert_eq!(later.failure(), None);
+        later.record(None);
+        let waiter = std::thread::spawn({
+            let dir = dir.clone();
+            move || compile_lock(&dir, 9, Duration::from_secs(10)).map(|l| l.failure())
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        drop(later);
+        let seen = waiter.join().expect("the waiter").expect("the lock");
+        assert_eq!(seen, None, "the holder it waited for succeeded");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
