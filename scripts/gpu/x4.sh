@@ -16,9 +16,11 @@
 #                 every GPU): all-gather and all-to-all from 16 MiB with --ce-more-ranks-mib 0
 #                 against the defaults, two rounds.
 #   x4.sh host    p2p-bench host on 2, 3 and every GPU, two rounds (perf-notes §38; ~2 min).
-# Results: $OUT/x4-PHASE.tgz (summary.txt first), packed after every step.
+#   x4.sh world W both collective suites at W ranks (counts 0,1,7,1023,65537): the smaller world
+#                 sizes of a larger machine (issue 16: 2 and 4 on the 8-GPU one).
+# Results: $OUT/x4-PHASE[-ARG].tgz (summary.txt first), packed after every step.
 phase=${1:-tests}
-BATCH=x4-$phase
+BATCH=x4-$phase${2:+-$2}
 source "$(dirname "$0")/common.sh"
 finish() { note "${1:-done}"; pack; }
 if [ "$n" -lt 3 ]; then finish "x4.sh: needs 3 or more GPUs, found $n"; exit 1; fi
@@ -82,6 +84,11 @@ case $phase in
       done
     done
     ;;
-  *) finish "x4.sh: unknown phase $phase (tests, more, bench, bench3, ce, host)"; exit 2 ;;
+  world)
+    w=${2:-2}
+    if [ "$w" -lt 2 ] || [ "$w" -gt "$n" ]; then finish "x4.sh world: W must be 2 to $n, not $w"; exit 2; fi
+    suite "$w" 0,1,7,1023,65537 240 150
+    ;;
+  *) finish "x4.sh: unknown phase $phase (tests, more, bench, bench3, ce, host, world)"; exit 2 ;;
 esac
 finish
