@@ -49,6 +49,16 @@ fn p2p_bench_kernels_fills_the_cache_once_and_names_a_bad_target() {
         out.contains("sm_90: the 8 parts of the collective kernels were cached already"),
         "{out}"
     );
+    // The release the cache is keyed on: PyPI's libnvrtc has a GNU build ID.
+    let build = out
+        .lines()
+        .find_map(|l| l.strip_prefix("compiler: NVRTC 13.0, "))
+        .and_then(|l| l.split(", build ").nth(1))
+        .unwrap_or_default();
+    assert!(
+        build.len() >= 16 && build.chars().all(|c| c.is_ascii_hexdigit()),
+        "{out}"
+    );
     let text = "p2p-bench kernels: sm_1: NVRTC could not compile coll.cu";
     assert_fails(&["kernels", "--arch", "sm_1"], &env, 1, text);
     // A cache that cannot be written (its folder is a file) is an error, not a silent compile.

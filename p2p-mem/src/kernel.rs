@@ -2,11 +2,11 @@
 //! architecture at first use, cached on disk, loaded into a device's context and launched.
 //!
 //! Every crate's kernels go through here (the transport's copy, probe, latency and send/recv
-//! kernels, the collectives' `coll.cu`): [`compile_cached_all`] is the one compile path
-//! (in-process memo plus an on-disk cache keyed by the source, its macros, the target and the
-//! NVRTC version; the sources missing from it compile in parallel threads), [`compile_cached`]
-//! its one-source case; [`compile_all`] and [`compile`] are the uncached step under them, for
-//! CI's compile checks. [`Module`] loads a cubin and launches its [`Function`]s on a [`Stream`].
+//! kernels, the collectives' `coll.cu`): [`compile_cached_all`] is the one compile path (in-process
+//! memo plus an on-disk cache keyed by the source, its macros, the target and the NVRTC release,
+//! [`compiler`]; the sources missing from it compile in parallel threads), [`compile_cached`] its
+//! one-source case; [`compile_all`] and [`compile`] are the uncached step under them, for CI's
+//! compile checks. [`Module`] loads a cubin and launches its [`Function`]s on a [`Stream`].
 //!
 //! ```no_run
 //! use p2p_mem::kernel::{Module, Source};
@@ -209,9 +209,10 @@ fn compile_with(source: &Source, arch: &str, split: usize) -> Result<Vec<u8>> {
 }
 
 /// As [`compile`], but remembers the cubin: in this process, and on disk under
-/// `$XDG_CACHE_HOME/p2p/kernels` (or `~/.cache/p2p/kernels`), keyed by a hash of the source,
-/// its macros, the target and the NVRTC version. Large kernels take NVRTC seconds; a cache hit
-/// takes microseconds. A cache that cannot be read or written is skipped, never an error.
+/// `$XDG_CACHE_HOME/p2p/kernels` (or `~/.cache/p2p/kernels`), keyed by a hash of the source, its
+/// macros, the target and the NVRTC release (its version and library's build ID). Large kernels
+/// take NVRTC seconds; a cache hit takes microseconds. A cache that cannot be read or written is
+/// skipped, never an error.
 pub fn compile_cached(source: &Source, arch: &str) -> Result<Vec<u8>> {
     only(
         compile_cached_all(std::slice::from_ref(source), arch)?,
@@ -279,12 +280,12 @@ fn memo_get(key: u64) -> Option<Vec<u8>> {
 /// compile lock) and written to the disk.
 fn cached_compile(sources: &[Source], arch: &str, use_memo: bool) -> Result<Compiled> {
     let remembered = |key| if use_memo { memo_get(key) } else { None };
-    let version = nvrtc_version()?;
+    let compiler = compiler()?;
     let dir = cache_dir();
     let mut keys = Vec::with_capacity(sources.len());
     let mut cubins: Vec<Option<Vec<u8>>> = Vec::with_capacity(sources.len());
     for source in sources {
-        let key = cache_key(source, arch, version);
+        let key = cache_key(source, arch, &compiler);
         let file = dir.as_ref().map(|d| d.join(cache_name(source, arch, key)));
         cubins.push(remembered(key).or_else(|| read_cubin(file.as_deref(), source, arch)));
         keys.push((key, file));
@@ -312,7 +313,10 @@ fn cached_compile(sources: &[Source], arch: &str, use_memo: bool) -> Result<Comp
     // its error, at once, rather than every waiting rank failing in turn.
     if let (Some(&first), Some(failed)) = (missing.first(), lock.as_ref().and_then(|l| l.failure()))
     {
-        return Err(compile_error(&sources[first], arch, &format!("the process that compiled these kernels while this one waited for it failed: {failed}")));
+        let why = format!(
+            "another process compiled these kernels while this one waited, and failed: {failed}"
+        );
+        return Err(compile_error(&sources[first], arch, &why));
     }
     let mut unstored = Vec::new();
     if !missing.is_empty() {
@@ -327,7 +331,14 @@ fn cached_compile(sources: &[Source], arch: &str, use_memo: bool) -> Result<Comp
         let t = std::time::Instant::now();
         let record = |failure: Option<&str>| lock.iter().for_each(|l| l.record(failure));
         record(None);
-        let compiled = compile_all(&todo, arch).inspect_err(|e| record(Some(&e.to_string())))?;
+        let compiled = compile_all(&todo, arch).inspect_err(|e| {
+            // For the waiters' errors, which name their own first kernel and the target.
+            let failure = match e {
+                Error::Compile { kernel, log, .. } => format!("{kernel}: {log}"),
+                other => other.to_string(),
+            };
+            record(Some(&failure));
+        })?;
         tracing::info!(kernels = ?names, %arch, "compiled in {:.1} s", t.elapsed().as_secs_f64());
         for (&i, c) in missing.iter().zip(compiled) {
             if let (Some(d), (_, Some(f))) = (&dir, &keys[i]) {
@@ -379,29 +390,90 @@ pub fn cache_dir() -> Option<std::path::PathBuf> {
         .map(|d| d.join("p2p").join("kernels"))
 }
 
-/// NVRTC's (major, minor) version; loads libnvrtc.
-fn nvrtc_version() -> Result<(i32, i32)> {
+/// The NVRTC this process compiles with: what the kernel cache's key holds of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Compiler {
+    /// NVRTC's (major, minor) version.
+    pub version: (i32, i32),
+    /// The libnvrtc file loaded (`None` where the process's map cannot be read).
+    pub file: Option<std::path::PathBuf>,
+    /// That file's GNU build ID, in hex: it tells apart releases that report the same
+    /// major.minor (13.0.48 and 13.0.88), so a cubin cached by one is not taken for the
+    /// other's. `None` where it cannot be read: the key then holds major.minor alone.
+    pub build_id: Option<String>,
+}
+
+impl std::fmt::Display for Compiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (major, minor) = self.version;
+        write!(f, "NVRTC {major}.{minor}")?;
+        if let Some(file) = &self.file {
+            write!(f, ", {}", file.display())?;
+        }
+        match &self.build_id {
+            Some(id) => write!(f, ", build {id}"),
+            None => f.write_str(", build ID unknown"),
+        }
+    }
+}
+
+/// The NVRTC this process compiles with (loads libnvrtc; read once per process).
+///
+/// ```no_run
+/// // e.g. "NVRTC 13.0, /usr/local/cuda/lib64/libnvrtc.so.13, build 65be0db3…"
+/// println!("{}", p2p_mem::kernel::compiler()?);
+/// # Ok::<(), p2p_mem::Error>(())
+/// ```
+pub fn compiler() -> Result<Compiler> {
+    static COMPILER: std::sync::OnceLock<Compiler> = std::sync::OnceLock::new();
     p2p_sys::probe::require(Library::Nvrtc)?;
-    let (mut major, mut minor) = (0, 0);
-    // SAFETY: libnvrtc is loaded; both are out-pointers.
-    unsafe { nvrtc::nvrtcVersion(&mut major, &mut minor) };
-    Ok((major, minor))
+    Ok(COMPILER
+        .get_or_init(|| {
+            let (mut major, mut minor) = (0, 0);
+            // SAFETY: libnvrtc is loaded (probed above); both are out-pointers.
+            unsafe { nvrtc::nvrtcVersion(&mut major, &mut minor) };
+            let file = p2p_sys::probe::loaded_file(Library::Nvrtc);
+            let build_id = file.as_deref().and_then(build_id);
+            if build_id.is_none() {
+                tracing::debug!(
+                    ?file,
+                    "no build ID of libnvrtc: the kernel cache keys on NVRTC {major}.{minor} alone"
+                );
+            }
+            Compiler {
+                version: (major, minor),
+                file,
+                build_id,
+            }
+        })
+        .clone())
+}
+
+/// The GNU build ID of an ELF file, in hex (reads its headers and notes only).
+fn build_id(file: &std::path::Path) -> Option<String> {
+    use object::Object;
+    let cache = object::ReadCache::new(std::fs::File::open(file).ok()?);
+    let id = object::File::parse(&cache).ok()?.build_id().ok()??;
+    Some(id.iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Changed by hand whenever a cached cubin could differ for another reason than the key's
-/// other parts (the code, the target, the NVRTC version, the options and the macros).
+/// other parts (the code, the target, the NVRTC release, the options and the macros).
 const CACHE_FORMAT: &str = "p2p-kernel-cache-2";
 
-/// The cache key of a compile: a hash of the code, the target, the NVRTC version (major and
-/// minor: a patch release of NVRTC is taken to compile alike), the options and the macros.
-fn cache_key(source: &Source, arch: &str, (major, minor): (i32, i32)) -> u64 {
+/// The cache key of a compile: a hash of the code, the target, the compiler (NVRTC's version
+/// and its library's build ID), the options and the macros.
+fn cache_key(source: &Source, arch: &str, compiler: &Compiler) -> u64 {
+    let (major, minor) = compiler.version;
     let (major, minor) = (major.to_le_bytes(), minor.to_le_bytes());
+    let build = compiler.build_id.as_deref().unwrap_or("");
     let options = options(arch);
     let mut parts = vec![
         source.code.as_bytes(),
         arch.as_bytes(),
         &major[..],
         &minor[..],
+        build.as_bytes(),
         CACHE_FORMAT.as_bytes(),
     ];
     parts.extend(options.iter().map(|o| o.as_bytes()));
@@ -938,34 +1010,35 @@ mod tests {
             code: "a",
             defines: &["X=1"],
         };
-        let key = |s: &Source, arch: &str, v: (i32, i32)| cache_key(s, arch, v);
-        let k = key(&base, "sm_90", (13, 0));
-        assert_eq!(k, key(&base, "sm_90", (13, 0)));
-        assert_ne!(k, key(&Source { code: "b", ..base }, "sm_90", (13, 0)));
-        assert_ne!(
-            k,
-            key(
-                &Source {
-                    defines: &["X=2"],
-                    ..base
-                },
-                "sm_90",
-                (13, 0)
-            )
-        );
-        assert_ne!(
-            k,
-            key(
-                &Source {
-                    defines: &[],
-                    ..base
-                },
-                "sm_90",
-                (13, 0)
-            )
-        );
-        assert_ne!(k, key(&base, "sm_80", (13, 0)));
-        assert_ne!(k, key(&base, "sm_90", (13, 1)));
-        assert_ne!(k, key(&base, "sm_90", (12, 0)));
+        let nvrtc = |version, build_id: Option<&str>| Compiler {
+            version,
+            file: None,
+            build_id: build_id.map(String::from),
+        };
+        let c13 = nvrtc((13, 0), Some("65be0db3"));
+        let key = |s: &Source, arch: &str| cache_key(s, arch, &c13);
+        let k = key(&base, "sm_90");
+        assert_eq!(k, key(&base, "sm_90"));
+        assert_ne!(k, key(&Source { code: "b", ..base }, "sm_90"));
+        let x2 = Source {
+            defines: &["X=2"],
+            ..base
+        };
+        assert_ne!(k, key(&x2, "sm_90"));
+        let plain = Source {
+            defines: &[],
+            ..base
+        };
+        assert_ne!(k, key(&plain, "sm_90"));
+        assert_ne!(k, key(&base, "sm_80"));
+        for other in [
+            nvrtc((13, 1), Some("65be0db3")),
+            nvrtc((12, 0), Some("65be0db3")),
+            // A patch release: the same major.minor, another library.
+            nvrtc((13, 0), Some("0e1f0a2b")),
+            nvrtc((13, 0), None),
+        ] {
+            assert_ne!(k, cache_key(&base, "sm_90", &other), "{other}");
+        }
     }
 }

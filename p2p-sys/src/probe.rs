@@ -129,7 +129,60 @@ pub fn require(library: Library) -> Result<&'static str, Error> {
         .map_err(Clone::clone)
 }
 
+/// The file `library` was loaded from, as this process maps it (`/proc/self/maps`: links
+/// resolved). `None` where it was not probed successfully ([`require`]) or the map cannot be
+/// read. For what a file name does not say: which release of a library this is.
+pub fn loaded_file(library: Library) -> Option<std::path::PathBuf> {
+    if !is_loaded(library) {
+        return None;
+    }
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    mapped_file(&maps, &format!("lib{}.so", library.stem()))
+}
+
+/// The first file of a `/proc/<pid>/maps` text whose name starts with `prefix`.
+fn mapped_file(maps: &str, prefix: &str) -> Option<std::path::PathBuf> {
+    // A line: address, permissions, offset, device, inode, then the path (the first `/`; none
+    // of the fields before it holds one), which may hold spaces.
+    maps.lines()
+        .filter_map(|line| line.find('/').map(|at| std::path::Path::new(&line[at..])))
+        .find(|path| {
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(prefix))
+        })
+        .map(std::path::Path::to_path_buf)
+}
+
 /// Whether `library` was already probed successfully (never loads anything itself).
 pub fn is_loaded(library: Library) -> bool {
     matches!(slot(library).get(), Some(Ok(_)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_library_is_found_in_the_process_map_by_its_file_name_not_a_look_alike() {
+        let maps = "\
+55d0c0a00000-55d0c0a21000 r--p 00000000 fd:01 1311 /usr/bin/p2p-bench
+7f10a0000000-7f10a0400000 r--p 00000000 fd:01 2042 /opt/my env/lib/libnvrtc-builtins.so.13.0
+7f10b0000000-7f10b5000000 r-xp 00000000 fd:01 2041 /opt/my env/lib/libnvrtc.so.13
+7f10c0000000-7f10c0021000 rw-p 00000000 00:00 0 
+7ffd2c3f1000-7ffd2c412000 rw-p 00000000 00:00 0                          [stack]
+";
+        assert_eq!(
+            mapped_file(maps, "libnvrtc.so"),
+            Some("/opt/my env/lib/libnvrtc.so.13".into())
+        );
+        assert_eq!(mapped_file(maps, "libcuda.so"), None);
+        assert_eq!(mapped_file("", "libnvrtc.so"), None);
+    }
+
+    #[test]
+    fn a_library_not_loaded_has_no_file() {
+        // Nothing in this test process probes NCCL.
+        assert_eq!(loaded_file(Library::Nccl), None);
+    }
 }

@@ -762,6 +762,9 @@ fn kernels_cmd(mut archs: Vec<String>) -> ExitCode {
         }
     }
     println!("cache: {}", dir.display());
+    if let Ok(nvrtc) = p2p_mem::kernel::compiler() {
+        println!("compiler: {nvrtc}");
+    }
     ExitCode::SUCCESS
 }
 
