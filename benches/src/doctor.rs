@@ -444,6 +444,56 @@ pub fn check_imex(fabric_supported: bool, channels: Option<usize>) -> Finding {
     }
 }
 
+/// The collective kernels: NVRTC, which every communicator needs (it compiles them, or keys
+/// the cache with its release), and whether the kernel cache already holds them for each GPU
+/// architecture (`archs`: target, parts cached, of `parts`), else a process's first
+/// communicator compiles them for seconds.
+pub fn check_kernels(
+    compiler: Result<String, String>,
+    cache: Option<&std::path::Path>,
+    archs: &[(String, usize)],
+    parts: usize,
+) -> Finding {
+    let nvrtc = match compiler {
+        Ok(c) => c,
+        Err(e) => {
+            return finding(
+                "kernels",
+                "system",
+                Status::Fail,
+                format!("{e}: communicators cannot compile their kernels"),
+                "install NVRTC (the CUDA toolkit's libnvrtc.so.13, or pip install nvidia-cuda-nvrtc) and make it findable (LD_LIBRARY_PATH)",
+            )
+        }
+    };
+    let Some(dir) = cache else {
+        return finding(
+            "kernels",
+            "system",
+            Status::Warn,
+            format!("{nvrtc}; no kernel cache (neither XDG_CACHE_HOME nor HOME is set): every process compiles the kernels at its first communicator"),
+            "set HOME or XDG_CACHE_HOME",
+        );
+    };
+    let counts = archs
+        .iter()
+        .map(|(arch, n)| format!("{arch}: {n} of {parts} parts cached"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let evidence = format!("{nvrtc}; {counts} in {}", dir.display());
+    if archs.iter().all(|(_, n)| *n >= parts) {
+        finding("kernels", "system", Status::Ok, evidence, "")
+    } else {
+        finding(
+            "kernels",
+            "system",
+            Status::Warn,
+            format!("{evidence}: a process's first communicator compiles the rest (about 10 s on 16 cores, 25 s on 2)"),
+            "p2p-bench kernels (once per machine, user and NVRTC release)",
+        )
+    }
+}
+
 /// `CUDA_VISIBLE_DEVICES` hiding GPUs, in particular NVLink peers of visible ones.
 pub fn check_visible_devices(t: &Topology) -> Finding {
     let hidden = t.all_gpu_bus_ids.len().saturating_sub(t.gpus.len());
@@ -647,6 +697,7 @@ pub fn run(functional: bool) -> Report {
         fabric,
         count_dir("/dev/nvidia-caps-imex-channels"),
     ));
+    findings.push(kernels_finding(&devices));
     for g in &t.gpus {
         findings.push(check_compute_capability(g));
         findings.push(check_consumer(g));
@@ -681,6 +732,28 @@ pub fn run(functional: bool) -> Report {
         }
     }
     Report { source, findings }
+}
+
+/// [`check_kernels`] for this machine's GPUs, NVRTC and kernel cache.
+fn kernels_finding(devices: &[Device]) -> Finding {
+    use p2p_collective::comm::COLL_PARTS;
+    use p2p_mem::kernel::{arch_for, cache_dir, cached, compiler};
+    let mut archs: Vec<String> = devices.iter().map(arch_for).collect();
+    archs.sort();
+    archs.dedup();
+    let counts = archs
+        .into_iter()
+        .map(|arch| {
+            let n = cached(&COLL_PARTS, &arch).unwrap_or(0);
+            (arch, n)
+        })
+        .collect::<Vec<_>>();
+    check_kernels(
+        compiler().map(|c| c.to_string()).map_err(|e| e.to_string()),
+        cache_dir().as_deref(),
+        &counts,
+        COLL_PARTS.len(),
+    )
 }
 
 /// Elements moved by the functional test: 4 MiB of 16-byte vectors.
@@ -870,6 +943,35 @@ mod tests {
         assert_eq!(check_imex(true, Some(1)).status, Status::Ok);
         assert_eq!(check_imex(true, None).status, Status::Warn);
         assert_eq!(check_imex(true, Some(0)).status, Status::Warn);
+    }
+
+    #[test]
+    fn kernels_fail_without_nvrtc_and_warn_until_cached_for_every_architecture() {
+        let dir = std::path::Path::new("/home/u/.cache/p2p/kernels");
+        let nvrtc = || Ok("NVRTC 13.0, build 65be".to_string());
+        let missing = check_kernels(Err("libnvrtc not found".into()), Some(dir), &[], 8);
+        assert_eq!(missing.status, Status::Fail);
+        assert!(missing.fix.contains("nvidia-cuda-nvrtc"), "{missing:?}");
+        let nowhere = check_kernels(nvrtc(), None, &[("sm_90".into(), 0)], 8);
+        assert_eq!(nowhere.status, Status::Warn);
+        assert!(nowhere.evidence.contains("every process compiles"));
+        let some = [("sm_80".into(), 8), ("sm_90".into(), 3)];
+        let part = check_kernels(nvrtc(), Some(dir), &some, 8);
+        assert_eq!(part.status, Status::Warn);
+        assert!(
+            part.evidence.contains("sm_90: 3 of 8 parts cached"),
+            "{part:?}"
+        );
+        assert_eq!(
+            part.fix,
+            "p2p-bench kernels (once per machine, user and NVRTC release)"
+        );
+        let all = [("sm_80".into(), 8), ("sm_90".into(), 8)];
+        let done = check_kernels(nvrtc(), Some(dir), &all, 8);
+        assert_eq!(done.status, Status::Ok, "{done:?}");
+        assert!(done
+            .evidence
+            .starts_with("NVRTC 13.0, build 65be; sm_80: 8 of 8"));
     }
 
     #[test]

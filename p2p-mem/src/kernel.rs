@@ -258,6 +258,23 @@ pub fn cache_all(sources: &[Source], arch: &str) -> Result<usize> {
     }
 }
 
+/// How many of `sources` the on-disk cache ([`cache_dir`]) holds, whole, for `arch` with this
+/// process's NVRTC ([`compiler`]); compiles nothing. For telling a user ahead of time whether
+/// a first communicator will compile (`p2p-bench doctor`).
+pub fn cached(sources: &[Source], arch: &str) -> Result<usize> {
+    let compiler = compiler()?;
+    let Some(dir) = cache_dir() else {
+        return Ok(0);
+    };
+    Ok(sources
+        .iter()
+        .filter(|source| {
+            let file = dir.join(cache_name(source, arch, cache_key(source, arch, &compiler)));
+            read_cubin(Some(&file), source, arch).is_some()
+        })
+        .count())
+}
+
 /// What [`cached_compile`] did.
 struct Compiled {
     /// In the order of the sources.
