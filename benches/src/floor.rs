@@ -3,7 +3,7 @@
 
 use std::ffi::c_void;
 
-use p2p_mem::kernel::{arch_for, compile_cached, Function, Module, Source};
+use p2p_mem::kernel::{Function, Module, Source};
 use p2p_mem::Device;
 
 /// 64-bit words in the argument block of `empty_args_kernel`: the collectives' block
@@ -57,8 +57,7 @@ pub struct EmptyKernel {
 impl EmptyKernel {
     /// Compiles (cached) and loads the kernel on `device`.
     pub fn load(device: &Device) -> p2p_mem::Result<EmptyKernel> {
-        let cubin = compile_cached(&EMPTY, &arch_for(device))?;
-        let module = Module::load(device, &cubin)?;
+        let module = Module::build(device, &EMPTY)?;
         let function = module.function("empty_kernel")?;
         let with_args = module.function("empty_args_kernel")?;
         Ok(EmptyKernel {

@@ -260,30 +260,22 @@ pub(crate) struct Kernels {
 
 impl Kernels {
     /// Compiles [`COLL_PARTS`] for `device`'s architecture (or finds them in the kernel cache,
-    /// or in this process's memo: GPUs of one architecture share one compile) and loads them.
+    /// or in this process's memo: GPUs of one architecture share one compile) and loads them,
+    /// one module per part.
     fn build(device: &Device) -> Result<Kernels> {
-        let cubins = kernels::compile_cached_all(&COLL_PARTS, &kernels::arch_for(device))?;
-        Self::load(device, &cubins)
-    }
-
-    /// Loads the cubins of [`COLL_PARTS`] (in its order) on `device`.
-    fn load(device: &Device, cubins: &[Vec<u8>]) -> Result<Kernels> {
+        let modules = Module::build_all(device, &COLL_PARTS)?;
         let missing = |what: String| Error::InvalidArgument {
             op: "init",
             rank: 0,
             what,
         };
-        if cubins.len() != COLL_PARTS.len() {
+        if modules.len() != COLL_PARTS.len() {
             return Err(missing(format!(
-                "{} cubins for the {} parts of the collective kernels",
-                cubins.len(),
+                "{} modules for the {} parts of the collective kernels",
+                modules.len(),
                 COLL_PARTS.len()
             )));
         }
-        let modules = cubins
-            .iter()
-            .map(|c| Module::load(device, c))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
         let mut functions = Vec::with_capacity(Family::ALL.len());
         let mut blocks_per_sm = i32::MAX;
         for family in Family::ALL {

@@ -262,17 +262,46 @@ pub fn cache_all(sources: &[Source], arch: &str) -> Result<usize> {
 /// process's NVRTC ([`compiler`]); compiles nothing. For telling a user ahead of time whether
 /// a first communicator will compile (`p2p-bench doctor`).
 pub fn cached(sources: &[Source], arch: &str) -> Result<usize> {
-    let compiler = compiler()?;
-    let Some(dir) = cache_dir() else {
-        return Ok(0);
-    };
-    Ok(sources
-        .iter()
-        .filter(|source| {
-            let file = dir.join(cache_name(source, arch, cache_key(source, arch, &compiler)));
-            read_cubin(Some(&file), source, arch).is_some()
-        })
-        .count())
+    let mut n = 0;
+    for source in sources {
+        let file = cache_file(source, arch)?;
+        n += usize::from(read_cubin(file.as_deref(), source, arch).is_some());
+    }
+    Ok(n)
+}
+
+/// Whether the driver refused a module's image itself (rather than, say, memory).
+fn refused_image(e: &p2p_sys::Error) -> bool {
+    use cuda::cudaError_enum as R;
+    [
+        R::CUDA_ERROR_INVALID_IMAGE,
+        R::CUDA_ERROR_NO_BINARY_FOR_GPU,
+        R::CUDA_ERROR_INVALID_PTX,
+        R::CUDA_ERROR_UNSUPPORTED_PTX_VERSION,
+        R::CUDA_ERROR_INVALID_SOURCE,
+    ]
+    .into_iter()
+    .any(|code| e.is_driver(code))
+}
+
+/// Forgets `source`'s cubin for `arch`: this process's memo and the cache file.
+fn evict(source: &Source, arch: &str) -> Result<()> {
+    if let Some(Ok(mut memo)) = MEMO.get().map(|m| m.lock()) {
+        memo.remove(&cache_key(source, arch, &compiler()?));
+    }
+    if let Some(file) = cache_file(source, arch)? {
+        if let Err(e) = std::fs::remove_file(&file) {
+            tracing::debug!("could not remove {}: {e}", file.display());
+        }
+    }
+    Ok(())
+}
+
+/// The cache file of `source`'s cubin for `arch` with this process's NVRTC, whether or not it
+/// exists (`None` without a cache folder: [`cache_dir`]).
+pub fn cache_file(source: &Source, arch: &str) -> Result<Option<std::path::PathBuf>> {
+    let key = cache_key(source, arch, &compiler()?);
+    Ok(cache_dir().map(|d| d.join(cache_name(source, arch, key))))
 }
 
 /// What [`cached_compile`] did.
@@ -709,10 +738,34 @@ unsafe impl Sync for Module {}
 impl Module {
     /// Compiles `source` for `device`'s architecture (cached: [`compile_cached`]) and loads it.
     pub fn build(device: &Device, source: &Source) -> Result<Module> {
+        let mut modules = Self::build_all(device, std::slice::from_ref(source))?;
+        modules
+            .pop()
+            .ok_or_else(|| compile_error(source, &arch_for(device), "no module"))
+    }
+
+    /// Compiles `sources` for `device`'s architecture (cached: [`compile_cached_all`]; the ones
+    /// missing from the cache in parallel) and loads one module each, in their order.
+    ///
+    /// A cubin the driver refuses to load (a damaged cache file that still looks whole) is
+    /// dropped from the cache, compiled again and loaded once more, with a warning; only a
+    /// fresh cubin's refusal is an error.
+    pub fn build_all(device: &Device, sources: &[Source]) -> Result<Vec<Module>> {
         let arch = arch_for(device);
-        let cubin = compile_cached(source, &arch)?;
-        tracing::debug!(device = device.ordinal(), kernel = source.name, %arch, bytes = cubin.len(), "compiled a kernel");
-        Self::load(device, &cubin)
+        let cubins = compile_cached_all(sources, &arch)?;
+        let mut modules = Vec::with_capacity(sources.len());
+        for (source, cubin) in sources.iter().zip(&cubins) {
+            let module = match Self::load(device, cubin) {
+                Err(Error::Cuda { source: e, .. }) if refused_image(&e) => {
+                    tracing::warn!(device = device.ordinal(), kernel = %source.label(), %arch, "the driver refused a cached cubin ({e}): dropping it from the cache and compiling again");
+                    evict(source, &arch)?;
+                    Self::load(device, &compile_cached(source, &arch)?)?
+                }
+                loaded => loaded?,
+            };
+            modules.push(module);
+        }
+        Ok(modules)
     }
 
     /// Loads a cubin into `device`'s context.

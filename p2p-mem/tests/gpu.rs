@@ -645,3 +645,48 @@ fn gpu1_cudarc_slices_and_streams_in_place() {
     let plain = Stream::new(&d).expect("stream");
     assert!(view(&plain, &slice).is_err());
 }
+
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu1_a_cached_cubin_the_driver_refuses_is_compiled_again() {
+    use p2p_mem::kernel::{arch_for, cache_file, compile, Module, Source};
+    let d = &gpus(1)[0];
+    let arch = arch_for(d);
+    // A source no earlier run has cached: its text names this process and the time.
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |t| t.as_nanos());
+    let code = format!(
+        "// {} {stamp}\nextern \"C\" __global__ void seven(int* p) {{ *p = 7; }}\n",
+        std::process::id()
+    );
+    let source = Source {
+        name: "refused.cu",
+        code: Box::leak(code.into_boxed_str()),
+        defines: &[],
+    };
+    let file = cache_file(&source, &arch)
+        .expect("NVRTC")
+        .expect("a cache folder (HOME)");
+    // A cubin that looks whole to the cache but that the driver refuses: its ELF header names
+    // another machine (x86-64, not CUDA's 190) and no architecture.
+    let mut bad = compile(&source, &arch).expect("compiles");
+    bad[0x12..0x14].copy_from_slice(&62u16.to_le_bytes());
+    bad[0x30..0x34].fill(0);
+    std::fs::create_dir_all(file.parent().expect("a folder")).expect("the cache folder");
+    std::fs::write(&file, &bad).expect("written");
+    match Module::load(d, &bad) {
+        Ok(_) => panic!("the driver loaded the damaged cubin: the test damages it too little"),
+        Err(e) => eprintln!("refused: {e}"),
+    }
+    let module = Module::build(d, &source).expect("compiled again after the refusal");
+    let out = DeviceBuffer::<i32>::zeroed(d, 1).expect("alloc");
+    let mut ptr = out.device_ptr();
+    let mut params = [(&mut ptr as *mut u64).cast::<std::ffi::c_void>()];
+    // SAFETY: seven(int*) takes one pointer, to `out`'s one int.
+    unsafe { module.launch_sync("seven", 1, 1, &mut params) }.expect("runs");
+    assert_eq!(out.to_host_vec::<i32>().expect("read"), [7]);
+    let cached = std::fs::read(&file).expect("cached again");
+    assert_ne!(cached, bad, "the damaged file was replaced");
+    let _ = std::fs::remove_file(&file);
+}
