@@ -475,6 +475,10 @@ pub fn check_kernels(
             "set HOME or XDG_CACHE_HOME",
         );
     };
+    if archs.is_empty() {
+        let evidence = format!("{nvrtc}; no GPU here to compile the kernels for");
+        return finding("kernels", "system", Status::Ok, evidence, "");
+    }
     let counts = archs
         .iter()
         .map(|(arch, n)| format!("{arch}: {n} of {parts} parts cached"))
@@ -966,6 +970,10 @@ mod tests {
             part.fix,
             "p2p-bench kernels (once per machine, user and NVRTC release)"
         );
+        let none = check_kernels(nvrtc(), Some(dir), &[], 8);
+        assert!(none
+            .evidence
+            .ends_with("no GPU here to compile the kernels for"));
         let all = [("sm_80".into(), 8), ("sm_90".into(), 8)];
         let done = check_kernels(nvrtc(), Some(dir), &all, 8);
         assert_eq!(done.status, Status::Ok, "{done:?}");

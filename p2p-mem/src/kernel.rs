@@ -184,8 +184,17 @@ fn compile_with(source: &Source, arch: &str, split: usize) -> Result<Vec<u8>> {
             &format!("NVRTC rejected an option of {opts:?}: {log}"),
         ));
     }
-    if compiled != nvrtc::nvrtcResult::NVRTC_SUCCESS {
+    if compiled == nvrtc::nvrtcResult::NVRTC_ERROR_COMPILATION {
         return Err(compile_error(source, arch, &program.log()));
+    }
+    if compiled != nvrtc::nvrtcResult::NVRTC_SUCCESS {
+        // Not the code's fault (memory, NVRTC's builtins): an error of NVRTC's, which another
+        // try may not meet, so the compile lock does not pass it on to its waiters.
+        let log = program.log();
+        if !log.trim().is_empty() {
+            tracing::warn!(kernel = %source.label(), %arch, "NVRTC's log: {log}");
+        }
+        check_nvrtc("nvrtcCompileProgram", compiled)?;
     }
     let mut size = 0;
     // SAFETY: the program compiled; `size` is an out-pointer.
@@ -228,7 +237,7 @@ pub fn compile_cached(source: &Source, arch: &str) -> Result<Vec<u8>> {
 /// its cubins, or return its compile error if it failed. A cubin that cannot be written to the
 /// cache is logged as a warning.
 pub fn compile_cached_all(sources: &[Source], arch: &str) -> Result<Vec<Vec<u8>>> {
-    let done = cached_compile(sources, arch, true)?;
+    let done = cached_compile(sources, arch, Reuse::MemoAndDisk)?;
     for why in &done.unstored {
         tracing::warn!("kernel cache: {why}; the next process compiles again");
     }
@@ -248,7 +257,7 @@ pub fn cache_all(sources: &[Source], arch: &str) -> Result<usize> {
     };
     // Past the memo: what this process compiled before may never have reached the disk. So
     // every cubin either was read from the disk or compiled now and written (or reported).
-    let done = cached_compile(sources, arch, false)?;
+    let done = cached_compile(sources, arch, Reuse::Disk)?;
     match done.unstored.into_iter().next() {
         Some(why) => Err(Error::Cache {
             dir: dir.display().to_string(),
@@ -268,33 +277,6 @@ pub fn cached(sources: &[Source], arch: &str) -> Result<usize> {
         n += usize::from(read_cubin(file.as_deref(), source, arch).is_some());
     }
     Ok(n)
-}
-
-/// Whether the driver refused a module's image itself (rather than, say, memory).
-fn refused_image(e: &p2p_sys::Error) -> bool {
-    use cuda::cudaError_enum as R;
-    [
-        R::CUDA_ERROR_INVALID_IMAGE,
-        R::CUDA_ERROR_NO_BINARY_FOR_GPU,
-        R::CUDA_ERROR_INVALID_PTX,
-        R::CUDA_ERROR_UNSUPPORTED_PTX_VERSION,
-        R::CUDA_ERROR_INVALID_SOURCE,
-    ]
-    .into_iter()
-    .any(|code| e.is_driver(code))
-}
-
-/// Forgets `source`'s cubin for `arch`: this process's memo and the cache file.
-fn evict(source: &Source, arch: &str) -> Result<()> {
-    if let Some(Ok(mut memo)) = MEMO.get().map(|m| m.lock()) {
-        memo.remove(&cache_key(source, arch, &compiler()?));
-    }
-    if let Some(file) = cache_file(source, arch)? {
-        if let Err(e) = std::fs::remove_file(&file) {
-            tracing::debug!("could not remove {}: {e}", file.display());
-        }
-    }
-    Ok(())
 }
 
 /// The cache file of `source`'s cubin for `arch` with this process's NVRTC, whether or not it
@@ -322,10 +304,25 @@ fn memo_get(key: u64) -> Option<Vec<u8>> {
     MEMO.get()?.lock().ok()?.get(&key).cloned()
 }
 
-/// The cubins of `sources`: from the memo (if `use_memo`), else the disk, else compiled (under the
-/// compile lock) and written to the disk.
-fn cached_compile(sources: &[Source], arch: &str, use_memo: bool) -> Result<Compiled> {
-    let remembered = |key| if use_memo { memo_get(key) } else { None };
+/// Which cubins [`cached_compile`] may take instead of compiling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reuse {
+    /// This process's memo, then the disk.
+    MemoAndDisk,
+    /// The disk only (what the memo holds may never have reached it).
+    Disk,
+    /// None: every source compiles (a cached one was refused).
+    Nothing,
+}
+
+/// The cubins of `sources`: from what `reuse` allows, else compiled (under the compile lock)
+/// and written to the disk and the memo.
+fn cached_compile(sources: &[Source], arch: &str, reuse: Reuse) -> Result<Compiled> {
+    let remembered = |key, file: Option<&std::path::Path>, source| match reuse {
+        Reuse::MemoAndDisk => memo_get(key).or_else(|| read_cubin(file, source, arch)),
+        Reuse::Disk => read_cubin(file, source, arch),
+        Reuse::Nothing => None,
+    };
     let compiler = compiler()?;
     let dir = cache_dir();
     let mut keys = Vec::with_capacity(sources.len());
@@ -333,7 +330,7 @@ fn cached_compile(sources: &[Source], arch: &str, use_memo: bool) -> Result<Comp
     for source in sources {
         let key = cache_key(source, arch, &compiler);
         let file = dir.as_ref().map(|d| d.join(cache_name(source, arch, key)));
-        cubins.push(remembered(key).or_else(|| read_cubin(file.as_deref(), source, arch)));
+        cubins.push(remembered(key, file.as_deref(), source));
         keys.push((key, file));
     }
     let mut missing: Vec<usize> = (0..sources.len())
@@ -352,7 +349,7 @@ fn cached_compile(sources: &[Source], arch: &str, use_memo: bool) -> Result<Comp
     // What the lock's previous holder (another process, or a thread of this one) made.
     for &i in &missing {
         let (key, file) = &keys[i];
-        cubins[i] = remembered(*key).or_else(|| read_cubin(file.as_deref(), &sources[i], arch));
+        cubins[i] = remembered(*key, file.as_deref(), &sources[i]);
     }
     missing.retain(|&i| cubins[i].is_none());
     // A holder we waited for failed to compile them: the same compile would fail here too, so
@@ -360,7 +357,7 @@ fn cached_compile(sources: &[Source], arch: &str, use_memo: bool) -> Result<Comp
     if let (Some(&first), Some(failed)) = (missing.first(), lock.as_ref().and_then(|l| l.failure()))
     {
         let why = format!(
-            "another process compiled these kernels while this one waited, and failed: {failed}"
+            "another process (or thread) compiled these kernels while this one waited, and failed: {failed}"
         );
         return Err(compile_error(&sources[first], arch, &why));
     }
@@ -378,12 +375,12 @@ fn cached_compile(sources: &[Source], arch: &str, use_memo: bool) -> Result<Comp
         let record = |failure: Option<&str>| lock.iter().for_each(|l| l.record(failure));
         record(None);
         let compiled = compile_all(&todo, arch).inspect_err(|e| {
-            // For the waiters' errors, which name their own first kernel and the target.
-            let failure = match e {
-                Error::Compile { kernel, log, .. } => format!("{kernel}: {log}"),
-                other => other.to_string(),
-            };
-            record(Some(&failure));
+            // A fault of the code, its options or the target, which every waiter would meet:
+            // for their errors, which name their own first kernel and the target. Other
+            // failures (NVRTC's memory, a thread) are not passed on: each waiter tries.
+            if let Error::Compile { kernel, log, .. } = e {
+                record(Some(&format!("{kernel}: {log}")));
+            }
         })?;
         tracing::info!(kernels = ?names, %arch, "compiled in {:.1} s", t.elapsed().as_secs_f64());
         for (&i, c) in missing.iter().zip(compiled) {
@@ -574,11 +571,11 @@ impl CompileLock {
         if !self.waited {
             return None;
         }
-        let mut text = String::new();
+        let mut bytes = Vec::new();
         let mut f = &self.file;
         f.rewind().ok()?;
-        f.take(64 << 10).read_to_string(&mut text).ok()?;
-        Some(text).filter(|t| !t.is_empty())
+        f.take(64 << 10).read_to_end(&mut bytes).ok()?;
+        Some(String::from_utf8_lossy(&bytes).into_owned()).filter(|t| !t.is_empty())
     }
 
     /// Records why this holder's compile failed (`None`: clears an earlier record).
@@ -747,8 +744,8 @@ impl Module {
     /// Compiles `sources` for `device`'s architecture (cached: [`compile_cached_all`]; the ones
     /// missing from the cache in parallel) and loads one module each, in their order.
     ///
-    /// A cubin the driver refuses to load (a damaged cache file that still looks whole) is
-    /// dropped from the cache, compiled again and loaded once more, with a warning; only a
+    /// A cubin the driver refuses as an invalid image (a damaged cache file that still looks
+    /// whole) is compiled again, replaced in the cache and loaded once more, with a warning; a
     /// fresh cubin's refusal is an error.
     pub fn build_all(device: &Device, sources: &[Source]) -> Result<Vec<Module>> {
         let arch = arch_for(device);
@@ -756,10 +753,16 @@ impl Module {
         let mut modules = Vec::with_capacity(sources.len());
         for (source, cubin) in sources.iter().zip(&cubins) {
             let module = match Self::load(device, cubin) {
-                Err(Error::Cuda { source: e, .. }) if refused_image(&e) => {
-                    tracing::warn!(device = device.ordinal(), kernel = %source.label(), %arch, "the driver refused a cached cubin ({e}): dropping it from the cache and compiling again");
-                    evict(source, &arch)?;
-                    Self::load(device, &compile_cached(source, &arch)?)?
+                // A damaged image (a fresh compile's would not be): compiled again, past the
+                // memo and the disk, which the new cubin then replaces in both.
+                Err(Error::Cuda { source: e, .. })
+                    if e.is_driver(cuda::cudaError_enum::CUDA_ERROR_INVALID_IMAGE) =>
+                {
+                    tracing::warn!(device = device.ordinal(), kernel = %source.label(), %arch, "the driver refused a cached cubin ({e}): compiling it again and replacing it in the cache");
+                    let fresh =
+                        cached_compile(std::slice::from_ref(source), &arch, Reuse::Nothing)?;
+                    let cubin = only(fresh.cubins, source, &arch)?;
+                    Self::load(device, &cubin)?
                 }
                 loaded => loaded?,
             };
@@ -970,7 +973,7 @@ mod tests {
             move || {
                 let t = Instant::now();
                 (
-                    compile_lock(&dir, 7, Duration::from_secs(10)).is_some(),
+                    compile_lock(&dir, 7, Duration::from_secs(10)).map(|l| l.waited),
                     t.elapsed(),
                 )
             }
@@ -978,7 +981,11 @@ mod tests {
         std::thread::sleep(Duration::from_millis(100));
         drop(first);
         let (got, waited) = waiter.join().expect("the waiter");
-        assert!(got, "the lock was not handed over");
+        assert_eq!(
+            got,
+            Some(true),
+            "the lock was handed over to one that waited"
+        );
         assert!(
             waited >= Duration::from_millis(100) && waited < Duration::from_secs(5),
             "{waited:?}"
@@ -990,29 +997,29 @@ mod tests {
     fn a_waiter_learns_that_the_holder_it_waited_for_failed_and_a_later_process_compiles_anew() {
         let dir = std::env::temp_dir().join(format!("p2p-compile-fail-{}", std::process::id()));
         let holder = compile_lock(&dir, 9, Duration::ZERO).expect("a free lock");
-        assert_eq!(holder.failure(), None, "it did not wait");
-        let waiter = std::thread::spawn({
-            let dir = dir.clone();
-            move || compile_lock(&dir, 9, Duration::from_secs(10)).map(|l| l.failure())
-        });
-        std::thread::sleep(Duration::from_millis(300));
+        assert!(!holder.waited);
         holder.record(None);
-        holder.record(Some("sm_90: error: something"));
+        holder.record(Some("coll.cu: error: something \u{e9}"));
+        // What the next holder sees of the record, had it waited or not (compile_lock's own
+        // test shows that a holder that waited knows it).
+        let next = |waited| {
+            let file = std::fs::File::open(dir.join(format!("{:016x}.lock", 9))).expect("open");
+            CompileLock { file, waited }.failure()
+        };
+        assert_eq!(
+            next(true).as_deref(),
+            Some("coll.cu: error: something \u{e9}")
+        );
+        // One that did not wait takes the record for an earlier run's (and clears it as it
+        // compiles).
+        assert_eq!(next(false), None);
+        holder.record(None);
+        assert_eq!(
+            next(true),
+            None,
+            "cleared: the holder it waited for succeeded"
+        );
         drop(holder);
-        let seen = waiter.join().expect("the waiter").expect("the lock");
-        assert_eq!(seen.as_deref(), Some("sm_90: error: something"));
-        // A process that did not wait takes the record for an earlier run's and clears it.
-        let later = compile_lock(&dir, 9, Duration::ZERO).expect("a free lock");
-        assert_eq!(later.failure(), None);
-        later.record(None);
-        let waiter = std::thread::spawn({
-            let dir = dir.clone();
-            move || compile_lock(&dir, 9, Duration::from_secs(10)).map(|l| l.failure())
-        });
-        std::thread::sleep(Duration::from_millis(300));
-        drop(later);
-        let seen = waiter.join().expect("the waiter").expect("the lock");
-        assert_eq!(seen, None, "the holder it waited for succeeded");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -45,6 +45,18 @@ impl Library {
         }
     }
 
+    /// One of the library's entry points, for finding the object that holds it
+    /// ([`loaded_file`]).
+    fn entry_point(self) -> &'static [u8] {
+        match self {
+            Library::Cuda => b"cuInit\0",
+            Library::Cudart => b"cudaGetDeviceCount\0",
+            Library::Nvrtc => b"nvrtcVersion\0",
+            Library::Nccl => b"ncclGetVersion\0",
+            Library::Nvml => b"nvmlInit_v2\0",
+        }
+    }
+
     /// The file names tried, in order. For the libraries cudarc loads these are exactly
     /// cudarc's candidates, so a successful probe guarantees cudarc's own load succeeds.
     pub fn candidates(self) -> Vec<String> {
@@ -129,29 +141,51 @@ pub fn require(library: Library) -> Result<&'static str, Error> {
         .map_err(Clone::clone)
 }
 
-/// The file `library` was loaded from, as this process maps it (`/proc/self/maps`: links
-/// resolved). `None` where it was not probed successfully ([`require`]) or the map cannot be
-/// read. For what a file name does not say: which release of a library this is.
+/// The file `library` was loaded from: the object that holds its entry points in this process
+/// (`dladdr` on one of them gives the object's load address; `/proc/self/maps` the file mapped
+/// there, links resolved). `None` where it was not probed successfully ([`require`]), the
+/// lookup fails, or the file was deleted or replaced since it was loaded. For what a file name
+/// does not say: which release of a library this is.
 pub fn loaded_file(library: Library) -> Option<std::path::PathBuf> {
-    if !is_loaded(library) {
+    let name = slot(library).get()?.as_ref().ok()?;
+    // SAFETY: the library is loaded (probed), so this only takes another reference to it
+    // (RTLD_NOLOAD: never loads anything) and runs no initialiser.
+    let lib = unsafe {
+        libloading::os::unix::Library::open(
+            Some(name.as_str()),
+            libloading::os::unix::RTLD_NOW | libc::RTLD_NOLOAD,
+        )
+    }
+    .ok()?;
+    // SAFETY: the symbol is only looked up for its address, never called or read.
+    let symbol = unsafe { lib.get::<*const std::ffi::c_void>(library.entry_point()) }.ok()?;
+    let mut info = libc::Dl_info {
+        dli_fname: std::ptr::null(),
+        dli_fbase: std::ptr::null_mut(),
+        dli_sname: std::ptr::null(),
+        dli_saddr: std::ptr::null_mut(),
+    };
+    // SAFETY: `info` is a valid out-pointer; the address is the symbol's, in a loaded object.
+    if unsafe { libc::dladdr(*symbol, &mut info) } == 0 {
         return None;
     }
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    mapped_file(&maps, &format!("lib{}.so", library.stem()))
+    mapped_at(&maps, info.dli_fbase as usize)
 }
 
-/// The first file of a `/proc/<pid>/maps` text whose name starts with `prefix`.
-fn mapped_file(maps: &str, prefix: &str) -> Option<std::path::PathBuf> {
-    // A line: address, permissions, offset, device, inode, then the path (the first `/`; none
-    // of the fields before it holds one), which may hold spaces.
-    maps.lines()
-        .filter_map(|line| line.find('/').map(|at| std::path::Path::new(&line[at..])))
-        .find(|path| {
-            path.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(prefix))
-        })
-        .map(std::path::Path::to_path_buf)
+/// The file of a `/proc/<pid>/maps` text mapped at `base`; `None` for none, or for one deleted
+/// (or replaced) since it was mapped.
+fn mapped_at(maps: &str, base: usize) -> Option<std::path::PathBuf> {
+    // A line: start-end, permissions, offset, device, inode, then the path (from the first
+    // `/`: no field before it holds one), which may hold spaces.
+    let line = maps.lines().find(|line| {
+        line.split('-')
+            .next()
+            .and_then(|start| usize::from_str_radix(start, 16).ok())
+            == Some(base)
+    })?;
+    let path = &line[line.find('/')?..];
+    (!path.ends_with(" (deleted)")).then(|| path.into())
 }
 
 /// Whether `library` was already probed successfully (never loads anything itself).
@@ -164,20 +198,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_library_is_found_in_the_process_map_by_its_file_name_not_a_look_alike() {
+    fn a_library_is_found_in_the_process_map_at_its_load_address() {
         let maps = "\
 55d0c0a00000-55d0c0a21000 r--p 00000000 fd:01 1311 /usr/bin/p2p-bench
-7f10a0000000-7f10a0400000 r--p 00000000 fd:01 2042 /opt/my env/lib/libnvrtc-builtins.so.13.0
-7f10b0000000-7f10b5000000 r-xp 00000000 fd:01 2041 /opt/my env/lib/libnvrtc.so.13
-7f10c0000000-7f10c0021000 rw-p 00000000 00:00 0 
-7ffd2c3f1000-7ffd2c412000 rw-p 00000000 00:00 0                          [stack]
+7f10a0000000-7f10a0400000 r--p 00000000 fd:01 2042 /opt/my env/lib/libnvrtc.so.13
+7f10b0000000-7f10b5000000 r--p 00000000 fd:01 2041 /usr/local/cuda/lib64/libnvrtc.so.13.0.88
+7f10b5000000-7f10b9000000 r-xp 05000000 fd:01 2041 /usr/local/cuda/lib64/libnvrtc.so.13.0.88
+7f10c0000000-7f10c0021000 r--p 00000000 fd:01 2050 /tmp/old/libnvrtc.so.13 (deleted)
+7f10d0000000-7f10d0021000 rw-p 00000000 00:00 0 
 ";
+        let at = |base: usize| mapped_at(maps, base);
         assert_eq!(
-            mapped_file(maps, "libnvrtc.so"),
+            at(0x7f10b0000000),
+            Some("/usr/local/cuda/lib64/libnvrtc.so.13.0.88".into())
+        );
+        assert_eq!(
+            at(0x7f10a0000000),
             Some("/opt/my env/lib/libnvrtc.so.13".into())
         );
-        assert_eq!(mapped_file(maps, "libcuda.so"), None);
-        assert_eq!(mapped_file("", "libnvrtc.so"), None);
+        // Replaced since it was loaded: its build is not that file's.
+        assert_eq!(at(0x7f10c0000000), None);
+        // Anonymous memory, or nothing mapped there.
+        assert_eq!(at(0x7f10d0000000), None);
+        assert_eq!(at(0x1000), None);
     }
 
     #[test]
