@@ -553,6 +553,9 @@ impl Communicator {
         }
         let uuids: Vec<[u8; 16]> = devices.iter().map(|d| *d.uuid()).collect();
         let share = warn_shared_gpus(&uuids, |r| Some(devices[r].ordinal()));
+        if let Some(advice) = (share > 1).then(few_queues).flatten() {
+            tracing::warn!("{advice}");
+        }
         peer::limit_to_level(&options.transport, &mut pairs)?;
         warn_unused_settings(&options.transport, true);
         let (sharing, why) = peer::choose(&options.transport, true, &pairs);
@@ -1349,7 +1352,13 @@ impl Communicator {
                 block,
                 why: match code {
                     c if c == F_TIMEOUT as u64 => {
-                        format!("timed out after {:?}", self.options.timeout)
+                        let mut why = format!("timed out after {:?}", self.options.timeout);
+                        if self.share > 1 && self.group.is_none() {
+                            if let Some(advice) = few_queues() {
+                                why = format!("{why} (maybe not a peer's fault: {advice})");
+                            }
+                        }
+                        why
                     }
                     c if c == F_ABORT as u64 => match self.abort.reason() {
                         Some((_, why)) => format!("was aborted ({why})"),
@@ -2258,6 +2267,27 @@ fn warn_shared_gpus(uuids: &[[u8; 16]], ordinal: impl Fn(usize) -> Option<i32>) 
     share
 }
 
+/// Ranks of one process that share a GPU need a hardware queue per stream; [`queue_advice`]
+/// for this process's `CUDA_DEVICE_MAX_CONNECTIONS`.
+fn few_queues() -> Option<String> {
+    queue_advice(std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").ok().as_deref())
+}
+
+/// What to do where `CUDA_DEVICE_MAX_CONNECTIONS` (`None`: unset) is below 32: with CUDA's
+/// default of 8 hardware queues two ranks' streams can land on one, and a rank's kernel then
+/// waits behind another rank's waiting kernel until the time limit.
+fn queue_advice(value: Option<&str>) -> Option<String> {
+    let queues = value
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .unwrap_or(8);
+    (queues < 32).then(|| {
+        format!(
+            "ranks of this process share a GPU and CUDA_DEVICE_MAX_CONNECTIONS is {}: a rank's kernel can queue behind another rank's waiting one until the time limit; set it to 32 before the first CUDA call",
+            value.map_or("unset (8 queues)".to_string(), |v| format!("{v:?}"))
+        )
+    })
+}
+
 /// The planner assumes two resident blocks per SM; fewer halves every grid (and large
 /// collectives lose up to 20 %), so say so where it happens.
 fn warn_occupancy(blocks_per_sm: i32) {
@@ -2331,11 +2361,22 @@ fn warn_unused_settings(cfg: &Config, one_process: bool) {
 #[cfg(test)]
 mod tests {
     use super::{
-        describe_planner_words, most_ranks_on_one_gpu, planner_words, unused_settings,
-        warn_shared_gpus, Options,
+        describe_planner_words, most_ranks_on_one_gpu, planner_words, queue_advice,
+        unused_settings, warn_shared_gpus, Options,
     };
     use crate::settings::Algorithm;
     use p2p_transport::config::Config;
+
+    #[test]
+    fn ranks_sharing_a_gpu_in_one_process_are_told_to_raise_the_hardware_queues() {
+        let unset = queue_advice(None).expect("8 queues by default");
+        assert!(unset.contains("unset (8 queues)"), "{unset}");
+        assert!(unset.contains("set it to 32"), "{unset}");
+        assert!(queue_advice(Some("8")).is_some_and(|a| a.contains("is \"8\"")));
+        assert!(queue_advice(Some("junk")).is_some());
+        assert_eq!(queue_advice(Some("32")), None);
+        assert_eq!(queue_advice(Some(" 32 ")), None);
+    }
 
     #[test]
     fn the_most_ranks_on_one_gpu_sizes_every_ranks_grid() {
