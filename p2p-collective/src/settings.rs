@@ -26,8 +26,8 @@ pub enum Algorithm {
     /// neighbours exchange data.
     Ring,
     /// One-shot with the flags inside the data (NCCL's LL layout: 8 data bytes and two flags per
-    /// 16-byte store): no separate flag and no fence, for messages up to 64 KiB (larger ones
-    /// run one-shot).
+    /// 16-byte store): no separate flag and no fence, for messages up to
+    /// [`LL_MAX_BYTES`](crate::plan::LL_MAX_BYTES) per source (larger ones run one-shot).
     Ll,
     /// One-shot with each block's push and reduction overlapped: half its warps push
     /// sub-pieces into the peers' scratch and flag each, the other half reduce each sub-piece

@@ -461,7 +461,7 @@ struct TuningArgs {
     #[arg(long)]
     ce_all_reduce_mib: Option<usize>,
     /// Planner: on two ranks, all-reduces above LL's sizes and up to this many KiB run the
-    /// pipelined one-shot (default 16384; 0: never).
+    /// pipelined one-shot (default 0: never, until measured; 16384 was the experiment's).
     #[arg(long)]
     pipe_max_kib: Option<usize>,
     /// Planner: bytes per sub-piece of the pipelined one-shot, KiB (default 4).
