@@ -41,6 +41,9 @@ pub struct Options {
     pub graph_max_bytes: usize,
     /// How many GPUs (0: all).
     pub gpus: usize,
+    /// Instead this many ranks on GPU 0 (0: one rank per GPU). Measures the kernels' own costs
+    /// on a machine with one GPU, not the links; NCCL cannot run that way.
+    pub share_gpu: usize,
     /// Also run NCCL.
     pub nccl: bool,
     /// Types for all-reduce (the other collectives run float).
@@ -69,6 +72,7 @@ impl Default for Options {
             samples: 20,
             graph_max_bytes: 64 << 20,
             gpus: 0,
+            share_gpu: 0,
             nccl: true,
             all_reduce_types: vec![DataType::F32, DataType::BF16],
             tuning: None,
@@ -291,13 +295,23 @@ pub fn sizes(min: usize, max: usize, factor: usize) -> Vec<usize> {
 
 /// Runs the benchmark; the JSON holds every row.
 pub fn run(opts: &Options) -> Result<Value, String> {
-    let mut devices = Device::all().map_err(|e| e.to_string())?;
-    if opts.gpus > 0 {
-        devices.truncate(opts.gpus);
-    }
+    let devices = if opts.share_gpu > 0 {
+        if opts.nccl {
+            return Err("NCCL cannot run with ranks sharing a GPU: add --no-nccl".into());
+        }
+        vec![Device::new(0).map_err(|e| e.to_string())?; opts.share_gpu]
+    } else {
+        let mut all = Device::all().map_err(|e| e.to_string())?;
+        if opts.gpus > 0 {
+            all.truncate(opts.gpus);
+        }
+        all
+    };
     let n = devices.len();
     if n < 2 {
-        return Err(format!("coll needs at least 2 GPUs, found {n}"));
+        return Err(format!(
+            "coll needs at least 2 ranks, found {n} GPU(s): on one GPU, use --share-gpu 2"
+        ));
     }
     let mut comm_options = CommOptions::from_env().map_err(|e| e.to_string())?;
     comm_options.tuning = opts.tuning;

@@ -95,6 +95,10 @@ enum Command {
         /// How many GPUs (default: all).
         #[arg(long, default_value_t = 0)]
         gpus: usize,
+        /// Instead put this many ranks on GPU 0 (a machine with one GPU: the kernels' own costs,
+        /// not the links'; NCCL cannot run there and is skipped).
+        #[arg(long, default_value_t = 0)]
+        share_gpu: usize,
         /// Skip NCCL.
         #[arg(long)]
         no_nccl: bool,
@@ -328,6 +332,7 @@ fn main() -> ExitCode {
             samples,
             graph_max_mib,
             gpus,
+            share_gpu,
             no_nccl,
             no_registered,
             nccl_modes,
@@ -392,7 +397,8 @@ fn main() -> ExitCode {
                 samples: samples.max(1),
                 graph_max_bytes: graph_max_mib << 20,
                 gpus,
-                nccl: !no_nccl,
+                share_gpu,
+                nccl: !no_nccl && share_gpu == 0,
                 registered: !no_registered,
                 nccl_modes: if modes.is_empty() {
                     defaults.nccl_modes.clone()
