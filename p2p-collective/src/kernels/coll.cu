@@ -231,20 +231,20 @@ __device__ __forceinline__ void part_of(u64 j, u64 sub, u64 n, u64& lo, u64& hi)
 __device__ __forceinline__ int nonroot_rank(int j, int root) { return j < root ? j : j + 1; }
 __device__ __forceinline__ int nonroot_index(int q, int root) { return q < root ? q : q - 1; }
 
-// Copies n bytes within the block: 16-byte vectors where both ends allow it, bytes otherwise.
-// Sources are read with ld.cg: scratch is written by other GPUs, so L1 must not serve it.
-__device__ void copy_bytes(unsigned char* dst, const unsigned char* src, u64 n) {
-    if (n == 0 || dst == src) return;
-    u64 head = 0;
-    if (aligned16(dst) && aligned16(src)) {
-        const u64 nv = n >> 4;
-        uint4* d = (uint4*)dst;
-        const uint4* s = (const uint4*)src;
-        for (u64 i = threadIdx.x; i < nv; i += blockDim.x) d[i] = __ldcg(s + i);
-        head = nv << 4;
-    }
-    for (u64 j = head + threadIdx.x; j < n; j += blockDim.x) dst[j] = __ldcg(src + j);
+// The widest access, 16, 8, 4, 2 or 1 bytes, at which addresses a and b are aligned alike
+// (their low bits equal): a copy between them runs at that width after a head of bytes.
+__device__ __forceinline__ unsigned common_width(u64 a, u64 b) {
+    const u64 x = a ^ b;
+    return (x & 15ull) == 0 ? 16 : (x & 7ull) == 0 ? 8 : (x & 3ull) == 0 ? 4 : (x & 1ull) == 0 ? 2 : 1;
 }
+
+// The unsigned type of an access of W bytes (uint4 for 16).
+template <unsigned W> struct Word;
+template <> struct Word<16> { typedef uint4 T; };
+template <> struct Word<8> { typedef uint2 T; };
+template <> struct Word<4> { typedef unsigned T; };
+template <> struct Word<2> { typedef unsigned short T; };
+template <> struct Word<1> { typedef unsigned char T; };
 
 // The threads of a block that run a loop: [FIRST, FIRST + COUNT), or from FIRST to the block's
 // end when COUNT is 0. (Template parameters, not arguments, so that the whole-block loops
@@ -255,25 +255,96 @@ template <unsigned FIRST, unsigned COUNT> struct Threads {
 };
 typedef Threads<0, 0> Block;
 
+// Where a copy stores: one destination (ToOne), or up to MAX_RANKS with null entries skipped
+// (ToMany). `word(off, i, v)` stores the i-th T after byte off; `byte(j, v)` byte j.
+struct ToOne {
+    unsigned char* d;
+    template <typename T> __device__ __forceinline__ void word(u64 off, u64 i, T v) const { ((T*)(d + off))[i] = v; }
+    __device__ __forceinline__ void byte(u64 j, unsigned char v) const { d[j] = v; }
+};
+struct ToMany {
+    unsigned char* const* d;
+    int n;
+    template <typename T> __device__ __forceinline__ void word(u64 off, u64 i, T v) const {
+        for (int k = 0; k < n; ++k)
+            if (d[k]) ((T*)(d[k] + off))[i] = v;
+    }
+    __device__ __forceinline__ void byte(u64 j, unsigned char v) const {
+        for (int k = 0; k < n; ++k)
+            if (d[k]) d[k][j] = v;
+    }
+};
+
+// Copies n bytes from src to `to` with the threads TH, W bytes an access: single bytes up to
+// src's first W-byte boundary, words of W, then the bytes left (W: a width at which src and
+// every destination are aligned alike). Sources are read with ld.cg: scratch is written by
+// other GPUs, so L1 must not serve it.
+template <unsigned W, typename TH, typename To>
+__device__ __forceinline__ void copy_at(To to, const unsigned char* src, u64 n) {
+    typedef typename Word<W>::T T;
+    u64 head = (W - ((u64)src & (W - 1))) & (W - 1);
+    head = head < n ? head : n;
+    const u64 nw = (n - head) / W;
+    for (u64 j = TH::tid(); j < head; j += TH::count()) to.byte(j, __ldcg(src + j));
+    const T* s = (const T*)(src + head);
+    for (u64 i = TH::tid(); i < nw; i += TH::count()) to.template word<T>(head, i, __ldcg(s + i));
+    for (u64 j = head + nw * W + TH::tid(); j < n; j += TH::count()) to.byte(j, __ldcg(src + j));
+}
+
+// copy_at at the widest width src and every destination share (common_width), out of line:
+// the many callers of the copies inline only the path where every end is 16-byte aligned, as
+// before this existed, so that path and the compile stay as they were.
+template <typename TH, typename To>
+__device__ __noinline__ void copy_unaligned(To to, unsigned w, const unsigned char* src, u64 n) {
+    switch (w) {
+        case 16: copy_at<16, TH>(to, src, n); break;
+        case 8: copy_at<8, TH>(to, src, n); break;
+        case 4: copy_at<4, TH>(to, src, n); break;
+        case 2: copy_at<2, TH>(to, src, n); break;
+        default: copy_at<1, TH>(to, src, n); break;
+    }
+}
+
+// Copies n bytes within the block: 16-byte vectors where both ends are 16-byte aligned, else at
+// the widest width both share.
+__device__ void copy_bytes(unsigned char* dst, const unsigned char* src, u64 n) {
+    if (n == 0 || dst == src) return;
+    if (!(aligned16(dst) && aligned16(src))) {
+        copy_unaligned<Block>(ToOne{dst}, common_width((u64)dst, (u64)src), src, n);
+        return;
+    }
+    const u64 nv = n >> 4;
+    uint4* d = (uint4*)dst;
+    const uint4* s = (const uint4*)src;
+    for (u64 i = threadIdx.x; i < nv; i += blockDim.x) d[i] = __ldcg(s + i);
+    for (u64 j = (nv << 4) + threadIdx.x; j < n; j += blockDim.x) dst[j] = __ldcg(src + j);
+}
+
 // Copies n bytes to up to MAX_RANKS destinations (null entries skipped), reading once, with
-// the threads TH.
+// the threads TH: 16-byte vectors where every end is 16-byte aligned, else at the widest width
+// all share.
 template <typename TH = Block>
 __device__ void copy_bytes_multi(unsigned char* const* dsts, int ndst, const unsigned char* src, u64 n) {
     if (n == 0) return;
     bool vec = aligned16(src);
     for (int k = 0; k < ndst; ++k) vec = vec && (dsts[k] == 0 || aligned16(dsts[k]));
-    u64 head = 0;
-    if (vec) {
-        const u64 nv = n >> 4;
-        const uint4* s = (const uint4*)src;
-        for (u64 i = TH::tid(); i < nv; i += TH::count()) {
-            const uint4 v = __ldcg(s + i);
-            for (int k = 0; k < ndst; ++k)
-                if (dsts[k]) ((uint4*)dsts[k])[i] = v;
+    if (!vec) {
+        unsigned w = 16;
+        for (int k = 0; k < ndst; ++k) {
+            const unsigned c = dsts[k] ? common_width((u64)dsts[k], (u64)src) : 16;
+            w = c < w ? c : w;
         }
-        head = nv << 4;
+        copy_unaligned<TH>(ToMany{dsts, ndst}, w, src, n);
+        return;
     }
-    for (u64 j = head + TH::tid(); j < n; j += TH::count()) {
+    const u64 nv = n >> 4;
+    const uint4* s = (const uint4*)src;
+    for (u64 i = TH::tid(); i < nv; i += TH::count()) {
+        const uint4 v = __ldcg(s + i);
+        for (int k = 0; k < ndst; ++k)
+            if (dsts[k]) ((uint4*)dsts[k])[i] = v;
+    }
+    for (u64 j = (nv << 4) + TH::tid(); j < n; j += TH::count()) {
         const unsigned char v = __ldcg(src + j);
         for (int k = 0; k < ndst; ++k)
             if (dsts[k]) dsts[k][j] = v;
