@@ -19,7 +19,7 @@ use p2p_collective::verify::{
 use p2p_collective::{
     Access, Call, Communicator, DataType, Op, Options as CommOptions, Registration,
 };
-use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut};
+use p2p_mem::{DeviceBuffer, DeviceMemory, DeviceMemoryMut};
 use serde_json::{json, Value};
 
 use crate::nccl::{Borrowed, Bufs, NcclGroup, NcclMode};
@@ -295,24 +295,11 @@ pub fn sizes(min: usize, max: usize, factor: usize) -> Vec<usize> {
 
 /// Runs the benchmark; the JSON holds every row.
 pub fn run(opts: &Options) -> Result<Value, String> {
-    let devices = if opts.share_gpu > 0 {
-        if opts.nccl {
-            return Err("NCCL cannot run with ranks sharing a GPU: add --no-nccl".into());
-        }
-        vec![Device::new(0).map_err(|e| e.to_string())?; opts.share_gpu]
-    } else {
-        let mut all = Device::all().map_err(|e| e.to_string())?;
-        if opts.gpus > 0 {
-            all.truncate(opts.gpus);
-        }
-        all
-    };
-    let n = devices.len();
-    if n < 2 {
-        return Err(format!(
-            "coll needs at least 2 ranks, found {n} GPU(s): on one GPU, use --share-gpu 2"
-        ));
+    if opts.share_gpu > 0 && opts.nccl {
+        return Err("NCCL cannot run with ranks sharing a GPU: add --no-nccl".into());
     }
+    let devices = crate::rank_devices("coll", opts.gpus, opts.share_gpu)?;
+    let n = devices.len();
     let mut comm_options = CommOptions::from_env().map_err(|e| e.to_string())?;
     comm_options.tuning = opts.tuning;
     let comms = Communicator::init_all_with(&devices, comm_options).map_err(|e| e.to_string())?;

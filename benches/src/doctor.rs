@@ -741,11 +741,8 @@ pub fn run(functional: bool) -> Report {
 /// [`check_kernels`] for this machine's GPUs, NVRTC and kernel cache.
 fn kernels_finding(devices: &[Device]) -> Finding {
     use p2p_collective::comm::COLL_PARTS;
-    use p2p_mem::kernel::{arch_for, cache_dir, cached, compiler};
-    let mut archs: Vec<String> = devices.iter().map(arch_for).collect();
-    archs.sort();
-    archs.dedup();
-    let counts = archs
+    use p2p_mem::kernel::{cache_dir, cached, compiler};
+    let counts = crate::gpu_archs(devices)
         .into_iter()
         .map(|arch| {
             let n = cached(&COLL_PARTS, &arch).unwrap_or(0);

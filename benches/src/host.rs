@@ -13,7 +13,7 @@
 use std::time::Instant;
 
 use p2p_collective::{Call, Communicator, DataType, Op, Options as CommOptions};
-use p2p_mem::{Device, DeviceBuffer, Stream};
+use p2p_mem::{DeviceBuffer, Stream};
 use serde_json::{json, Value};
 
 use crate::floor::{EmptyKernel, Launch};
@@ -209,22 +209,7 @@ impl Harness {
 /// Runs the experiment; the JSON holds every figure.
 pub fn run(opts: &Options) -> Result<Value, String> {
     let e = |e: &dyn std::fmt::Display| e.to_string();
-    let devices = if opts.share_gpu > 0 {
-        let one = Device::new(0).map_err(|x| e(&x))?;
-        vec![one; opts.share_gpu]
-    } else {
-        let mut all = Device::all().map_err(|x| e(&x))?;
-        if opts.gpus > 0 {
-            all.truncate(opts.gpus);
-        }
-        all
-    };
-    if devices.len() < 2 {
-        return Err(format!(
-            "host needs at least 2 ranks, found {} GPU(s): on one GPU, use --share-gpu 2",
-            devices.len()
-        ));
-    }
+    let devices = crate::rank_devices("host", opts.gpus, opts.share_gpu)?;
     let comm_options = CommOptions::from_env().map_err(|x| e(&x))?;
     let comms = Communicator::init_all_with(&devices, comm_options).map_err(|x| e(&x))?;
     let shared = comms[0].ranks_per_gpu() > 1;

@@ -69,6 +69,36 @@ impl GpuInfo {
     }
 }
 
+/// The distinct kernel targets (`sm_90`, ...) of `devices`, sorted.
+pub fn gpu_archs(devices: &[Device]) -> Vec<String> {
+    let mut archs: Vec<String> = devices.iter().map(p2p_mem::kernel::arch_for).collect();
+    archs.sort();
+    archs.dedup();
+    archs
+}
+
+/// The GPU of each rank of a benchmark that drives every rank from this process: the first
+/// `gpus` GPUs (0: all), one rank each; or, with `share_gpu` > 0, that many ranks on GPU 0 (a
+/// machine with one GPU). At least two ranks, else an error that names `tool` and the remedy.
+pub fn rank_devices(tool: &str, gpus: usize, share_gpu: usize) -> Result<Vec<Device>, String> {
+    let devices = if share_gpu > 0 {
+        vec![Device::new(0).map_err(|e| e.to_string())?; share_gpu]
+    } else {
+        let mut all = Device::all().map_err(|e| e.to_string())?;
+        if gpus > 0 {
+            all.truncate(gpus);
+        }
+        all
+    };
+    if devices.len() < 2 {
+        return Err(format!(
+            "{tool} needs at least 2 ranks, found {} GPU(s): on one GPU, use --share-gpu 2",
+            devices.len()
+        ));
+    }
+    Ok(devices)
+}
+
 /// Which CUDA libraries load here: `(library, Ok(file name) or Err(error text))`.
 pub fn libraries() -> Vec<(Library, Result<String, String>)> {
     Library::ALL

@@ -237,7 +237,13 @@ pub fn compile_cached(source: &Source, arch: &str) -> Result<Vec<u8>> {
 /// its cubins, or return its compile error if it failed. A cubin that cannot be written to the
 /// cache is logged as a warning.
 pub fn compile_cached_all(sources: &[Source], arch: &str) -> Result<Vec<Vec<u8>>> {
-    let done = cached_compile(sources, arch, Reuse::MemoAndDisk)?;
+    cubins_warned(sources, arch, Reuse::MemoAndDisk)
+}
+
+/// [`cached_compile`]'s cubins, a cubin that could not be written to the cache logged as a
+/// warning.
+fn cubins_warned(sources: &[Source], arch: &str, reuse: Reuse) -> Result<Vec<Vec<u8>>> {
+    let done = cached_compile(sources, arch, reuse)?;
     for why in &done.unstored {
         tracing::warn!("kernel cache: {why}; the next process compiles again");
     }
@@ -282,8 +288,18 @@ pub fn cached(sources: &[Source], arch: &str) -> Result<usize> {
 /// The cache file of `source`'s cubin for `arch` with this process's NVRTC, whether or not it
 /// exists (`None` without a cache folder: [`cache_dir`]).
 pub fn cache_file(source: &Source, arch: &str) -> Result<Option<std::path::PathBuf>> {
-    let key = cache_key(source, arch, &compiler()?);
-    Ok(cache_dir().map(|d| d.join(cache_name(source, arch, key))))
+    Ok(cache_entry(cache_dir().as_deref(), source, arch, &compiler()?).1)
+}
+
+/// The cache key of `source`'s cubin for `arch` with `compiler`, and its file in `dir`.
+fn cache_entry(
+    dir: Option<&std::path::Path>,
+    source: &Source,
+    arch: &str,
+    compiler: &Compiler,
+) -> (u64, Option<std::path::PathBuf>) {
+    let key = cache_key(source, arch, compiler);
+    (key, dir.map(|d| d.join(cache_name(source, arch, key))))
 }
 
 /// What [`cached_compile`] did.
@@ -328,8 +344,7 @@ fn cached_compile(sources: &[Source], arch: &str, reuse: Reuse) -> Result<Compil
     let mut keys = Vec::with_capacity(sources.len());
     let mut cubins: Vec<Option<Vec<u8>>> = Vec::with_capacity(sources.len());
     for source in sources {
-        let key = cache_key(source, arch, &compiler);
-        let file = dir.as_ref().map(|d| d.join(cache_name(source, arch, key)));
+        let (key, file) = cache_entry(dir.as_deref(), source, arch, &compiler);
         cubins.push(remembered(key, file.as_deref(), source));
         keys.push((key, file));
     }
@@ -759,9 +774,8 @@ impl Module {
                     if e.is_driver(cuda::cudaError_enum::CUDA_ERROR_INVALID_IMAGE) =>
                 {
                     tracing::warn!(device = device.ordinal(), kernel = %source.label(), %arch, "the driver refused a cached cubin ({e}): compiling it again and replacing it in the cache");
-                    let fresh =
-                        cached_compile(std::slice::from_ref(source), &arch, Reuse::Nothing)?;
-                    let cubin = only(fresh.cubins, source, &arch)?;
+                    let fresh = cubins_warned(std::slice::from_ref(source), &arch, Reuse::Nothing)?;
+                    let cubin = only(fresh, source, &arch)?;
                     Self::load(device, &cubin)?
                 }
                 loaded => loaded?,

@@ -732,17 +732,15 @@ fn launch_cmd(n: usize, command: &[String]) -> ExitCode {
 /// `p2p-bench kernels`: compiles the collective kernels for each target into the cache.
 fn kernels_cmd(mut archs: Vec<String>) -> ExitCode {
     use p2p_collective::comm::COLL_PARTS;
-    use p2p_mem::kernel::{arch_for, cache_dir};
+    use p2p_mem::kernel::cache_dir;
     if archs.is_empty() {
         archs = match Device::all() {
-            Ok(gpus) if !gpus.is_empty() => gpus.iter().map(arch_for).collect(),
+            Ok(gpus) if !gpus.is_empty() => p2p_benches::gpu_archs(&gpus),
             Ok(_) | Err(_) => {
                 eprintln!("p2p-bench kernels: no GPU found here: name the targets, e.g. --arch sm_90 (H100, H200) --arch sm_80 (A100)");
                 return ExitCode::from(2);
             }
         };
-        archs.sort();
-        archs.dedup();
     }
     let Some(dir) = cache_dir() else {
         eprintln!("p2p-bench kernels: no cache folder: set XDG_CACHE_HOME or HOME");
