@@ -193,10 +193,13 @@ enum Family {
     Ce = 5,
     /// The pipelined one-shot all-reduce (`coll_<type>_pipe`).
     Pipe = 6,
+    /// All-gather, all-to-all and reduce-scatter through the scratch where a part or a buffer
+    /// lies off a 16-byte boundary: copies that realign their words (`coll_<type>_shift`).
+    Shift = 7,
 }
 
 impl Family {
-    const ALL: [Family; 7] = [
+    const ALL: [Family; 8] = [
         Family::Steps,
         Family::Ll,
         Family::Direct,
@@ -204,10 +207,15 @@ impl Family {
         Family::Ll2,
         Family::Ce,
         Family::Pipe,
+        Family::Shift,
     ];
 
-    fn of(kind: Kind, world: usize) -> Family {
-        if kind == Kind::AllReduceLl && world == 2 {
+    /// The family that runs `kind` on `world` ranks; `off16`: a rank's part or a buffer of the
+    /// call lies off a 16-byte boundary.
+    fn of(kind: Kind, world: usize, off16: bool) -> Family {
+        if off16 && matches!(kind, Kind::AllGather | Kind::AllToAll | Kind::ReduceScatter) {
+            Family::Shift
+        } else if kind == Kind::AllReduceLl && world == 2 {
             Family::Ll2
         } else if kind.is_ll() {
             Family::Ll
@@ -233,6 +241,7 @@ impl Family {
             Family::Ll2 => "_ll2",
             Family::Ce => "_ce",
             Family::Pipe => "_pipe",
+            Family::Shift => "_shift",
         }
     }
 }
@@ -249,7 +258,7 @@ pub(crate) struct Kernels {
     /// One per part of [`COLL_PARTS`].
     modules: Vec<Module>,
     /// `[family][type]`, in module `type`.
-    functions: [[Function; 7]; 7],
+    functions: [[Function; 7]; 8],
     /// Send and recv (`p2p_sendrecv`), for every type, in the last module.
     sendrecv: Function,
     /// Resident blocks per SM of `p2p_sendrecv`.
@@ -293,7 +302,7 @@ impl Kernels {
             .map(<[Function; 7]>::try_from)
             .collect::<std::result::Result<Vec<_>, _>>()
             .ok()
-            .and_then(|rows| <[[Function; 7]; 7]>::try_from(rows).ok())
+            .and_then(|rows| <[[Function; 7]; 8]>::try_from(rows).ok())
             .ok_or_else(|| missing("the collective module is missing kernels".into()))?;
         let sendrecv = modules[crate::abi::COLL_PART_P2P].function("p2p_sendrecv")?;
         let sendrecv_blocks_per_sm = sendrecv.max_blocks_per_sm(THREADS)?;
@@ -306,10 +315,11 @@ impl Kernels {
         })
     }
 
-    fn function(&self, kind: Kind, dtype: DataType, world: usize) -> Kernel<'_> {
+    /// The kernel of `kind` for `dtype` on `world` ranks (`off16`: see [`Family::of`]).
+    fn function(&self, kind: Kind, dtype: DataType, world: usize, off16: bool) -> Kernel<'_> {
         Kernel {
             module: &self.modules[dtype.index()],
-            function: self.functions[Family::of(kind, world) as usize][dtype.index()],
+            function: self.functions[Family::of(kind, world, off16) as usize][dtype.index()],
         }
     }
 
@@ -1446,6 +1456,10 @@ impl Communicator {
 
     /// Runs `call` out of place: reads `send`, writes `recv`. Buffers a rank does not use
     /// (the non-roots' `send` of a broadcast, `recv` of a reduce) are not touched.
+    ///
+    /// Every buffer must start at a multiple of its element's size ([`Error::InvalidArgument`]
+    /// otherwise, before anything is queued); beyond that any address works, and buffers or
+    /// ranks' parts off a 16-byte boundary take kernels that realign their copies.
     pub fn call(
         &self,
         call: &Call,
@@ -1524,9 +1538,19 @@ impl Communicator {
         let (in_len, out_len) = call
             .op
             .buffer_lens(call.count, self.world, self.rank, call.root);
+        let size = call.dtype.size() as u64;
         for (what, region, len) in [("send", input, in_len), ("recv", output, out_len)] {
             if len > 0 {
                 self.check_region(op, what, region, len, call.dtype)?;
+                // The reductions load whole elements: one off its element's alignment would
+                // stop the kernel with a misaligned-address fault, which ends the context.
+                if region.ptr % size != 0 {
+                    return Err(bad(format!(
+                        "the {what} buffer starts at {:#x}, not a multiple of {size} bytes (the size of {}): \
+                         collectives need buffers aligned to their element type",
+                        region.ptr, call.dtype
+                    )));
+                }
             }
         }
         Ok(Some((in_len, out_len)))
@@ -1639,7 +1663,18 @@ impl Communicator {
             })?;
             return self.enqueue_ce(call, &p, &input, &output, peers, &mut args, stream);
         }
-        let function = self.kernels.function(p.kind, p.kernel_type, self.world);
+        // Parts or buffers off a 16-byte boundary (3 ranks of a power-of-two count, say): the
+        // `_shift` kernels' copies realign their words there (perf-notes §44).
+        let off16 = (call.count * size) % 16 != 0 || input.ptr % 16 != 0 || output.ptr % 16 != 0;
+        if Family::of(p.kind, self.world, off16) == Family::Shift {
+            tracing::debug!(
+                rank = self.rank,
+                "{op}: a part or a buffer lies off a 16-byte boundary: the kernel whose copies realign their words"
+            );
+        }
+        let function = self
+            .kernels
+            .function(p.kind, p.kernel_type, self.world, off16);
         // A partial overlap (undefined; only unsafe code makes one) keeps the kernel's copy.
         let queued = if !p.own_by_copy_engine || partial {
             self.launch(function, (p.grid, p.threads), &mut args, stream)
@@ -1739,7 +1774,7 @@ impl Communicator {
         };
         let barrier = self
             .kernels
-            .function(Kind::AllGatherDirect, DataType::U8, self.world);
+            .function(Kind::AllGatherDirect, DataType::U8, self.world, false);
         let mut run_barrier = || self.launch(barrier, (1, THREADS), &mut barrier_args, stream);
         // The peers wait for this rank's first barrier, its copies and its second barrier: an
         // error queueing any of them stops every rank rather than leaving them to their time
@@ -1879,7 +1914,9 @@ impl Communicator {
     ) -> Result<()> {
         let (me, size) = (self.rank, call.dtype.size());
         let peer = 1 - me;
-        let reduce = self.kernels.function(p.kind, p.kernel_type, self.world);
+        let reduce = self
+            .kernels
+            .function(p.kind, p.kernel_type, self.world, false);
         self.launch(reduce, (p.grid, p.threads), args, side)?;
         let flags = |r: usize| self.bases[r] + (crate::abi::CE_FLAGS_OFF * 8) as u64;
         // SAFETY: CE_CHUNKS words of this rank's own sync area (`coll_abi.h` keeps them inside

@@ -47,6 +47,41 @@ fn gpu2_all_reduce_matrix() {
     matrix(&[Op::AllReduce], env_options());
 }
 
+/// Every collective on buffers off a 16-byte boundary: views one element (input) and three
+/// elements (output) into their allocations, so every region and every rank's part lies off a
+/// boundary whatever the count, input and output unlike (the copies realign their words,
+/// perf-notes §44). Then a buffer off its element's alignment is refused before any launch.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_collectives_on_buffers_off_a_16_byte_boundary() {
+    let counts: Vec<usize> = counts()
+        .into_iter()
+        .filter(|&c| c <= (1 << 20) + 3)
+        .collect();
+    let max = counts.iter().copied().max().unwrap_or(1);
+    let mut ls = locals(env_options(), max);
+    for l in &mut ls {
+        l.skew = true;
+    }
+    run_matrix(&mut ls, &Op::ALL, &counts).assert_exact("off a 16-byte boundary");
+    let l = &mut ls[0];
+    let call = Call {
+        op: Op::AllReduce,
+        dtype: DataType::F32,
+        count: 1024,
+        redop: RedOp::Sum,
+        root: 0,
+    };
+    let send = l.input.slice(2..).expect("view");
+    let mut recv = l.output.slice_mut(..).expect("view");
+    let e = l
+        .comm
+        .call(&call, &send, &mut recv, &l.stream)
+        .expect_err("a send buffer 2 bytes into an f32 allocation");
+    assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
+    assert!(e.to_string().contains("not a multiple of 4 bytes"), "{e}");
+}
+
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_all_reduce_matrix_every_forced_algorithm() {

@@ -6,7 +6,9 @@ use p2p_collective::comm::COLL_PARTS;
 use p2p_mem::kernel::compile_all;
 
 const TYPES: [&str; 7] = ["f32", "f64", "f16", "bf16", "i32", "i64", "u8"];
-const FAMILIES: [&str; 7] = ["", "_ll", "_ll2", "_direct", "_split", "_ce", "_pipe"];
+const FAMILIES: [&str; 8] = [
+    "", "_ll", "_ll2", "_direct", "_split", "_ce", "_pipe", "_shift",
+];
 
 fn holds(cubin: &[u8], kernel: &str) -> bool {
     cubin

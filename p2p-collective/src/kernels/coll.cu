@@ -256,15 +256,27 @@ template <unsigned FIRST, unsigned COUNT> struct Threads {
 typedef Threads<0, 0> Block;
 
 // Where a copy stores: one destination (ToOne), or up to MAX_RANKS with null entries skipped
-// (ToMany). `word(off, i, v)` stores the i-th T after byte off; `byte(j, v)` byte j.
+// (ToMany). `word(off, i, v)` stores the i-th T after byte off; `byte(j, v)` byte j; `low()`
+// the destinations' address mod 16 where they all share it, else 16.
 struct ToOne {
     unsigned char* d;
     template <typename T> __device__ __forceinline__ void word(u64 off, u64 i, T v) const { ((T*)(d + off))[i] = v; }
     __device__ __forceinline__ void byte(u64 j, unsigned char v) const { d[j] = v; }
+    __device__ __forceinline__ unsigned low() const { return (unsigned)((u64)d & 15ull); }
 };
 struct ToMany {
     unsigned char* const* d;
     int n;
+    __device__ __forceinline__ unsigned low() const {
+        unsigned l = 16;
+        for (int k = 0; k < n; ++k) {
+            if (!d[k]) continue;
+            const unsigned m = (unsigned)((u64)d[k] & 15ull);
+            if (l != 16 && m != l) return 16;
+            l = m;
+        }
+        return l;
+    }
     template <typename T> __device__ __forceinline__ void word(u64 off, u64 i, T v) const {
         for (int k = 0; k < n; ++k)
             if (d[k]) ((T*)(d[k] + off))[i] = v;
@@ -291,11 +303,75 @@ __device__ __forceinline__ void copy_at(To to, const unsigned char* src, u64 n) 
     for (u64 j = head + nw * W + TH::tid(); j < n; j += TH::count()) to.byte(j, __ldcg(src + j));
 }
 
-// copy_at at the widest width src and every destination share (common_width), out of line:
-// the many callers of the copies inline only the path where every end is 16-byte aligned, as
-// before this existed, so that path and the compile stay as they were.
+// Bytes [m, m + 16) of the 32 bytes x then y (m in 1..15), as one 16-byte word: whole 32-bit
+// words picked by m / 4 (two levels of selects, no indexed registers), then joined by funnel
+// shifts of 8 * (m % 4) bits.
+__device__ __forceinline__ uint4 shifted_word(uint4 x, uint4 y, unsigned m) {
+    const unsigned z[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
+    unsigned w[6], v[5];
+#pragma unroll
+    for (int i = 0; i < 6; ++i) w[i] = (m & 8) ? z[i + 2] : z[i];
+#pragma unroll
+    for (int i = 0; i < 5; ++i) v[i] = (m & 4) ? w[i + 1] : w[i];
+    const unsigned r = 8 * (m & 3);
+    return make_uint4(__funnelshift_r(v[0], v[1], r), __funnelshift_r(v[1], v[2], r), __funnelshift_r(v[2], v[3], r),
+                      __funnelshift_r(v[3], v[4], r));
+}
+
+// Bytes from which a copy between ends aligned differently is realigned (copy_shifted) rather
+// than run at the widest width both share.
+#define SHIFT_MIN_BYTES 256
+
+// A copy whose destinations all lie `low` bytes past a 16-byte boundary and whose source does
+// not: single bytes up to the destinations' boundary, then every store a whole 16-byte word,
+// made from the two aligned source words it straddles (the second from the next lane by a
+// shuffle, so each source word is loaded once; the last lane of a warp loads its own), then
+// the bytes left. No load reaches past the source's end; the first may start up to 15 bytes
+// before it, inside the same 16-byte block (so the same allocation and page). TH must be whole
+// warps; n at least 47.
 template <typename TH, typename To>
+__device__ __forceinline__ void copy_shifted(To to, unsigned low, const unsigned char* src, u64 n) {
+    const u64 head = (16 - low) & 15;
+    for (u64 j = TH::tid(); j < head; j += TH::count()) to.byte(j, __ldcg(src + j));
+    const unsigned m = (unsigned)((u64)(src + head) & 15ull);  // not 0: the ends differ mod 16
+    const uint4* s = (const uint4*)(src + head - m);
+    // Word i of the destination takes source words i and i + 1: i + 1 < (m + n - head) / 16.
+    const u64 nw = (m + n - head) / 16 - 1;
+    const unsigned lane = threadIdx.x & 31;
+    for (u64 base = TH::tid() - lane; base < nw; base += TH::count()) {
+        const u64 i = base + lane;
+        const uint4 x = i <= nw ? __ldcg(s + i) : make_uint4(0, 0, 0, 0);
+        uint4 y;
+        y.x = __shfl_down_sync(0xffffffffu, x.x, 1);
+        y.y = __shfl_down_sync(0xffffffffu, x.y, 1);
+        y.z = __shfl_down_sync(0xffffffffu, x.z, 1);
+        y.w = __shfl_down_sync(0xffffffffu, x.w, 1);
+        if (lane == 31 && i < nw) y = __ldcg(s + i + 1);
+        if (i < nw) to.template word<uint4>(head, i, shifted_word(x, y, m));
+    }
+    for (u64 j = head + nw * 16 + TH::tid(); j < n; j += TH::count()) to.byte(j, __ldcg(src + j));
+}
+
+// Whether copy_shifted may run for the threads TH: whole warps (the shuffles need every lane).
+template <typename TH> __device__ __forceinline__ bool whole_warps() {
+    return ((threadIdx.x - TH::tid()) & 31) == 0 && (TH::count() & 31) == 0;
+}
+
+// A copy whose ends are not all 16-byte aligned, out of line: the many callers of the copies
+// inline only the path where every end is, so that path and the compile stay as they were.
+// With SHIFT (only in the `_shift` kernels: in the others the larger callee costs the
+// kernel's register allocation 2-3 % on aligned copies, perf-notes §44), destinations all
+// aligned alike but not like the source go through copy_shifted; otherwise copy_at at the
+// widest width src and every destination share (common_width).
+template <typename TH, bool SHIFT, typename To>
 __device__ __noinline__ void copy_unaligned(To to, unsigned w, const unsigned char* src, u64 n) {
+    if (SHIFT && w < 16 && n >= SHIFT_MIN_BYTES && whole_warps<TH>()) {
+        const unsigned low = to.low();
+        if (low < 16) {
+            copy_shifted<TH>(to, low, src, n);
+            return;
+        }
+    }
     switch (w) {
         case 16: copy_at<16, TH>(to, src, n); break;
         case 8: copy_at<8, TH>(to, src, n); break;
@@ -305,12 +381,13 @@ __device__ __noinline__ void copy_unaligned(To to, unsigned w, const unsigned ch
     }
 }
 
-// Copies n bytes within the block: 16-byte vectors where both ends are 16-byte aligned, else at
-// the widest width both share.
+// Copies n bytes within the block: 16-byte vectors where both ends are 16-byte aligned, else
+// realigned (SHIFT) or at the widest width both share.
+template <bool SHIFT = false>
 __device__ void copy_bytes(unsigned char* dst, const unsigned char* src, u64 n) {
     if (n == 0 || dst == src) return;
     if (!(aligned16(dst) && aligned16(src))) {
-        copy_unaligned<Block>(ToOne{dst}, common_width((u64)dst, (u64)src), src, n);
+        copy_unaligned<Block, SHIFT>(ToOne{dst}, common_width((u64)dst, (u64)src), src, n);
         return;
     }
     const u64 nv = n >> 4;
@@ -321,9 +398,9 @@ __device__ void copy_bytes(unsigned char* dst, const unsigned char* src, u64 n) 
 }
 
 // Copies n bytes to up to MAX_RANKS destinations (null entries skipped), reading once, with
-// the threads TH: 16-byte vectors where every end is 16-byte aligned, else at the widest width
-// all share.
-template <typename TH = Block>
+// the threads TH: 16-byte vectors where every end is 16-byte aligned, else realigned (SHIFT,
+// destinations aligned alike) or at the widest width all share.
+template <typename TH = Block, bool SHIFT = false>
 __device__ void copy_bytes_multi(unsigned char* const* dsts, int ndst, const unsigned char* src, u64 n) {
     if (n == 0) return;
     bool vec = aligned16(src);
@@ -334,7 +411,7 @@ __device__ void copy_bytes_multi(unsigned char* const* dsts, int ndst, const uns
             const unsigned c = dsts[k] ? common_width((u64)dsts[k], (u64)src) : 16;
             w = c < w ? c : w;
         }
-        copy_unaligned<TH>(ToMany{dsts, ndst}, w, src, n);
+        copy_unaligned<TH, SHIFT>(ToMany{dsts, ndst}, w, src, n);
         return;
     }
     const u64 nv = n >> 4;
@@ -1062,13 +1139,19 @@ __device__ void run_pipe(const CollArgs& a, u64 base, int* err) {
 // general LL kernel at 8 B-4 KiB, perf-notes §28), and the copy-engine all-reduce's reduction
 // (`coll_<type>_ce`: in the direct family its unrolled loop made ptxas spill there), and the
 // pipelined one-shot all-reduce (`coll_<type>_pipe`, its block split into pushing and reducing
-// warps). The host picks by kind and world size.
-enum Family { FAM_STEPS = 0, FAM_LL = 1, FAM_DIRECT = 2, FAM_SPLIT = 3, FAM_LL2 = 4, FAM_CE = 5, FAM_PIPE = 6 };
+// warps), and all-gather, all-to-all and reduce-scatter through the scratch where a part or a
+// buffer lies off a 16-byte boundary (`coll_<type>_shift`: its copies realign their words; in
+// the steps kernel that code cost aligned copies 2-3 %, perf-notes §44). The host picks by
+// kind, world size and alignment.
+enum Family { FAM_STEPS = 0, FAM_LL = 1, FAM_DIRECT = 2, FAM_SPLIT = 3, FAM_LL2 = 4, FAM_CE = 5, FAM_PIPE = 6, FAM_SHIFT = 7 };
 
 template <typename T, int FAMILY>
 __device__ void run(const CollArgs& a) {
     const int b = blockIdx.x, G = gridDim.x, N = a.nranks, me = a.rank;
     const u64 E = sizeof(T);
+    // The `_shift` family: all-gather, all-to-all and reduce-scatter with copies that realign
+    // their words where ends lie off a 16-byte boundary unlike each other (copy_shifted).
+    constexpr bool SH = FAMILY == FAM_SHIFT;
     u64* mine = a.sync[me];
 #if __CUDA_ARCH__ >= 900
     // Launched with programmatic dependent launch: wait here until the previous kernel on the
@@ -1237,39 +1320,43 @@ __device__ void run(const CollArgs& a) {
                 break;
             }
             case K_ALLGATHER: {
-                if (FAMILY != FAM_STEPS) return;
+                if (FAMILY != FAM_STEPS && !SH) return;
                 const int par = (int)((step + 1) & 1);
                 for (int q = 0; q < N; ++q) dsts[q] = q == me ? 0 : SLOT(q, par, me);
-                copy_bytes_multi(dsts, N, (const unsigned char*)(in + lo), n * E);
+                copy_bytes_multi<Block, SH>(dsts, N, (const unsigned char*)(in + lo), n * E);
                 signal_peers(a, ++step);  // the own part is copied while the signal travels
-                if (!a.own_done) copy_bytes((unsigned char*)(out + (u64)me * a.count + lo), (const unsigned char*)(in + lo), n * E);
+                if (!a.own_done) copy_bytes<SH>((unsigned char*)(out + (u64)me * a.count + lo), (const unsigned char*)(in + lo), n * E);
                 if (wait_peers(a, step, &err)) return;
                 for (int r = 0; r < N; ++r)
-                    if (r != me) copy_bytes((unsigned char*)(out + (u64)r * a.count + lo), SLOT(me, par, r), n * E);
+                    if (r != me) copy_bytes<SH>((unsigned char*)(out + (u64)r * a.count + lo), SLOT(me, par, r), n * E);
                 break;
             }
             case K_REDUCESCATTER: {
-                if (FAMILY != FAM_STEPS) return;
+                if (FAMILY != FAM_STEPS && !SH) return;
                 const int par = (int)((step + 1) & 1);
+                // An own part off a 16-byte boundary, where the output is on one, goes into this
+                // rank's own slot (no peer writes it) too, so that the reduction reads every
+                // source by 16-byte vectors, not an element at a time (perf-notes §44).
+                const T* own = in + (u64)me * a.count + lo;
+                const bool stage = !aligned16(own) && aligned16(out + lo);
                 for (int q = 0; q < N; ++q)
-                    if (q != me) copy_bytes(SLOT(q, par, me), (const unsigned char*)(in + (u64)q * a.count + lo), n * E);
+                    if (q != me || stage) copy_bytes<SH>(SLOT(q, par, me), (const unsigned char*)(in + (u64)q * a.count + lo), n * E);
                 if (barrier(a, ++step, &err)) return;
-                for (int r = 0; r < N; ++r)
-                    srcs[r] = r == me ? in + (u64)me * a.count + lo : (const T*)SLOT(me, par, r);
+                for (int r = 0; r < N; ++r) srcs[r] = r == me && !stage ? own : (const T*)SLOT(me, par, r);
                 reduce_into<T>(out + lo, dsts, 0, srcs, N, n, a.redop, N);
                 break;
             }
             case K_ALLTOALL: {
-                if (FAMILY != FAM_STEPS) return;
+                if (FAMILY != FAM_STEPS && !SH) return;
                 const int par = (int)((step + 1) & 1);
                 for (int q = 0; q < N; ++q)
-                    if (q != me) copy_bytes(SLOT(q, par, me), (const unsigned char*)(in + (u64)q * a.count + lo), n * E);
+                    if (q != me) copy_bytes<SH>(SLOT(q, par, me), (const unsigned char*)(in + (u64)q * a.count + lo), n * E);
                 signal_peers(a, ++step);  // the own part is copied while the signal travels
                 if (!a.own_done)
-                    copy_bytes((unsigned char*)(out + (u64)me * a.count + lo), (const unsigned char*)(in + (u64)me * a.count + lo), n * E);
+                    copy_bytes<SH>((unsigned char*)(out + (u64)me * a.count + lo), (const unsigned char*)(in + (u64)me * a.count + lo), n * E);
                 if (wait_peers(a, step, &err)) return;
                 for (int r = 0; r < N; ++r)
-                    if (r != me) copy_bytes((unsigned char*)(out + (u64)r * a.count + lo), SLOT(me, par, r), n * E);
+                    if (r != me) copy_bytes<SH>((unsigned char*)(out + (u64)r * a.count + lo), SLOT(me, par, r), n * E);
                 break;
             }
             case K_BROADCAST_SPLIT: {
@@ -1370,7 +1457,8 @@ __device__ void run(const CollArgs& a) {
     extern "C" __global__ void __launch_bounds__(512, 2) name##_direct(CollArgs a) { run<T, FAM_DIRECT>(a); } \
     extern "C" __global__ void __launch_bounds__(512, 2) name##_split(CollArgs a) { run<T, FAM_SPLIT>(a); } \
     extern "C" __global__ void __launch_bounds__(512, 2) name##_ce(CollArgs a) { run<T, FAM_CE>(a); } \
-    extern "C" __global__ void __launch_bounds__(512, 2) name##_pipe(CollArgs a) { run<T, FAM_PIPE>(a); }
+    extern "C" __global__ void __launch_bounds__(512, 2) name##_pipe(CollArgs a) { run<T, FAM_PIPE>(a); } \
+    extern "C" __global__ void __launch_bounds__(512, 2) name##_shift(CollArgs a) { run<T, FAM_SHIFT>(a); }
 
 // Which kernels this compile holds: COLL_PART (coll_abi.h), every kernel when undefined. The
 // order is DataType::ALL's; comm.rs looks each kernel up in its part, so a kernel in the wrong

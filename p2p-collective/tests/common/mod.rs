@@ -57,18 +57,33 @@ pub struct Local {
     pub stream: Stream,
     pub input: DeviceBuffer<u8>,
     pub output: DeviceBuffer<u8>,
+    /// Whether the cases use the buffers from one element (input) and three elements (output)
+    /// past their start, not from it: every region then lies off a 16-byte boundary (input and
+    /// output unlike, for elements under 8 bytes), though on its element's.
+    pub skew: bool,
 }
 
 impl Local {
     pub fn new(comm: Communicator, max_count: usize) -> Local {
         let n = comm.world_size();
-        let bytes = (max_count * n * 8).max(64);
+        // Room for the largest element's skew (three elements of 8 bytes) past the largest case.
+        let bytes = (max_count * n * 8).max(64) + 32;
         let d = comm.device().clone();
         Local {
             stream: Stream::new(&d).expect("stream"),
             input: DeviceBuffer::new(&d, bytes).expect("input buffer"),
             output: DeviceBuffer::new(&d, bytes).expect("output buffer"),
             comm,
+            skew: false,
+        }
+    }
+
+    /// Byte offsets of a case's input and output regions in the buffers (see `skew`).
+    fn offsets(&self, size: usize) -> (usize, usize) {
+        if self.skew {
+            (size, 3 * size)
+        } else {
+            (0, 0)
         }
     }
 }
@@ -172,22 +187,30 @@ pub fn run_case(locals: &mut [Local], call: &Call, in_place: bool) -> (usize, St
         let r = l.comm.rank();
         let (in_len, out_len) = call.op.buffer_lens(call.count, n, r, call.root);
         let host = input(call, n, r, in_len);
+        let (ioff, ooff) = l.offsets(size);
         l.output.memset_u8(0xff).expect("poison");
         if in_place {
             if in_len.max(out_len) > 0 {
-                upload(&mut l.output, in_place_input_offset(call, r) * size, &host);
+                upload(
+                    &mut l.output,
+                    ooff + in_place_input_offset(call, r) * size,
+                    &host,
+                );
             }
         } else {
             l.input.memset_u8(0x00).expect("clear");
-            upload(&mut l.input, 0, &host);
+            upload(&mut l.input, ioff, &host);
         }
     }
     // The calls: every rank's from this one thread (they never block the host).
     for l in locals.iter_mut() {
+        let (ioff, ooff) = l.offsets(size);
+        let mut out = l.output.slice_mut(ooff..).expect("output view");
         let res = if in_place {
-            l.comm.call_in_place(call, &mut l.output, &l.stream)
+            l.comm.call_in_place(call, &mut out, &l.stream)
         } else {
-            l.comm.call(call, &l.input, &mut l.output, &l.stream)
+            let send = l.input.slice(ioff..).expect("input view");
+            l.comm.call(call, &send, &mut out, &l.stream)
         };
         if let Err(e) = res {
             return (1, format!("rank {}: {e}", l.comm.rank()));
@@ -205,9 +228,10 @@ pub fn run_case(locals: &mut [Local], call: &Call, in_place: bool) -> (usize, St
         if len == 0 {
             continue;
         }
+        let ooff = l.offsets(size).1;
         let got = l
             .output
-            .slice((off * size)..(off + len) * size)
+            .slice((ooff + off * size)..ooff + (off + len) * size)
             .expect("view")
             .to_host_vec::<u8>()
             .expect("read back");
