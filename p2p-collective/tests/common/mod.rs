@@ -51,16 +51,15 @@ pub fn counts() -> Vec<usize> {
 }
 
 /// One rank run by this process: its communicator, stream and two buffers big enough for the
-/// largest count.
+/// largest count. With `skew`, the cases use the buffers from one element (input) and three
+/// elements (output) past their start, not from it: every region then lies off a 16-byte
+/// boundary (input and output unlike, for elements under 8 bytes), though on its element's.
 pub struct Local {
+    pub skew: bool,
     pub comm: Communicator,
     pub stream: Stream,
     pub input: DeviceBuffer<u8>,
     pub output: DeviceBuffer<u8>,
-    /// Whether the cases use the buffers from one element (input) and three elements (output)
-    /// past their start, not from it: every region then lies off a 16-byte boundary (input and
-    /// output unlike, for elements under 8 bytes), though on its element's.
-    pub skew: bool,
 }
 
 impl Local {
@@ -78,7 +77,7 @@ impl Local {
         }
     }
 
-    /// Byte offsets of a case's input and output regions in the buffers (see `skew`).
+    /// Byte offsets of a case's input and output regions in the buffers (see [`Local`]).
     fn offsets(&self, size: usize) -> (usize, usize) {
         if self.skew {
             (size, 3 * size)
