@@ -572,10 +572,34 @@ fn whole_elf(c: &[u8]) -> bool {
 /// The compile lock of one set of kernels, held while this lives: an exclusive advisory lock
 /// (`flock`) on `dir/<set>.lock`, released when the file closes, and by the holder's death.
 /// The file holds why the last holder's compile failed (empty: it did not fail, or died first).
+/// A holder removes the file as it lets go (see `Drop`), so the cache folder does not keep one
+/// per set of kernels ever compiled.
 struct CompileLock {
     file: std::fs::File,
     /// Another holder had it first, and this process waited for it.
     waited: bool,
+    /// Where `file` was opened (`None`: leave the file where it is).
+    path: Option<std::path::PathBuf>,
+}
+
+impl Drop for CompileLock {
+    /// Removes the lock file, still holding the lock, where its path still names this file: a
+    /// holder that had waited on a file its predecessor removed leaves alone the new one that a
+    /// later process made. Processes that had opened the removed file and wait on it take its
+    /// lock in turn and read its record through their own handles; a process arriving later
+    /// finds the cubins in the cache, or makes a new lock file.
+    fn drop(&mut self) {
+        let Some(path) = &self.path else { return };
+        let same = match (rustix::fs::fstat(&self.file), rustix::fs::stat(path)) {
+            (Ok(mine), Ok(there)) => mine.st_dev == there.st_dev && mine.st_ino == there.st_ino,
+            _ => false,
+        };
+        if same {
+            if let Err(e) = std::fs::remove_file(path) {
+                tracing::debug!("could not remove the compile lock {}: {e}", path.display());
+            }
+        }
+    }
 }
 
 impl CompileLock {
@@ -629,7 +653,13 @@ fn compile_lock(dir: &std::path::Path, set: u64, wait: std::time::Duration) -> O
     let mut waited = false;
     loop {
         match flock(&file, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => return Some(CompileLock { file, waited }),
+            Ok(()) => {
+                return Some(CompileLock {
+                    file,
+                    waited,
+                    path: Some(path),
+                })
+            }
             Err(Errno::WOULDBLOCK) | Err(Errno::INTR) => {}
             Err(e) => {
                 tracing::debug!("no compile lock at {}: {e}", path.display());
@@ -1008,6 +1038,35 @@ mod tests {
     }
 
     #[test]
+    fn the_last_holder_removes_the_lock_file_but_never_a_newer_one() {
+        let dir = std::env::temp_dir().join(format!("p2p-compile-gone-{}", std::process::id()));
+        let path = dir.join(format!("{:016x}.lock", 11));
+        let first = compile_lock(&dir, 11, Duration::ZERO).expect("a free lock");
+        assert!(path.exists());
+        // A waiter opens the same file before the holder lets go.
+        let waiter = std::thread::spawn({
+            let dir = dir.clone();
+            move || compile_lock(&dir, 11, Duration::from_secs(10))
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        drop(first);
+        let waiter = waiter.join().expect("the waiter").expect("handed over");
+        assert!(waiter.waited);
+        assert!(!path.exists(), "removed by the holder as it let go");
+        // A later process makes a new file and holds its lock beside the waiter (on the
+        // removed one); the waiter, done, leaves the new file alone.
+        let later = compile_lock(&dir, 11, Duration::ZERO).expect("a new lock file");
+        drop(waiter);
+        assert!(
+            path.exists(),
+            "the later holder's file stays while it holds it"
+        );
+        drop(later);
+        assert!(!path.exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn a_waiter_learns_that_the_holder_it_waited_for_failed_and_a_later_process_compiles_anew() {
         let dir = std::env::temp_dir().join(format!("p2p-compile-fail-{}", std::process::id()));
         let holder = compile_lock(&dir, 9, Duration::ZERO).expect("a free lock");
@@ -1018,7 +1077,12 @@ mod tests {
         // test shows that a holder that waited knows it).
         let next = |waited| {
             let file = std::fs::File::open(dir.join(format!("{:016x}.lock", 9))).expect("open");
-            CompileLock { file, waited }.failure()
+            CompileLock {
+                file,
+                waited,
+                path: None,
+            }
+            .failure()
         };
         assert_eq!(
             next(true).as_deref(),
