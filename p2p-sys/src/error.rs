@@ -111,6 +111,15 @@ fn hint(api: Api, name: &str) -> Option<&'static str> {
         "CUDA_ERROR_INVALID_HANDLE" => {
             "the handle is stale or from another driver instance; re-export it"
         }
+        "CUDA_ERROR_NO_BINARY_FOR_GPU" | "CUDA_ERROR_UNSUPPORTED_PTX_VERSION" => {
+            "the driver cannot load code from this NVRTC: use an NVRTC no newer than the driver's \
+             CUDA version (nvidia-smi), or update the driver; `p2p-bench kernels` names the NVRTC \
+             loaded"
+        }
+        "CUDA_ERROR_MISALIGNED_ADDRESS" => {
+            "a kernel accessed memory off its alignment; the context is now unusable, restart the \
+             process"
+        }
         _ => return None,
     })
 }
@@ -268,6 +277,17 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("at most 8"), "{text}");
+        // A cubin the driver cannot run: no retry helps, the hint says what does.
+        let err = check_cu(
+            "cuModuleLoadData",
+            cuda::CUresult::CUDA_ERROR_NO_BINARY_FOR_GPU,
+        )
+        .expect_err("an error");
+        assert!(
+            err.to_string()
+                .contains("no newer than the driver's CUDA version"),
+            "{err}"
+        );
     }
 
     #[test]
