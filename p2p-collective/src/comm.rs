@@ -1457,9 +1457,10 @@ impl Communicator {
     /// Runs `call` out of place: reads `send`, writes `recv`. Buffers a rank does not use
     /// (the non-roots' `send` of a broadcast, `recv` of a reduce) are not touched.
     ///
-    /// Every buffer must start at a multiple of its element's size ([`Error::InvalidArgument`]
-    /// otherwise, before anything is queued); beyond that any address works, and buffers or
-    /// ranks' parts off a 16-byte boundary take kernels that realign their copies.
+    /// The buffers of a reduction (all-reduce, reduce, reduce-scatter) must start at a multiple
+    /// of their element's size ([`Error::InvalidArgument`] otherwise, before anything is
+    /// queued); the collectives that only move data take any address. Buffers or ranks' parts
+    /// off a 16-byte boundary take kernels that realign their copies.
     pub fn call(
         &self,
         call: &Call,
@@ -1543,11 +1544,12 @@ impl Communicator {
             if len > 0 {
                 self.check_region(op, what, region, len, call.dtype)?;
                 // The reductions load whole elements: one off its element's alignment would
-                // stop the kernel with a misaligned-address fault, which ends the context.
-                if region.ptr % size != 0 {
+                // stop the kernel with a misaligned-address fault, which ends the context. (The
+                // collectives that only move data copy bytes, at any address.)
+                if call.op.reduces() && region.ptr % size != 0 {
                     return Err(bad(format!(
                         "the {what} buffer starts at {:#x}, not a multiple of {size} bytes (the size of {}): \
-                         collectives need buffers aligned to their element type",
+                         reductions need buffers aligned to their element type",
                         region.ptr, call.dtype
                     )));
                 }

@@ -48,9 +48,10 @@ fn gpu2_all_reduce_matrix() {
 }
 
 /// Every collective on buffers off a 16-byte boundary: views one element (input) and three
-/// elements (output) into their allocations, so every region and every rank's part lies off a
-/// boundary whatever the count, input and output unlike (the copies realign their words,
-/// perf-notes §44). Then a buffer off its element's alignment is refused before any launch.
+/// elements (output) into their allocations, so every region starts off a boundary, input and
+/// output unlike for elements under 8 bytes, and most counts put ranks' parts off one too (the
+/// `_shift` kernels, whose copies realign their words, perf-notes §44). Then a reduction's
+/// buffer off its element's alignment is refused before any launch.
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_collectives_on_buffers_off_a_16_byte_boundary() {

@@ -1043,16 +1043,25 @@ mod tests {
         let path = dir.join(format!("{:016x}.lock", 11));
         let first = compile_lock(&dir, 11, Duration::ZERO).expect("a free lock");
         assert!(path.exists());
-        // A waiter opens the same file before the holder lets go.
-        let waiter = std::thread::spawn({
-            let dir = dir.clone();
-            move || compile_lock(&dir, 11, Duration::from_secs(10))
-        });
-        std::thread::sleep(Duration::from_millis(100));
+        // A waiter has opened the same file before the holder lets go (as compile_lock does
+        // before it polls), and takes its lock after.
+        let opened = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .expect("open");
         drop(first);
-        let waiter = waiter.join().expect("the waiter").expect("handed over");
-        assert!(waiter.waited);
         assert!(!path.exists(), "removed by the holder as it let go");
+        rustix::fs::flock(
+            &opened,
+            rustix::fs::FlockOperation::NonBlockingLockExclusive,
+        )
+        .expect("the removed file's lock is free");
+        let waiter = CompileLock {
+            file: opened,
+            waited: true,
+            path: Some(path.clone()),
+        };
         // A later process makes a new file and holds its lock beside the waiter (on the
         // removed one); the waiter, done, leaves the new file alone.
         let later = compile_lock(&dir, 11, Duration::ZERO).expect("a new lock file");

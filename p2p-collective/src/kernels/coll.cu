@@ -1336,9 +1336,11 @@ __device__ void run(const CollArgs& a) {
                 const int par = (int)((step + 1) & 1);
                 // An own part off a 16-byte boundary, where the output is on one, goes into this
                 // rank's own slot (no peer writes it) too, so that the reduction reads every
-                // source by 16-byte vectors, not an element at a time (perf-notes §44).
+                // source by 16-byte vectors, not an element at a time (perf-notes §44). Only in
+                // the `_shift` kernels: the host runs the steps kernel where every part is on a
+                // boundary.
                 const T* own = in + (u64)me * a.count + lo;
-                const bool stage = !aligned16(own) && aligned16(out + lo);
+                const bool stage = SH && !aligned16(own) && aligned16(out + lo);
                 for (int q = 0; q < N; ++q)
                     if (q != me || stage) copy_bytes<SH>(SLOT(q, par, me), (const unsigned char*)(in + (u64)q * a.count + lo), n * E);
                 if (barrier(a, ++step, &err)) return;
