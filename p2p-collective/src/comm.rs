@@ -2406,6 +2406,33 @@ mod tests {
     use crate::settings::Algorithm;
     use p2p_transport::config::Config;
 
+    /// The `_shift` kernels run only all-gather, all-to-all and reduce-scatter through the
+    /// scratch (coll.cu returns at once from every other kind, and its peers would wait): the
+    /// host picks them for those kinds off a 16-byte boundary, and for nothing else.
+    #[test]
+    fn the_shift_kernels_are_picked_only_off_a_boundary_and_only_for_the_kinds_they_run() {
+        use super::Family;
+        use crate::plan::Kind;
+        let shifted = [Kind::AllGather, Kind::AllToAll, Kind::ReduceScatter];
+        for kind in Kind::ALL {
+            for world in 2..=8 {
+                let aligned = Family::of(kind, world, false);
+                assert_ne!(aligned, Family::Shift, "{kind:?} on {world} ranks, aligned");
+                let off = Family::of(kind, world, true);
+                if shifted.contains(&kind) {
+                    assert_eq!(aligned, Family::Steps, "{kind:?}");
+                    assert_eq!(
+                        off,
+                        Family::Shift,
+                        "{kind:?} on {world} ranks, off a boundary"
+                    );
+                } else {
+                    assert_eq!(off, aligned, "{kind:?} on {world} ranks: its family stays");
+                }
+            }
+        }
+    }
+
     #[test]
     fn ranks_sharing_a_gpu_in_one_process_are_told_to_raise_the_hardware_queues() {
         let unset = queue_advice(None).expect("8 queues by default");
