@@ -315,11 +315,11 @@ impl Kernels {
         })
     }
 
-    /// The kernel of `kind` for `dtype` on `world` ranks (`off16`: see [`Family::of`]).
-    fn function(&self, kind: Kind, dtype: DataType, world: usize, off16: bool) -> Kernel<'_> {
+    /// The kernel of `family` for `dtype` ([`Family::of`] picks the family).
+    fn function(&self, family: Family, dtype: DataType) -> Kernel<'_> {
         Kernel {
             module: &self.modules[dtype.index()],
-            function: self.functions[Family::of(kind, world, off16) as usize][dtype.index()],
+            function: self.functions[family as usize][dtype.index()],
         }
     }
 
@@ -1459,8 +1459,8 @@ impl Communicator {
     ///
     /// The buffers of a reduction (all-reduce, reduce, reduce-scatter) must start at a multiple
     /// of their element's size ([`Error::InvalidArgument`] otherwise, before anything is
-    /// queued); the collectives that only move data take any address. Buffers or ranks' parts
-    /// off a 16-byte boundary take kernels that realign their copies.
+    /// queued); the collectives that only move data copy bytes and are not checked. Buffers or
+    /// ranks' parts off a 16-byte boundary take kernels that realign their copies.
     pub fn call(
         &self,
         call: &Call,
@@ -1668,15 +1668,14 @@ impl Communicator {
         // Parts or buffers off a 16-byte boundary (3 ranks of a power-of-two count, say): the
         // `_shift` kernels' copies realign their words there (perf-notes §44).
         let off16 = (call.count * size) % 16 != 0 || input.ptr % 16 != 0 || output.ptr % 16 != 0;
-        if Family::of(p.kind, self.world, off16) == Family::Shift {
+        let family = Family::of(p.kind, self.world, off16);
+        if family == Family::Shift {
             tracing::debug!(
                 rank = self.rank,
                 "{op}: a part or a buffer lies off a 16-byte boundary: the kernel whose copies realign their words"
             );
         }
-        let function = self
-            .kernels
-            .function(p.kind, p.kernel_type, self.world, off16);
+        let function = self.kernels.function(family, p.kernel_type);
         // A partial overlap (undefined; only unsafe code makes one) keeps the kernel's copy.
         let queued = if !p.own_by_copy_engine || partial {
             self.launch(function, (p.grid, p.threads), &mut args, stream)
@@ -1774,9 +1773,7 @@ impl Communicator {
             peer_out: peers,
             ..*args
         };
-        let barrier = self
-            .kernels
-            .function(Kind::AllGatherDirect, DataType::U8, self.world, false);
+        let barrier = self.kernels.function(Family::Direct, DataType::U8);
         let mut run_barrier = || self.launch(barrier, (1, THREADS), &mut barrier_args, stream);
         // The peers wait for this rank's first barrier, its copies and its second barrier: an
         // error queueing any of them stops every rank rather than leaving them to their time
@@ -1918,7 +1915,7 @@ impl Communicator {
         let peer = 1 - me;
         let reduce = self
             .kernels
-            .function(p.kind, p.kernel_type, self.world, false);
+            .function(Family::of(p.kind, self.world, false), p.kernel_type);
         self.launch(reduce, (p.grid, p.threads), args, side)?;
         let flags = |r: usize| self.bases[r] + (crate::abi::CE_FLAGS_OFF * 8) as u64;
         // SAFETY: CE_CHUNKS words of this rank's own sync area (`coll_abi.h` keeps them inside
