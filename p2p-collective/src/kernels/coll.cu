@@ -1334,18 +1334,25 @@ __device__ void run(const CollArgs& a) {
             case K_REDUCESCATTER: {
                 if (FAMILY != FAM_STEPS && !SH) return;
                 const int par = (int)((step + 1) & 1);
-                // An own part off a 16-byte boundary, where the output is on one, goes into this
-                // rank's own slot (no peer writes it) too, so that the reduction reads every
-                // source by 16-byte vectors, not an element at a time (perf-notes §44). Only in
-                // the `_shift` kernels: the host runs the steps kernel where every part is on a
-                // boundary.
+                // So that the reduction reads and writes 16-byte vectors, not an element at a
+                // time, the `_shift` kernels (the host runs the steps kernel where every part is
+                // on a boundary) use this rank's own slot, which no peer writes: an own part off
+                // a 16-byte boundary is staged there (perf-notes §44), and an output off the
+                // boundary (in place it is the own part) is reduced there and then copied out
+                // realigned (§45).
                 const T* own = in + (u64)me * a.count + lo;
-                const bool stage = SH && !aligned16(own) && aligned16(out + lo);
+                T* const own_slot = (T*)SLOT(me, par, me);
+                const bool stage = SH && !aligned16(own);
+                const bool via = SH && !aligned16(out + lo);
                 for (int q = 0; q < N; ++q)
                     if (q != me || stage) copy_bytes<SH>(SLOT(q, par, me), (const unsigned char*)(in + (u64)q * a.count + lo), n * E);
                 if (barrier(a, ++step, &err)) return;
                 for (int r = 0; r < N; ++r) srcs[r] = r == me && !stage ? own : (const T*)SLOT(me, par, r);
-                reduce_into<T>(out + lo, dsts, 0, srcs, N, n, a.redop, N);
+                reduce_into<T>(via ? own_slot : out + lo, dsts, 0, srcs, N, n, a.redop, N);
+                if (via) {
+                    __syncthreads();  // the copy's threads read what other threads reduced
+                    copy_bytes<SH>((unsigned char*)(out + lo), (const unsigned char*)own_slot, n * E);
+                }
                 break;
             }
             case K_ALLTOALL: {
