@@ -153,15 +153,57 @@ impl CudaCheckpoint {
     }
 }
 
-/// Loads the checkpoint entry points from libcuda, probing it first.
+/// Loads the checkpoint entry points from libcuda, probing it first. Fails with
+/// [`crate::Error::MissingEntryPoints`] where the driver lacks any of them (it predates the
+/// API), so that the wrappers above, which panic on a missing entry point, never meet one.
 pub fn load() -> Result<&'static CudaCheckpoint, crate::Error> {
     static API: std::sync::OnceLock<Result<CudaCheckpoint, String>> = std::sync::OnceLock::new();
     let name = crate::probe::require(crate::Library::Cuda)?;
     // SAFETY: libcuda is loadable (probed); loading resolves symbols without calling them.
-    API.get_or_init(|| unsafe { CudaCheckpoint::new(name) }.map_err(|e| e.to_string()))
+    let api = API
+        .get_or_init(|| unsafe { CudaCheckpoint::new(name) }.map_err(|e| e.to_string()))
         .as_ref()
         .map_err(|e| crate::Error::LibraryNotFound {
             library: "libcuda (checkpoint API)",
             searched: vec![format!("{name}: {e}")],
+        })?;
+    let missing: Vec<String> = [
+        (
+            "cuCheckpointProcessGetRestoreThreadId",
+            api.cuCheckpointProcessGetRestoreThreadId.is_ok(),
+        ),
+        (
+            "cuCheckpointProcessGetState",
+            api.cuCheckpointProcessGetState.is_ok(),
+        ),
+        (
+            "cuCheckpointProcessLock",
+            api.cuCheckpointProcessLock.is_ok(),
+        ),
+        (
+            "cuCheckpointProcessCheckpoint",
+            api.cuCheckpointProcessCheckpoint.is_ok(),
+        ),
+        (
+            "cuCheckpointProcessRestore",
+            api.cuCheckpointProcessRestore.is_ok(),
+        ),
+        (
+            "cuCheckpointProcessUnlock",
+            api.cuCheckpointProcessUnlock.is_ok(),
+        ),
+    ]
+    .into_iter()
+    .filter(|&(_, found)| !found)
+    .map(|(symbol, _)| symbol.to_string())
+    .collect();
+    if missing.is_empty() {
+        Ok(api)
+    } else {
+        Err(crate::Error::MissingEntryPoints {
+            library: "libcuda (checkpoint API)",
+            file: name.to_string(),
+            symbols: missing,
         })
+    }
 }

@@ -47,6 +47,21 @@ pub enum Error {
         /// Every file name that was tried.
         searched: Vec<String>,
     },
+    /// A library loaded but lacks entry points that an API needs: the driver (or library) is
+    /// older than the CUDA release that added them.
+    #[error(
+        "{library} ({file}) lacks {}: it is older than the CUDA release that added them; \
+         update the NVIDIA driver (or library)",
+        symbols.join(", ")
+    )]
+    MissingEntryPoints {
+        /// The library and the API, e.g. `libcuda (checkpoint API)`.
+        library: &'static str,
+        /// The file that was loaded.
+        file: String,
+        /// The entry points it lacks.
+        symbols: Vec<String>,
+    },
     /// A C call returned an error code.
     #[error("{call} failed: {name} ({message}){}", hint_suffix(*api, name))]
     Call {
@@ -73,7 +88,7 @@ impl Error {
     pub fn call(&self) -> Option<&'static str> {
         match self {
             Error::Call { call, .. } => Some(call),
-            Error::LibraryNotFound { .. } => None,
+            Error::LibraryNotFound { .. } | Error::MissingEntryPoints { .. } => None,
         }
     }
 
@@ -81,7 +96,7 @@ impl Error {
     pub fn hint(&self) -> Option<&'static str> {
         match self {
             Error::Call { api, name, .. } => hint(*api, name),
-            Error::LibraryNotFound { .. } => None,
+            Error::LibraryNotFound { .. } | Error::MissingEntryPoints { .. } => None,
         }
     }
 }
@@ -250,6 +265,27 @@ mod tests {
             check_nccl("ncclAllReduce", nccl::ncclResult_t::ncclSuccess),
             Ok(())
         );
+    }
+
+    #[test]
+    fn missing_entry_points_are_named_with_what_to_do() {
+        let err = Error::MissingEntryPoints {
+            library: "libcuda (checkpoint API)",
+            file: "libcuda.so.1".into(),
+            symbols: vec![
+                "cuCheckpointProcessLock".into(),
+                "cuCheckpointProcessUnlock".into(),
+            ],
+        };
+        assert_eq!(err.call(), None);
+        let text = err.to_string();
+        assert!(
+            text.starts_with(
+                "libcuda (checkpoint API) (libcuda.so.1) lacks cuCheckpointProcessLock, cuCheckpointProcessUnlock:"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("update the NVIDIA driver"), "{text}");
     }
 
     #[test]

@@ -322,6 +322,21 @@ fn bindgen() -> Result<()> {
         "P: AsRef<::std::ffi::OsStr>,",
         "P: ::libloading::AsFilename,",
     );
+    // Every entry point that `load` must find: bindgen's wrappers panic on a missing one.
+    let symbols: Vec<&str> = generated
+        .split("pub cuCheckpoint")
+        .skip(1)
+        .filter_map(|rest| rest.split_once(':'))
+        .map(|(tail, _)| tail.trim())
+        .filter(|tail| tail.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        .collect();
+    if symbols.is_empty() {
+        return Err("bindgen's output has no cuCheckpoint* entry point".into());
+    }
+    let checks: String = symbols
+        .iter()
+        .map(|s| format!("(\"cuCheckpoint{s}\", api.cuCheckpoint{s}.is_ok()),\n        "))
+        .collect();
     let text = format!(
         "//! The CUDA process checkpoint API (`cuCheckpointProcess*`), which cudarc 0.19.10 lacks.\n\
          //!\n\
@@ -330,14 +345,26 @@ fn bindgen() -> Result<()> {
          #![allow(non_camel_case_types, non_snake_case, missing_docs, dead_code, clippy::all)]\n\
          #![allow(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]\n\n\
          {generated}\n\
-         /// Loads the checkpoint entry points from libcuda, probing it first.\n\
+         /// Loads the checkpoint entry points from libcuda, probing it first. Fails with\n\
+         /// [`crate::Error::MissingEntryPoints`] where the driver lacks any of them (it predates the\n\
+         /// API), so that the wrappers above, which panic on a missing entry point, never meet one.\n\
          pub fn load() -> Result<&'static CudaCheckpoint, crate::Error> {{\n    \
              static API: std::sync::OnceLock<Result<CudaCheckpoint, String>> = std::sync::OnceLock::new();\n    \
              let name = crate::probe::require(crate::Library::Cuda)?;\n    \
              // SAFETY: libcuda is loadable (probed); loading resolves symbols without calling them.\n    \
-             API.get_or_init(|| unsafe {{ CudaCheckpoint::new(name) }}.map_err(|e| e.to_string()))\n        \
+             let api = API.get_or_init(|| unsafe {{ CudaCheckpoint::new(name) }}.map_err(|e| e.to_string()))\n        \
                  .as_ref()\n        \
-                 .map_err(|e| crate::Error::LibraryNotFound {{ library: \"libcuda (checkpoint API)\", searched: vec![format!(\"{{name}}: {{e}}\")] }})\n\
+                 .map_err(|e| crate::Error::LibraryNotFound {{ library: \"libcuda (checkpoint API)\", searched: vec![format!(\"{{name}}: {{e}}\")] }})?;\n    \
+             let missing: Vec<String> = [\n        {checks}]\n        \
+                 .into_iter()\n        \
+                 .filter(|&(_, found)| !found)\n        \
+                 .map(|(symbol, _)| symbol.to_string())\n        \
+                 .collect();\n    \
+             if missing.is_empty() {{\n        \
+                 Ok(api)\n    \
+             }} else {{\n        \
+                 Err(crate::Error::MissingEntryPoints {{ library: \"libcuda (checkpoint API)\", file: name.to_string(), symbols: missing }})\n    \
+             }}\n\
          }}\n"
     );
     let dest = root.join(CHECKPOINT_RS);
