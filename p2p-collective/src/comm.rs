@@ -419,7 +419,6 @@ pub struct Communicator {
     group: Option<Group>,
     /// Registered buffers (symmetric windows): calls on them read and write peers directly.
     windows: RwLock<Vec<Window>>,
-    next_window: AtomicU64,
     /// The copy-engine plans' second stream.
     side: SideStream,
     // Freed last: peers' mappings, then this rank's workspace.
@@ -634,7 +633,6 @@ impl Communicator {
                 kernels: loaded[r].clone(),
                 group: None,
                 windows: RwLock::new(Vec::new()),
-                next_window: AtomicU64::new(0),
                 side: SideStream::new(d)?,
                 _peers: workspaces
                     .iter()
@@ -904,7 +902,6 @@ impl Communicator {
             kernels,
             group: Some(group),
             windows: RwLock::new(Vec::new()),
-            next_window: AtomicU64::new(0),
             side,
             _peers: peers,
             workspace,
@@ -1227,7 +1224,10 @@ impl Communicator {
         peers: [u64; MAX_RANKS],
         mappings: Vec<PeerRegion>,
     ) -> Registration {
-        let id = self.next_window.fetch_add(1, Ordering::Relaxed);
+        // Unique in the process, not only in this communicator, so that `deregister` never takes
+        // another communicator's registration for one of its own.
+        static NEXT_WINDOW: AtomicU64 = AtomicU64::new(0);
+        let id = NEXT_WINDOW.fetch_add(1, Ordering::Relaxed);
         let reg = Registration {
             id,
             rank: self.rank,

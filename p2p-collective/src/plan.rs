@@ -266,7 +266,7 @@ impl Tuning {
 
     /// Bytes of one (parity, source rank) slot of a rank's scratch.
     pub fn slot_bytes(&self) -> usize {
-        self.max_blocks as usize * self.piece_bytes
+        (self.max_blocks as usize).saturating_mul(self.piece_bytes)
     }
 
     /// Most bytes per source that run LL by default on `world` ranks: `ll_max_bytes` on two and
@@ -276,7 +276,7 @@ impl Tuning {
         if world <= 3 {
             self.ll_max_bytes
         } else {
-            2 * self.ll_max_bytes / world
+            self.ll_max_bytes.saturating_mul(2) / world
         }
     }
 }
@@ -533,12 +533,12 @@ impl Plan {
             Kind::AllGatherCe | Kind::AllToAllCe => 4,
             // One barrier kernel; the reduce kernel waits for flags, not steps.
             Kind::AllReduceCe => 2,
-            Kind::AllReduceRing => 2 * (world as u64).saturating_sub(1),
+            Kind::AllReduceRing => (world as u64).saturating_sub(1).saturating_mul(2),
             // One flag per sub-piece, the count rounded up to odd (see `run_pipe`).
             Kind::AllReducePipe => self.piece.div_ceil(self.sub.max(1)) | 1,
             _ => 1,
         };
-        self.chunks * per_chunk
+        self.chunks.saturating_mul(per_chunk)
     }
 }
 
@@ -569,24 +569,26 @@ pub fn plan_with(
     access: Access,
 ) -> Plan {
     let world = world.max(1);
-    // Bytes of one source's data: the whole buffer, or one rank's part.
-    let seg_bytes = count * dtype.size();
+    // Bytes of one source's data: the whole buffer, or one rank's part. (Saturating: a count no
+    // communicator accepts, 2^40 elements or more, still plans, as the largest size.)
+    let seg_bytes = count.saturating_mul(dtype.size());
+    let all_parts = seg_bytes.saturating_mul(world);
     // The direct kernels on rank parts need the parts 16-byte aligned (else they copy bytes:
     // 3 ranks of a power-of-two size measured 1.5x slower than the scratch path) and enough
     // data to pay for their start and end barriers across every peer.
     let direct_min = if world > 2 {
         tuning.direct_min_bytes
     } else {
-        2 * tuning.direct_min_bytes
+        tuning.direct_min_bytes.saturating_mul(2)
     };
-    let parts_direct = seg_bytes % 16 == 0 && seg_bytes * world >= direct_min;
+    let parts_direct = seg_bytes % 16 == 0 && all_parts >= direct_min;
     // The copy engines for a registered all-gather or all-to-all, all parts together.
     let ce_min = if world > 2 {
         tuning.ce_min_bytes_more_ranks
     } else {
         tuning.ce_min_bytes
     };
-    let ce_parts = world >= 2 && seg_bytes * world >= ce_min;
+    let ce_parts = world >= 2 && all_parts >= ce_min;
     let (kind, reason) = match op {
         Op::AllReduce => choose_all_reduce(seg_bytes, world, forced, tuning, access),
         _ if ll_default(seg_bytes, world, tuning) => (
@@ -619,7 +621,7 @@ pub fn plan_with(
         Op::ReduceScatter
             if access.input
                 && parts_direct
-                && (world != 2 || seg_bytes * world < RS_DIRECT_MAX_BYTES_TWO_RANKS) =>
+                && (world != 2 || all_parts < RS_DIRECT_MAX_BYTES_TWO_RANKS) =>
         {
             (
                 Kind::ReduceScatterDirect,
@@ -654,7 +656,7 @@ pub fn plan_with(
     // What one rank moves: the whole buffer for all-reduce, broadcast and reduce; its n parts
     // for the others.
     let bytes = match op {
-        Op::AllGather | Op::ReduceScatter | Op::AllToAll => seg_bytes * world,
+        Op::AllGather | Op::ReduceScatter | Op::AllToAll => all_parts,
         _ => seg_bytes,
     };
     let pipe = match kind {
@@ -860,7 +862,11 @@ fn choose_all_reduce(
 /// elements of `elem` bytes: half the data, a quarter, ..., the last chunk the rest, each edge
 /// rounded down to [`CE_ALIGN`] bytes. `coll.cu`'s `ce_chunk` is the same formula: the copies
 /// follow this one, the reduce kernel that one.
+/// A `k` past the last chunk gives the empty range at `n`.
 pub fn ce_chunk(k: usize, n: u64, elem: usize) -> (u64, u64) {
+    if k >= CE_CHUNKS {
+        return (n, n);
+    }
     let align = (CE_ALIGN / elem.max(1)).max(1) as u64;
     let edge = |j: usize| (n - (n >> j)) / align * align;
     let lo = if k == 0 { 0 } else { edge(k) };
@@ -1127,6 +1133,48 @@ mod tests {
         assert_eq!((p.kernel_type, p.units), (DataType::U8, 80));
         let p = plan(Op::ReduceScatter, DataType::BF16, 10, 2, None, &t());
         assert_eq!((p.kernel_type, p.units), (DataType::BF16, 10));
+    }
+
+    #[test]
+    fn the_planner_never_overflows_on_extreme_counts_or_tunings() {
+        // A tuning that turns the direct kernels off with the largest value, as the other
+        // thresholds are turned off (`direct_min_bytes * 2` used to overflow), and counts no
+        // communicator accepts: every plan is still made, and makes sense.
+        let t = Tuning {
+            direct_min_bytes: usize::MAX,
+            ..Tuning::for_device(132, 2)
+        };
+        assert!(t.validate(264, 2).is_ok());
+        let registered = Access {
+            input: true,
+            output: true,
+            in_place: false,
+        };
+        for world in [1, 2, 3, 8] {
+            for op in Op::ALL {
+                for count in [1024, 1 << 40, usize::MAX] {
+                    let p = plan_with(op, DataType::F32, count, world, None, &t, registered);
+                    // (All-reduce has thresholds of its own.)
+                    if matches!(op, Op::AllGather | Op::ReduceScatter | Op::AllToAll) {
+                        assert!(
+                            !p.kind.is_direct(),
+                            "{op:?} {count} on {world}: {:?}",
+                            p.kind
+                        );
+                    }
+                    assert!(p.steps(world) >= 1);
+                }
+            }
+        }
+        assert_eq!(ce_chunk(63, 1000, 4), (1000, 1000));
+        assert_eq!(ce_chunk(CE_CHUNKS, 1000, 4), (1000, 1000));
+        let wide = Tuning {
+            ll_max_bytes: usize::MAX,
+            piece_bytes: usize::MAX,
+            ..t
+        };
+        assert_eq!(wide.ll_limit(4), usize::MAX / 4);
+        assert_eq!(wide.slot_bytes(), usize::MAX);
     }
 
     #[test]

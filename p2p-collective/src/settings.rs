@@ -9,8 +9,9 @@
 
 use std::time::Duration;
 
-/// The longest time limit a collective accepts (`P2P_TIMEOUT_MS`, `Options::timeout`): one day.
-pub const MAX_TIMEOUT: Duration = Duration::from_secs(86_400);
+/// The longest time limit a collective accepts (`P2P_TIMEOUT_MS`, `Options::timeout`): one day,
+/// the transport's [`p2p_transport::MAX_TIMEOUT`].
+pub const MAX_TIMEOUT: Duration = p2p_transport::MAX_TIMEOUT;
 
 use p2p_transport::config::{invalid, parse_bool, parse_choice, ConfigError};
 

@@ -43,24 +43,24 @@ pub fn value(c: Class, dtype: DataType, r: usize, n: usize, j: usize) -> i64 {
     let unsigned = dtype == DataType::U8;
     match c {
         Class::Sum => {
-            let v = ((j.wrapping_mul(7) + r * 13) % 31) as i64;
+            let v = (j.wrapping_mul(7).wrapping_add(r.wrapping_mul(13)) % 31) as i64;
             if unsigned {
                 v
             } else {
                 v - 15
             }
         }
-        Class::Prod => 1 + ((j + r) % 2) as i64,
+        Class::Prod => 1 + (j.wrapping_add(r) % 2) as i64,
         Class::MinMax => {
-            let v = ((j.wrapping_mul(5) + r * 11) % 61) as i64;
+            let v = (j.wrapping_mul(5).wrapping_add(r.wrapping_mul(11)) % 61) as i64;
             if unsigned {
                 v
             } else {
                 v - 30
             }
         }
-        Class::Avg => 2 * (j % 5) as i64 + 2 * ((r + j) % n as u64) as i64,
-        Class::Copy => ((j.wrapping_mul(3) + r * 17) % 101) as i64,
+        Class::Avg => 2 * (j % 5) as i64 + 2 * (r.wrapping_add(j) % n.max(1) as u64) as i64,
+        Class::Copy => (j.wrapping_mul(3).wrapping_add(r.wrapping_mul(17)) % 101) as i64,
     }
 }
 
@@ -78,23 +78,27 @@ pub fn reduce(redop: RedOp, n: usize, vals: impl Iterator<Item = i64>) -> i64 {
     }
     let a = acc.unwrap_or(0);
     if redop == RedOp::Avg {
-        a / n as i64
+        a / n.max(1) as i64
     } else {
         a
     }
 }
 
-/// Writes `v` as one element of `dtype` into `out` (`dtype.size()` bytes).
+/// Writes `v` as one element of `dtype` into `out` (`dtype.size()` bytes; a shorter `out` gets
+/// the element's first bytes, a longer one keeps its bytes past them).
 pub fn encode(dtype: DataType, v: i64, out: &mut [u8]) {
+    let mut b = [0u8; 8];
     match dtype {
-        DataType::F32 => out.copy_from_slice(&(v as f32).to_le_bytes()),
-        DataType::F64 => out.copy_from_slice(&(v as f64).to_le_bytes()),
-        DataType::F16 => out.copy_from_slice(&half::f16::from_f64(v as f64).to_le_bytes()),
-        DataType::BF16 => out.copy_from_slice(&half::bf16::from_f64(v as f64).to_le_bytes()),
-        DataType::I32 => out.copy_from_slice(&(v as i32).to_le_bytes()),
-        DataType::I64 => out.copy_from_slice(&v.to_le_bytes()),
-        DataType::U8 => out[0] = v as u8,
+        DataType::F32 => b[..4].copy_from_slice(&(v as f32).to_le_bytes()),
+        DataType::F64 => b.copy_from_slice(&(v as f64).to_le_bytes()),
+        DataType::F16 => b[..2].copy_from_slice(&half::f16::from_f64(v as f64).to_le_bytes()),
+        DataType::BF16 => b[..2].copy_from_slice(&half::bf16::from_f64(v as f64).to_le_bytes()),
+        DataType::I32 => b[..4].copy_from_slice(&(v as i32).to_le_bytes()),
+        DataType::I64 => b.copy_from_slice(&v.to_le_bytes()),
+        DataType::U8 => b[0] = v as u8,
     }
+    let n = out.len().min(dtype.size());
+    out[..n].copy_from_slice(&b[..n]);
 }
 
 /// Elements per parallel task: large enough that rayon's scheduling costs nothing next to it.
@@ -166,7 +170,7 @@ pub fn input(call: &Call, world: usize, rank: usize, len: usize) -> Vec<u8> {
 /// own part for all-gather, the start otherwise.
 pub fn in_place_input_offset(call: &Call, rank: usize) -> usize {
     if call.op == Op::AllGather {
-        rank * call.count
+        rank.saturating_mul(call.count)
     } else {
         0
     }
@@ -178,7 +182,7 @@ pub fn in_place_input_offset(call: &Call, rank: usize) -> usize {
 pub fn result_region(call: &Call, world: usize, rank: usize, in_place: bool) -> (usize, usize) {
     let (in_len, out_len) = call.op.buffer_lens(call.count, world, rank, call.root);
     match (call.op, in_place) {
-        (Op::ReduceScatter, true) => (rank * call.count, call.count),
+        (Op::ReduceScatter, true) => (rank.saturating_mul(call.count), call.count),
         (Op::Reduce, _) if rank != call.root => (0, call.count),
         (_, true) => (0, in_len.max(out_len)),
         _ => (0, out_len),
@@ -203,13 +207,17 @@ pub fn expected(call: &Call, world: usize, rank: usize, in_place: bool, j: usize
         Op::Broadcast => Some(v(root, j)),
         Op::Reduce if rank == root => Some(reduce(redop, world, (0..world).map(|p| v(p, j)))),
         Op::Reduce => in_place.then(|| v(rank, j)),
-        Op::AllGather => Some(v(j / count, j % count)),
+        // (A count of 0 has no elements; `max(1)` keeps any `j` from dividing by it.)
+        Op::AllGather => Some(v(j / count.max(1), j % count.max(1))),
         Op::ReduceScatter => Some(reduce(
             redop,
             world,
-            (0..world).map(|p| v(p, rank * count + j)),
+            (0..world).map(|p| v(p, rank.wrapping_mul(count).wrapping_add(j))),
         )),
-        Op::AllToAll => Some(v(j / count, rank * count + j % count)),
+        Op::AllToAll => Some(v(
+            j / count.max(1),
+            rank.wrapping_mul(count).wrapping_add(j % count.max(1)),
+        )),
     }
 }
 
@@ -287,6 +295,30 @@ mod tests {
             .map(|r| value(Class::Sum, DataType::I32, r, 4, 3))
             .collect();
         assert!(a.windows(2).all(|w| w[0] != w[1]), "{a:?}");
+    }
+
+    #[test]
+    fn the_expected_values_take_any_count_world_and_buffer() {
+        // A count of 0 (a valid call that does nothing), a world of 0, and indices past any
+        // buffer: answers, not a division by zero or an overflow.
+        for op in [Op::AllGather, Op::AllToAll] {
+            let call = Call::new(op, DataType::F32, 0);
+            assert!(expected(&call, 2, 0, false, 0).is_some());
+        }
+        let avg = Call::new(Op::AllReduce, DataType::F32, 4).redop(RedOp::Avg);
+        assert!(expected(&avg, 0, 0, false, 3).is_some());
+        assert!(input(&avg, 0, 0, 4).len() == 16);
+        let rs = Call::new(Op::ReduceScatter, DataType::I64, usize::MAX);
+        assert!(expected(&rs, 2, 1, false, usize::MAX).is_some());
+        // An element written into a slot of the wrong size: its first bytes, no panic.
+        let mut short = [0u8; 2];
+        encode(DataType::F64, 1, &mut short);
+        assert_eq!(short, [0, 0]);
+        let mut long = [9u8; 6];
+        encode(DataType::I32, -1, &mut long);
+        assert_eq!(long, [255, 255, 255, 255, 9, 9]);
+        let mut none: [u8; 0] = [];
+        encode(DataType::U8, 1, &mut none);
     }
 
     #[test]

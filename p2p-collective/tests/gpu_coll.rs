@@ -1094,7 +1094,8 @@ unsafe fn register_locals(ls: &[Local], bufs: &[&dyn DeviceMemory]) -> Vec<Regis
 }
 
 /// What registration refuses, on every rank at once: buffers of different sizes, a buffer on
-/// another GPU, an overlap with a registered buffer; and deregistering twice.
+/// another GPU, an overlap with a registered buffer; and deregistering twice, or another
+/// communicator's registration.
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_registration_refuses_what_it_cannot_map() {
@@ -1136,6 +1137,24 @@ fn gpu2_registration_refuses_what_it_cannot_map() {
     // SAFETY: refused before anything is mapped.
     let e = unsafe { Communicator::register_all(&comms, &halves) }.expect_err("overlap");
     assert!(e.to_string().contains("overlap"), "{e}");
+    // Another communicator's registration is not one of this one's, though each is the first
+    // its communicator made.
+    let comms2 = Communicator::init_all_with(&devices, Options::default()).expect("init_all again");
+    let other: Vec<DeviceBuffer<u8>> = devices
+        .iter()
+        .map(|d| DeviceBuffer::new(d, 4096).expect("buffer"))
+        .collect();
+    let other_refs: Vec<&dyn DeviceMemory> = other.iter().map(|b| b as &dyn DeviceMemory).collect();
+    // SAFETY: `other` outlives the registration (deregistered below).
+    let regs2 = unsafe { Communicator::register_all(&comms2, &other_refs) }.expect("register");
+    let e = comms2[0]
+        .deregister(regs[0])
+        .expect_err("the first communicators' registration");
+    assert!(e.to_string().contains("not registered"), "{e}");
+    for (c, reg) in comms2.iter().zip(regs2.iter()) {
+        c.deregister(*reg)
+            .expect("deregister on the second communicators");
+    }
     for (c, reg) in comms.iter().zip(regs.iter()) {
         c.deregister(*reg).expect("deregister");
     }

@@ -39,9 +39,10 @@ use crate::peer::{self, LocalRegion};
 pub struct ConnOptions {
     /// Slots in the receiver's ring; also the number of blocks of the send and recv kernels.
     pub slots: u32,
-    /// Bytes per slot.
+    /// Bytes per slot: a multiple of 256, at most [`MAX_SLOT_BYTES`].
     pub slot_bytes: usize,
-    /// How long a kernel waits for the peer before giving up.
+    /// How long a kernel waits for the peer before giving up: more than zero, at most
+    /// [`crate::MAX_TIMEOUT`].
     pub timeout: Duration,
     /// What moves the bytes: SM kernels (one block per slot) or the copy engines (one
     /// `cuMemcpyAsync` per chunk between flag waits and `cuStreamWriteValue64` flags).
@@ -98,17 +99,32 @@ impl ConnOptions {
     fn flags_bytes(&self) -> usize {
         (self.slots as usize * 8).next_multiple_of(256)
     }
+    /// Refuses shapes whose sizes would pass the kernels' address arithmetic (at most 1024
+    /// slots of at most [`MAX_SLOT_BYTES`], so the ring's size cannot wrap) and time limits of
+    /// zero or past [`crate::MAX_TIMEOUT`] (a kernel's deadline is its start plus the limit in
+    /// nanoseconds).
     fn check(&self) -> Result<()> {
         if self.slots == 0
             || self.slots > 1024
             || self.slot_bytes == 0
+            || self.slot_bytes > MAX_SLOT_BYTES
             || self.slot_bytes % 256 != 0
         {
-            return Err(invalid(format!("connection shape {} slots x {} bytes: need 1-1024 slots of a non-zero multiple of 256 bytes", self.slots, self.slot_bytes)));
+            return Err(invalid(format!("connection shape {} slots x {} bytes: need 1-1024 slots of a non-zero multiple of 256 bytes, at most {MAX_SLOT_BYTES}", self.slots, self.slot_bytes)));
+        }
+        if self.timeout.is_zero() || self.timeout > crate::MAX_TIMEOUT {
+            return Err(invalid(format!(
+                "connection time limit {:?}: need more than zero and at most {:?} (one day)",
+                self.timeout,
+                crate::MAX_TIMEOUT
+            )));
         }
         Ok(())
     }
 }
+
+/// The largest slot a connection accepts (1 GiB).
+pub const MAX_SLOT_BYTES: usize = 1 << 30;
 
 fn invalid(msg: String) -> Error {
     Error::InvalidArgument(msg)
@@ -758,5 +774,44 @@ mod tests {
         // Not a kernel's failure: unset, or the host's abort.
         assert_eq!(KernelFailure::from_flag(0), None);
         assert_eq!(KernelFailure::from_flag(ABORTED), None);
+    }
+
+    #[test]
+    fn shapes_and_time_limits_that_would_wrap_are_refused() {
+        let ok = ConnOptions::default();
+        assert!(ok.check().is_ok());
+        // 1024 slots of 2^54 bytes: the ring's size would wrap to 8 KiB.
+        let huge = ConnOptions {
+            slots: 1024,
+            slot_bytes: 1 << 54,
+            ..ok
+        };
+        let e = huge.check().expect_err("a ring past 2^64 bytes");
+        assert!(e.to_string().contains("at most 1073741824"), "{e}");
+        let largest = ConnOptions {
+            slots: 1024,
+            slot_bytes: MAX_SLOT_BYTES,
+            ..ok
+        };
+        assert!(largest.check().is_ok());
+        assert_eq!(largest.ring_bytes(), (1usize << 40) + 8192);
+        // Time limits whose nanoseconds would wrap the kernel's deadline, or none at all.
+        for timeout in [
+            Duration::MAX,
+            Duration::from_secs(18_446_744_074),
+            crate::MAX_TIMEOUT + Duration::from_nanos(1),
+            Duration::ZERO,
+        ] {
+            let e = ConnOptions { timeout, ..ok }
+                .check()
+                .expect_err("a time limit out of range");
+            assert!(e.to_string().contains("one day"), "{e}");
+        }
+        assert!(ConnOptions {
+            timeout: crate::MAX_TIMEOUT,
+            ..ok
+        }
+        .check()
+        .is_ok());
     }
 }

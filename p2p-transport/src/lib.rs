@@ -27,3 +27,9 @@ mod util;
 
 pub use error::{Error, Result};
 pub use util::{hostname, utc_from_unix, utc_now};
+
+/// The longest time limit any wait of the transport accepts, and of the layers above (one day):
+/// a connection's [`conn::ConnOptions::timeout`], a [`rendezvous::Rendezvous`]'s `timeout`
+/// (`P2P_RENDEZVOUS_TIMEOUT_MS`). Longer ones are refused: the deadline computed from one could
+/// overflow the clock's arithmetic, on the host or in a kernel.
+pub const MAX_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(86_400);

@@ -62,9 +62,18 @@ use crate::error::{Error, Result};
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How many handshakes rank 0 serves at once; connections beyond are closed at once.
 pub const MAX_PENDING_HANDSHAKES: usize = 256;
-/// The largest blob one rank may contribute to [`Group::all_gather`] (the table of all blobs
-/// must fit one socket message).
+/// The largest blob one rank may contribute to [`Group::all_gather`] in a small group; in a
+/// larger one [`max_blob`] is less, as the table of all blobs must fit one socket message.
 pub const MAX_BLOB: usize = 6 * 1024;
+
+/// The largest blob one rank may contribute to [`Group::all_gather`] in a group of `world`
+/// ranks: [`MAX_BLOB`], or less where `world` such blobs would not fit one socket message
+/// (rank 0 sends them all in one table: its header and sequence number, then each blob with its
+/// length). 1019 bytes at the largest world, [`MAX_WORLD`].
+pub fn max_blob(world: usize) -> usize {
+    let room = fdpass::MAX_MESSAGE - wire::MSG_HEADER_LEN - 4;
+    (room / world.max(1)).saturating_sub(4).min(MAX_BLOB)
+}
 /// The most ranks a group holds.
 pub const MAX_WORLD: usize = 64;
 /// The shortest accepted `P2P_JOB_SECRET`.
@@ -231,7 +240,9 @@ impl Rendezvous {
         };
         let timeout = match num("P2P_RENDEZVOUS_TIMEOUT_MS")? {
             None => Duration::from_secs(60),
-            Some(ms) if (1..=86_400_000).contains(&ms) => Duration::from_millis(ms as u64),
+            Some(ms) if ms >= 1 && Duration::from_millis(ms as u64) <= crate::MAX_TIMEOUT => {
+                Duration::from_millis(ms as u64)
+            }
             Some(ms) => {
                 return Err(bad(format!(
                     "P2P_RENDEZVOUS_TIMEOUT_MS={ms}: use 1 to 86400000 (one day)"
@@ -540,6 +551,13 @@ impl Group {
                 rv.world
             )));
         }
+        if rv.timeout.is_zero() || rv.timeout > crate::MAX_TIMEOUT {
+            return Err(fail(format!(
+                "a time limit of {:?}: use more than zero and at most {:?} (one day)",
+                rv.timeout,
+                crate::MAX_TIMEOUT
+            )));
+        }
         let path = rv.socket_path();
         if let Some(dir) = path.parent() {
             fdpass::user_private_dir(dir).map_err(|e| fail(e.to_string()))?;
@@ -788,17 +806,19 @@ impl Group {
         self.shared.fail(self.shared.rank, why.to_string(), None);
     }
 
-    /// Every rank's blob (at most [`MAX_BLOB`] bytes), in rank order. Fails at once if a rank
-    /// fails, or after the time limit.
+    /// Every rank's blob (at most [`max_blob`] of the world's size), in rank order. Fails at once
+    /// if a rank fails, or after the time limit.
     pub fn all_gather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
         let sh = &self.shared;
         let rank = sh.rank;
-        if mine.len() > MAX_BLOB {
+        let limit = max_blob(sh.world);
+        if mine.len() > limit {
             return Err(Error::Rendezvous {
                 rank: Some(rank),
                 why: format!(
-                    "an all-gather blob of {} bytes (at most {MAX_BLOB})",
-                    mine.len()
+                    "an all-gather blob of {} bytes (at most {limit} in a group of {})",
+                    mine.len(),
+                    sh.world
                 ),
             });
         }
@@ -823,7 +843,7 @@ impl Group {
                 }
                 let mut r = Reader::new(p);
                 let s = r.u32().ok_or("a malformed all-gather message")?;
-                let blob = r.blob(MAX_BLOB).ok_or("a malformed all-gather message")?;
+                let blob = r.blob(limit).ok_or("a malformed all-gather message")?;
                 r.end().ok_or("a malformed all-gather message")?;
                 if s != seq || all[from].is_some() {
                     return Err(format!(
@@ -850,7 +870,12 @@ impl Group {
                 .finish();
             for (r, l) in sh.links.iter().enumerate() {
                 if let Some(l) = l {
-                    send(l, TABLE, &table).map_err(|e| fail(format!("to rank {r}: {e}")))?;
+                    if let Err(e) = send(l, TABLE, &table) {
+                        // The ranks that got no table would wait until their time limit.
+                        let why = format!("could not send the all-gather table to rank {r}: {e}");
+                        sh.fail(rank, why.clone(), None);
+                        return Err(fail(why));
+                    }
                 }
             }
             Ok(all)
@@ -878,7 +903,7 @@ impl Group {
                 let mut all = Vec::with_capacity(world);
                 for _ in 0..world {
                     all.push(
-                        r.blob(MAX_BLOB)
+                        r.blob(limit)
                             .ok_or("a malformed all-gather table")?
                             .to_vec(),
                     );
@@ -1103,7 +1128,7 @@ pub mod testing {
 
     /// Connects to `path` and returns the raw channel (to send junk, or nothing).
     pub fn connect_raw(path: &Path, timeout: Duration) -> std::result::Result<FdChannel, String> {
-        let deadline = Instant::now() + timeout;
+        let deadline = Instant::now() + timeout.min(crate::MAX_TIMEOUT);
         loop {
             match FdChannel::connect(path) {
                 Ok(l) => return Ok(l),
@@ -1539,6 +1564,51 @@ mod tests {
         let g = Group::join(&rv("big", 0, 1)).expect("a group of one");
         assert!(g.all_gather(&vec![0; MAX_BLOB + 1]).is_err());
         assert_eq!(g.all_gather(&[1, 2]).expect("ok"), vec![vec![1, 2]]);
+    }
+
+    #[test]
+    fn the_largest_blobs_of_a_large_group_fit_one_table() {
+        assert_eq!(max_blob(1), MAX_BLOB);
+        assert_eq!(max_blob(MAX_WORLD), 1019);
+        let world = 11;
+        let limit = max_blob(world);
+        assert!(limit < MAX_BLOB, "{limit}");
+        let groups: Vec<Group> = join_all("wide", world)
+            .into_iter()
+            .map(|h| h.join().expect("thread").expect("join"))
+            .collect();
+        // One byte too many: refused at once, on that rank, before anything is sent.
+        let start = Instant::now();
+        let e = groups[3]
+            .all_gather(&vec![3; limit + 1])
+            .expect_err("past the limit");
+        assert!(e.to_string().contains("in a group of 11"), "{e}");
+        assert!(start.elapsed() < Duration::from_secs(1));
+        // At the limit, rank 0's table of every blob fits one message.
+        let handles: Vec<_> = groups
+            .into_iter()
+            .enumerate()
+            .map(|(r, g)| std::thread::spawn(move || g.all_gather(&vec![r as u8; limit])))
+            .collect();
+        for h in handles {
+            let all = h.join().expect("thread").expect("all-gather at the limit");
+            assert_eq!(all.len(), world);
+            for (r, b) in all.iter().enumerate() {
+                assert!(b.len() == limit && b.iter().all(|&x| x == r as u8));
+            }
+        }
+    }
+
+    #[test]
+    fn a_time_limit_past_a_day_or_of_zero_is_refused_not_a_panic() {
+        for timeout in [Duration::MAX, crate::MAX_TIMEOUT * 2, Duration::ZERO] {
+            let r = Rendezvous {
+                timeout,
+                ..rv("limits", 0, 1)
+            };
+            let e = Group::join(&r).expect_err("an unusable time limit");
+            assert!(e.to_string().contains("one day"), "{e}");
+        }
     }
 
     #[test]
