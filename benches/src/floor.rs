@@ -88,10 +88,10 @@ impl EmptyKernel {
     ) -> p2p_mem::Result<()> {
         let mut block_args = [0u64; ARGS_WORDS];
         let mut one = [block_args.as_mut_ptr().cast::<c_void>()];
-        let (function, params): (Function, &mut [*mut c_void]) = if how.args {
-            (self.with_args, &mut one)
+        let (function, params): (&Function, &mut [*mut c_void]) = if how.args {
+            (&self.with_args, &mut one)
         } else {
-            (self.function, &mut [])
+            (&self.function, &mut [])
         };
         // SAFETY: `empty_kernel` takes no parameters; `empty_args_kernel` takes one by-value
         // block of ARGS_WORDS words, which `block_args` is and which outlives the call (the

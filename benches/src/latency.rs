@@ -11,7 +11,7 @@ use std::ffi::c_void;
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
 
 use crate::kernels;
-use p2p_mem::kernel::Module;
+use p2p_mem::kernel::{Function, Module};
 use p2p_transport::{Error, Result};
 
 /// How long one wait may spin before the measurement is abandoned.
@@ -39,28 +39,34 @@ pub fn one_way_ns(a: &Device, b: &Device, warmup: u32, iters: u32) -> Result<f64
     let res_a = DeviceBuffer::<u64>::zeroed(a, 2)?;
     let res_b = DeviceBuffer::<u64>::zeroed(b, 2)?;
     let (sa, sb) = (Stream::new(a)?, Stream::new(b)?);
-    let launch =
-        |m: &Module, f, s: &Stream, mine: u64, theirs: u64, starter: i32, res: u64| -> Result<()> {
-            let (mut mine, mut theirs, mut w, mut n, mut st, mut to, mut r) =
-                (mine, theirs, warmup, iters, starter, TIMEOUT_NS, res);
-            let mut params = [
-                (&mut mine as *mut u64).cast::<c_void>(),
-                (&mut theirs as *mut u64).cast(),
-                (&mut w as *mut u32).cast(),
-                (&mut n as *mut u32).cast(),
-                (&mut st as *mut i32).cast(),
-                (&mut to as *mut u64).cast(),
-                (&mut r as *mut u64).cast(),
-            ];
-            // SAFETY: the parameters match p2p_pingpong's signature; `mine` is this GPU's flag,
-            // `theirs` the peer's (peer access enabled above), `res` two u64 on this GPU; all stay
-            // allocated until both streams are synchronised below.
-            Ok(unsafe { m.launch(f, 1, 32, &mut params, s) }?)
-        };
+    let launch = |m: &Module,
+                  f: &Function,
+                  s: &Stream,
+                  mine: u64,
+                  theirs: u64,
+                  starter: i32,
+                  res: u64|
+     -> Result<()> {
+        let (mut mine, mut theirs, mut w, mut n, mut st, mut to, mut r) =
+            (mine, theirs, warmup, iters, starter, TIMEOUT_NS, res);
+        let mut params = [
+            (&mut mine as *mut u64).cast::<c_void>(),
+            (&mut theirs as *mut u64).cast(),
+            (&mut w as *mut u32).cast(),
+            (&mut n as *mut u32).cast(),
+            (&mut st as *mut i32).cast(),
+            (&mut to as *mut u64).cast(),
+            (&mut r as *mut u64).cast(),
+        ];
+        // SAFETY: the parameters match p2p_pingpong's signature; `mine` is this GPU's flag,
+        // `theirs` the peer's (peer access enabled above), `res` two u64 on this GPU; all stay
+        // allocated until both streams are synchronised below.
+        Ok(unsafe { m.launch(f, 1, 32, &mut params, s) }?)
+    };
     // The responder first, so it is spinning when the starter's first store lands.
     launch(
         &mb,
-        fb,
+        &fb,
         &sb,
         flag_b.device_ptr(),
         flag_a.device_ptr(),
@@ -69,7 +75,7 @@ pub fn one_way_ns(a: &Device, b: &Device, warmup: u32, iters: u32) -> Result<f64
     )?;
     launch(
         &ma,
-        fa,
+        &fa,
         &sa,
         flag_a.device_ptr(),
         flag_b.device_ptr(),

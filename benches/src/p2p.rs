@@ -472,7 +472,7 @@ pub fn run(opts: &Options) -> p2p_transport::Result<Value> {
             t.set_sm_grid(SmGrid {
                 blocks_per_sm,
                 threads,
-            });
+            })?;
             for m in [Method::SmWrite, Method::SmRead] {
                 let st = bench.bandwidth(m, a, b, opts.matrix_bytes, false)?;
                 grid_sweep.push(json!({"from": a, "to": b, "method": m.name(), "blocks_per_sm": blocks_per_sm, "threads": threads, "gbps": st.json()}));
@@ -482,7 +482,7 @@ pub fn run(opts: &Options) -> p2p_transport::Result<Value> {
                 ));
             }
         }
-        t.set_sm_grid(SmGrid::DEFAULT);
+        t.set_sm_grid(SmGrid::DEFAULT)?;
     }
 
     // send/recv ring shapes on the first pair: is the cost per round (slot reuse) or per byte?

@@ -250,7 +250,7 @@ impl Family {
 #[derive(Clone, Copy)]
 pub(crate) struct Kernel<'a> {
     pub(crate) module: &'a Module,
-    pub(crate) function: Function,
+    pub(crate) function: &'a Function,
 }
 
 /// The kernels of [`COLL_PARTS`] loaded on one device.
@@ -319,7 +319,7 @@ impl Kernels {
     fn function(&self, family: Family, dtype: DataType) -> Kernel<'_> {
         Kernel {
             module: &self.modules[dtype.index()],
-            function: self.functions[family as usize][dtype.index()],
+            function: &self.functions[family as usize][dtype.index()],
         }
     }
 
@@ -327,7 +327,7 @@ impl Kernels {
     pub(crate) fn sendrecv(&self) -> Kernel<'_> {
         Kernel {
             module: &self.modules[crate::abi::COLL_PART_P2P],
-            function: self.sendrecv,
+            function: &self.sendrecv,
         }
     }
 }

@@ -3,7 +3,7 @@
 //! run.sh runs it on GPU machines.
 
 use p2p_collective::comm::COLL_PARTS;
-use p2p_mem::kernel::compile_all;
+use p2p_mem::kernel::{check_image, compile_all};
 
 const TYPES: [&str; 7] = ["f32", "f64", "f16", "bf16", "i32", "i64", "u8"];
 const FAMILIES: [&str; 8] = [
@@ -26,6 +26,9 @@ fn every_part_of_the_collective_kernels_compiles_for_sm80_and_sm90_with_its_kern
         assert_eq!(cubins.len(), COLL_PARTS.len());
         for (part, cubin) in cubins.iter().enumerate() {
             assert_eq!(&cubin[..4], b"\x7fELF", "part {part}: not an ELF cubin");
+            // What Module::load checks before the driver sees it (every table, section and
+            // segment inside the image): NVRTC's own cubins must pass.
+            check_image(cubin).unwrap_or_else(|e| panic!("part {part} for {arch}: {e}"));
             for (k, ty) in TYPES.iter().enumerate() {
                 for family in FAMILIES {
                     let kernel = format!("coll_{ty}{family}");

@@ -18,6 +18,7 @@
 //! ```
 
 use std::ffi::{c_void, CString};
+use std::sync::Arc;
 
 use p2p_sys::{check_nvrtc, cu, cuda, nvrtc, Library};
 
@@ -555,18 +556,74 @@ fn read_cubin(file: Option<&std::path::Path>, source: &Source, arch: &str) -> Op
 }
 
 /// Whether `c` is a whole 64-bit little-endian ELF image, as cubins are: its section header
-/// table, which NVRTC writes last, ends inside it (a file cut short is not one).
+/// table, which NVRTC writes last, ends inside it (a file cut short is not one), and so does
+/// every section with contents and every segment it names (a damaged one could send the
+/// driver's loader past the end).
 fn whole_elf(c: &[u8]) -> bool {
-    let at = |o: usize, n: usize| -> Option<u64> {
+    let at = |o: u64, n: usize| -> Option<u64> {
+        let o = usize::try_from(o).ok()?;
         let mut b = [0u8; 8];
-        b[..n].copy_from_slice(c.get(o..o + n)?);
+        b[..n].copy_from_slice(c.get(o..o.checked_add(n)?)?);
         Some(u64::from_le_bytes(b))
     };
-    let table_end = (|| {
-        let (offset, entry, count) = (at(0x28, 8)?, at(0x3a, 2)?, at(0x3c, 2)?);
-        offset.checked_add(entry * count).filter(|_| count > 0)
-    })();
-    c.starts_with(b"\x7fELF\x02\x01") && table_end.is_some_and(|end| end <= c.len() as u64)
+    let len = c.len() as u64;
+    let inside = |offset: u64, size: u64| offset.checked_add(size).is_some_and(|end| end <= len);
+    // Each entry of a table at `table` (`table_entry`, `table_count` at those header offsets):
+    // where its contents start and their size (at `off` and `size` in the entry), and whether
+    // it has contents in the file (`kind`: a section of type SHT_NOBITS has none).
+    let entries_inside =
+        |table: u64, entry: u64, count: u64, off: u64, size: u64, kind: Option<u64>| {
+            (0..count).all(|i| {
+                let base = table + i * entry;
+                let has_bytes = kind.is_none_or(|k| at(base + k, 4) != Some(8));
+                match (at(base + off, 8), at(base + size, 8)) {
+                    (Some(o), Some(n)) => !has_bytes || inside(o, n),
+                    _ => false,
+                }
+            })
+        };
+    let check = || -> Option<bool> {
+        let (shoff, shentsize, shnum) = (at(0x28, 8)?, at(0x3a, 2)?, at(0x3c, 2)?);
+        let (phoff, phentsize, phnum) = (at(0x20, 8)?, at(0x36, 2)?, at(0x38, 2)?);
+        Some(
+            shnum > 0
+                && shentsize >= 0x40
+                && inside(shoff, shentsize * shnum)
+                && entries_inside(shoff, shentsize, shnum, 0x18, 0x20, Some(4))
+                && (phnum == 0
+                    || (phentsize >= 0x38
+                        && inside(phoff, phentsize * phnum)
+                        && entries_inside(phoff, phentsize, phnum, 0x08, 0x20, None))),
+        )
+    };
+    c.starts_with(b"\x7fELF\x02\x01") && check() == Some(true)
+}
+
+/// Checks that `image` is something [`Module::load`] may hand the driver, which takes no
+/// length: a whole 64-bit cubin (its section and program header tables, and every section and
+/// segment with contents, end inside it) or PTX text that ends with a NUL inside the slice.
+///
+/// ```
+/// assert!(p2p_mem::kernel::check_image(b".version 8.0\0").is_ok());
+/// assert!(p2p_mem::kernel::check_image(b".version 8.0").is_err());
+/// ```
+pub fn check_image(image: &[u8]) -> Result<()> {
+    if image.starts_with(b"\x7fELF") {
+        if whole_elf(image) {
+            return Ok(());
+        }
+        return Err(Error::InvalidArgument(format!(
+            "a {}-byte ELF image that is not a whole 64-bit cubin (a table, section or segment ends past it)",
+            image.len()
+        )));
+    }
+    if image.contains(&0) {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument(format!(
+        "a {}-byte image that is neither a cubin (ELF) nor NUL-terminated PTX",
+        image.len()
+    )))
 }
 
 /// The compile lock of one set of kernels, held while this lives: an exclusive advisory lock
@@ -732,14 +789,24 @@ impl Drop for Program {
     }
 }
 
-/// A kernel in a loaded [`Module`]; valid while the module is.
-#[derive(Debug, Clone, Copy)]
+/// A kernel in a loaded [`Module`]. It keeps its module loaded: a `Function` outliving the
+/// [`Module`] it came from stays usable, and the module is unloaded when both are gone.
+#[derive(Clone)]
 pub struct Function {
     raw: cuda::CUfunction,
-    device: i32,
+    module: Arc<Loaded>,
 }
 
-// SAFETY: a CUfunction is an immutable handle usable from any thread.
+impl std::fmt::Debug for Function {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Function")
+            .field("raw", &self.raw)
+            .field("device", &self.module.device.ordinal())
+            .finish()
+    }
+}
+
+// SAFETY: a CUfunction is an immutable handle usable from any thread; its module (held) is too.
 unsafe impl Send for Function {}
 // SAFETY: as above.
 unsafe impl Sync for Function {}
@@ -749,7 +816,8 @@ impl Function {
     /// (`cuOccupancyMaxActiveBlocksPerMultiprocessor`, no dynamic shared memory).
     pub fn max_blocks_per_sm(&self, threads: u32) -> Result<i32> {
         let mut n = 0;
-        // SAFETY: the function handle is live while its module is; `n` is an out-pointer.
+        // SAFETY: the function handle is live while its module is, which this holds; `n` is an
+        // out-pointer.
         unsafe {
             p2p_sys::cu!(cuOccupancyMaxActiveBlocksPerMultiprocessor(
                 &mut n,
@@ -758,24 +826,27 @@ impl Function {
                 0
             ))
         }
-        .map_err(|e| Error::Cuda {
-            device: self.device,
-            source: e,
-        })?;
+        .map_err(|e| on(&self.module.device, e))?;
         Ok(n)
     }
 }
 
-/// A cubin loaded into one device's context; unloaded on `Drop`.
+/// A cubin loaded into one device's context; unloaded once it and every [`Function`] taken
+/// from it are dropped.
 pub struct Module {
+    inner: Arc<Loaded>,
+}
+
+/// A loaded module's handle, shared by the [`Module`] and its [`Function`]s; unloads on `Drop`.
+struct Loaded {
     device: Device,
     raw: cuda::CUmodule,
 }
 
 // SAFETY: a CUmodule may be used from any thread; each use binds the device first.
-unsafe impl Send for Module {}
+unsafe impl Send for Loaded {}
 // SAFETY: as above; the handle is never mutated.
-unsafe impl Sync for Module {}
+unsafe impl Sync for Loaded {}
 
 impl Module {
     /// Compiles `source` for `device`'s architecture (cached: [`compile_cached`]) and loads it.
@@ -815,42 +886,49 @@ impl Module {
         Ok(modules)
     }
 
-    /// Loads a cubin into `device`'s context.
+    /// Loads a cubin (or NUL-terminated PTX) into `device`'s context. Anything else is refused
+    /// before the driver sees it (it takes no length, so it could read past the slice).
     pub fn load(device: &Device, cubin: &[u8]) -> Result<Module> {
+        check_image(cubin)?;
         device.bind_to_thread()?;
         let mut raw = std::ptr::null_mut();
-        // SAFETY: a context is current; `cubin` is a complete image that outlives the call.
+        // SAFETY: a context is current; `cubin` is a whole ELF image or ends with a NUL inside
+        // the slice (check_image), and outlives the call.
         unsafe { cu!(cuModuleLoadData(&mut raw, cubin.as_ptr().cast())) }
             .map_err(|e| on(device, e))?;
         Ok(Module {
-            device: device.clone(),
-            raw,
+            inner: Arc::new(Loaded {
+                device: device.clone(),
+                raw,
+            }),
         })
     }
 
     /// Looks up a kernel by name, for [`launch`](Self::launch).
     pub fn function(&self, name: &str) -> Result<Function> {
-        self.device.bind_to_thread()?;
+        let Loaded { device, raw } = &*self.inner;
+        device.bind_to_thread()?;
         let cname = CString::new(name)
             .map_err(|_| Error::InvalidArgument(format!("kernel name {name:?}")))?;
         let mut f = std::ptr::null_mut();
         // SAFETY: the module is loaded; `cname` is NUL-terminated.
-        unsafe { cu!(cuModuleGetFunction(&mut f, self.raw, cname.as_ptr())) }
-            .map_err(|e| on(&self.device, e))?;
+        unsafe { cu!(cuModuleGetFunction(&mut f, *raw, cname.as_ptr())) }
+            .map_err(|e| on(device, e))?;
         Ok(Function {
             raw: f,
-            device: self.device.ordinal(),
+            module: self.inner.clone(),
         })
     }
 
-    /// Queues `function` on `stream` (which must be on this module's device).
+    /// Queues `function` (one of this module's) on `stream` (which must be on this module's
+    /// device).
     ///
     /// # Safety
     /// As for [`launch_sync`](Self::launch_sync); in addition every buffer the kernel touches
     /// must stay allocated until the stream has run it.
     pub unsafe fn launch(
         &self,
-        function: Function,
+        function: &Function,
         grid: u32,
         block: u32,
         params: &mut [*mut c_void],
@@ -874,7 +952,7 @@ impl Module {
         params: &mut [*mut c_void],
         stream: cuda::CUstream,
     ) -> Result<()> {
-        self.device.bind_to_thread()?;
+        self.inner.device.bind_to_thread()?;
         // SAFETY: the caller guarantees `params` and `f`; dimensions are plain numbers.
         unsafe {
             cu!(cuLaunchKernel(
@@ -891,7 +969,7 @@ impl Module {
                 std::ptr::null_mut()
             ))
         }
-        .map_err(|e| on(&self.device, e))
+        .map_err(|e| on(&self.inner.device, e))
     }
 
     /// As [`launch`](Self::launch), with programmatic dependent launch on GPUs of compute
@@ -904,18 +982,18 @@ impl Module {
     /// (that instruction waits for the previous kernel to finish and its writes to land).
     pub unsafe fn launch_overlapped(
         &self,
-        function: Function,
+        function: &Function,
         grid: u32,
         block: u32,
         params: &mut [*mut c_void],
         stream: &Stream,
     ) -> Result<()> {
-        if self.device.compute_capability().0 < 9 {
+        if self.inner.device.compute_capability().0 < 9 {
             // SAFETY: the caller's guarantees are those of `launch`.
             return unsafe { self.launch(function, grid, block, params, stream) };
         }
         self.check_stream(function, stream)?;
-        self.device.bind_to_thread()?;
+        self.inner.device.bind_to_thread()?;
         // SAFETY: an all-zero attribute is a valid "no attribute"; we set the id and value.
         let mut attr: cuda::CUlaunchAttribute = unsafe { std::mem::zeroed() };
         attr.id = cuda::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
@@ -942,14 +1020,19 @@ impl Module {
                 std::ptr::null_mut()
             ))
         }
-        .map_err(|e| on(&self.device, e))
+        .map_err(|e| on(&self.inner.device, e))
     }
 
-    fn check_stream(&self, function: Function, stream: &Stream) -> Result<()> {
-        if stream.device() != &self.device || function.device != self.device.ordinal() {
+    fn check_stream(&self, function: &Function, stream: &Stream) -> Result<()> {
+        if !Arc::ptr_eq(&function.module, &self.inner) {
+            return Err(Error::InvalidArgument(
+                "a kernel launched through a module it does not belong to".into(),
+            ));
+        }
+        if stream.device() != &self.inner.device {
             return Err(Error::InvalidArgument(format!(
                 "a kernel of GPU {} launched on a stream of GPU {}",
-                self.device.ordinal(),
+                self.inner.device.ordinal(),
                 stream.device().ordinal()
             )));
         }
@@ -971,7 +1054,7 @@ impl Module {
         let f = self.function(function)?.raw;
         // SAFETY: the caller guarantees `params`; `f` was just looked up in this module.
         unsafe { self.raw_launch(f, grid, block, params, std::ptr::null_mut()) }?;
-        self.device.synchronize_default_stream()
+        self.inner.device.synchronize_default_stream()
     }
 }
 
@@ -982,7 +1065,7 @@ fn on(device: &Device, source: p2p_sys::Error) -> Error {
     }
 }
 
-impl Drop for Module {
+impl Drop for Loaded {
     fn drop(&mut self) {
         let _ = self.device.bind_to_thread();
         // SAFETY: loaded by cuModuleLoadData and unloaded once.
@@ -1118,6 +1201,53 @@ mod tests {
         c[0x3a] = 64; // e_shentsize
         c[0x3c] = 1; // e_shnum
         c
+    }
+
+    #[test]
+    fn only_whole_cubins_and_terminated_ptx_reach_the_driver() {
+        // tiny_elf's one section header is at 64..128, all zeros: a null section.
+        let elf = tiny_elf();
+        assert!(check_image(&elf).is_ok());
+        let with = |f: &dyn Fn(&mut Vec<u8>)| {
+            let mut c = tiny_elf();
+            f(&mut c);
+            c
+        };
+        let set =
+            |c: &mut Vec<u8>, at: usize, v: u64| c[at..at + 8].copy_from_slice(&v.to_le_bytes());
+        // A section whose contents end past the image (offset 100, 64 bytes).
+        let past = with(&|c| {
+            set(c, 64 + 0x18, 100);
+            set(c, 64 + 0x20, 64);
+        });
+        assert!(check_image(&past).is_err());
+        // The same as SHT_NOBITS (no bytes in the file): fine.
+        let nobits = with(&|c| {
+            set(c, 64 + 0x18, 100);
+            set(c, 64 + 0x20, 64);
+            c[64 + 4] = 8;
+        });
+        assert!(check_image(&nobits).is_ok());
+        // Offsets that overflow, a program header table past the end, a short entry size.
+        let wraps = with(&|c| {
+            set(c, 64 + 0x18, u64::MAX);
+            set(c, 64 + 0x20, 2);
+        });
+        assert!(check_image(&wraps).is_err());
+        let segments = with(&|c| {
+            set(c, 0x20, 120);
+            c[0x36] = 0x38;
+            c[0x38] = 1;
+        });
+        assert!(check_image(&segments).is_err());
+        let short = with(&|c| c[0x3a] = 16);
+        assert!(check_image(&short).is_err());
+        assert!(check_image(&elf[..100]).is_err());
+        // PTX is text the driver reads to its NUL.
+        assert!(check_image(b".version 8.0\n.target sm_90\n\0").is_ok());
+        let e = check_image(b".version 8.0").expect_err("no NUL");
+        assert!(e.to_string().contains("NUL-terminated PTX"), "{e}");
+        assert!(check_image(b"").is_err());
     }
 
     #[test]

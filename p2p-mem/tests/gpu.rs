@@ -690,3 +690,35 @@ fn gpu1_a_cached_cubin_the_driver_refuses_is_compiled_again() {
     assert_ne!(cached, bad, "the damaged file was replaced");
     let _ = std::fs::remove_file(&file);
 }
+
+/// A `Function` keeps its module loaded after the `Module` is dropped (its handle stays valid),
+/// launches only through the module it came from, and `Module::load` refuses an image the
+/// driver would read past (PTX without its NUL).
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu1_a_function_keeps_its_module_and_launches_only_through_it() {
+    use p2p_mem::kernel::{Module, Source};
+    let d = &gpus(1)[0];
+    const EIGHT: Source = Source {
+        name: "eight.cu",
+        code: "extern \"C\" __global__ void eight(int* p) { *p = 8; }\n",
+        defines: &[],
+    };
+    let module = Module::build(d, &EIGHT).expect("compiles");
+    let f = module.function("eight").expect("the kernel");
+    let other = Module::build(d, &EIGHT).expect("loads again");
+    let stream = Stream::new(d).expect("stream");
+    let out = DeviceBuffer::<i32>::zeroed(d, 1).expect("alloc");
+    let mut ptr = out.device_ptr();
+    let mut params = [(&mut ptr as *mut u64).cast::<std::ffi::c_void>()];
+    // SAFETY: eight(int*) takes one pointer, to `out`'s one int (refused before any launch).
+    let e = unsafe { other.launch(&f, 1, 1, &mut params, &stream) }.expect_err("another module");
+    assert!(e.to_string().contains("does not belong"), "{e}");
+    drop(module);
+    // The module's handle lives on in `f`.
+    assert!(f.max_blocks_per_sm(32).expect("occupancy") >= 1);
+    let e = Module::load(d, b".version 8.0")
+        .map(|_| ())
+        .expect_err("no NUL");
+    assert!(e.to_string().contains("NUL-terminated PTX"), "{e}");
+}

@@ -464,9 +464,9 @@ impl Side {
         };
         let mut params = [(&mut args as *mut SrArgs).cast::<c_void>()];
         let f = if sending {
-            self.kernels.send
+            &self.kernels.send
         } else {
-            self.kernels.recv
+            &self.kernels.recv
         };
         // SAFETY: p2p_send / p2p_recv take one SrArgs (the layout generated from sendrecv_abi.h);
         // `buf` holds `bytes` on this GPU; the
@@ -523,7 +523,7 @@ impl Side {
                 unsafe {
                     self.kernels
                         .module
-                        .launch(self.kernels.wait, 1, 32, &mut params, stream)
+                        .launch(&self.kernels.wait, 1, 32, &mut params, stream)
                 }?;
             }
             let (dst, src) = if sending {

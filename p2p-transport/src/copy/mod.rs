@@ -317,8 +317,20 @@ impl Transport {
     }
 
     /// Changes the SM copy kernel's launch shape (for tuning; the default is [`SmGrid::DEFAULT`]).
-    pub fn set_sm_grid(&self, grid: SmGrid) {
+    /// Refuses a shape no GPU runs: 1 to 32 blocks per SM of 32 to 1024 threads, a multiple of
+    /// 32 (an SM holds at most 32 blocks and 2048 threads).
+    pub fn set_sm_grid(&self, grid: SmGrid) -> Result<()> {
+        if !(1..=32).contains(&grid.blocks_per_sm)
+            || !(32..=1024).contains(&grid.threads)
+            || grid.threads % 32 != 0
+        {
+            return Err(Error::InvalidArgument(format!(
+                "SM copy grid {} blocks per SM x {} threads: use 1-32 blocks of 32-1024 threads, a multiple of 32",
+                grid.blocks_per_sm, grid.threads
+            )));
+        }
         *self.sm_grid.lock().unwrap_or_else(|p| p.into_inner()) = grid;
+        Ok(())
     }
 
     /// Queues a copy of all of `src` into `dst` (the same size) on `stream` by `path`.
@@ -431,7 +443,7 @@ impl Transport {
         // (its own memory, and the peer's with access enabled above).
         unsafe {
             k.module
-                .launch(k.copy, blocks, grid.threads, &mut params, stream)
+                .launch(&k.copy, blocks, grid.threads, &mut params, stream)
         }?;
         Ok(())
     }
@@ -470,6 +482,26 @@ pub(super) fn copy_engine(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_sm_grid_no_gpu_runs_is_refused_and_the_last_good_one_kept() {
+        let t = Transport::new(Vec::new());
+        for (blocks_per_sm, threads) in [(0, 512), (33, 512), (4, 0), (4, 16), (4, 1056), (4, 100)]
+        {
+            let bad = SmGrid {
+                blocks_per_sm,
+                threads,
+            };
+            assert!(t.set_sm_grid(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(t.sm_grid(), SmGrid::DEFAULT);
+        let good = SmGrid {
+            blocks_per_sm: 32,
+            threads: 1024,
+        };
+        t.set_sm_grid(good).expect("a shape GPUs run");
+        assert_eq!(t.sm_grid(), good);
+    }
 
     #[test]
     fn a_lazy_resource_is_made_once_and_keeps_its_first_error() {
