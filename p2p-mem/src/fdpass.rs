@@ -219,30 +219,41 @@ pub fn check_peer_uid(expected: u32, got: u32) -> Result<()> {
     }
 }
 
-fn wait_readable(fd: BorrowedFd<'_>, timeout: Duration, what: &str) -> Result<()> {
-    if poll_readable(fd, timeout, what)? {
-        Ok(())
-    } else {
-        Err(Error::Io {
-            op: format!("{what}: nothing arrived within {timeout:?}"),
-            source: std::io::ErrorKind::TimedOut.into(),
-        })
-    }
-}
-
 /// Whether `fd` became readable (or hung up) within `timeout`.
 fn poll_readable(fd: BorrowedFd<'_>, timeout: Duration, what: &str) -> Result<bool> {
-    let limit = Timespec::try_from(timeout).unwrap_or(Timespec {
-        tv_sec: i64::MAX,
-        tv_nsec: 0,
-    });
+    poll_until(fd, std::time::Instant::now().checked_add(timeout), what)
+}
+
+/// Whether `fd` became readable (or hung up) by `deadline` (`None`: past any clock). A signal
+/// does not restart the wait: what is left of it goes on.
+fn poll_until(
+    fd: BorrowedFd<'_>,
+    deadline: Option<std::time::Instant>,
+    what: &str,
+) -> Result<bool> {
     loop {
+        let limit = match deadline {
+            Some(d) => Timespec::try_from(d.saturating_duration_since(std::time::Instant::now())),
+            None => Timespec::try_from(Duration::MAX),
+        }
+        .unwrap_or(Timespec {
+            tv_sec: i64::MAX,
+            tv_nsec: 0,
+        });
         let mut fds = [PollFd::new(&fd, PollFlags::IN)];
         match poll(&mut fds, Some(&limit)) {
             Ok(n) => return Ok(n > 0),
             Err(Errno::INTR) => continue,
             Err(e) => return Err(os(what)(e)),
         }
+    }
+}
+
+/// A timed-out wait's error.
+fn timed_out(what: &str, timeout: Duration) -> Error {
+    Error::Io {
+        op: format!("{what}: nothing arrived within {timeout:?}"),
+        source: std::io::ErrorKind::TimedOut.into(),
     }
 }
 
@@ -260,6 +271,10 @@ impl FdListener {
         let fd = seqpacket_socket()?;
         net::bind(&fd, &addr).map_err(os(format!("binding {}", path.display())))?;
         net::listen(&fd, 128).map_err(os(format!("listening on {}", path.display())))?;
+        // Accepts never block: where two threads accept on one listener and one connection
+        // comes, the one that finds it taken waits again, within its time limit.
+        rustix::io::ioctl_fionbio(&fd, true)
+            .map_err(os(format!("making {} non-blocking", path.display())))?;
         Ok(FdListener {
             fd,
             path: path.to_path_buf(),
@@ -298,26 +313,24 @@ impl FdListener {
     /// it and go on.
     pub fn accept_within(&self, timeout: Duration) -> Result<Option<FdChannel>> {
         let what = format!("accepting on {}", self.path.display());
-        if !poll_readable(self.fd.as_fd(), timeout, &what)? {
-            return Ok(None);
+        let deadline = std::time::Instant::now().checked_add(timeout);
+        loop {
+            if !poll_until(self.fd.as_fd(), deadline, &what)? {
+                return Ok(None);
+            }
+            match net::accept_with(&self.fd, SocketFlags::CLOEXEC) {
+                Ok(fd) => return FdChannel::checked(fd).map(Some),
+                // Taken by another thread, or gone before it was accepted: wait again.
+                Err(Errno::AGAIN | Errno::INTR | Errno::CONNABORTED) => continue,
+                Err(e) => return Err(os(what)(e)),
+            }
         }
-        self.accept_now().map(Some)
     }
 
     /// Waits up to `timeout` for a connection, and checks the peer's uid.
     pub fn accept(&self, timeout: Duration) -> Result<FdChannel> {
-        wait_readable(
-            self.fd.as_fd(),
-            timeout,
-            &format!("accepting on {}", self.path.display()),
-        )?;
-        self.accept_now()
-    }
-
-    fn accept_now(&self) -> Result<FdChannel> {
-        let fd = net::accept_with(&self.fd, SocketFlags::CLOEXEC)
-            .map_err(os(format!("accepting on {}", self.path.display())))?;
-        FdChannel::checked(fd)
+        self.accept_within(timeout)?
+            .ok_or_else(|| timed_out(&format!("accepting on {}", self.path.display()), timeout))
     }
 }
 
@@ -472,17 +485,24 @@ impl FdChannel {
 
     /// Receives one message and whatever fds came with it (all owned, so dropped on error).
     fn recv_raw(&self) -> Result<(Vec<u8>, Vec<OwnedFd>)> {
-        wait_readable(self.fd.as_fd(), self.timeout, "receiving on the fd socket")?;
+        let what = "receiving on the fd socket";
+        let deadline = std::time::Instant::now().checked_add(self.timeout);
         let mut buf = vec![0u8; MAX_MESSAGE];
         // Room for more fds than any valid message carries, so extras are seen and closed
         // rather than silently dropped by the kernel.
         let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(8))];
         let mut control = RecvAncillaryBuffer::new(&mut space);
         let msg = loop {
+            if !poll_until(self.fd.as_fd(), deadline, what)? {
+                return Err(timed_out(what, self.timeout));
+            }
             let mut iov = [IoSliceMut::new(&mut buf)];
-            match net::recvmsg(&self.fd, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC) {
+            // Never blocks: where two threads receive on one channel and one message comes, the
+            // one that finds it taken waits again, within its time limit.
+            let flags = RecvFlags::CMSG_CLOEXEC | RecvFlags::DONTWAIT;
+            match net::recvmsg(&self.fd, &mut iov, &mut control, flags) {
                 Ok(m) => break m,
-                Err(Errno::INTR) => continue,
+                Err(Errno::INTR | Errno::AGAIN) => continue,
                 Err(Errno::CONNRESET) => return Err(Error::Closed("receiving".into())),
                 Err(e) => return Err(os("receiving on the fd socket")(e)),
             }
@@ -605,5 +625,47 @@ mod tests {
         let mut client = FdChannel::connect(listener.path()).expect("connect");
         client.set_timeout(Duration::from_millis(50));
         assert!(matches!(client.recv_msg(), Err(Error::Io { .. })));
+    }
+
+    #[test]
+    fn two_threads_waiting_on_one_socket_for_one_arrival_never_hang() {
+        let dir = PrivateDir::new("unit").expect("dir");
+        let listener = FdListener::bind(&dir.path().join("s")).expect("bind");
+        let limit = Duration::from_millis(300);
+        // Two accepts, one connection: one accepts it, the other times out.
+        let accepted = std::thread::scope(|s| {
+            let a = s.spawn(|| listener.accept_within(limit));
+            let b = s.spawn(|| listener.accept_within(limit));
+            std::thread::sleep(Duration::from_millis(50));
+            let client = FdChannel::connect(listener.path()).expect("connect");
+            let got: Vec<_> = [a, b]
+                .into_iter()
+                .map(|t| t.join().expect("thread").expect("no error"))
+                .collect();
+            (client, got)
+        });
+        let (client, got) = accepted;
+        assert_eq!(got.iter().filter(|c| c.is_some()).count(), 1);
+        let mut server = got.into_iter().flatten().next().expect("accepted");
+        server.set_timeout(limit);
+        // Two receivers, one message: one gets it, the other's wait ends at its limit.
+        let start = std::time::Instant::now();
+        let results = std::thread::scope(|s| {
+            let a = s.spawn(|| server.recv_msg());
+            let b = s.spawn(|| server.recv_msg());
+            std::thread::sleep(Duration::from_millis(50));
+            client.send_msg(b"once").expect("send");
+            [a, b].map(|t| t.join().expect("thread"))
+        });
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
+        let ok: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+        assert_eq!(ok, [&b"once".to_vec()]);
+        assert!(results
+            .iter()
+            .any(|r| matches!(r, Err(e) if e.to_string().contains("nothing arrived"))));
     }
 }

@@ -165,15 +165,23 @@ impl IpcMemHandle {
                 };
                 let (mut abase, mut asize) = (0, 0);
                 // SAFETY: `base` is a live mapping in the current context; both are
-                // out-pointers. (On error `m` drops and closes the handle.)
-                unsafe { cu!(cuMemGetAddressRange_v2(&mut abase, &mut asize, base)) }
-                    .on(device.ordinal())?;
+                // out-pointers.
+                let range = unsafe { cu!(cuMemGetAddressRange_v2(&mut abase, &mut asize, base)) }
+                    .on(device.ordinal());
+                if let Err(e) = range {
+                    // `m` closes the handle as it drops, taking the cache lock: let it go first.
+                    drop(cache);
+                    drop(m);
+                    return Err(e);
+                }
                 m.size = asize as u64;
                 let m = Arc::new(m);
                 cache.insert(key, Arc::downgrade(&m));
                 m
             }
         };
+        // A mapping dropped on the way out (the error below) takes the cache lock to close.
+        drop(cache);
         // The handle's range was chosen by the other process: it must lie inside the
         // allocation the driver actually mapped, or safe code could reach past it.
         if self

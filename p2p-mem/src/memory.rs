@@ -635,6 +635,13 @@ impl<T: DeviceCopy> PinnedHostBuffer<T> {
             len,
         })
     }
+
+    /// The first element's address, made without a reference to the elements: for memory that
+    /// kernels or other threads write while this lives (a flag read through atomics), where a
+    /// `&[T]` from `Deref` would promise Rust that nothing changes it.
+    pub fn as_raw_ptr(&self) -> *mut T {
+        self.ptr
+    }
 }
 
 impl<T: DeviceCopy> std::ops::Deref for PinnedHostBuffer<T> {

@@ -14,6 +14,10 @@ use crate::device::Device;
 use crate::error::{os, Error, OnDevice, Result};
 use crate::memory::{DeviceMemory, DeviceMemoryMut};
 
+/// The seals every shared memory file carries: its size cannot change.
+const SIZE_SEALS: rustix::fs::SealFlags =
+    rustix::fs::SealFlags::SHRINK.union(rustix::fs::SealFlags::GROW);
+
 /// Shared, pinned host memory with a device address. Zeroed when created.
 pub struct HostShared {
     device: Device,
@@ -37,16 +41,32 @@ impl HostShared {
                 "shared host memory cannot be empty".into(),
             ));
         }
-        let fd = rustix::fs::memfd_create(c"p2p-host-staged", rustix::fs::MemfdFlags::CLOEXEC)
-            .map_err(os("memfd_create for shared host memory"))?;
+        use rustix::fs::{MemfdFlags, SealFlags};
+        let fd = rustix::fs::memfd_create(
+            c"p2p-host-staged",
+            MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+        )
+        .map_err(os("memfd_create for shared host memory"))?;
         // A new memfd reads as zeros.
         rustix::fs::ftruncate(&fd, len as u64)
             .map_err(os(format!("sizing shared host memory to {len} bytes")))?;
+        // Its size is fixed for good: no process that holds the fd can shrink it under the
+        // other's mapping (a host access past the end would be a SIGBUS) or grow it.
+        rustix::fs::fcntl_add_seals(&fd, SIZE_SEALS | SealFlags::SEAL)
+            .map_err(os("sealing the size of shared host memory"))?;
         Self::map(device, fd, len)
     }
 
-    /// Maps `len` bytes of a memory file received from another process.
+    /// Maps `len` bytes of a memory file received from another process: one made by
+    /// [`HostShared::new`], whose size is sealed (a file whose size the other process could
+    /// still change is refused).
     pub fn from_fd(device: &Device, fd: OwnedFd, len: usize) -> Result<HostShared> {
+        let seals = rustix::fs::fcntl_get_seals(&fd).unwrap_or(rustix::fs::SealFlags::empty());
+        if !seals.contains(SIZE_SEALS) {
+            return Err(Error::InvalidArgument(
+                "a shared host memory fd whose size is not sealed (not a memory file from HostShared::new): the other process could shrink it under this mapping".into(),
+            ));
+        }
         let st = rustix::fs::fstat(&fd).map_err(os("fstat of a shared host memory fd"))?;
         if (st.st_size as u64) < len as u64 || len == 0 {
             return Err(Error::SizeMismatch {

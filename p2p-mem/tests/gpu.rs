@@ -352,8 +352,21 @@ fn ipc_child() {
     let seed: u64 = child_env("P2PTEST_SEED").parse().expect("seed");
     let d = Device::new(child_env("P2PTEST_GPU").parse().expect("gpu")).expect("device");
     let chan = FdChannel::connect(&PathBuf::from(child_env("P2PTEST_SOCKET"))).expect("connect");
-    let handle = IpcMemHandle::from_bytes(&chan.recv_msg().expect("handle")).expect("decode");
+    let bytes = chan.recv_msg().expect("handle");
+    let handle = IpcMemHandle::from_bytes(&bytes).expect("decode");
     let n = (1 << 20) + 3;
+    // First a forged copy whose length (the last field) reaches past the allocation: refused,
+    // on a fresh mapping, which is closed again on the way out (that once deadlocked on the
+    // mapping cache's lock).
+    let mut forged = bytes.clone();
+    let at = forged.len() - 8;
+    forged[at..].copy_from_slice(&(64u64 << 20).to_le_bytes());
+    let e = IpcMemHandle::from_bytes(&forged)
+        .expect("decode")
+        .open(&d)
+        .map(|_| ())
+        .expect_err("a range past the allocation");
+    assert!(e.to_string().contains("forged"), "{e}");
     let mut imported = handle.open(&d).expect("open the IPC handle");
     assert_eq!(imported.byte_len(), n * 4);
     assert_eq!(
@@ -562,6 +575,15 @@ fn gpu1_shared_host_memory_maps_twice_and_round_trips() {
         HostShared::from_fd(d, short, n + 4096),
         Err(Error::SizeMismatch { .. })
     ));
+    // Its size is sealed: the other process cannot shrink it under this mapping.
+    let e = rustix::fs::ftruncate(a.fd(), 4096).expect_err("the size is sealed");
+    assert_eq!(e, rustix::io::Errno::PERM);
+    // A memory file whose size is not sealed is refused.
+    let plain = rustix::fs::memfd_create(c"unsealed", rustix::fs::MemfdFlags::CLOEXEC)
+        .expect("memfd");
+    rustix::fs::ftruncate(&plain, n as u64).expect("size");
+    let e = HostShared::from_fd(d, plain, n).map(|_| ()).expect_err("unsealed");
+    assert!(e.to_string().contains("not sealed"), "{e}");
 }
 
 /// A stream borrowed from its owner (`Stream::from_raw`) queues work on the owner's stream, and

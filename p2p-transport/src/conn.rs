@@ -210,8 +210,9 @@ impl AbortHandle {
     }
     fn atomic(&self) -> &AtomicI32 {
         // SAFETY: the pinned buffer holds one aligned i32 and lives as long as `self`; kernels
-        // read and write it with volatile accesses, the host only atomically.
-        unsafe { AtomicI32::from_ptr(self.flag.as_ptr() as *mut i32) }
+        // read and write it with volatile accesses, the host only atomically, through a pointer
+        // that no shared reference to the element was made from.
+        unsafe { AtomicI32::from_ptr(self.flag.as_raw_ptr()) }
     }
     /// Makes every wait of the kernels give up now, and later calls fail at once.
     pub fn abort(&self) {

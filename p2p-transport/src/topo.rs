@@ -371,6 +371,10 @@ impl Topology {
     }
 
     /// How `a` reaches `b`.
+    ///
+    /// # Panics
+    /// If a GPU index is not below `gpus.len()`, as slice indexing does (mode selection checks
+    /// indices before it asks).
     pub fn connection(&self, a: usize, b: usize) -> Connection {
         if a == b {
             return Connection::Same;
@@ -467,6 +471,10 @@ impl Topology {
     }
 
     /// Whether `a` can map `b`'s memory, and why or why not.
+    ///
+    /// # Panics
+    /// If a GPU index is not below `gpus.len()`, as slice indexing does (mode selection checks
+    /// indices before it asks).
     pub fn direct_p2p(&self, a: usize, b: usize) -> (bool, String) {
         if a == b {
             return (true, "the same GPU".into());
@@ -489,6 +497,10 @@ impl Topology {
     }
 
     /// The path model for `a` -> `b`.
+    ///
+    /// # Panics
+    /// If a GPU index is not below `gpus.len()`, as slice indexing does (mode selection checks
+    /// indices before it asks).
     pub fn path(&self, a: usize, b: usize) -> PathInfo {
         let (level, hops, bw) = self.direct_cost(a, b);
         let (p2p, reason) = self.direct_p2p(a, b);
@@ -528,6 +540,10 @@ impl Topology {
 
     /// How many of `a`'s peers share the links `a` uses to reach `b` (see
     /// [`PathInfo::shared_by`]).
+    ///
+    /// # Panics
+    /// If a GPU index is not below `gpus.len()`, as slice indexing does (mode selection checks
+    /// indices before it asks).
     pub fn shared_by(&self, a: usize, b: usize) -> u32 {
         let same_kind = |c: usize| {
             matches!(
@@ -548,6 +564,10 @@ impl Topology {
     /// Estimated one-way GB/s from `a` to each of `peers` when `a` sends to all of them at
     /// once: direct NVLinks are each peer's own; a GPU's links to an NVSwitch, and its PCIe
     /// link, are split evenly among the peers that use them.
+    ///
+    /// # Panics
+    /// If a GPU index is not below `gpus.len()`, as slice indexing does (mode selection checks
+    /// indices before it asks).
     pub fn concurrent_bandwidth(&self, a: usize, peers: &[usize]) -> Vec<f64> {
         peers
             .iter()
@@ -575,6 +595,10 @@ impl Topology {
 
     /// The GPU with direct P2P to both `a` and `b` that gives the most bandwidth (the narrower of
     /// its two legs); ties go to the lowest index.
+    ///
+    /// # Panics
+    /// If a GPU index is not below `gpus.len()`, as slice indexing does (mode selection checks
+    /// indices before it asks).
     pub fn best_intermediate(&self, a: usize, b: usize) -> Option<usize> {
         self.best_intermediate_where(a, b, |x, y| self.direct_p2p(x, y).0)
     }
@@ -601,6 +625,10 @@ impl Topology {
     }
 
     /// Estimated one-way GB/s of the direct connection between `a` and `b`.
+    ///
+    /// # Panics
+    /// If a GPU index is not below `gpus.len()`, as slice indexing does (mode selection checks
+    /// indices before it asks).
     pub fn bandwidth(&self, a: usize, b: usize) -> f64 {
         self.direct_cost(a, b).2
     }
