@@ -169,33 +169,21 @@ pub fn load() -> Result<&'static CudaCheckpoint, crate::Error> {
         })?;
     let missing: Vec<String> = [
         (
-            "cuCheckpointProcessGetRestoreThreadId",
+            "ProcessGetRestoreThreadId",
             api.cuCheckpointProcessGetRestoreThreadId.is_ok(),
         ),
+        ("ProcessGetState", api.cuCheckpointProcessGetState.is_ok()),
+        ("ProcessLock", api.cuCheckpointProcessLock.is_ok()),
         (
-            "cuCheckpointProcessGetState",
-            api.cuCheckpointProcessGetState.is_ok(),
-        ),
-        (
-            "cuCheckpointProcessLock",
-            api.cuCheckpointProcessLock.is_ok(),
-        ),
-        (
-            "cuCheckpointProcessCheckpoint",
+            "ProcessCheckpoint",
             api.cuCheckpointProcessCheckpoint.is_ok(),
         ),
-        (
-            "cuCheckpointProcessRestore",
-            api.cuCheckpointProcessRestore.is_ok(),
-        ),
-        (
-            "cuCheckpointProcessUnlock",
-            api.cuCheckpointProcessUnlock.is_ok(),
-        ),
+        ("ProcessRestore", api.cuCheckpointProcessRestore.is_ok()),
+        ("ProcessUnlock", api.cuCheckpointProcessUnlock.is_ok()),
     ]
     .into_iter()
     .filter(|&(_, found)| !found)
-    .map(|(symbol, _)| symbol.to_string())
+    .map(|(symbol, _)| format!("cuCheckpoint{symbol}"))
     .collect();
     if missing.is_empty() {
         Ok(api)

@@ -335,7 +335,7 @@ fn bindgen() -> Result<()> {
     }
     let checks: String = symbols
         .iter()
-        .map(|s| format!("(\"cuCheckpoint{s}\", api.cuCheckpoint{s}.is_ok()),\n        "))
+        .map(|s| format!("(\"{s}\", api.cuCheckpoint{s}.is_ok()),\n        "))
         .collect();
     let text = format!(
         "//! The CUDA process checkpoint API (`cuCheckpointProcess*`), which cudarc 0.19.10 lacks.\n\
@@ -358,7 +358,7 @@ fn bindgen() -> Result<()> {
              let missing: Vec<String> = [\n        {checks}]\n        \
                  .into_iter()\n        \
                  .filter(|&(_, found)| !found)\n        \
-                 .map(|(symbol, _)| symbol.to_string())\n        \
+                 .map(|(symbol, _)| format!(\"cuCheckpoint{{symbol}}\"))\n        \
                  .collect();\n    \
              if missing.is_empty() {{\n        \
                  Ok(api)\n    \
