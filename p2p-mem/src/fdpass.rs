@@ -219,11 +219,6 @@ pub fn check_peer_uid(expected: u32, got: u32) -> Result<()> {
     }
 }
 
-/// Whether `fd` became readable (or hung up) within `timeout`.
-fn poll_readable(fd: BorrowedFd<'_>, timeout: Duration, what: &str) -> Result<bool> {
-    poll_until(fd, std::time::Instant::now().checked_add(timeout), what)
-}
-
 /// Whether `fd` became readable (or hung up) by `deadline` (`None`: past any clock). A signal
 /// does not restart the wait: what is left of it goes on.
 fn poll_until(
@@ -247,6 +242,17 @@ fn poll_until(
             Err(e) => return Err(os(what)(e)),
         }
     }
+}
+
+/// A message that must carry no fd: its payload, or an error (the fds close as they drop).
+fn no_fds(payload: Vec<u8>, fds: Vec<OwnedFd>) -> Result<Vec<u8>> {
+    if !fds.is_empty() {
+        return Err(Error::Protocol(format!(
+            "expected no fd with the message, got {} (closed)",
+            fds.len()
+        )));
+    }
+    Ok(payload)
 }
 
 /// A timed-out wait's error.
@@ -391,10 +397,10 @@ impl FdChannel {
     /// Receives one message that must carry no fd, waiting at most `timeout`: `None` if none
     /// arrived in time; [`Error::Closed`] once the peer has hung up.
     pub fn recv_msg_within(&self, timeout: Duration) -> Result<Option<Vec<u8>>> {
-        if !poll_readable(self.fd.as_fd(), timeout, "receiving on the fd socket")? {
-            return Ok(None);
+        match self.recv_raw_within(timeout)? {
+            Some((payload, fds)) => no_fds(payload, fds).map(Some),
+            None => Ok(None),
         }
-        self.recv_msg().map(Some)
     }
 
     /// Sends `payload` with exactly one fd.
@@ -474,19 +480,21 @@ impl FdChannel {
     /// Receives one message that must carry no fd.
     pub fn recv_msg(&self) -> Result<Vec<u8>> {
         let (payload, fds) = self.recv_raw()?;
-        if !fds.is_empty() {
-            return Err(Error::Protocol(format!(
-                "expected no fd with the message, got {} (closed)",
-                fds.len()
-            )));
-        }
-        Ok(payload)
+        no_fds(payload, fds)
     }
 
-    /// Receives one message and whatever fds came with it (all owned, so dropped on error).
+    /// Receives one message and whatever fds came with it (all owned, so dropped on error),
+    /// within the channel's time limit.
     fn recv_raw(&self) -> Result<(Vec<u8>, Vec<OwnedFd>)> {
+        self.recv_raw_within(self.timeout)?
+            .ok_or_else(|| timed_out("receiving on the fd socket", self.timeout))
+    }
+
+    /// As `recv_raw`, within `timeout`: `None` if nothing came (or another thread took what
+    /// came) in that time.
+    fn recv_raw_within(&self, timeout: Duration) -> Result<Option<(Vec<u8>, Vec<OwnedFd>)>> {
         let what = "receiving on the fd socket";
-        let deadline = std::time::Instant::now().checked_add(self.timeout);
+        let deadline = std::time::Instant::now().checked_add(timeout);
         let mut buf = vec![0u8; MAX_MESSAGE];
         // Room for more fds than any valid message carries, so extras are seen and closed
         // rather than silently dropped by the kernel.
@@ -494,7 +502,7 @@ impl FdChannel {
         let mut control = RecvAncillaryBuffer::new(&mut space);
         let msg = loop {
             if !poll_until(self.fd.as_fd(), deadline, what)? {
-                return Err(timed_out(what, self.timeout));
+                return Ok(None);
             }
             let mut iov = [IoSliceMut::new(&mut buf)];
             // Never blocks: where two threads receive on one channel and one message comes, the
@@ -527,7 +535,7 @@ impl FdChannel {
             ));
         }
         buf.truncate(msg.bytes);
-        Ok((buf, fds))
+        Ok(Some((buf, fds)))
     }
 }
 
@@ -629,43 +637,59 @@ mod tests {
 
     #[test]
     fn two_threads_waiting_on_one_socket_for_one_arrival_never_hang() {
+        use std::sync::{mpsc, Arc};
         let dir = PrivateDir::new("unit").expect("dir");
-        let listener = FdListener::bind(&dir.path().join("s")).expect("bind");
+        let listener = Arc::new(FdListener::bind(&dir.path().join("s")).expect("bind"));
         let limit = Duration::from_millis(300);
-        // Two accepts, one connection: one accepts it, the other times out.
-        let accepted = std::thread::scope(|s| {
-            let a = s.spawn(|| listener.accept_within(limit));
-            let b = s.spawn(|| listener.accept_within(limit));
-            std::thread::sleep(Duration::from_millis(50));
-            let client = FdChannel::connect(listener.path()).expect("connect");
-            let got: Vec<_> = [a, b]
-                .into_iter()
-                .map(|t| t.join().expect("thread").expect("no error"))
-                .collect();
-            (client, got)
-        });
-        let (client, got) = accepted;
+        // Results come back by channel with a time limit, so a thread that hangs fails the
+        // test instead of hanging it.
+        fn collect<T>(rx: mpsc::Receiver<T>) -> Vec<T> {
+            (0..2)
+                .map(|_| {
+                    rx.recv_timeout(Duration::from_secs(10))
+                        .expect("a waiter hung")
+                })
+                .collect()
+        }
+        // Two accepts, one connection: one accepts it, the other's wait ends at its limit.
+        let (tx, rx) = mpsc::channel();
+        for _ in 0..2 {
+            let (l, tx) = (listener.clone(), tx.clone());
+            std::thread::spawn(move || tx.send(l.accept_within(limit)));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let client = FdChannel::connect(listener.path()).expect("connect");
+        let got: Vec<_> = collect(rx)
+            .into_iter()
+            .map(|r| r.expect("no error"))
+            .collect();
         assert_eq!(got.iter().filter(|c| c.is_some()).count(), 1);
         let mut server = got.into_iter().flatten().next().expect("accepted");
         server.set_timeout(limit);
-        // Two receivers, one message: one gets it, the other's wait ends at its limit.
-        let start = std::time::Instant::now();
-        let results = std::thread::scope(|s| {
-            let a = s.spawn(|| server.recv_msg());
-            let b = s.spawn(|| server.recv_msg());
+        let server = Arc::new(server);
+        // Two receivers, one message: one gets it, the other's wait ends at its limit; the same
+        // with the caller's own limit (recv_msg_within).
+        for within in [false, true] {
+            let (tx, rx) = mpsc::channel();
+            for _ in 0..2 {
+                let (c, tx) = (server.clone(), tx.clone());
+                std::thread::spawn(move || {
+                    tx.send(if within {
+                        c.recv_msg_within(limit)
+                            .and_then(|m| m.ok_or_else(|| timed_out("within", limit)))
+                    } else {
+                        c.recv_msg()
+                    })
+                });
+            }
             std::thread::sleep(Duration::from_millis(50));
             client.send_msg(b"once").expect("send");
-            [a, b].map(|t| t.join().expect("thread"))
-        });
-        assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "{:?}",
-            start.elapsed()
-        );
-        let ok: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
-        assert_eq!(ok, [&b"once".to_vec()]);
-        assert!(results
-            .iter()
-            .any(|r| matches!(r, Err(e) if e.to_string().contains("nothing arrived"))));
+            let results = collect(rx);
+            let ok: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+            assert_eq!(ok, [&b"once".to_vec()], "within: {within}");
+            assert!(results
+                .iter()
+                .any(|r| matches!(r, Err(e) if e.to_string().contains("nothing arrived"))));
+        }
     }
 }

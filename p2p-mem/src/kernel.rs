@@ -585,8 +585,10 @@ fn whole_elf(c: &[u8]) -> bool {
     let check = || -> Option<bool> {
         let (shoff, shentsize, shnum) = (at(0x28, 8)?, at(0x3a, 2)?, at(0x3c, 2)?);
         let (phoff, phentsize, phnum) = (at(0x20, 8)?, at(0x36, 2)?, at(0x38, 2)?);
+        let shstrndx = at(0x3e, 2)?;
         Some(
             shnum > 0
+                && shstrndx < shnum
                 && shentsize >= 0x40
                 && inside(shoff, shentsize * shnum)
                 && entries_inside(shoff, shentsize, shnum, 0x18, 0x20, Some(4))
@@ -601,7 +603,11 @@ fn whole_elf(c: &[u8]) -> bool {
 
 /// Checks that `image` is something [`Module::load`] may hand the driver, which takes no
 /// length: a whole 64-bit cubin (its section and program header tables, and every section and
-/// segment with contents, end inside it) or PTX text that ends with a NUL inside the slice.
+/// segment with contents, end inside it, and its section-name table is one of its sections) or
+/// PTX: text (printable ASCII and whitespace) up to a NUL inside the slice. Anything else,
+/// fatbins included, is refused. For a cubin this checks the layout, not the contents (symbol
+/// and string tables, CUDA's own records): it catches files cut short or damaged in their
+/// tables, the ways a cache file goes bad, not a crafted one.
 ///
 /// ```
 /// assert!(p2p_mem::kernel::check_image(b".version 8.0\0").is_ok());
@@ -617,13 +623,14 @@ pub fn check_image(image: &[u8]) -> Result<()> {
             image.len()
         )));
     }
-    if image.contains(&0) {
-        return Ok(());
+    let text = |b: &u8| b.is_ascii_graphic() || b.is_ascii_whitespace();
+    match image.iter().position(|&b| b == 0) {
+        Some(end) if end > 0 && image[..end].iter().all(text) => Ok(()),
+        _ => Err(Error::InvalidArgument(format!(
+            "a {}-byte image that is neither a cubin (ELF) nor NUL-terminated PTX text",
+            image.len()
+        ))),
     }
-    Err(Error::InvalidArgument(format!(
-        "a {}-byte image that is neither a cubin (ELF) nor NUL-terminated PTX",
-        image.len()
-    )))
 }
 
 /// The compile lock of one set of kernels, held while this lives: an exclusive advisory lock
@@ -789,8 +796,9 @@ impl Drop for Program {
     }
 }
 
-/// A kernel in a loaded [`Module`]. It keeps its module loaded: a `Function` outliving the
-/// [`Module`] it came from stays usable, and the module is unloaded when both are gone.
+/// A kernel in a loaded [`Module`]. It keeps its module loaded, so its handle never dangles:
+/// the module is unloaded when the [`Module`] and all its `Function`s are gone. It launches
+/// only through that [`Module`].
 #[derive(Clone)]
 pub struct Function {
     raw: cuda::CUfunction,
@@ -887,7 +895,8 @@ impl Module {
     }
 
     /// Loads a cubin (or NUL-terminated PTX) into `device`'s context. Anything else is refused
-    /// before the driver sees it (it takes no length, so it could read past the slice).
+    /// before the driver sees it (it takes no length, so it could read past the slice); see
+    /// [`check_image`] for what is checked.
     pub fn load(device: &Device, cubin: &[u8]) -> Result<Module> {
         check_image(cubin)?;
         device.bind_to_thread()?;
@@ -1248,6 +1257,13 @@ mod tests {
         let e = check_image(b".version 8.0").expect_err("no NUL");
         assert!(e.to_string().contains("NUL-terminated PTX"), "{e}");
         assert!(check_image(b"").is_err());
+        // A fatbin (its magic is not text), binary data with a NUL somewhere, an empty string.
+        assert!(check_image(&[0x50, 0xed, 0x55, 0xba, 1, 0, 0x10, 0]).is_err());
+        assert!(check_image(b"abc\xff\0").is_err());
+        assert!(check_image(b"\0").is_err());
+        // A section-name table index past the sections.
+        let names = with(&|c| c[0x3e] = 1);
+        assert!(check_image(&names).is_err());
     }
 
     #[test]

@@ -579,10 +579,12 @@ fn gpu1_shared_host_memory_maps_twice_and_round_trips() {
     let e = rustix::fs::ftruncate(a.fd(), 4096).expect_err("the size is sealed");
     assert_eq!(e, rustix::io::Errno::PERM);
     // A memory file whose size is not sealed is refused.
-    let plain = rustix::fs::memfd_create(c"unsealed", rustix::fs::MemfdFlags::CLOEXEC)
-        .expect("memfd");
+    let plain =
+        rustix::fs::memfd_create(c"unsealed", rustix::fs::MemfdFlags::CLOEXEC).expect("memfd");
     rustix::fs::ftruncate(&plain, n as u64).expect("size");
-    let e = HostShared::from_fd(d, plain, n).map(|_| ()).expect_err("unsealed");
+    let e = HostShared::from_fd(d, plain, n)
+        .map(|_| ())
+        .expect_err("unsealed");
     assert!(e.to_string().contains("not sealed"), "{e}");
 }
 
