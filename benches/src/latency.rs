@@ -20,9 +20,10 @@ pub const TIMEOUT_NS: u64 = 2_000_000_000;
 /// One-way latency from `a` to `b` and back, in nanoseconds: the mean over `iters` round trips
 /// (after `warmup` untimed ones) of half a round trip.
 pub fn one_way_ns(a: &Device, b: &Device, warmup: u32, iters: u32) -> Result<f64> {
-    if a == b || iters == 0 {
+    // The kernel counts rounds in 32 bits, to warmup + iters inclusive.
+    if a == b || iters == 0 || warmup.checked_add(iters).is_none_or(|t| t == u32::MAX) {
         return Err(Error::InvalidArgument(
-            "latency needs two distinct GPUs and iters > 0".into(),
+            "latency needs two distinct GPUs, iters > 0 and warmup + iters below 2^32 - 1".into(),
         ));
     }
     a.enable_peer_access(b)?;

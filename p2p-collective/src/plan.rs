@@ -793,6 +793,14 @@ fn choose_all_reduce(
     match forced {
         Some(Algorithm::OneShot) => return (Kind::AllReduceOneShot, "forced by P2P_ALGO/Options"),
         Some(Algorithm::TwoShot) => return (Kind::AllReduceTwoShot, "forced by P2P_ALGO/Options"),
+        // The ring's steps are 2(n-1): on one rank none, and its last copy would read a slot
+        // that nothing wrote.
+        Some(Algorithm::Ring) if world == 1 => {
+            return (
+                Kind::AllReduceOneShot,
+                "ring forced, but a ring of one rank has no steps: one-shot",
+            )
+        }
         Some(Algorithm::Ring) => return (Kind::AllReduceRing, "forced by P2P_ALGO/Options"),
         Some(Algorithm::Ll) if ll_fits(bytes, world, tuning) => {
             return (Kind::AllReduceLl, "forced by P2P_ALGO/Options")
@@ -1175,6 +1183,15 @@ mod tests {
         };
         assert_eq!(wide.ll_limit(4), usize::MAX / 4);
         assert_eq!(wide.slot_bytes(), usize::MAX);
+    }
+
+    #[test]
+    fn a_forced_ring_on_one_rank_runs_one_shot() {
+        let p = forced(DataType::F32, 1 << 20, 1, Algorithm::Ring, &t());
+        assert_eq!(p.kind, Kind::AllReduceOneShot);
+        assert!(p.reason.contains("ring of one rank"), "{}", p.reason);
+        let p = forced(DataType::F32, 1 << 20, 2, Algorithm::Ring, &t());
+        assert_eq!(p.kind, Kind::AllReduceRing);
     }
 
     #[test]

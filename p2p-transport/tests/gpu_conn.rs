@@ -142,6 +142,21 @@ fn gpu1_a_missing_peer_times_out_and_abort_stops_a_wait() {
         .expect_err("a failed connection refuses work");
     assert!(matches!(e, Error::Broken { .. }), "{e}");
 
+    // Five receives queued before the wait, nobody sends: the first times out, the others find
+    // the failure recorded and stop at once (one time limit in all, not five).
+    let (_tx, mut rx) = connect_in_process(&t, &g[0], &g[0], (0, 1), opts).expect("connect");
+    let t0 = Instant::now();
+    for _ in 0..5 {
+        rx.recv(&mut dst, &s).expect("queue recv");
+    }
+    let e = rx.wait(&s).expect_err("nobody sends");
+    assert!(e.to_string().contains("timed out after 300ms"), "{e}");
+    assert!(
+        t0.elapsed() < Duration::from_millis(1000),
+        "took {:?}: the queued receives must drain after the first failure",
+        t0.elapsed()
+    );
+
     // Abort from another thread: a 30 s wait ends at once.
     let (_tx, mut rx) =
         connect_in_process(&t, &g[0], &g[0], (0, 1), ConnOptions::default()).expect("connect");

@@ -622,7 +622,10 @@ __device__ void reduce_into(T* out, unsigned char* const* extra, int nextra, con
 // never written by the other kinds: user data there could otherwise look like a valid flag.
 // Block b owns lines [b * LL_LINES_PER_BLOCK, (b + 1) * LL_LINES_PER_BLOCK) whatever the grid, so
 // a line is only ever written with block b's step numbers, which only grow: a line left by an
-// earlier call (of any size) never carries the current flag.
+// earlier call (of any size) does not carry the current flag until the 32-bit flag wraps. That
+// takes 2 x (2^32 - 1) of the block's steps (hours of back-to-back calls), and a stale line
+// would have to sit unwritten for exactly a multiple of that; not guarded (the point-to-point
+// lines are scrubbed, P2P_LL_SCRUB).
 
 
 __device__ __forceinline__ unsigned char* ll_slot(const CollArgs& a, int r, int par, int src) {

@@ -92,17 +92,24 @@ __device__ __forceinline__ SrChunk sr_chunk(const SrArgs& a, unsigned long long 
 }
 
 // Thread 0 waits for *flag >= want (want 0: no wait) and the whole block learns the outcome.
-// True when the block must stop: thread 0 has recorded why, with chunk k, in the status.
+// True when the block must stop: thread 0 has recorded why, with chunk k, in the status. A
+// connection whose status already holds a failure (this launch's other blocks, or an earlier
+// launch) stops at once, as p2p_wait_flag does: a broken connection drains instead of waiting
+// a time limit per queued launch.
 __device__ __forceinline__ bool sr_block_wait(const SrArgs& a, volatile unsigned long long* flag,
                                               unsigned long long want, unsigned long long k) {
     __shared__ int err;
     if (threadIdx.x == 0) {
-        err = want ? sr_wait_ge(flag, want, a.timeout_ns, a.abort_flag) : 0;
+        if (((volatile int*)a.status)[0] != 0) {
+            err = -1;  // recorded already
+        } else {
+            err = want ? sr_wait_ge(flag, want, a.timeout_ns, a.abort_flag) : 0;
+        }
         sr_fence();
     }
     __syncthreads();
     if (err) {
-        if (threadIdx.x == 0) sr_fail(a.status, err, k);
+        if (threadIdx.x == 0 && err > 0) sr_fail(a.status, err, k);
         return true;
     }
     return false;
