@@ -1,5 +1,8 @@
-//! Embeds the git commit, so results written on a machine without git still name it.
+//! Embeds the git commit, so results written on a machine without git still name it, and turns
+//! the tools' kernel interface, `src/kernels/bench_abi.h`, into Rust (`kernels::abi`) with
+//! p2p-abigen.
 fn main() {
+    p2p_abigen::generate("src/kernels/bench_abi.h", "bench_abi.rs");
     let commit = std::process::Command::new("git")
         .args(["rev-parse", "--short=12", "HEAD"])
         .output()

@@ -10,7 +10,7 @@ use std::ffi::c_void;
 
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
 
-use crate::kernels;
+use crate::kernels::{self, abi};
 use p2p_mem::kernel::{Function, Module};
 use p2p_transport::{Error, Result};
 
@@ -48,18 +48,17 @@ pub fn one_way_ns(a: &Device, b: &Device, warmup: u32, iters: u32) -> Result<f64
                   starter: i32,
                   res: u64|
      -> Result<()> {
-        let (mut mine, mut theirs, mut w, mut n, mut st, mut to, mut r) =
-            (mine, theirs, warmup, iters, starter, TIMEOUT_NS, res);
-        let mut params = [
-            (&mut mine as *mut u64).cast::<c_void>(),
-            (&mut theirs as *mut u64).cast(),
-            (&mut w as *mut u32).cast(),
-            (&mut n as *mut u32).cast(),
-            (&mut st as *mut i32).cast(),
-            (&mut to as *mut u64).cast(),
-            (&mut r as *mut u64).cast(),
-        ];
-        // SAFETY: the parameters match p2p_pingpong's signature; `mine` is this GPU's flag,
+        let mut args = abi::PingPongArgs {
+            mine,
+            theirs,
+            result: res,
+            timeout_ns: TIMEOUT_NS,
+            warmup,
+            iters,
+            starter,
+        };
+        let mut params = [(&mut args as *mut abi::PingPongArgs).cast::<c_void>()];
+        // SAFETY: p2p_pingpong takes one PingPongArgs (the layout generated from bench_abi.h); `mine` is this GPU's flag,
         // `theirs` the peer's (peer access enabled above), `res` two u64 on this GPU; all stay
         // allocated until both streams are synchronised below.
         Ok(unsafe { m.launch(f, 1, 32, &mut params, s) }?)

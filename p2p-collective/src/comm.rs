@@ -26,7 +26,7 @@ use p2p_mem::{check_peer_mappable, check_stream, Device, DeviceMemory, DeviceMem
 use p2p_transport::config::Config;
 
 use crate::settings::{Algorithm, Settings};
-use p2p_transport::conn::{
+use p2p_mem::abort::{
     AbortHandle, KERNEL_FAILED, KERNEL_FAILED_MISMATCH, KERNEL_FAILED_PEER_SHIFT,
     KERNEL_FAILED_RANK_SHIFT,
 };
@@ -83,7 +83,7 @@ const _: () = assert!(std::mem::size_of::<CollArgs>() == 368);
 /// `CollArgs` of `coll_abi.h`): what the driver copies into each launch. For host-cost
 /// experiments (`p2p-bench host` launches an empty kernel with a block of this size).
 pub const KERNEL_ARGS_BYTES: usize = std::mem::size_of::<CollArgs>();
-// The kernels' value for the abort flag is the transport's (AbortHandle reads it).
+// The kernels' values for the abort flag are the GPU runtime's (AbortHandle reads them).
 const _: () = assert!(crate::abi::ABORT_KERNEL_FAILED == KERNEL_FAILED as usize);
 const _: () = assert!(crate::abi::ABORT_PEER_SHIFT == KERNEL_FAILED_PEER_SHIFT as usize);
 const _: () = assert!(crate::abi::ABORT_RANK_SHIFT == KERNEL_FAILED_RANK_SHIFT as usize);

@@ -18,6 +18,7 @@
 //! | [`shm::HostShared`] | host memory shared between processes (memfd), registered with CUDA |
 //! | [`fdpass`] | fds over a Unix socket (`SCM_RIGHTS`), uid-checked |
 //! | [`wire`] | the versioned byte format of every handle |
+//! | [`abort::AbortHandle`] | the abort flag every kernel wait polls, and what a failed kernel writes there |
 //!
 //! ```no_run
 //! use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut};
@@ -35,6 +36,7 @@
 //! each call binds the device's context to the calling thread first. Shared references only
 //! read; anything that writes device memory takes `&mut`.
 
+pub mod abort;
 #[cfg(feature = "cudarc")]
 pub mod cudarc_interop;
 mod device;

@@ -157,11 +157,12 @@ impl CudaCheckpoint {
 /// [`crate::Error::MissingEntryPoints`] where the driver lacks any of them (it predates the
 /// API), so that the wrappers above, which panic on a missing entry point, never meet one.
 pub fn load() -> Result<&'static CudaCheckpoint, crate::Error> {
-    static API: std::sync::OnceLock<Result<CudaCheckpoint, String>> = std::sync::OnceLock::new();
+    static API: std::sync::OnceLock<Result<CudaCheckpoint, libloading::Error>> =
+        std::sync::OnceLock::new();
     let name = crate::probe::require(crate::Library::Cuda)?;
     // SAFETY: libcuda is loadable (probed); loading resolves symbols without calling them.
     let api = API
-        .get_or_init(|| unsafe { CudaCheckpoint::new(name) }.map_err(|e| e.to_string()))
+        .get_or_init(|| unsafe { CudaCheckpoint::new(name) })
         .as_ref()
         .map_err(|e| crate::Error::LibraryNotFound {
             library: "libcuda (checkpoint API)",

@@ -51,11 +51,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use hmac::{Hmac, Mac};
+use p2p_mem::abort::AbortHandle;
 use p2p_mem::fdpass::{self, FdChannel, FdListener};
 use p2p_mem::wire::{self, Reader, Writer};
 use sha2::{Digest, Sha256};
 
-use crate::conn::AbortHandle;
 use crate::error::{Error, Result};
 
 /// How long a connecting process has to complete its half of the handshake.

@@ -349,10 +349,10 @@ fn bindgen() -> Result<()> {
          /// [`crate::Error::MissingEntryPoints`] where the driver lacks any of them (it predates the\n\
          /// API), so that the wrappers above, which panic on a missing entry point, never meet one.\n\
          pub fn load() -> Result<&'static CudaCheckpoint, crate::Error> {{\n    \
-             static API: std::sync::OnceLock<Result<CudaCheckpoint, String>> = std::sync::OnceLock::new();\n    \
+             static API: std::sync::OnceLock<Result<CudaCheckpoint, libloading::Error>> = std::sync::OnceLock::new();\n    \
              let name = crate::probe::require(crate::Library::Cuda)?;\n    \
              // SAFETY: libcuda is loadable (probed); loading resolves symbols without calling them.\n    \
-             let api = API.get_or_init(|| unsafe {{ CudaCheckpoint::new(name) }}.map_err(|e| e.to_string()))\n        \
+             let api = API.get_or_init(|| unsafe {{ CudaCheckpoint::new(name) }})\n        \
                  .as_ref()\n        \
                  .map_err(|e| crate::Error::LibraryNotFound {{ library: \"libcuda (checkpoint API)\", searched: vec![format!(\"{{name}}: {{e}}\")] }})?;\n    \
              let missing: Vec<String> = [\n        {checks}]\n        \

@@ -9,11 +9,16 @@ __device__ __forceinline__ unsigned long long p2p_now() {
     return t;
 }
 
+// Arguments: PingPongArgs (bench_abi.h).
 // result[0] = nanoseconds for `iters` round trips after `warmup` untimed ones;
 // result[1] = 0 on success, 1 if a wait passed its deadline.
-extern "C" __global__ void p2p_pingpong(volatile unsigned* mine, volatile unsigned* theirs, unsigned warmup,
-                                        unsigned iters, int starter, unsigned long long timeout_ns,
-                                        unsigned long long* result) {
+extern "C" __global__ void p2p_pingpong(PingPongArgs a) {
+    volatile unsigned* mine = a.mine;
+    volatile unsigned* theirs = a.theirs;
+    const unsigned warmup = a.warmup, iters = a.iters;
+    const int starter = a.starter;
+    const unsigned long long timeout_ns = a.timeout_ns;
+    unsigned long long* result = a.result;
     if (threadIdx.x != 0 || blockIdx.x != 0) {
         return;
     }

@@ -27,7 +27,7 @@ use p2p_sys::cu;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::kernels::{self, Function, Module, SrKernels};
+use crate::kernels::{self, abi, Function, Module, SrKernels};
 use crate::mode::{Direction, Engine, Mode, Route};
 
 mod routes;
@@ -432,15 +432,15 @@ impl Transport {
         let grid = self.sm_grid();
         let max_blocks = runner.sm_count().max(1) as u64 * grid.blocks_per_sm as u64;
         let blocks = vectors.div_ceil(grid.threads as u64).clamp(1, max_blocks) as u32;
-        let (mut d, mut s, mut n) = (dst, src, bytes as u64);
-        let mut params = [
-            (&mut d as *mut u64).cast::<c_void>(),
-            (&mut s as *mut u64).cast(),
-            (&mut n as *mut u64).cast(),
-        ];
-        // SAFETY: p2p_copy_bytes(unsigned char*, const unsigned char*, unsigned long long) matches
-        // the three parameters; both ranges are `bytes` long and the runner can access both
-        // (its own memory, and the peer's with access enabled above).
+        let mut args = abi::CopyArgs {
+            dst,
+            src,
+            bytes: bytes as u64,
+        };
+        let mut params = [(&mut args as *mut abi::CopyArgs).cast::<c_void>()];
+        // SAFETY: p2p_copy_bytes takes one CopyArgs (the layout generated from transport_abi.h);
+        // both ranges are `bytes` long and the runner can access both (its own memory, and the
+        // peer's with access enabled above).
         unsafe {
             k.module
                 .launch(&k.copy, blocks, grid.threads, &mut params, stream)

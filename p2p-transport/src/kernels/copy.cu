@@ -2,9 +2,10 @@
 // 16-byte vector loads and stores, four in flight per thread, when both pointers are 16-byte
 // aligned; a byte loop for the tail and for unaligned pointers.
 
-extern "C" __global__ void p2p_copy_bytes(unsigned char* __restrict__ dst,
-                                          const unsigned char* __restrict__ src,
-                                          unsigned long long n) {
+extern "C" __global__ void p2p_copy_bytes(CopyArgs a) {
+    unsigned char* __restrict__ dst = a.dst;
+    const unsigned char* __restrict__ src = a.src;
+    const unsigned long long n = a.bytes;
     const unsigned long long tid = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
     const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
     if (((reinterpret_cast<unsigned long long>(dst) | reinterpret_cast<unsigned long long>(src)) & 15ull) == 0) {

@@ -1,5 +1,5 @@
 // Point-to-point send/recv through a ring of slots in the receiver's memory. The arguments:
-// `SrArgs` and `SrWaitArgs` in sendrecv_abi.h, compiled in front of this file.
+// `SrArgs` and `SrWaitArgs` in transport_abi.h, compiled in front of this file.
 //
 // Flags are 64-bit sequence numbers, one per slot, never reset: the chunk with global index g
 // uses slot g % nslots with sequence number g + 1, so counters keep advancing across calls.
@@ -9,7 +9,7 @@
 // a slot are handled in order by one block on each side.
 //
 // Every wait has a deadline and watches an abort flag; on either the kernel records why in
-// status[0] (1 = timed out, 2 = aborted) and the chunk in status[1], and returns.
+// status[0] (SR_TIMED_OUT or SR_ABORTED, transport_abi.h) and the chunk in status[1], and returns.
 
 __device__ __forceinline__ unsigned long long sr_now() {
     unsigned long long t;
@@ -25,12 +25,12 @@ __device__ __forceinline__ int sr_wait_ge(volatile unsigned long long* flag, uns
     unsigned spins = 0;
     while (*flag < want) {
         if ((++spins & 1023u) == 0) {
-            if (*abort_flag) return 2;
+            if (*abort_flag) return SR_ABORTED;
             const unsigned long long now = sr_now();
             if (deadline == 0) {
                 deadline = now + timeout_ns;
             } else if (now > deadline) {
-                return 1;
+                return SR_TIMED_OUT;
             }
         }
     }

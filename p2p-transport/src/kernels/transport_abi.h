@@ -1,8 +1,13 @@
-// The interface between conn.rs and sendrecv.cu, written once: NVRTC compiles it in front of
-// sendrecv.cu, and p2p-transport's build.rs turns it into Rust (`crate::kernels::abi`) with
-// p2p-abigen (which says what forms this file keeps to).
+// The interface between the transport's Rust (conn.rs, copy/) and its kernels (sendrecv.cu,
+// copy.cu), written once: NVRTC compiles it in front of each of them, and p2p-transport's
+// build.rs turns it into Rust (`crate::kernels::abi`) with p2p-abigen (which says what forms
+// this file keeps to).
 
 typedef unsigned long long u64;
+
+// What status[0] of a send, recv or wait holds after a failure (0: none): the time limit, or
+// the abort flag (set by the host, by a watching rendezvous group, or by a failed kernel).
+enum SrFail { SR_TIMED_OUT = 1, SR_ABORTED = 2 };
 
 // One launch of p2p_send or p2p_recv (a message through the ring of slots).
 struct SrArgs {
@@ -30,5 +35,14 @@ struct SrWaitArgs {
     u64 chunk;                   // recorded in status[1] on failure
 };
 
+// One launch of p2p_copy_bytes (the SM data path: `bytes` from src to dst, either of them a
+// peer's memory).
+struct CopyArgs {
+    unsigned char* dst;
+    const unsigned char* src;
+    u64 bytes;
+};
+
+static_assert(sizeof(CopyArgs) == 24, "CopyArgs changed: kernels/mod.rs asserts the same size");
 static_assert(sizeof(SrArgs) == 88, "SrArgs changed: conn.rs asserts the same size");
 static_assert(sizeof(SrWaitArgs) == 48, "SrWaitArgs changed: conn.rs asserts the same size");

@@ -1,0 +1,35 @@
+// The interface between the tools' Rust (doctor.rs, latency.rs) and their kernels (probe.cu,
+// latency.cu), written once: NVRTC compiles it in front of each of them, and the crate's
+// build.rs turns it into Rust (`kernels::abi`) with p2p-abigen (which says what
+// forms this file keeps to).
+
+typedef unsigned long long u64;
+
+// One launch of p2p_fill: dst[i] = pattern(i, seed) for i < n (dst may be a peer's memory).
+struct FillArgs {
+    uint4* dst;                  // n 16-byte elements
+    u64 n;
+    unsigned seed;
+};
+
+// One launch of p2p_copy: dst[i] = src[i] for i < n (src may be a peer's memory).
+struct CopyArgs {
+    uint4* dst;                  // n 16-byte elements
+    const uint4* src;            // n 16-byte elements
+    u64 n;
+};
+
+// One launch of p2p_pingpong (one thread): `warmup` untimed round trips, then `iters` timed.
+struct PingPongArgs {
+    volatile unsigned* mine;     // the flag this GPU waits on, in its own memory
+    volatile unsigned* theirs;   // the peer's flag, through the peer mapping
+    u64* result;                 // [nanoseconds for the timed round trips, 1 if a wait timed out]
+    u64 timeout_ns;              // how long any one wait may take
+    unsigned warmup;
+    unsigned iters;
+    int starter;                 // nonzero: this side stores first
+};
+
+static_assert(sizeof(FillArgs) == 24, "FillArgs changed: kernels/mod.rs asserts the same size");
+static_assert(sizeof(CopyArgs) == 24, "CopyArgs changed: kernels/mod.rs asserts the same size");
+static_assert(sizeof(PingPongArgs) == 48, "PingPongArgs changed: kernels/mod.rs asserts the same size");
