@@ -563,7 +563,7 @@ impl Communicator {
         let uuids: Vec<[u8; 16]> = devices.iter().map(|d| *d.uuid()).collect();
         let share = warn_shared_gpus(&uuids, |r| Some(devices[r].ordinal()));
         if let Some(advice) = (share > 1).then(few_queues).flatten() {
-            tracing::warn!("{advice}");
+            p2p_transport::warn_user!("{advice}");
         }
         peer::limit_to_level(&options.transport, &mut pairs)?;
         warn_unused_settings(&options.transport, true);
@@ -2293,7 +2293,7 @@ fn warn_shared_gpus(uuids: &[[u8; 16]], ordinal: impl Fn(usize) -> Option<i32>) 
         let Some(gpu) = ordinal(r) else { continue };
         if ranks.len() > 1 && !named.contains(u) {
             named.push(*u);
-            tracing::warn!(
+            p2p_transport::warn_user!(
                 "ranks {ranks:?} share GPU {gpu}: their kernels run side by side (one process) or \
                  time-sliced (one process each), each rank with 1/{share} of the GPU's blocks; \
                  correct but slow, meant for development on fewer GPUs than ranks"
@@ -2328,7 +2328,7 @@ fn queue_advice(value: Option<&str>) -> Option<String> {
 /// collectives lose up to 20 %), so say so where it happens.
 fn warn_occupancy(blocks_per_sm: i32) {
     if blocks_per_sm < 2 {
-        tracing::warn!(
+        p2p_transport::warn_user!(
             "collective kernels fit {blocks_per_sm} block(s) of {THREADS} threads per SM, not 2: grids are halved and large collectives run slower"
         );
     }
@@ -2390,7 +2390,7 @@ fn unused_settings(cfg: &Config, one_process: bool) -> Vec<String> {
 
 fn warn_unused_settings(cfg: &Config, one_process: bool) {
     for what in unused_settings(cfg, one_process) {
-        tracing::warn!(target: "p2p_collective::comm", "not used by the collectives: {what}");
+        p2p_transport::warn_user!("not used by the collectives: {what}");
     }
 }
 

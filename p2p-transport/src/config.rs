@@ -380,7 +380,7 @@ impl Config {
                     if strict {
                         return Err(e);
                     }
-                    tracing::warn!("ignoring {e}");
+                    crate::warn_user!("ignoring {e}");
                 }
             }
         }
@@ -403,6 +403,35 @@ impl Config {
         }
         f
     }
+}
+
+/// Whether this thread's `tracing` events reach a subscriber: `false` in a program that set up
+/// no logging (no global default and no scoped one), where the library's log goes nowhere.
+pub fn log_is_heard() -> bool {
+    !tracing::dispatcher::get_default(|d| d.is::<tracing::subscriber::NoSubscriber>())
+}
+
+/// The second half of [`warn_user!`](crate::warn_user): prints `message` to stderr as one line
+/// `p2p warning: ...` where no `tracing` subscriber would receive it.
+#[doc(hidden)]
+pub fn warn_unheard(message: &str) {
+    if !log_is_heard() {
+        eprintln!("p2p warning: {message}");
+    }
+}
+
+/// Logs a warning that asks the user to act (a misspelt `P2P_*` variable, a job without a
+/// secret, ranks sharing a GPU) at `warn`, as the library logs everything, and also prints it
+/// to stderr where the program installed no `tracing` subscriber: such warnings are never lost,
+/// and with a subscriber they appear once, in the program's own log.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! warn_user {
+    ($($arg:tt)+) => {{
+        let message = ::std::format!($($arg)+);
+        ::tracing::warn!("{message}");
+        $crate::config::warn_unheard(&message);
+    }};
 }
 
 fn parse_subsystems(variable: &str, value: &str) -> Result<Vec<String>, ConfigError> {

@@ -565,7 +565,7 @@ impl Group {
         let deadline = Instant::now() + rv.timeout;
         let key = rv.key();
         if rv.secret.is_none() && rank == 0 && rv.world > 1 {
-            tracing::warn!(
+            crate::warn_user!(
                 "no P2P_JOB_SECRET: only the uid check and the job's identity keep other processes of this user out of the rendezvous (p2p-bench launch sets a secret; with other launchers export one)"
             );
         }

@@ -1,0 +1,82 @@
+//! Warnings that ask the user to act (here: a misspelt `P2P_*` variable) are never lost: where
+//! the program set up no `tracing` subscriber they are printed to stderr, and where it did they
+//! go through its log only. Runs in CI (no GPU): the test runs itself again as a child process,
+//! with and without a subscriber, and reads what the child printed.
+
+use std::process::Command;
+
+use p2p_transport::config::{log_is_heard, Config};
+
+const TEST: &str = "a_misspelt_variable_is_warned_about_with_or_without_a_subscriber";
+
+/// In the child: read the configuration leniently, as a library inside a user's program does.
+fn child(logged: bool) {
+    if logged {
+        // The program's own log, on stdout here, so that stderr shows only what p2p printed itself.
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stdout)
+            .with_ansi(false)
+            .init();
+    }
+    assert_eq!(log_is_heard(), logged);
+    let cfg = Config::from_env_lenient().expect("an unknown variable is only a warning");
+    assert_eq!(cfg, Config::default());
+}
+
+/// Runs this test again as a child with `P2P_LEVLE` set; its stdout and stderr.
+fn run_child(logged: bool) -> (String, String) {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut cmd = Command::new(exe);
+    cmd.args([TEST, "--exact", "--nocapture", "--test-threads=1"])
+        .env("P2PTEST_ROLE", if logged { "logged" } else { "plain" });
+    // Only the misspelt variable: the developer's own P2P_* settings must not change the outcome.
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("P2P_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("P2P_LEVLE", "NVL");
+    let out = cmd.output().expect("running the child");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
+    (stdout, stderr)
+}
+
+#[test]
+fn a_misspelt_variable_is_warned_about_with_or_without_a_subscriber() {
+    match std::env::var("P2PTEST_ROLE").as_deref() {
+        Ok("plain") => return child(false),
+        Ok("logged") => return child(true),
+        _ => {}
+    }
+    // No subscriber: one line on stderr that names the variable.
+    let (_, stderr) = run_child(false);
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("p2p warning: "))
+        .collect();
+    assert_eq!(lines.len(), 1, "stderr:\n{stderr}");
+    assert!(lines[0].contains("P2P_LEVLE"), "{}", lines[0]);
+    // A subscriber: the warning is in the program's log, and p2p prints nothing of its own.
+    let (stdout, stderr) = run_child(true);
+    assert!(!stderr.contains("p2p warning:"), "stderr:\n{stderr}");
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.contains("WARN") && l.contains("P2P_LEVLE")),
+        "stdout:\n{stdout}"
+    );
+}
+
+#[test]
+fn a_scoped_subscriber_counts_as_heard() {
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(std::io::sink)
+        .finish();
+    tracing::subscriber::with_default(subscriber, || assert!(log_is_heard()));
+    let none = tracing::subscriber::NoSubscriber::default();
+    tracing::subscriber::with_default(none, || assert!(!log_is_heard()));
+}
