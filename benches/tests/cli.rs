@@ -27,10 +27,11 @@ fn kernels_without_a_gpu_or_a_target_exits_2_and_says_what_to_name() {
 
 #[test]
 fn topo_loads_a_saved_topology() {
-    let fixture = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../p2p-transport/fixtures/a100-pcie-4gpu-2socket.json"
-    );
+    // The bundle's run.sh points P2PTEST_FIXTURES at its copy (no source tree on GPU machines).
+    let dir = std::env::var("P2PTEST_FIXTURES").unwrap_or_else(|_| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../p2p-transport/fixtures").into()
+    });
+    let fixture = &format!("{dir}/a100-pcie-4gpu-2socket.json");
     let (code, out, err) = p2p_bench(&["topo", "--load", fixture], &[]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("GPU0     X      PIX     SYS     SYS"), "{out}");
