@@ -833,11 +833,12 @@ impl Communicator {
             // Wait in short steps, so that a peer's death ends the wait at once.
             let chan = loop {
                 if let Some(f) = group.failure() {
-                    return Err(Error::Transport(p2p_transport::Error::PeerFailed {
+                    return Err(Error::PeerFailed {
+                        op: "init".into(),
                         rank,
                         peer: f.rank,
                         why: f.why,
-                    }));
+                    });
                 }
                 if let Some(c) = listener
                     .accept_within(Duration::from_millis(5))

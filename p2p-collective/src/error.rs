@@ -86,5 +86,75 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// The failed FFI call (or missing library) under this error, whichever layer it came
+    /// through (a memory error, or a transport error that holds one): for example
+    /// `e.sys().and_then(|s| s.call())` names the CUDA function, and
+    /// [`is_driver`](Self::is_driver) tests its result code.
+    pub fn sys(&self) -> Option<&p2p_sys::Error> {
+        match self {
+            Error::Transport(e) => e.sys(),
+            Error::Mem(e) => e.sys(),
+            _ => None,
+        }
+    }
+
+    /// Whether a failed driver call that returned `code` is under this error, whichever layer it
+    /// came through.
+    pub fn is_driver(&self, code: p2p_sys::cuda::CUresult) -> bool {
+        self.sys().is_some_and(|e| e.is_driver(code))
+    }
+}
+
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::Error;
+    use p2p_sys::cuda::CUresult;
+
+    /// A failed driver call, as `p2p_sys::check_cu` makes it.
+    fn oom() -> p2p_sys::Error {
+        p2p_sys::check_cu("cuMemAlloc_v2", CUresult::CUDA_ERROR_OUT_OF_MEMORY)
+            .expect_err("a failure")
+    }
+
+    #[test]
+    fn one_cuda_failure_reads_the_same_through_every_path() {
+        let mem = || p2p_mem::Error::Cuda {
+            device: 0,
+            source: oom(),
+        };
+        let paths: Vec<Error> = vec![
+            Error::Mem(mem()),
+            Error::Mem(p2p_mem::Error::Sys(oom())),
+            Error::Transport(p2p_transport::Error::Mem(mem())),
+            Error::Transport(p2p_transport::Error::Sys(oom())),
+            Error::Transport(p2p_transport::Error::Cuda {
+                device: 0,
+                peer: Some(1),
+                source: oom(),
+            }),
+            Error::Transport(p2p_transport::Error::Earlier {
+                what: "a kernel module",
+                source: std::sync::Arc::new(p2p_transport::Error::Mem(mem())),
+            }),
+        ];
+        for e in &paths {
+            assert!(e.is_driver(CUresult::CUDA_ERROR_OUT_OF_MEMORY), "{e:?}");
+            assert!(!e.is_driver(CUresult::CUDA_ERROR_INVALID_VALUE), "{e:?}");
+            assert_eq!(
+                e.sys().and_then(|s| s.call()),
+                Some("cuMemAlloc_v2"),
+                "{e:?}"
+            );
+        }
+        let none = Error::Bootstrap {
+            rank: 0,
+            why: "no CUDA here".into(),
+        };
+        assert!(none.sys().is_none());
+        assert!(!none.is_driver(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+    }
+}

@@ -152,6 +152,27 @@ pub enum Error {
     },
 }
 
+impl Error {
+    /// The failed FFI call (or missing library) under this error, if it holds one: the same
+    /// [`p2p_sys::Error`] whichever variant carries it. The layers above have the same method,
+    /// so code can ask any of them which CUDA call failed, and how, without knowing the path
+    /// the failure took.
+    pub fn sys(&self) -> Option<&p2p_sys::Error> {
+        match self {
+            Error::Sys(e) | Error::Cuda { source: e, .. } | Error::Peer { source: e, .. } => {
+                Some(e)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether a failed driver call that returned `code` is under this error (see
+    /// [`sys`](Self::sys)).
+    pub fn is_driver(&self, code: p2p_sys::cuda::CUresult) -> bool {
+        self.sys().is_some_and(|e| e.is_driver(code))
+    }
+}
+
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

@@ -97,6 +97,25 @@ pub enum Error {
     Mode(#[from] crate::mode::ModeError),
 }
 
+impl Error {
+    /// The failed FFI call (or missing library) under this error, whichever way it came: held
+    /// here, in a memory error, or in the first failure of a lazily made resource.
+    pub fn sys(&self) -> Option<&p2p_sys::Error> {
+        match self {
+            Error::Sys(e) | Error::Cuda { source: e, .. } => Some(e),
+            Error::Mem(e) => e.sys(),
+            Error::Earlier { source, .. } => source.sys(),
+            _ => None,
+        }
+    }
+
+    /// Whether a failed driver call that returned `code` is under this error (see
+    /// [`sys`](Self::sys)).
+    pub fn is_driver(&self, code: p2p_sys::cuda::CUresult) -> bool {
+        self.sys().is_some_and(|e| e.is_driver(code))
+    }
+}
+
 /// Turns a failed CUDA call into [`Error::Cuda`] on `device` (and `peer`, for a copy between two
 /// GPUs).
 pub(crate) fn cuda(device: i32, peer: Option<i32>) -> impl Fn(p2p_sys::Error) -> Error + Copy {
