@@ -456,13 +456,7 @@ const EXPORT: u16 = 0x0E01;
 /// Sends an export over `chan` as rank `from` (a `wire` message: the rank, then the handle;
 /// the fd, if any, beside it).
 pub fn send(chan: &FdChannel, from: usize, e: &Exported) -> Result<()> {
-    let msg = p2p_mem::wire::encode_message(
-        EXPORT,
-        &p2p_mem::wire::Writer::new()
-            .u32(u32::try_from(from).unwrap_or(u32::MAX))
-            .blob(&e.header)
-            .finish(),
-    );
+    let msg = export_message(from, &e.header);
     match &e.fd {
         Some(fd) => chan.send_fd(&msg, fd.as_fd())?,
         None => chan.send_msg(&msg)?,
@@ -479,11 +473,28 @@ pub fn recv(chan: &FdChannel, sharing: Sharing) -> Result<(usize, Exported)> {
     } else {
         (chan.recv_msg()?, None)
     };
+    parse_export(&msg, fd)
+}
+
+/// The message [`send`] writes: rank `from`, then the export's `header`.
+fn export_message(from: usize, header: &[u8]) -> Vec<u8> {
+    p2p_mem::wire::encode_message(
+        EXPORT,
+        &p2p_mem::wire::Writer::new()
+            .u32(u32::try_from(from).unwrap_or(u32::MAX))
+            .blob(header)
+            .finish(),
+    )
+}
+
+/// The export in a message that [`send`] wrote (`fd`: what came beside it), or why `msg` is not
+/// one.
+fn parse_export(msg: &[u8], fd: Option<OwnedFd>) -> Result<(usize, Exported)> {
     let bad = |why: String| Error::Handshake {
         peer: usize::MAX,
         why,
     };
-    let (kind, payload) = p2p_mem::wire::decode_message(&msg, p2p_mem::fdpass::MAX_MESSAGE)
+    let (kind, payload) = p2p_mem::wire::decode_message(msg, p2p_mem::fdpass::MAX_MESSAGE)
         .map_err(|e| bad(format!("not an export: {e}")))?;
     if kind != EXPORT {
         return Err(bad(format!("message kind {kind}, not an export")));
@@ -529,6 +540,62 @@ mod tests {
         let mut none = [pair(false)];
         limit_to_level(&nvl, &mut none).expect("nothing to check");
         assert!(none[0].p2p.is_err());
+    }
+
+    #[test]
+    fn random_and_mutated_export_messages_are_refused_or_read_exactly() {
+        // A fixed-seed xorshift: reproducible.
+        let mut state = 0x853c_49e6_748f_ea9bu64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let header: Vec<u8> = (0..96).map(|i| i as u8).collect();
+        let good = export_message(3, &header);
+        let (from, e) = parse_export(&good, None).expect("a valid export");
+        assert_eq!((from, &e.header[..]), (3, &header[..]));
+        let (mut accepted, mut refused) = (0, 0);
+        for i in 0..40_000u32 {
+            let mut m = if i % 4 == 0 {
+                // Random bytes, half of them behind a valid message prefix.
+                let n = (next() % 200) as usize;
+                let mut m: Vec<u8> = (0..n).map(|_| next() as u8).collect();
+                if n > 8 && next() % 2 == 0 {
+                    m[..8].copy_from_slice(&good[..8]);
+                }
+                m
+            } else {
+                good.clone()
+            };
+            for _ in 0..=(next() % 3) {
+                if m.is_empty() {
+                    break;
+                }
+                let at = (next() % m.len() as u64) as usize;
+                match next() % 4 {
+                    0 => m[at] ^= 1 << (next() % 8),
+                    1 => m.truncate(at),
+                    2 => m.push(next() as u8),
+                    _ => m[at] = next() as u8,
+                }
+            }
+            match parse_export(&m, None) {
+                // Whatever is accepted says exactly what the sender's encoding of it would.
+                Ok((from, e)) => {
+                    assert_eq!(export_message(from, &e.header), m);
+                    accepted += 1;
+                }
+                Err(Error::Handshake { .. }) => refused += 1,
+                Err(other) => panic!("not a handshake error: {other}"),
+            }
+        }
+        // Changes inside the header bytes are valid exports; the rest are refused.
+        assert!(
+            accepted > 1_000 && refused > 10_000,
+            "{accepted} / {refused}"
+        );
     }
 
     #[test]
