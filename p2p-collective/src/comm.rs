@@ -689,6 +689,12 @@ impl Communicator {
     /// IPC with `P2P_CUMEM=0`, pinned host memory with `P2P_DISABLE=1` or where a pair of GPUs
     /// has no P2P. Every rank proposes; the weakest proposal wins, so all ranks agree.
     pub fn init(device: &Device, rv: &Rendezvous, options: Options) -> Result<Communicator> {
+        // A peer's death found by the group (in its exchanges or barriers) is this layer's
+        // PeerFailed, like a death found anywhere else in init.
+        Self::init_in_job(device, rv, options).map_err(|e| e.peer_failure_in("init"))
+    }
+
+    fn init_in_job(device: &Device, rv: &Rendezvous, options: Options) -> Result<Communicator> {
         check_world(rv.world)?;
         let rank = rv.rank;
         // Join the job first: from then on a peer's death anywhere in init (or later) is

@@ -41,7 +41,7 @@ pub enum Error {
     },
     /// Another rank failed (its process died, it aborted, or its call failed) and this rank's
     /// call stopped because of it.
-    #[error("{op} on rank {rank}: rank {peer} failed: {why}; the communicator is now unusable: create a new one")]
+    #[error("{op} on rank {rank}: rank {peer} failed: {why}; {}", if op == "init" { "no communicator was made" } else { "the communicator is now unusable: create a new one" })]
     PeerFailed {
         /// The collective that stopped.
         op: String,
@@ -99,6 +99,22 @@ impl Error {
         }
     }
 
+    /// A peer's failure that the transport's rendezvous group reported, as this layer's
+    /// [`Error::PeerFailed`] of `op`; any other error as it is.
+    pub(crate) fn peer_failure_in(self, op: &str) -> Error {
+        match self {
+            Error::Transport(p2p_transport::Error::PeerFailed { rank, peer, why }) => {
+                Error::PeerFailed {
+                    op: op.into(),
+                    rank,
+                    peer,
+                    why,
+                }
+            }
+            e => e,
+        }
+    }
+
     /// Whether a failed driver call that returned `code` is under this error, whichever layer it
     /// came through.
     pub fn is_driver(&self, code: p2p_sys::cuda::CUresult) -> bool {
@@ -150,6 +166,21 @@ mod tests {
                 "{e:?}"
             );
         }
+        // A death the group found in init is this layer's PeerFailed, worded for no communicator.
+        let dead = Error::Transport(p2p_transport::Error::PeerFailed {
+            rank: 0,
+            peer: 1,
+            why: "its process exited".into(),
+        })
+        .peer_failure_in("init");
+        assert!(
+            matches!(dead, Error::PeerFailed { peer: 1, .. }),
+            "{dead:?}"
+        );
+        assert_eq!(
+            dead.to_string(),
+            "init on rank 0: rank 1 failed: its process exited; no communicator was made"
+        );
         let none = Error::Bootstrap {
             rank: 0,
             why: "no CUDA here".into(),

@@ -412,24 +412,34 @@ pub fn log_is_heard() -> bool {
 }
 
 /// The second half of [`warn_user!`](crate::warn_user): prints `message` to stderr as one line
-/// `p2p warning: ...` where no `tracing` subscriber would receive it.
+/// `p2p warning: ...` where no `tracing` subscriber would receive it, once per process for each
+/// distinct message (the configuration is read again for every pair of GPUs a copy meets, and
+/// a misspelt variable would otherwise be reported that often).
 #[doc(hidden)]
 pub fn warn_unheard(message: &str) {
-    if !log_is_heard() {
-        eprintln!("p2p warning: {message}");
+    static PRINTED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    if log_is_heard() {
+        return;
     }
+    let mut printed = PRINTED.lock().unwrap_or_else(|p| p.into_inner());
+    // At most a few distinct messages a process: a list is enough, and bounded anyway.
+    if printed.iter().any(|m| m == message) || printed.len() >= 256 {
+        return;
+    }
+    printed.push(message.to_string());
+    eprintln!("p2p warning: {message}");
 }
 
 /// Logs a warning that asks the user to act (a misspelt `P2P_*` variable, a job without a
 /// secret, ranks sharing a GPU) at `warn`, as the library logs everything, and also prints it
-/// to stderr where the program installed no `tracing` subscriber: such warnings are never lost,
-/// and with a subscriber they appear once, in the program's own log.
+/// to stderr (once per distinct message) where the program installed no `tracing` subscriber. With
+/// a subscriber they go only through the program's log, under its filter.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! warn_user {
     ($($arg:tt)+) => {{
         let message = ::std::format!($($arg)+);
-        ::tracing::warn!("{message}");
+        $crate::__tracing::warn!("{message}");
         $crate::config::warn_unheard(&message);
     }};
 }

@@ -26,6 +26,10 @@ pub mod topo;
 mod util;
 
 pub use error::{Error, Result};
+/// For [`warn_user!`]: `tracing` as the macro's own crate sees it, so that it expands in crates
+/// that name `tracing` differently or not at all.
+#[doc(hidden)]
+pub use tracing as __tracing;
 pub use util::{hostname, utc_from_unix, utc_now};
 
 /// The longest time limit any wait of the transport accepts, and of the layers above (one day):

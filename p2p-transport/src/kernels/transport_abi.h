@@ -44,5 +44,5 @@ struct CopyArgs {
 };
 
 static_assert(sizeof(CopyArgs) == 24, "CopyArgs changed: kernels/mod.rs asserts the same size");
-static_assert(sizeof(SrArgs) == 88, "SrArgs changed: conn.rs asserts the same size");
-static_assert(sizeof(SrWaitArgs) == 48, "SrWaitArgs changed: conn.rs asserts the same size");
+static_assert(sizeof(SrArgs) == 88, "SrArgs changed: kernels/mod.rs asserts the same size");
+static_assert(sizeof(SrWaitArgs) == 48, "SrWaitArgs changed: kernels/mod.rs asserts the same size");
