@@ -8,7 +8,10 @@
 //! `pub const NAME: usize`; each entry of `enum X { NAME = n, ... };` becomes
 //! `pub const NAME: i32`; `struct NAME { ... };` becomes a `#[repr(C)]` struct whose pointer
 //! fields are `u64`, `u64` stays `u64`, `int` is `i32` and `unsigned` is `u32` (arrays of them
-//! too). `typedef` and `static_assert` lines, comments and blank lines are skipped.
+//! too). `static_assert(sizeof(NAME) == N, "...");` becomes a compile-time check that the Rust
+//! struct has the same size, and `static_assert(<integer condition of numbers and names>, "...");`
+//! the same condition checked at Rust compile time: each size is written once, in the header, and
+//! both compilers check it. `typedef` lines, comments and blank lines are skipped.
 
 use std::fmt::Write as _;
 
@@ -27,6 +30,48 @@ fn strip_comment(line: &str) -> &str {
     line.split("//").next().unwrap_or("").trim()
 }
 
+/// Whether `expr` uses only what an integer expression of numbers and names needs (no calls:
+/// a `(` never follows a name or a number).
+fn integer_expression(expr: &str, extra: &str) -> bool {
+    let allowed = expr
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || " _*+-()".contains(c) || extra.contains(c));
+    let mut last = ' ';
+    let call = expr.chars().filter(|c| !c.is_whitespace()).any(|c| {
+        let called = c == '(' && (last.is_ascii_alphanumeric() || last == '_');
+        last = c;
+        called
+    });
+    allowed && !call
+}
+
+/// The Rust check for one `static_assert(` line, given what follows the parenthesis.
+fn static_assert(rest: &str) -> Result<String, String> {
+    let bad = || {
+        format!(
+            "static_assert({rest}: not `sizeof(NAME) == N` or an integer condition, on one line"
+        )
+    };
+    let body = rest.trim_end().strip_suffix(");").ok_or_else(bad)?;
+    let (cond, _message) = body.split_once(',').ok_or_else(bad)?;
+    let cond = cond.trim();
+    if let Some(t) = cond.strip_prefix("sizeof(") {
+        let (name, size) = t.split_once(')').ok_or_else(bad)?;
+        let size = size.trim().strip_prefix("==").ok_or_else(bad)?.trim();
+        let ident = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !ident || size.is_empty() || !size.chars().all(|c| c.is_ascii_digit()) {
+            return Err(bad());
+        }
+        return Ok(format!(
+            "const _: () = assert!(::core::mem::size_of::<{name}>() == {size});"
+        ));
+    }
+    if cond.is_empty() || !integer_expression(cond, "<>=!&|") {
+        return Err(bad());
+    }
+    Ok(format!("const _: () = assert!({cond});"))
+}
+
 /// The Rust for `header` (see the crate's documentation), or what in it cannot be translated.
 pub fn translate(header: &str) -> Result<String, String> {
     let mut out = String::from(
@@ -34,7 +79,11 @@ pub fn translate(header: &str) -> Result<String, String> {
     );
     let mut lines = header.lines().map(strip_comment).peekable();
     while let Some(line) = lines.next() {
-        if line.is_empty() || line.starts_with("static_assert") || line.starts_with("typedef") {
+        if line.is_empty() || line.starts_with("typedef") {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("static_assert(") {
+            writeln!(out, "{}", static_assert(rest)?).map_err(|e| e.to_string())?;
             continue;
         }
         if let Some(def) = line.strip_prefix("#define ") {
@@ -46,10 +95,7 @@ pub fn translate(header: &str) -> Result<String, String> {
                     "#define {name}: only plain names (no function-like macros)"
                 ));
             }
-            if !expr
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || " _*+-()".contains(c))
-            {
+            if !integer_expression(expr, "") {
                 return Err(format!("#define {name}: not an integer expression: {expr}"));
             }
             writeln!(out, "pub const {name}: usize = {};", expr.trim())
@@ -129,7 +175,7 @@ mod tests {
         let rust = translate(
             "#define N 4  // four\n#define M (N * 2)\nenum K { A = 0, B = 7 };\ntypedef unsigned long long u64;\n\
              struct S {\n    const unsigned char* p;\n    u64 q[N];\n    int a, b;\n    unsigned c;\n};\n\
-             static_assert(sizeof(S) == 64, \"\");\n",
+             static_assert(sizeof(S) == 64, \"S changed\");\nstatic_assert(M <= N * 2, \"M fits\");\n",
         )
         .expect("translates");
         for want in [
@@ -143,6 +189,8 @@ mod tests {
             "    pub a: i32,",
             "    pub b: i32,",
             "    pub c: u32,",
+            "const _: () = assert!(::core::mem::size_of::<S>() == 64);",
+            "const _: () = assert!(M <= N * 2);",
         ] {
             assert!(rust.contains(want), "missing {want:?} in:\n{rust}");
         }
@@ -156,6 +204,11 @@ mod tests {
             "struct S {\n    float f;\n};",
             "int global;",
             "enum E { A };",
+            "static_assert(sizeof(S) == 64);",
+            "static_assert(sizeof(S) == 8 * 8, \"\");",
+            "static_assert(f(1), \"\");",
+            "#define G F(1)",
+            "static_assert(sizeof(S) == 64, \"split\"",
         ] {
             let e = translate(bad).expect_err(bad);
             assert!(!e.is_empty(), "{bad}");

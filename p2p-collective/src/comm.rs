@@ -76,8 +76,6 @@ const _: () = assert!((STATUS_OFF + STATUS_WORDS) * 8 <= SYNC_BYTES);
 const _: () = assert!(STATUS_OFF + STATUS_WORDS <= crate::abi::P2P_FREED_OFF);
 const _: () = assert!(crate::abi::P2P_END_OFF * 8 <= SYNC_BYTES);
 const _: () = assert!((crate::abi::CE_FLAGS_OFF + crate::abi::CE_CHUNKS) * 8 <= SYNC_BYTES);
-// `coll_abi.h` asserts the same size for its `CollArgs`.
-const _: () = assert!(std::mem::size_of::<CollArgs>() == 368);
 
 /// Bytes of the one argument block that every collective kernel launch passes by value (the
 /// `CollArgs` of `coll_abi.h`): what the driver copies into each launch. For host-cost
@@ -88,7 +86,6 @@ const _: () = assert!(crate::abi::ABORT_KERNEL_FAILED == KERNEL_FAILED as usize)
 const _: () = assert!(crate::abi::ABORT_PEER_SHIFT == KERNEL_FAILED_PEER_SHIFT as usize);
 const _: () = assert!(crate::abi::ABORT_RANK_SHIFT == KERNEL_FAILED_RANK_SHIFT as usize);
 const _: () = assert!(crate::abi::ABORT_MISMATCH == KERNEL_FAILED_MISMATCH as usize);
-const _: () = assert!(std::mem::size_of::<crate::abi::P2pArgs>() == 1568);
 
 /// How a communicator behaves; [`Options::from_env`] reads the `P2P_*` settings.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -73,26 +73,41 @@ fn mutate(mut b: Vec<u8>, rng: &mut Rng) -> Vec<u8> {
     b
 }
 
-/// Each decoder on `b`: whether it was accepted, and (if so) that it re-encodes to `b`.
+/// 1 if `decode` accepts `b` (and then its handle must re-encode to exactly `b`), else 0.
+fn accepts<H, E>(
+    b: &[u8],
+    decode: fn(&[u8]) -> Result<H, E>,
+    encode: fn(&H) -> Vec<u8>,
+    what: &str,
+) -> usize {
+    match decode(b) {
+        Ok(h) => {
+            assert_eq!(encode(&h), b, "{what} re-encoded differently");
+            1
+        }
+        Err(_) => 0,
+    }
+}
+
+/// How many of the four decoders accept `b`.
 fn decode_all(b: &[u8]) -> usize {
-    let mut accepted = 0;
-    if let Ok(h) = IpcMemHandle::from_bytes(b) {
-        assert_eq!(h.to_bytes(), b, "IpcMemHandle");
-        accepted += 1;
-    }
-    if let Ok(h) = IpcEventHandle::from_bytes(b) {
-        assert_eq!(h.to_bytes(), b, "IpcEventHandle");
-        accepted += 1;
-    }
-    if let Ok(h) = VmmHandle::from_bytes(b) {
-        assert_eq!(h.to_bytes(), b, "VmmHandle");
-        accepted += 1;
-    }
-    if let Ok(h) = FabricHandle::from_bytes(b) {
-        assert_eq!(h.to_bytes(), b, "FabricHandle");
-        accepted += 1;
-    }
-    accepted
+    accepts(
+        b,
+        IpcMemHandle::from_bytes,
+        IpcMemHandle::to_bytes,
+        "IpcMemHandle",
+    ) + accepts(
+        b,
+        IpcEventHandle::from_bytes,
+        IpcEventHandle::to_bytes,
+        "IpcEventHandle",
+    ) + accepts(b, VmmHandle::from_bytes, VmmHandle::to_bytes, "VmmHandle")
+        + accepts(
+            b,
+            FabricHandle::from_bytes,
+            FabricHandle::to_bytes,
+            "FabricHandle",
+        )
 }
 
 #[test]

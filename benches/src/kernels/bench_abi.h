@@ -30,6 +30,6 @@ struct PingPongArgs {
     int starter;                 // nonzero: this side stores first
 };
 
-static_assert(sizeof(FillArgs) == 24, "FillArgs changed: kernels/mod.rs asserts the same size");
-static_assert(sizeof(CopyArgs) == 24, "CopyArgs changed: kernels/mod.rs asserts the same size");
-static_assert(sizeof(PingPongArgs) == 48, "PingPongArgs changed: kernels/mod.rs asserts the same size");
+static_assert(sizeof(FillArgs) == 24, "FillArgs changed: p2p-abigen checks the Rust struct against this size");
+static_assert(sizeof(CopyArgs) == 24, "CopyArgs changed: p2p-abigen checks the Rust struct against this size");
+static_assert(sizeof(PingPongArgs) == 48, "PingPongArgs changed: p2p-abigen checks the Rust struct against this size");

@@ -155,9 +155,9 @@ struct P2pArgs {
     u64 timeout_ns;
     int rank, channels;                     // the grid is channels * P2P_BLOCKS blocks
 };
-static_assert(sizeof(P2pArgs) == 1568, "P2pArgs changed: comm.rs asserts the same size");
+static_assert(sizeof(P2pArgs) == 1568, "P2pArgs changed: p2p-abigen checks the Rust struct against this size");
 // An LL message's chunks are P2P_MIN_CHUNK bytes (p2p_chunk), whose lines fill P2P_LL_AREA.
 static_assert(P2P_LL_BYTES <= P2P_BLOCKS * P2P_MIN_CHUNK, "an LL chunk must fit its slot's LL area");
 
 // The host's `CollArgs` (comm.rs) has the same layout and checks the same size.
-static_assert(sizeof(CollArgs) == 368, "CollArgs changed: comm.rs asserts the same size");
+static_assert(sizeof(CollArgs) == 368, "CollArgs changed: p2p-abigen checks the Rust struct against this size");

@@ -43,6 +43,6 @@ struct CopyArgs {
     u64 bytes;
 };
 
-static_assert(sizeof(CopyArgs) == 24, "CopyArgs changed: kernels/mod.rs asserts the same size");
-static_assert(sizeof(SrArgs) == 88, "SrArgs changed: kernels/mod.rs asserts the same size");
-static_assert(sizeof(SrWaitArgs) == 48, "SrWaitArgs changed: kernels/mod.rs asserts the same size");
+static_assert(sizeof(CopyArgs) == 24, "CopyArgs changed: p2p-abigen checks the Rust struct against this size");
+static_assert(sizeof(SrArgs) == 88, "SrArgs changed: p2p-abigen checks the Rust struct against this size");
+static_assert(sizeof(SrWaitArgs) == 48, "SrWaitArgs changed: p2p-abigen checks the Rust struct against this size");
