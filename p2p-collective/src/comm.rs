@@ -33,9 +33,9 @@ use p2p_mem::abort::{
 use p2p_transport::peer::{self, LocalRegion, PairP2p, PeerRegion, Sharing};
 
 use crate::error::{Error, Result};
+use crate::exchange::{self, decode_proposal, encode_proposal, Introduction};
 use crate::plan::{self, Access, Kind, Plan, Tuning, MAX_RANKS, THREADS};
 use crate::types::{DataType, Op, RedOp};
-use p2p_mem::wire;
 use p2p_transport::rendezvous::{Group, Rendezvous};
 
 /// The collective kernels (`coll_f32` ... `coll_u8`, each in seven families) and the send/recv
@@ -719,38 +719,28 @@ impl Communicator {
         let host = p2p_transport::hostname();
         let path = listener.path().to_string_lossy().into_owned();
         let planner = planner_words(&options);
-        let blob = tuning
-            .to_words()
-            .iter()
-            .chain(&planner)
-            .fold(
-                wire::Writer::new()
-                    .text(&host)
-                    .text(&path)
-                    .bytes(device.uuid()),
-                |w, x| w.u64(*x),
-            )
-            .finish();
+        let blob = Introduction {
+            host: host.clone(),
+            path,
+            uuid: *device.uuid(),
+            tuning: tuning.to_words(),
+            planner,
+        }
+        .encode();
         let all = group.all_gather(&blob)?;
         let fail = |why: String| Error::Bootstrap { rank, why };
         let mut paths = Vec::with_capacity(rv.world);
         let mut pairs = Vec::new();
         let mut uuids = Vec::with_capacity(rv.world);
         for (r, b) in all.iter().enumerate() {
-            let mut rd = wire::Reader::new(b);
-            let parsed = (|| {
-                let their_host = rd.text(1024)?.to_string();
-                let their_path = rd.text(4096)?.to_string();
-                let uuid = rd.array::<16>()?;
-                let words: Vec<u64> = (0..Tuning::WORDS)
-                    .map(|_| rd.u64())
-                    .collect::<Option<_>>()?;
-                let their_planner = [rd.u64()?, rd.u64()?];
-                rd.end()?;
-                Some((their_host, their_path, uuid, words, their_planner))
-            })();
-            let (their_host, their_path, uuid, theirs, their_planner) =
-                parsed.ok_or_else(|| fail(format!("rank {r} sent a malformed introduction")))?;
+            let Introduction {
+                host: their_host,
+                path: their_path,
+                uuid,
+                tuning: theirs,
+                planner: their_planner,
+            } = Introduction::decode(b)
+                .ok_or_else(|| fail(format!("rank {r} sent a malformed introduction")))?;
             if their_planner != planner {
                 return Err(fail(format!(
                     "rank {r} plans with {}, this rank with {}: every rank needs the same P2P_ALGO and P2P_CHECK (Options::algorithm, Options::check), or ranks run different kernels for one call",
@@ -787,21 +777,11 @@ impl Communicator {
             warn_unused_settings(&options.transport, false);
         }
         let (mine, why) = peer::choose(&options.transport, false, &pairs);
-        let proposal = wire::Writer::new()
-            .u16(mine.code() as u16)
-            .text(&why)
-            .finish();
-        let proposals = group.all_gather(&proposal)?;
+        let proposals = group.all_gather(&encode_proposal(mine.code() as u16, &why))?;
         let (mut sharing, mut reason) = (mine, why);
         for (r, p) in proposals.iter().enumerate() {
-            let mut rd = wire::Reader::new(p);
-            let (code, text) = (|| {
-                let code = rd.u16()?;
-                let text = rd.text(4096)?.to_string();
-                rd.end()?;
-                Some((code, text))
-            })()
-            .ok_or_else(|| fail(format!("rank {r} sent a malformed proposal")))?;
+            let (code, text) = decode_proposal(p)
+                .ok_or_else(|| fail(format!("rank {r} sent a malformed proposal")))?;
             let theirs = u8::try_from(code)
                 .ok()
                 .and_then(Sharing::from_code)
@@ -1037,13 +1017,13 @@ impl Communicator {
             .check_registrable(buf)
             .and_then(|()| Ok(peer::export_memory(buf)?));
         let blob = match &mine {
-            Ok(h) => wire::Writer::new()
-                .u16(1)
-                .u64(buf.byte_len() as u64)
-                .blob(&h.header),
-            Err(e) => wire::Writer::new().u16(0).text(&e.to_string()),
+            Ok(h) => exchange::Registration::Exported {
+                len: buf.byte_len() as u64,
+                header: h.header.clone(),
+            },
+            Err(e) => exchange::Registration::Refused(e.to_string()),
         }
-        .finish();
+        .encode();
         let all = group.all_gather(&blob)?;
         mine?;
         let fail = |why: String| Error::InvalidArgument {
@@ -1054,16 +1034,8 @@ impl Communicator {
         let mut peers = [0u64; MAX_RANKS];
         let mut mappings = Vec::new();
         for (r, b) in all.iter().enumerate() {
-            let mut rd = wire::Reader::new(b);
-            match rd.u16() {
-                Some(1) => {
-                    let (len, header) = (|| {
-                        let len = rd.u64()?;
-                        let header = rd.blob(4096)?.to_vec();
-                        rd.end()?;
-                        Some((len, header))
-                    })()
-                    .ok_or_else(|| fail(format!("rank {r} sent a malformed registration")))?;
+            match exchange::Registration::decode(b) {
+                Some(exchange::Registration::Exported { len, header }) => {
                     if len != buf.byte_len() as u64 {
                         return Err(fail(format!(
                             "rank {r} registered {len} bytes, this rank {}: every rank registers a buffer of the same size",
@@ -1079,13 +1051,12 @@ impl Communicator {
                     peers[r] = imported.device_ptr();
                     mappings.push(imported);
                 }
-                Some(0) => {
+                Some(exchange::Registration::Refused(why)) => {
                     return Err(fail(format!(
-                        "rank {r} could not register its buffer: {}",
-                        rd.text(4096).unwrap_or("(unreadable reason)")
+                        "rank {r} could not register its buffer: {why}"
                     )))
                 }
-                _ => return Err(fail(format!("rank {r} sent a malformed registration"))),
+                None => return Err(fail(format!("rank {r} sent a malformed registration"))),
             }
         }
         Ok(self.add_window(buf, peers, mappings))

@@ -40,6 +40,7 @@ mod abi {
 }
 pub mod comm;
 mod error;
+mod exchange;
 pub mod launch;
 pub mod p2p;
 pub mod plan;

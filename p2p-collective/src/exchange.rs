@@ -1,0 +1,268 @@
+//! The byte formats of what one process-per-GPU rank sends the others through the rendezvous
+//! group's exchanges: its introduction and its sharing proposal in `init`, its buffer in
+//! `register`. Each is `wire`'s `Writer`/`Reader` in a fixed order, encoded and decoded here side
+//! by side so the two cannot drift, and decoded without panicking whatever arrives (the group's
+//! peers have authenticated, but their bytes are still checked: mutation tests below).
+
+use p2p_mem::wire;
+
+use crate::plan::Tuning;
+
+/// The longest host name an introduction may carry.
+const MAX_HOST: usize = 1024;
+/// The longest socket path, proposal reason or refusal an exchange may carry.
+const MAX_TEXT: usize = 4096;
+/// The longest registration header (a legacy IPC handle is 112 bytes).
+const MAX_HEADER: usize = 4096;
+
+/// A rank's introduction in `init`: where it runs, where its workspace socket is, its GPU, and
+/// the tuning and planner settings every rank must share.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Introduction {
+    /// The host name.
+    pub host: String,
+    /// The path of the rank's workspace socket.
+    pub path: String,
+    /// The rank's GPU.
+    pub uuid: [u8; 16],
+    /// `Tuning::to_words`.
+    pub tuning: [u64; Tuning::WORDS],
+    /// The planner settings' words (algorithm, check).
+    pub planner: [u64; 2],
+}
+
+impl Introduction {
+    pub fn encode(&self) -> Vec<u8> {
+        self.tuning
+            .iter()
+            .chain(&self.planner)
+            .fold(
+                wire::Writer::new()
+                    .text(&self.host)
+                    .text(&self.path)
+                    .bytes(&self.uuid),
+                |w, x| w.u64(*x),
+            )
+            .finish()
+    }
+
+    /// `None` for anything but an encoded introduction.
+    pub fn decode(b: &[u8]) -> Option<Introduction> {
+        let mut rd = wire::Reader::new(b);
+        let host = rd.text(MAX_HOST)?.to_string();
+        let path = rd.text(MAX_TEXT)?.to_string();
+        let uuid = rd.array::<16>()?;
+        let mut tuning = [0u64; Tuning::WORDS];
+        for w in &mut tuning {
+            *w = rd.u64()?;
+        }
+        let planner = [rd.u64()?, rd.u64()?];
+        rd.end()?;
+        Some(Introduction {
+            host,
+            path,
+            uuid,
+            tuning,
+            planner,
+        })
+    }
+}
+
+/// A rank's sharing proposal in `init`: the sharing's code and why.
+pub(crate) fn encode_proposal(code: u16, why: &str) -> Vec<u8> {
+    wire::Writer::new().u16(code).text(why).finish()
+}
+
+/// `None` for anything but an encoded proposal.
+pub(crate) fn decode_proposal(b: &[u8]) -> Option<(u16, String)> {
+    let mut rd = wire::Reader::new(b);
+    let code = rd.u16()?;
+    let why = rd.text(MAX_TEXT)?.to_string();
+    rd.end()?;
+    Some((code, why))
+}
+
+/// What a rank sends in `register`: its buffer's size and export, or why it refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Registration {
+    /// The buffer's size in bytes and its exported handle.
+    Exported { len: u64, header: Vec<u8> },
+    /// Why this rank could not register its buffer.
+    Refused(String),
+}
+
+impl Registration {
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            Registration::Exported { len, header } => {
+                wire::Writer::new().u16(1).u64(*len).blob(header)
+            }
+            Registration::Refused(why) => wire::Writer::new().u16(0).text(why),
+        }
+        .finish()
+    }
+
+    /// `None` for anything but an encoded registration. A refusal whose reason is not readable
+    /// is still a refusal.
+    pub fn decode(b: &[u8]) -> Option<Registration> {
+        let mut rd = wire::Reader::new(b);
+        match rd.u16()? {
+            1 => {
+                let len = rd.u64()?;
+                let header = rd.blob(MAX_HEADER)?.to_vec();
+                rd.end()?;
+                Some(Registration::Exported { len, header })
+            }
+            0 => Some(Registration::Refused(
+                rd.text(MAX_TEXT)
+                    .unwrap_or("(unreadable reason)")
+                    .to_string(),
+            )),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fixed-seed xorshift: reproducible.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n.max(1) as u64) as usize
+        }
+    }
+
+    /// `good` after 1-3 random changes (a flipped bit, a cut, an extra byte, a new byte), or
+    /// random bytes one time in eight.
+    fn mutated(good: &[u8], rng: &mut Rng) -> Vec<u8> {
+        if rng.below(8) == 0 {
+            return (0..rng.below(300)).map(|_| rng.next() as u8).collect();
+        }
+        let mut m = good.to_vec();
+        for _ in 0..=rng.below(3) {
+            if m.is_empty() {
+                break;
+            }
+            let at = rng.below(m.len());
+            match rng.below(4) {
+                0 => m[at] ^= 1 << rng.below(8),
+                1 => m.truncate(at),
+                2 => m.insert(at, rng.next() as u8),
+                _ => m[at] = rng.next() as u8,
+            }
+        }
+        m
+    }
+
+    /// Decodes 30,000 mutations of `good`: no panic, and whatever decodes re-encodes to exactly
+    /// its input (`exact`: false for registrations, whose refusal reads leniently). Returns how
+    /// many decoded and how many did not.
+    fn fuzz<T>(
+        good: &[u8],
+        decode: impl Fn(&[u8]) -> Option<T>,
+        encode: impl Fn(&T) -> Vec<u8>,
+        exact: impl Fn(&T) -> bool,
+    ) -> (usize, usize) {
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ good.len() as u64);
+        let (mut ok, mut refused) = (0, 0);
+        for _ in 0..30_000 {
+            let m = mutated(good, &mut rng);
+            match decode(&m) {
+                Some(t) => {
+                    if exact(&t) {
+                        assert_eq!(encode(&t), m, "a decoded message re-encodes to its bytes");
+                    }
+                    ok += 1;
+                }
+                None => refused += 1,
+            }
+        }
+        (ok, refused)
+    }
+
+    fn introduction() -> Introduction {
+        Introduction {
+            host: "node-7".into(),
+            path: "/run/user/1000/p2p-coll-abc/ws".into(),
+            uuid: [7; 16],
+            tuning: std::array::from_fn(|i| i as u64 * 3),
+            planner: [1, 0],
+        }
+    }
+
+    #[test]
+    fn every_exchange_round_trips() {
+        let i = introduction();
+        assert_eq!(Introduction::decode(&i.encode()), Some(i));
+        let p = encode_proposal(3, "rank 1 has no P2P to rank 0");
+        assert_eq!(
+            decode_proposal(&p),
+            Some((3, "rank 1 has no P2P to rank 0".into()))
+        );
+        for r in [
+            Registration::Exported {
+                len: 1 << 20,
+                header: vec![5; 112],
+            },
+            Registration::Refused("pool memory".into()),
+        ] {
+            assert_eq!(Registration::decode(&r.encode()), Some(r));
+        }
+        assert_eq!(
+            Registration::decode(&wire::Writer::new().u16(0).finish()),
+            Some(Registration::Refused("(unreadable reason)".into()))
+        );
+        assert_eq!(
+            Registration::decode(&wire::Writer::new().u16(2).finish()),
+            None
+        );
+    }
+
+    #[test]
+    fn mutated_exchanges_are_refused_or_read_exactly() {
+        let (ok, refused) = fuzz(
+            &introduction().encode(),
+            Introduction::decode,
+            Introduction::encode,
+            |_| true,
+        );
+        assert!(
+            ok > 2_000 && refused > 10_000,
+            "introductions: {ok} / {refused}"
+        );
+        let (ok, refused) = fuzz(
+            &encode_proposal(2, "the weakest sharing every pair allows"),
+            decode_proposal,
+            |(c, w)| encode_proposal(*c, w),
+            |_| true,
+        );
+        assert!(
+            ok > 2_000 && refused > 10_000,
+            "proposals: {ok} / {refused}"
+        );
+        let exported = Registration::Exported {
+            len: 64 << 20,
+            header: (0..112).map(|i| i as u8).collect(),
+        };
+        let (ok, refused) = fuzz(
+            &exported.encode(),
+            Registration::decode,
+            Registration::encode,
+            |r| matches!(r, Registration::Exported { .. }),
+        );
+        assert!(
+            ok > 2_000 && refused > 10_000,
+            "registrations: {ok} / {refused}"
+        );
+    }
+}
