@@ -126,27 +126,13 @@ impl Registration {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A fixed-seed xorshift: reproducible.
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n.max(1) as u64) as usize
-        }
-    }
+    use p2p_testkit::Rng;
 
     /// `good` after 1-3 random changes (a flipped bit, a cut, an extra byte, a new byte), or
     /// random bytes one time in eight.
     fn mutated(good: &[u8], rng: &mut Rng) -> Vec<u8> {
         if rng.below(8) == 0 {
-            return (0..rng.below(300)).map(|_| rng.next() as u8).collect();
+            return (0..rng.below(300)).map(|_| rng.byte()).collect();
         }
         let mut m = good.to_vec();
         for _ in 0..=rng.below(3) {
@@ -157,8 +143,8 @@ mod tests {
             match rng.below(4) {
                 0 => m[at] ^= 1 << rng.below(8),
                 1 => m.truncate(at),
-                2 => m.insert(at, rng.next() as u8),
-                _ => m[at] = rng.next() as u8,
+                2 => m.insert(at, rng.byte()),
+                _ => m[at] = rng.byte(),
             }
         }
         m
@@ -173,7 +159,7 @@ mod tests {
         encode: impl Fn(&T) -> Vec<u8>,
         exact: impl Fn(&T) -> bool,
     ) -> (usize, usize) {
-        let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ good.len() as u64);
+        let mut rng = Rng::new(good.len() as u64);
         let (mut ok, mut refused) = (0, 0);
         for _ in 0..30_000 {
             let m = mutated(good, &mut rng);

@@ -7,21 +7,7 @@
 use p2p_mem::ipc::{IpcEventHandle, IpcMemHandle};
 use p2p_mem::vmm::{FabricHandle, VmmHandle};
 use p2p_mem::wire::{encode, HandleKind};
-
-/// A fixed-seed xorshift: random, reproducible.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+use p2p_testkit::Rng;
 
 const KINDS: [HandleKind; 4] = [
     HandleKind::IpcMem,
@@ -32,7 +18,7 @@ const KINDS: [HandleKind; 4] = [
 
 /// A valid encoded handle of `kind`, with random opaque bytes.
 fn valid(kind: HandleKind, rng: &mut Rng) -> Vec<u8> {
-    let opaque: Vec<u8> = (0..64).map(|_| rng.next() as u8).collect();
+    let opaque: Vec<u8> = (0..64).map(|_| rng.byte()).collect();
     let sizes = |a: u64, b: u64| [a.to_le_bytes(), b.to_le_bytes()].concat();
     let payload = match kind {
         // raw handle, offset, length
@@ -43,8 +29,8 @@ fn valid(kind: HandleKind, rng: &mut Rng) -> Vec<u8> {
         HandleKind::Fabric => [opaque, sizes(64 << 20, 2 << 20)].concat(),
         other => panic!("a kind this test does not know: {other:?}"),
     };
-    let uuid: [u8; 16] = std::array::from_fn(|_| rng.next() as u8);
-    encode(kind, &uuid, rng.next() as u32, &payload)
+    let uuid: [u8; 16] = std::array::from_fn(|_| rng.byte());
+    encode(kind, &uuid, rng.next_u64() as u32, &payload)
 }
 
 /// One random change: flipped bytes, an edge value in an 8-byte field, a cut, or extra bytes.
@@ -64,10 +50,10 @@ fn mutate(mut b: Vec<u8>, rng: &mut Rng) -> Vec<u8> {
             b[at..at + n].copy_from_slice(&v[..n]);
         }
         2 => b.truncate(rng.below(b.len())),
-        3 => b.extend((0..=rng.below(16)).map(|_| rng.next() as u8)),
+        3 => b.extend((0..=rng.below(16)).map(|_| rng.byte())),
         _ => {
             let i = rng.below(b.len());
-            b[i] = rng.next() as u8;
+            b[i] = rng.byte();
         }
     }
     b
@@ -112,7 +98,7 @@ fn decode_all(b: &[u8]) -> usize {
 
 #[test]
 fn mutated_handles_are_refused_or_decode_to_exactly_what_they_say() {
-    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut rng = Rng::new(1);
     let (mut accepted, mut refused) = (0usize, 0usize);
     for kind in KINDS {
         let good = valid(kind, &mut rng);
@@ -143,7 +129,7 @@ fn mutated_handles_are_refused_or_decode_to_exactly_what_they_say() {
 
 #[test]
 fn sizes_that_cannot_describe_memory_are_refused() {
-    let mut rng = Rng(7);
+    let mut rng = Rng::new(7);
     let with_sizes = |kind: HandleKind, a: u64, b: u64, rng: &mut Rng| {
         let mut good = valid(kind, rng);
         let n = good.len();

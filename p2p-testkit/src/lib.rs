@@ -28,17 +28,37 @@ pub fn all_gpus(n: usize) -> Vec<Device> {
     all
 }
 
+/// A reproducible stream of pseudo-random numbers (xorshift64*), different for every seed: for
+/// test data and for fuzz and mutation tests, which must fail the same way when run again.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// The stream of `seed`.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+    /// The next number.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    /// A number in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n.max(1) as u64) as usize
+    }
+    /// A random byte.
+    pub fn byte(&mut self) -> u8 {
+        (self.next_u64() >> 56) as u8
+    }
+}
+
 /// Deterministic pseudo-random data (xorshift64*), different for every seed.
 pub fn random_u32(seed: u64, n: usize) -> Vec<u32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s >> 12;
-            s ^= s << 25;
-            s ^= s >> 27;
-            (s.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) as u32
-        })
-        .collect()
+    let mut rng = Rng::new(seed);
+    (0..n).map(|_| (rng.next_u64() >> 32) as u32).collect()
 }
 
 /// Random bytes, from [`random_u32`].

@@ -544,14 +544,8 @@ mod tests {
 
     #[test]
     fn random_and_mutated_export_messages_are_refused_or_read_exactly() {
-        // A fixed-seed xorshift: reproducible.
-        let mut state = 0x853c_49e6_748f_ea9bu64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut rng = p2p_testkit::Rng::new(3);
+        let mut next = move || rng.next_u64();
         let header: Vec<u8> = (0..96).map(|i| i as u8).collect();
         let good = export_message(3, &header);
         let (from, e) = parse_export(&good, None).expect("a valid export");
