@@ -58,9 +58,9 @@ pub fn one_way_ns(a: &Device, b: &Device, warmup: u32, iters: u32) -> Result<f64
             starter,
         };
         let mut params = [(&mut args as *mut abi::PingPongArgs).cast::<c_void>()];
-        // SAFETY: p2p_pingpong takes one PingPongArgs (the layout generated from bench_abi.h); `mine` is this GPU's flag,
-        // `theirs` the peer's (peer access enabled above), `res` two u64 on this GPU; all stay
-        // allocated until both streams are synchronised below.
+        // SAFETY: p2p_pingpong takes one PingPongArgs (the layout generated from bench_abi.h);
+        // `mine` is this GPU's flag, `theirs` the peer's (peer access enabled above), `res` two
+        // u64 on this GPU; all stay allocated until both streams are synchronised below.
         Ok(unsafe { m.launch(f, 1, 32, &mut params, s) }?)
     };
     // The responder first, so it is spinning when the starter's first store lands.

@@ -30,6 +30,11 @@ fn strip_comment(line: &str) -> &str {
     line.split("//").next().unwrap_or("").trim()
 }
 
+/// Whether `name` is a plain C name (letters, digits, `_`).
+fn plain_name(name: &str) -> bool {
+    !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
 /// Whether `expr` uses only what an integer expression of numbers and names needs (no calls:
 /// a `(` never follows a name or a number).
 fn integer_expression(expr: &str, extra: &str) -> bool {
@@ -58,8 +63,7 @@ fn static_assert(rest: &str) -> Result<String, String> {
     if let Some(t) = cond.strip_prefix("sizeof(") {
         let (name, size) = t.split_once(')').ok_or_else(bad)?;
         let size = size.trim().strip_prefix("==").ok_or_else(bad)?.trim();
-        let ident = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !ident || size.is_empty() || !size.chars().all(|c| c.is_ascii_digit()) {
+        if !plain_name(name) || size.is_empty() || !size.chars().all(|c| c.is_ascii_digit()) {
             return Err(bad());
         }
         return Ok(format!(
@@ -90,7 +94,7 @@ pub fn translate(header: &str) -> Result<String, String> {
             let (name, expr) = def
                 .split_once(char::is_whitespace)
                 .ok_or_else(|| format!("#define without a value: {line}"))?;
-            if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            if !plain_name(name) {
                 return Err(format!(
                     "#define {name}: only plain names (no function-like macros)"
                 ));

@@ -128,28 +128,6 @@ mod tests {
     use super::*;
     use p2p_testkit::Rng;
 
-    /// `good` after 1-3 random changes (a flipped bit, a cut, an extra byte, a new byte), or
-    /// random bytes one time in eight.
-    fn mutated(good: &[u8], rng: &mut Rng) -> Vec<u8> {
-        if rng.below(8) == 0 {
-            return (0..rng.below(300)).map(|_| rng.byte()).collect();
-        }
-        let mut m = good.to_vec();
-        for _ in 0..=rng.below(3) {
-            if m.is_empty() {
-                break;
-            }
-            let at = rng.below(m.len());
-            match rng.below(4) {
-                0 => m[at] ^= 1 << rng.below(8),
-                1 => m.truncate(at),
-                2 => m.insert(at, rng.byte()),
-                _ => m[at] = rng.byte(),
-            }
-        }
-        m
-    }
-
     /// Decodes 30,000 mutations of `good`: no panic, and whatever decodes re-encodes to exactly
     /// its input (`exact`: false for registrations, whose refusal reads leniently). Returns how
     /// many decoded and how many did not.
@@ -162,7 +140,7 @@ mod tests {
         let mut rng = Rng::new(good.len() as u64);
         let (mut ok, mut refused) = (0, 0);
         for _ in 0..30_000 {
-            let m = mutated(good, &mut rng);
+            let m = rng.mutated(good);
             match decode(&m) {
                 Some(t) => {
                     if exact(&t) {

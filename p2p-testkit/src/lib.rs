@@ -53,6 +53,27 @@ impl Rng {
     pub fn byte(&mut self) -> u8 {
         (self.next_u64() >> 56) as u8
     }
+    /// For mutation tests: `good` after 1-3 random changes (a flipped bit, a cut, an inserted
+    /// byte, a replaced byte), or, one time in eight, up to 300 random bytes.
+    pub fn mutated(&mut self, good: &[u8]) -> Vec<u8> {
+        if self.below(8) == 0 {
+            return (0..self.below(300)).map(|_| self.byte()).collect();
+        }
+        let mut m = good.to_vec();
+        for _ in 0..=self.below(3) {
+            if m.is_empty() {
+                break;
+            }
+            let at = self.below(m.len());
+            match self.below(4) {
+                0 => m[at] ^= 1 << self.below(8),
+                1 => m.truncate(at),
+                2 => m.insert(at, self.byte()),
+                _ => m[at] = self.byte(),
+            }
+        }
+        m
+    }
 }
 
 /// Deterministic pseudo-random data (xorshift64*), different for every seed.

@@ -545,36 +545,13 @@ mod tests {
     #[test]
     fn random_and_mutated_export_messages_are_refused_or_read_exactly() {
         let mut rng = p2p_testkit::Rng::new(3);
-        let mut next = move || rng.next_u64();
         let header: Vec<u8> = (0..96).map(|i| i as u8).collect();
         let good = export_message(3, &header);
         let (from, e) = parse_export(&good, None).expect("a valid export");
         assert_eq!((from, &e.header[..]), (3, &header[..]));
         let (mut accepted, mut refused) = (0, 0);
-        for i in 0..40_000u32 {
-            let mut m = if i % 4 == 0 {
-                // Random bytes, half of them behind a valid message prefix.
-                let n = (next() % 200) as usize;
-                let mut m: Vec<u8> = (0..n).map(|_| next() as u8).collect();
-                if n > 8 && next() % 2 == 0 {
-                    m[..8].copy_from_slice(&good[..8]);
-                }
-                m
-            } else {
-                good.clone()
-            };
-            for _ in 0..=(next() % 3) {
-                if m.is_empty() {
-                    break;
-                }
-                let at = (next() % m.len() as u64) as usize;
-                match next() % 4 {
-                    0 => m[at] ^= 1 << (next() % 8),
-                    1 => m.truncate(at),
-                    2 => m.push(next() as u8),
-                    _ => m[at] = next() as u8,
-                }
-            }
+        for _ in 0..40_000u32 {
+            let m = rng.mutated(&good);
             match parse_export(&m, None) {
                 // Whatever is accepted says exactly what the sender's encoding of it would.
                 Ok((from, e)) => {
