@@ -11,7 +11,8 @@
 //! `nccl_check_max_bytes`).
 
 use std::io::IsTerminal;
-use std::time::Instant;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use p2p_collective::verify::{
     class, compare, expected, in_place_input_offset, input, result_region, Class,
@@ -22,9 +23,11 @@ use p2p_collective::{
 use p2p_mem::{DeviceBuffer, DeviceMemory, DeviceMemoryMut};
 use serde_json::{json, Value};
 
-use crate::nccl::{Borrowed, Bufs, NcclGroup, NcclMode};
+use crate::gate::Gate;
+use crate::nccl::{Borrowed, Bufs, NcclGroup, NcclMode, P2P_SET};
 use crate::p2p::{size_name, Stat};
 use crate::timing;
+use crate::watchdog::{OnFire, Watchdog};
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -61,6 +64,20 @@ pub struct Options {
     /// Also run ours on buffers registered on every rank (`Communicator::register_all`), the
     /// counterpart of NCCL's symmetric windows.
     pub registered: bool,
+    /// The longest one step may take (one implementation at one size and placement: its check,
+    /// eager and graph timing). A step past it is aborted, reported at once, and its
+    /// implementation skipped from there on.
+    pub deadline: Duration,
+    /// Rewritten after every row with everything measured so far (the final JSON's form,
+    /// `"complete": false`), so a run that is killed keeps its rows.
+    pub partial: Option<PathBuf>,
+    /// Also time every graph without the gate (`graph_ungated`: each sample then holds the
+    /// host's cost of launching every rank's graph), to show what the gate takes out.
+    pub graph_ungated: bool,
+    /// Run NCCL's all-to-all on the same buffers as its other collectives (as the benchmark
+    /// did before perf-notes §47): reproduces NVIDIA/nccl issue 1859 (a ring collective after
+    /// sends and receives on one registered buffer waits forever) where the NCCL has it.
+    pub nccl_shared_p2p_buffers: bool,
 }
 
 impl Default for Options {
@@ -81,6 +98,10 @@ impl Default for Options {
             nccl_check_max_bytes: 64 << 20,
             factor: 2,
             registered: true,
+            deadline: Duration::from_secs(60),
+            partial: None,
+            graph_ungated: false,
+            nccl_shared_p2p_buffers: false,
         }
     }
 }
@@ -95,6 +116,35 @@ enum Imp {
     Floor,
 }
 
+impl Imp {
+    /// How the progress lines and errors name it.
+    fn name(self) -> String {
+        match self {
+            Imp::Ours => "ours".into(),
+            Imp::OursRegistered => "ours (registered)".into(),
+            Imp::Nccl(m) => format!("NCCL {}", m.name()),
+            Imp::Floor => "the empty kernel".into(),
+        }
+    }
+
+    /// Its key in `host_us_per_call`.
+    fn key(self) -> &'static str {
+        match self {
+            Imp::Nccl(m) => m.name(),
+            _ => "ours",
+        }
+    }
+
+    /// Whether `other` runs on the same communicators (an abort of one stops both).
+    fn same_comms(self, other: Imp) -> bool {
+        match (self, other) {
+            (Imp::Nccl(a), Imp::Nccl(b)) => a == b,
+            (Imp::Nccl(_), _) | (_, Imp::Nccl(_)) => false,
+            _ => true,
+        }
+    }
+}
+
 struct Rank {
     timer: timing::Timer,
     /// Exact inputs for the whole buffer, built once per (type, pattern) and copied from.
@@ -103,6 +153,8 @@ struct Rank {
     output: DeviceBuffer<u8>,
     /// Registered on every rank (ours on registered buffers), when measured.
     registered: Option<(DeviceBuffer<u8>, DeviceBuffer<u8>)>,
+    /// NCCL's plain mode's buffers for all-to-all (its sends and receives), when kept apart.
+    nccl_p2p: Option<(DeviceBuffer<u8>, DeviceBuffer<u8>)>,
 }
 
 struct Harness<'a> {
@@ -111,14 +163,53 @@ struct Harness<'a> {
     nccl: &'a [NcclGroup],
     ranks: Vec<Rank>,
     /// Every rank's buffers as NCCL takes them, per group (the plain mode uses ours), built once.
-    nccl_bufs: Vec<Vec<Bufs>>,
+    /// Per group, per buffer set (see [`P2P_SET`]).
+    nccl_bufs: Vec<Vec<Vec<Bufs>>>,
+    /// NCCL's all-to-all runs on buffers of its own (NVIDIA/nccl issue 1859).
+    separate_p2p: bool,
     nccl_streams: Vec<p2p_sys::cuda::CUstream>,
     pristine_holds: Option<(DataType, Class)>,
     /// Per rank, loaded on first use.
     floor: Vec<crate::floor::EmptyKernel>,
+    /// Holds every stream while a graph sample is queued.
+    gate: Option<Gate>,
+    /// Watches every step's deadline.
+    watchdog: Watchdog,
+    /// The NCCL group whose step runs now: its asynchronous errors end a wait.
+    active: Option<usize>,
+    /// The longest one wait may take.
+    limit: Duration,
 }
 
-timing::impl_ranks!(Harness<'_>);
+impl timing::Ranks for Harness<'_> {
+    fn timers(&self) -> Vec<&timing::Timer> {
+        self.ranks.iter().map(|r| &r.timer).collect()
+    }
+
+    fn comms(&self) -> &[Communicator] {
+        self.comms
+    }
+
+    fn wait_limit(&self) -> Duration {
+        self.limit
+    }
+
+    fn poll(&self) -> Result<(), String> {
+        if self.watchdog.fired() {
+            return Err("the watchdog aborted the step".into());
+        }
+        if let Some(g) = self.active {
+            self.nccl[g]
+                .async_error()
+                .map_err(|e| format!("NCCL reports an error: {e}"))?;
+        }
+        Ok(())
+    }
+
+    fn gate(&self) -> Option<&Gate> {
+        self.gate.as_ref()
+    }
+}
 
 impl Harness<'_> {
     fn issue(&mut self, imp: Imp, call: &Call, in_place: bool) -> Result<(), String> {
@@ -163,7 +254,7 @@ impl Harness<'_> {
                     call.root,
                     call.count,
                     in_place,
-                    &self.nccl_bufs[g],
+                    &self.nccl_bufs[g][self.nccl_set(call.op)],
                     &self.nccl_streams,
                 )
             }
@@ -181,10 +272,26 @@ impl Harness<'_> {
             .ok_or_else(|| format!("NCCL's {} mode is not set up", mode.name()))
     }
 
-    /// Rank `rank`'s (send, receive) buffers as `imp` uses them.
-    fn buffers(&self, imp: Imp, rank: usize) -> Result<(Borrowed<'_>, Borrowed<'_>), String> {
+    /// The buffer set NCCL runs `op` on: [`P2P_SET`] for the operations it runs as sends and
+    /// receives where the run keeps them apart, else 0.
+    fn nccl_set(&self, op: Op) -> usize {
+        if op == Op::AllToAll && self.separate_p2p {
+            P2P_SET
+        } else {
+            0
+        }
+    }
+
+    /// Rank `rank`'s (send, receive) buffers as `imp` uses them for `op`.
+    fn buffers(
+        &self,
+        imp: Imp,
+        op: Op,
+        rank: usize,
+    ) -> Result<(Borrowed<'_>, Borrowed<'_>), String> {
         let r = &self.ranks[rank];
         let ours = || (Borrowed::buffer(&r.input), Borrowed::buffer(&r.output));
+        let set = self.nccl_set(op);
         match imp {
             Imp::OursRegistered => r
                 .registered
@@ -194,9 +301,14 @@ impl Harness<'_> {
             Imp::Nccl(mode) if mode.windows() => {
                 let g = self.group(mode)?;
                 self.nccl[g]
-                    .window(rank)
+                    .window_of(set, rank)
                     .ok_or_else(|| format!("NCCL's {} mode has no windows", mode.name()))
             }
+            Imp::Nccl(_) if set == P2P_SET => r
+                .nccl_p2p
+                .as_ref()
+                .map(|(i, o)| (Borrowed::buffer(i), Borrowed::buffer(o)))
+                .ok_or_else(|| "no buffers for NCCL's sends and receives".to_string()),
             _ => Ok(ours()),
         }
     }
@@ -222,7 +334,7 @@ impl Harness<'_> {
         for rank in 0..n {
             let (in_len, out_len) = call.op.buffer_lens(call.count, n, rank, call.root);
             let bytes = in_len * size;
-            let (send, recv) = self.buffers(imp, rank)?;
+            let (send, recv) = self.buffers(imp, call.op, rank)?;
             recv.slice(..in_len.max(out_len) * size)
                 .map_err(e)?
                 .memset_u8(0xff)
@@ -241,11 +353,11 @@ impl Harness<'_> {
             }
         }
         self.issue(imp, call, in_place)?;
-        self.sync()?;
+        timing::Ranks::sync(self)?;
         let mut wrong = 0;
         for rank in 0..n {
             let (off, len) = result_region(call, n, rank, in_place);
-            let (_, recv) = self.buffers(imp, rank)?;
+            let (_, recv) = self.buffers(imp, call.op, rank)?;
             let got = recv
                 .slice(off * size..(off + len) * size)
                 .and_then(|v| v.to_host_vec::<u8>())
@@ -259,16 +371,97 @@ impl Harness<'_> {
     /// calls captured in one CUDA graph per rank (`graph`).
     fn time(
         &mut self,
-        graph: bool,
+        how: Timing,
         (imp, call, in_place): (Imp, &Call, bool),
         iters: usize,
         samples: usize,
     ) -> Result<Stat, String> {
         let issue = |h: &mut Self| h.issue(imp, call, in_place);
-        if graph {
-            timing::graph(self, iters, samples, issue)
-        } else {
-            timing::eager(self, iters, samples, issue)
+        match how {
+            Timing::Eager => timing::eager(self, iters, samples, issue),
+            Timing::Graph => timing::graph(self, iters, samples, true, issue),
+            Timing::GraphUngated => timing::graph(self, iters, samples, false, issue),
+        }
+    }
+
+    /// Arms the watchdog for one step of `imp` (`what` names it): past the deadline, NCCL's
+    /// communicators of that mode are aborted, or ours (their abort flag).
+    fn arm(&mut self, imp: Imp, what: &str) {
+        let on_fire: OnFire = match imp {
+            Imp::Nccl(mode) => match self.group(mode) {
+                Ok(g) => {
+                    self.active = Some(g);
+                    let aborter = self.nccl[g].aborter();
+                    Box::new(move || match aborter.abort() {
+                        Ok(said) => said
+                            .iter()
+                            .for_each(|e| eprintln!("p2p-bench coll: ncclCommAbort: {e}")),
+                        Err(e) => {
+                            // Nothing safe is left to do in this process: its rows so far
+                            // are in the partial results.
+                            eprintln!("p2p-bench coll: FATAL: {e}: the run ends (exit 3)");
+                            std::process::exit(3);
+                        }
+                    })
+                }
+                Err(_) => Box::new(|| {}),
+            },
+            _ => {
+                let handles: Vec<_> = self.comms.iter().map(|c| c.abort_handle()).collect();
+                Box::new(move || handles.iter().for_each(|h| h.abort()))
+            }
+        };
+        self.watchdog.arm(what, self.limit, on_fire);
+    }
+
+    /// Ends the step armed by [`arm`](Self::arm). `Ok` if it left everything usable; else why
+    /// not: the watchdog fired, a stream is still busy, or NCCL reports an error. Then the
+    /// step's implementation is aborted (if the watchdog had not) and the streams drained; an
+    /// `Err` from the outer result means they could not be, and the run must end.
+    fn disarm(&mut self, imp: Imp) -> Result<Result<(), String>, String> {
+        let fired = self.watchdog.disarm();
+        let group = self.active.take();
+        let mut why = fired.map(|_| format!("past its limit of {} s", self.limit.as_secs()));
+        if why.is_none() {
+            let busy: Vec<usize> = (0..self.ranks.len())
+                .filter(|&r| !self.ranks[r].timer.stream.is_idle().unwrap_or(false))
+                .collect();
+            if !busy.is_empty() {
+                why = Some(format!("rank(s) {busy:?} still busy after the step"));
+            }
+        }
+        if why.is_none() {
+            if let Some(g) = group {
+                why = self.nccl[g]
+                    .async_error()
+                    .err()
+                    .map(|e| format!("NCCL: {e}"));
+            }
+        }
+        let Some(why) = why else {
+            return Ok(Ok(()));
+        };
+        match (imp, group) {
+            (Imp::Nccl(_), Some(g)) => match self.nccl[g].aborter().abort() {
+                Ok(said) => said
+                    .iter()
+                    .for_each(|e| eprintln!("p2p-bench coll: ncclCommAbort: {e}")),
+                Err(e) => eprintln!("p2p-bench coll: {e}"),
+            },
+            _ => self.comms.iter().for_each(|c| c.abort()),
+        }
+        // Aborted kernels end within milliseconds; give them a few seconds.
+        let drained = timing::sync_all(
+            self.ranks.iter().map(|r| &r.timer.stream),
+            &[],
+            Duration::from_secs(10),
+            || Ok(()),
+        );
+        match drained {
+            Ok(()) => Ok(Err(why)),
+            Err(e) => Err(format!(
+                "{why}; after the abort the streams did not drain ({e}): the run ends here"
+            )),
         }
     }
 
@@ -304,11 +497,25 @@ pub fn run(opts: &Options) -> Result<Value, String> {
     comm_options.tuning = opts.tuning;
     let comms = Communicator::init_all_with(&devices, comm_options).map_err(|e| e.to_string())?;
     let buf_bytes = opts.max_bytes.max(64);
+    let watchdog = Watchdog::start();
     let mut nccl_groups = Vec::new();
     let mut nccl_setup = json!({});
     if opts.nccl {
         for &mode in &opts.nccl_modes {
-            match NcclGroup::init(&devices, mode, buf_bytes) {
+            // NCCL's set-up has no handle to abort yet: past the deadline the run ends.
+            let what = format!("NCCL's {} set-up", mode.name());
+            watchdog.arm(
+                what.clone(),
+                opts.deadline,
+                Box::new(move || {
+                    eprintln!("p2p-bench coll: {what} hung: the run ends (exit 3)");
+                    std::process::exit(3);
+                }),
+            );
+            let sets = if opts.nccl_shared_p2p_buffers { 1 } else { 2 };
+            let made = NcclGroup::init(&devices, mode, buf_bytes, sets);
+            watchdog.disarm();
+            match made {
                 Ok(g) => {
                     nccl_setup[mode.name()] = json!("ok");
                     nccl_groups.push(g);
@@ -340,6 +547,17 @@ pub fn run(opts: &Options) -> Result<Value, String> {
             } else {
                 None
             },
+            nccl_p2p: if nccl_groups.iter().any(|g| g.mode() == NcclMode::Plain)
+                && !opts.nccl_shared_p2p_buffers
+                && opts.ops.contains(&Op::AllToAll)
+            {
+                Some((
+                    DeviceBuffer::new(d, buf_bytes).map_err(e)?,
+                    DeviceBuffer::new(d, buf_bytes).map_err(e)?,
+                ))
+            } else {
+                None
+            },
         });
     }
     let registrations = if opts.registered {
@@ -354,17 +572,60 @@ pub fn run(opts: &Options) -> Result<Value, String> {
             recv: r.output.device_ptr(),
         })
         .collect();
+    let p2p_bufs: Vec<Bufs> = ranks
+        .iter()
+        .map(|r| match &r.nccl_p2p {
+            Some((i, o)) => Bufs {
+                send: i.device_ptr(),
+                recv: o.device_ptr(),
+            },
+            None => Bufs {
+                send: r.input.device_ptr(),
+                recv: r.output.device_ptr(),
+            },
+        })
+        .collect();
+    let driver = p2p_sys::driver_version().unwrap_or(0);
+    let mut results = json!({
+        "benchmark": "coll",
+        "date": p2p_transport::utc_now(),
+        "commit": env!("P2PBUILD_COMMIT"),
+        "host": p2p_transport::hostname(),
+        "gpus": devices.iter().map(|d| json!({"ordinal": d.ordinal(), "name": d.name(), "pci_bus_id": d.pci_bus_id()})).collect::<Vec<_>>(),
+        "world": n,
+        "cuda_driver": format!("{}.{}", driver / 1000, driver % 1000 / 10),
+        "nccl_version": nccl_version,
+        "nccl_library": p2p_sys::probe::require(p2p_sys::Library::Nccl).unwrap_or("-"),
+        "nccl_modes": nccl_setup,
+        "nccl_env": {"NCCL_NVLS_ENABLE": std::env::var("NCCL_NVLS_ENABLE").unwrap_or_default()},
+        "tuning": format!("{:?}", comms[0].tuning()),
+        "options": {"samples": opts.samples, "min_bytes": opts.min_bytes, "max_bytes": opts.max_bytes, "graph_max_bytes": opts.graph_max_bytes, "nccl_check_max_bytes": opts.nccl_check_max_bytes, "deadline_s": opts.deadline.as_secs_f64(), "nccl_shared_p2p_buffers": opts.nccl_shared_p2p_buffers},
+        "method": METHOD,
+        "complete": false,
+        "rows": [],
+    });
     let mut h = Harness {
         comms: &comms,
         nccl: &nccl_groups,
         nccl_bufs: nccl_groups
             .iter()
-            .map(|g| g.window_bufs().unwrap_or_else(|| plain_bufs.clone()))
+            .map(|g| {
+                let own = g.window_bufs().unwrap_or_else(|| plain_bufs.clone());
+                let p2p = g
+                    .window_bufs_of(P2P_SET)
+                    .unwrap_or_else(|| p2p_bufs.clone());
+                vec![own, p2p]
+            })
             .collect(),
+        separate_p2p: !opts.nccl_shared_p2p_buffers,
         nccl_streams: ranks.iter().map(|r| r.timer.stream.cu_stream()).collect(),
         ranks,
         pristine_holds: None,
         floor: Vec::new(),
+        gate: Some(Gate::load(&devices).map_err(|e| format!("the timing gate: {e}"))?),
+        watchdog,
+        active: None,
+        limit: opts.deadline,
     };
     let modes: Vec<NcclMode> = nccl_groups.iter().map(|g| g.mode()).collect();
     let mut jobs: Vec<(Op, DataType)> = Vec::new();
@@ -389,10 +650,20 @@ pub fn run(opts: &Options) -> Result<Value, String> {
     } else {
         indicatif::ProgressBar::hidden()
     };
+    let say = |line: String| {
+        if tty {
+            bar.println(line);
+        } else {
+            eprintln!("{line}");
+        }
+    };
     let started = Instant::now();
     let mut rows = Vec::new();
     let mut done = 0;
-    for &(op, dtype) in &jobs {
+    // Why an implementation is skipped from here on: it was aborted (ours, or NCCL's mode).
+    let mut dead: Vec<(Imp, String)> = Vec::new();
+    let mut ended: Option<String> = None;
+    'jobs: for &(op, dtype) in &jobs {
         let per_rank_parts = matches!(op, Op::AllGather | Op::ReduceScatter | Op::AllToAll);
         for &size_asked in &sizes {
             done += 1;
@@ -440,39 +711,57 @@ pub fn run(opts: &Options) -> Result<Value, String> {
                         *slot = json!({"skipped": "NCCL has no in-place all-to-all"});
                         continue;
                     }
-                    let checked = opts.check
-                        && (!matches!(imp, Imp::Nccl(_)) || bytes <= opts.nccl_check_max_bytes);
-                    let wrong = if checked {
-                        h.check(imp, &call, in_place)
-                    } else if opts.check {
-                        Err(format!(
-                            "NCCL checked up to {} only",
-                            size_name(opts.nccl_check_max_bytes)
-                        ))
-                    } else {
-                        Err("not checked (--no-check)".to_string())
-                    };
-                    let eager = h.time(false, (imp, &call, in_place), iters, opts.samples);
-                    let graph = if bytes <= opts.graph_max_bytes && !in_place {
-                        Some(h.time(true, (imp, &call, in_place), iters, opts.samples.min(10)))
-                    } else {
-                        None
-                    };
-                    let fig = |s: &Result<Stat, String>| match s {
-                        Ok(s) => {
-                            let algbw = bytes as f64 / (s.median * 1e3);
-                            json!({"us": s.median, "us_min": s.min, "us_max": s.max, "algbw": algbw, "busbw": algbw * op.bus_factor(n)})
-                        }
-                        Err(e) => json!({"error": e}),
-                    };
-                    let slot = figures_slot(&mut row, imp, place);
-                    *slot = json!({
-                        "wrong": match &wrong { Ok(w) => json!(w), Err(e) => json!({"error": e}) },
-                        "eager": fig(&eager),
-                    });
-                    if let Some(g) = &graph {
-                        slot["graph"] = fig(g);
+                    if let Some((_, why)) = dead.iter().find(|(d, _)| d.same_comms(imp)) {
+                        *slot = json!({ "skipped": why });
+                        continue;
                     }
+                    let what = format!(
+                        "{} {} {} {} {}",
+                        imp.name(),
+                        op.name(),
+                        dtype,
+                        size_name(bytes),
+                        place.replace('_', " ")
+                    );
+                    let step = Step {
+                        imp,
+                        call: &call,
+                        in_place,
+                        bytes,
+                        iters,
+                    };
+                    h.arm(imp, &what);
+                    let (figures, errors) = step.measure(&mut h, opts, n);
+                    *figures_slot(&mut row, imp, place) = figures;
+                    for e in &errors {
+                        say(format!("p2p-bench coll: {what}: {e}"));
+                    }
+                    match h.disarm(imp) {
+                        Ok(Ok(())) => {}
+                        Ok(Err(why)) => {
+                            let whose = match imp {
+                                Imp::Nccl(m) => format!("NCCL's {} communicators", m.name()),
+                                _ => "our communicators".to_string(),
+                            };
+                            let reason = format!("{what}: {why}; {whose} were aborted");
+                            say(format!(
+                                "p2p-bench coll: ERROR {reason}, and are skipped from here on"
+                            ));
+                            figures_slot(&mut row, imp, place)["aborted"] = json!(reason);
+                            dead.push((imp, reason));
+                        }
+                        Err(fatal) => {
+                            say(format!("p2p-bench coll: FATAL {what}: {fatal}"));
+                            figures_slot(&mut row, imp, place)["aborted"] = json!(fatal);
+                            ended = Some(format!("{what}: {fatal}"));
+                        }
+                    }
+                    if ended.is_some() {
+                        break;
+                    }
+                }
+                if ended.is_some() {
+                    break;
                 }
             }
             add_best(&mut row, &modes);
@@ -494,18 +783,39 @@ pub fn run(opts: &Options) -> Result<Value, String> {
                 eprintln!("{line}");
             }
             rows.push(row);
+            results["rows"] = json!(rows);
+            write_partial(opts, &results, &say);
+            if ended.is_some() {
+                break 'jobs;
+            }
         }
     }
     bar.finish_and_clear();
+    if let Some(why) = ended {
+        // Work is still queued on some stream and may use any of the buffers, communicators
+        // and windows: leak them all rather than free memory a kernel may still touch.
+        results["incomplete"] = json!(why);
+        std::mem::forget(h);
+        std::mem::forget(registrations);
+        std::mem::forget(nccl_groups);
+        std::mem::forget(comms);
+        return Ok(results);
+    }
     // Host cost of issuing one call (8 KiB float all-reduce, eager).
     let small = Call::new(Op::AllReduce, DataType::F32, 2048);
     let mut host = json!({});
-    let mut host_imps = vec![(Imp::Ours, "ours")];
-    host_imps.extend(modes.iter().map(|&m| (Imp::Nccl(m), m.name())));
-    for (imp, key) in host_imps {
-        host[key] = match h.host_cost_us(imp, &small) {
-            Ok(us) => json!(us),
-            Err(e) => json!({"error": e}),
+    let mut host_imps = vec![Imp::Ours];
+    host_imps.extend(modes.iter().map(|&m| Imp::Nccl(m)));
+    for imp in host_imps {
+        host[imp.key()] = if let Some((_, why)) = dead.iter().find(|(d, _)| d.same_comms(imp)) {
+            json!({ "skipped": why })
+        } else {
+            h.arm(imp, &format!("{} host cost", imp.name()));
+            let measured = h.host_cost_us(imp, &small);
+            match (h.disarm(imp), measured) {
+                (Ok(Ok(())), Ok(us)) => json!(us),
+                (Ok(Ok(())), Err(e)) | (Ok(Err(e)), _) | (Err(e), _) => json!({"error": e}),
+            }
         };
     }
     // The floor: an empty kernel per rank, launched like ours (one block, programmatic
@@ -516,9 +826,14 @@ pub fn run(opts: &Options) -> Result<Value, String> {
             Ok(s) => json!({"us": s.median, "us_min": s.min, "us_max": s.max}),
             Err(e) => json!({"error": e}),
         };
-        let eager = fig(h.time(false, (Imp::Floor, &floor_call, false), 100, opts.samples));
+        let eager = fig(h.time(
+            Timing::Eager,
+            (Imp::Floor, &floor_call, false),
+            100,
+            opts.samples,
+        ));
         let graph = fig(h.time(
-            true,
+            Timing::Graph,
             (Imp::Floor, &floor_call, false),
             100,
             opts.samples.min(10),
@@ -527,26 +842,132 @@ pub fn run(opts: &Options) -> Result<Value, String> {
     };
     deregister(&comms, registrations)?;
     drop(h);
-    let driver = p2p_sys::driver_version().unwrap_or(0);
-    Ok(json!({
-        "benchmark": "coll",
-        "date": p2p_transport::utc_now(),
-        "commit": env!("P2PBUILD_COMMIT"),
-        "host": p2p_transport::hostname(),
-        "gpus": devices.iter().map(|d| json!({"ordinal": d.ordinal(), "name": d.name(), "pci_bus_id": d.pci_bus_id()})).collect::<Vec<_>>(),
-        "world": n,
-        "cuda_driver": format!("{}.{}", driver / 1000, driver % 1000 / 10),
-        "nccl_version": nccl_version,
-        "nccl_library": p2p_sys::probe::require(p2p_sys::Library::Nccl).unwrap_or("-"),
-        "nccl_modes": nccl_setup,
-        "nccl_env": {"NCCL_NVLS_ENABLE": std::env::var("NCCL_NVLS_ENABLE").unwrap_or_default()},
-        "tuning": format!("{:?}", comms[0].tuning()),
-        "options": {"samples": opts.samples, "min_bytes": opts.min_bytes, "max_bytes": opts.max_bytes, "graph_max_bytes": opts.graph_max_bytes, "nccl_check_max_bytes": opts.nccl_check_max_bytes},
-        "method": "one process drives every GPU; CUDA events on each rank's stream around `iters` back-to-back calls after 3 warm-up calls; the slowest rank's time per call; median of `samples` (graph: up to 10 samples of one graph replay holding `iters` calls). NCCL: one communicator per GPU per mode (ncclCommInitRankConfig in one group, nvlinkCentricSched = 1 as nccl-tests sets it), one ncclGroupStart/End per call across ranks; plain on the same buffers as ours; symmetric windows (nccl-tests -R 2) and copy engine (-x 2 -R 2, all-gather and all-to-all only) on their own ncclMemAlloc buffers registered with ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC). `best` is the fastest NCCL mode at each size, timing and placement; ours/best below 1 means we are faster. #wrong: one call on exact inputs, every output element of every rank compared.",
-        "host_us_per_call": host,
-        "floor_empty_kernel": floor,
-        "rows": rows,
-    }))
+    results["host_us_per_call"] = host;
+    results["floor_empty_kernel"] = floor;
+    results["complete"] = json!(true);
+    if let Some(p) = &opts.partial {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(results)
+}
+
+/// How `coll` times a figure, as `Harness::time` runs it.
+#[derive(Clone, Copy)]
+enum Timing {
+    Eager,
+    /// Graph replays behind the gate.
+    Graph,
+    /// Graph replays without the gate (the host's launch cost included).
+    GraphUngated,
+}
+
+/// What the `method` field of the results says.
+const METHOD: &str = "one process drives every GPU; CUDA events on each rank's stream around `iters` back-to-back calls after 3 warm-up calls; the slowest rank's time per call; median of `samples`. Graph: the `iters` calls captured once per rank, replayed once, then up to 10 samples of one replay each; a gate kernel holds every rank's stream until all the replays and events are queued, so the figure holds the GPUs' time and not the host's cost of launching the graphs (nccl-tests -G hides that cost behind back-to-back launches). NCCL: one communicator per GPU per mode (ncclCommInitRankConfig in one group, nvlinkCentricSched = 1 as nccl-tests sets it), one ncclGroupStart/End per call across ranks; plain on the same buffers as ours; symmetric windows (nccl-tests -R 2) and copy engine (-x 2 -R 2, all-gather and all-to-all only) on their own ncclMemAlloc buffers registered with ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC). `best` is the fastest NCCL mode at each size, timing and placement; ours/best below 1 means we are faster. #wrong: one call on exact inputs, every output element of every rank compared. Every step (one implementation at one size and placement) has a deadline; a step past it, or one NCCL reports an asynchronous error for, is aborted (ncclCommAbort, or our abort flag) and that implementation skipped from there on (`aborted`, `skipped`).";
+
+/// One implementation at one size and placement: its check, eager and graph timing.
+struct Step<'c> {
+    imp: Imp,
+    call: &'c Call,
+    in_place: bool,
+    bytes: usize,
+    iters: usize,
+}
+
+impl Step<'_> {
+    /// The step's figures (the slot of the row) and the errors met, in order.
+    fn measure(&self, h: &mut Harness<'_>, opts: &Options, n: usize) -> (Value, Vec<String>) {
+        let Step {
+            imp,
+            call,
+            in_place,
+            bytes,
+            iters,
+        } = *self;
+        let checked =
+            opts.check && (!matches!(imp, Imp::Nccl(_)) || bytes <= opts.nccl_check_max_bytes);
+        let wrong = if checked {
+            h.check(imp, call, in_place)
+        } else if opts.check {
+            Err(format!(
+                "NCCL checked up to {} only",
+                size_name(opts.nccl_check_max_bytes)
+            ))
+        } else {
+            Err("not checked (--no-check)".to_string())
+        };
+        let mut errors = Vec::new();
+        if let Err(e) = &wrong {
+            if checked {
+                errors.push(format!("check: {e}"));
+            }
+        }
+        let graphs = bytes <= opts.graph_max_bytes && !in_place;
+        let eager = h.time(Timing::Eager, (imp, call, in_place), iters, opts.samples);
+        // After a stall (the watchdog fired, or a wait ran out) the step ends here.
+        let stalled = |h: &Harness<'_>, e: &Result<Stat, String>| {
+            h.watchdog.fired() || e.as_ref().is_err_and(|e| e.starts_with(timing::STALLED))
+        };
+        let stuck = stalled(h, &eager);
+        let graph = (graphs && !stuck).then(|| {
+            h.time(
+                Timing::Graph,
+                (imp, call, in_place),
+                iters,
+                opts.samples.min(10),
+            )
+        });
+        let stuck = stuck || graph.as_ref().is_some_and(|g| stalled(h, g));
+        let ungated = (graphs && opts.graph_ungated && !stuck).then(|| {
+            h.time(
+                Timing::GraphUngated,
+                (imp, call, in_place),
+                iters,
+                opts.samples.min(10),
+            )
+        });
+        let op = call.op;
+        let fig = |s: &Result<Stat, String>| match s {
+            Ok(s) => {
+                let algbw = bytes as f64 / (s.median * 1e3);
+                json!({"us": s.median, "us_min": s.min, "us_max": s.max, "algbw": algbw, "busbw": algbw * op.bus_factor(n)})
+            }
+            Err(e) => json!({"error": e}),
+        };
+        let mut slot = json!({
+            "wrong": match &wrong { Ok(w) => json!(w), Err(e) => json!({"error": e}) },
+            "eager": fig(&eager),
+        });
+        if let Err(e) = &eager {
+            errors.push(format!("eager: {e}"));
+        }
+        for (key, t) in [("graph", &graph), ("graph_ungated", &ungated)] {
+            if let Some(t) = t {
+                slot[key] = fig(t);
+                if let Err(e) = t {
+                    errors.push(format!("{key}: {e}"));
+                }
+            }
+        }
+        (slot, errors)
+    }
+}
+
+/// Rewrites `opts.partial` (if set) with `results` as they stand; a failure is said, not fatal.
+fn write_partial(opts: &Options, results: &Value, say: &impl Fn(String)) {
+    let Some(path) = &opts.partial else {
+        return;
+    };
+    let tmp = path.with_extension("json.tmp");
+    let written = serde_json::to_vec_pretty(results)
+        .map_err(|e| e.to_string())
+        .and_then(|b| std::fs::write(&tmp, b).map_err(|e| e.to_string()))
+        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| e.to_string()));
+    if let Err(e) = written {
+        say(format!(
+            "p2p-bench coll: writing the partial results to {}: {e}",
+            path.display()
+        ));
+    }
 }
 
 /// Where `imp`'s figures for `place` go in a row.
@@ -691,6 +1112,34 @@ pub fn render(r: &Value) -> String {
         num(&r["floor_empty_kernel"]["eager"], "us", 2),
         num(&r["floor_empty_kernel"]["graph"], "us", 2),
     );
+    if let Some(why) = r["incomplete"].as_str() {
+        s += &format!("\n**The run ended early**: {why}\n");
+    } else if r["complete"] == json!(false) {
+        s += "\n**Partial results**: the run had not finished when these rows were written.\n";
+    }
+    let aborted: Vec<&str> = rows
+        .iter()
+        .flat_map(|row| {
+            let mut v = Vec::new();
+            for who in ["ours", "ours_registered"] {
+                for place in ["out_of_place", "in_place"] {
+                    v.push(&row[who][place]["aborted"]);
+                }
+            }
+            for m in NcclMode::ALL {
+                for place in ["out_of_place", "in_place"] {
+                    v.push(&row["nccl"][m.name()][place]["aborted"]);
+                }
+            }
+            v.into_iter().filter_map(Value::as_str).collect::<Vec<_>>()
+        })
+        .collect();
+    if !aborted.is_empty() {
+        s += "\nAborted steps (each implementation named is skipped after its abort):\n\n";
+        for a in aborted {
+            s += &format!("- {a}\n");
+        }
+    }
     for (op, ty) in groups(&rows) {
         s += &format!("\n## {op} {ty}\n\n");
         let mode_cols: String = modes

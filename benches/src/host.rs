@@ -190,7 +190,12 @@ impl Harness {
     }
 
     fn sync(&self) -> Result<(), String> {
-        crate::timing::sync_all(self.ranks.iter().map(|r| &r.stream), &self.comms)
+        crate::timing::sync_all(
+            self.ranks.iter().map(|r| &r.stream),
+            &self.comms,
+            crate::timing::DEFAULT_WAIT,
+            || Ok(()),
+        )
     }
 
     /// Host microseconds per call and rank of one batch of `calls` calls per rank.

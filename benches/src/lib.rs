@@ -12,6 +12,8 @@ pub mod coll;
 pub mod doctor;
 pub mod faults;
 pub mod floor;
+#[allow(unsafe_code)] // the gate's launch and its pinned flags
+pub mod gate;
 pub mod host;
 pub mod kernels;
 #[allow(unsafe_code)] // kernel launches
@@ -21,6 +23,7 @@ pub mod nccl;
 pub mod p2p;
 pub mod sendrecv;
 pub mod timing;
+pub mod watchdog;
 
 use p2p_mem::Device;
 use p2p_sys::Library;

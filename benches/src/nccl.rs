@@ -12,6 +12,8 @@
 //! with `nvlinkCentricSched = 1`.
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use p2p_collective::{DataType, Op, RedOp};
 use p2p_mem::Device;
@@ -124,6 +126,22 @@ fn redop(r: RedOp) -> nccl::ncclRedOp_t {
     }
 }
 
+/// Marks a thread inside an NCCL call while it lives.
+struct Inside<'a>(&'a AtomicBool);
+
+impl<'a> Inside<'a> {
+    fn enter(flag: &'a AtomicBool) -> Inside<'a> {
+        flag.store(true, Ordering::SeqCst);
+        Inside(flag)
+    }
+}
+
+impl Drop for Inside<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
 /// One rank's buffers for a call: device addresses on that rank's GPU.
 #[derive(Debug, Clone, Copy)]
 pub struct Bufs {
@@ -141,6 +159,13 @@ struct Window {
     recv_win: nccl::ncclWindow_t,
 }
 
+/// The buffer set of the operations NCCL runs as sends and receives (all-to-all), where a
+/// group has two: NCCL 2.28 (up to 2.29.2, NVIDIA/nccl issue 1859) leaves the device copy of
+/// a registered buffer's peer addresses zeroed when a ring collective reuses a registration
+/// that sends and receives made, and the peers then wait forever for a null pointer. Keeping
+/// the two kinds of calls on separate buffers avoids it (perf-notes §47).
+pub const P2P_SET: usize = 1;
+
 /// One NCCL communicator per GPU in one mode, with the mode's buffers; all freed on `Drop`.
 pub struct NcclGroup {
     mode: NcclMode,
@@ -149,6 +174,47 @@ pub struct NcclGroup {
     /// Symmetric and copy-engine modes: each rank's registered send and receive buffers.
     windows: Vec<Window>,
     window_bytes: usize,
+    /// Set once the communicators were aborted (by [`abort`](Self::abort) or by the watchdog
+    /// through [`aborter`](Self::aborter)): they are gone, and nothing may use them again.
+    aborted: Arc<AtomicBool>,
+    /// Set while this thread is inside an NCCL call of the group (`issue`, `issue_p2p`): an
+    /// abort from another thread is unsafe then (NCCL frees what the call uses).
+    inside: Arc<AtomicBool>,
+}
+
+/// Aborts one mode's communicators from any thread (the benchmark's watchdog holds one while
+/// a step of that mode runs): `ncclCommAbort` of each, which also ends a call blocked inside
+/// NCCL and NCCL's kernels that wait. Each communicator is aborted once, whoever asks first.
+pub struct Aborter {
+    comms: Vec<(Device, usize)>,
+    aborted: Arc<AtomicBool>,
+    inside: Arc<AtomicBool>,
+}
+
+impl Aborter {
+    /// Aborts the communicators, unless they were already; returns what each abort said. An
+    /// error, aborting nothing, while the owner's thread is inside an NCCL call of the group:
+    /// NCCL documents aborting a blocking communicator under a running call as unsafe.
+    pub fn abort(&self) -> Result<Vec<String>, String> {
+        if self.inside.load(Ordering::SeqCst) {
+            return Err("the benchmark's thread is inside an NCCL call of these communicators, where aborting them is unsafe".into());
+        }
+        if self.aborted.swap(true, Ordering::SeqCst) {
+            return Ok(Vec::new());
+        }
+        let mut said = Vec::new();
+        for (r, (d, comm)) in self.comms.iter().enumerate() {
+            let _ = d.bind_to_thread();
+            // SAFETY: the handle came from ncclCommInitRankConfig and is aborted once (the
+            // flag above); NCCL documents ncclCommAbort as callable while another thread is
+            // blocked in a call on the same communicator. The owner never uses it again.
+            let rc = unsafe { nccl::ncclCommAbort(*comm as nccl::ncclComm_t) };
+            if let Err(e) = check_nccl("ncclCommAbort", rc) {
+                said.push(format!("rank {r}: {e}"));
+            }
+        }
+        Ok(said)
+    }
 }
 
 fn nccl_err(call: &str) -> impl Fn(p2p_sys::Error) -> String + '_ {
@@ -157,12 +223,14 @@ fn nccl_err(call: &str) -> impl Fn(p2p_sys::Error) -> String + '_ {
 
 impl NcclGroup {
     /// One communicator per device (rank r is `devices[r]`) in `mode`; for the modes with
-    /// windows, also a send and a receive buffer of `window_bytes` per rank from `ncclMemAlloc`,
-    /// registered as symmetric windows.
+    /// windows, also `sets` pairs of a send and a receive buffer of `window_bytes` per rank
+    /// from `ncclMemAlloc`, registered as symmetric windows (set 0 for the collectives, set 1,
+    /// if asked for, for the operations NCCL runs as sends and receives: see [`P2P_SET`]).
     pub fn init(
         devices: &[Device],
         mode: NcclMode,
         window_bytes: usize,
+        sets: usize,
     ) -> Result<NcclGroup, String> {
         let v = version_code()?;
         if v < CONFIG_VERSION as i32 {
@@ -205,6 +273,8 @@ impl NcclGroup {
             comms: vec![std::ptr::null_mut(); devices.len()],
             windows: Vec::new(),
             window_bytes,
+            aborted: Arc::new(AtomicBool::new(false)),
+            inside: Arc::new(AtomicBool::new(false)),
         };
         group.grouped("ncclCommInitRankConfig", |r, d, comm| {
             d.bind_to_thread().map_err(|e| e.to_string())?;
@@ -215,7 +285,9 @@ impl NcclGroup {
             })
             .map_err(nccl_err("ncclCommInitRankConfig"))
         })?;
-        if mode.windows() {
+        let window_sets = if mode.windows() { sets.max(1) } else { 0 };
+        for _ in 0..window_sets {
+            let first = group.windows.len();
             for d in devices {
                 d.bind_to_thread().map_err(|e| e.to_string())?;
                 let mut w = Window {
@@ -233,8 +305,10 @@ impl NcclGroup {
                 check_nccl("ncclMemAlloc", rc2).map_err(nccl_err("ncclMemAlloc"))?;
             }
             let comms = group.comms.clone();
-            let wins: Vec<(*mut c_void, *mut c_void)> =
-                group.windows.iter().map(|w| (w.send, w.recv)).collect();
+            let wins: Vec<(*mut c_void, *mut c_void)> = group.windows[first..]
+                .iter()
+                .map(|w| (w.send, w.recv))
+                .collect();
             let mut handles = vec![(std::ptr::null_mut(), std::ptr::null_mut()); wins.len()];
             let registered = group.grouped("ncclCommWindowRegister", |r, d, _| {
                 d.bind_to_thread().map_err(|e| e.to_string())?;
@@ -265,7 +339,7 @@ impl NcclGroup {
                 };
                 check_nccl("ncclCommWindowRegister", rc).map_err(nccl_err("ncclCommWindowRegister"))
             });
-            for (w, (sw, rw)) in group.windows.iter_mut().zip(handles) {
+            for (w, (sw, rw)) in group.windows[first..].iter_mut().zip(handles) {
                 w.send_win = sw;
                 w.recv_win = rw;
             }
@@ -302,12 +376,71 @@ impl NcclGroup {
         self.mode
     }
 
+    /// Whether the communicators were aborted (they are gone).
+    pub fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::SeqCst)
+    }
+
+    fn usable(&self) -> Result<(), String> {
+        if self.is_aborted() {
+            return Err(format!(
+                "NCCL's {} communicators were aborted",
+                self.mode.name()
+            ));
+        }
+        Ok(())
+    }
+
+    /// What aborts these communicators from another thread (see [`Aborter`]).
+    pub fn aborter(&self) -> Aborter {
+        Aborter {
+            comms: self
+                .devices
+                .iter()
+                .cloned()
+                .zip(self.comms.iter().map(|c| *c as usize))
+                .collect(),
+            aborted: self.aborted.clone(),
+            inside: self.inside.clone(),
+        }
+    }
+
+    /// The first asynchronous error NCCL reports on any rank (`ncclCommGetAsyncError`), named
+    /// by rank; `Ok` while none has (`ncclInProgress` counts as none).
+    pub fn async_error(&self) -> Result<(), String> {
+        self.usable()?;
+        for (r, comm) in self.comms.iter().enumerate() {
+            let mut state = nccl::ncclResult_t::ncclSuccess;
+            // SAFETY: a live communicator (not aborted, checked above); `state` is an
+            // out-pointer.
+            let rc = unsafe { nccl::ncclCommGetAsyncError(*comm, &mut state) };
+            check_nccl("ncclCommGetAsyncError", rc).map_err(|e| format!("rank {r}: {e}"))?;
+            if !matches!(
+                state,
+                nccl::ncclResult_t::ncclSuccess | nccl::ncclResult_t::ncclInProgress
+            ) {
+                let e = check_nccl("NCCL's asynchronous error", state)
+                    .err()
+                    .map_or_else(|| format!("{state:?}"), |e| e.to_string());
+                return Err(format!("rank {r}: {e}"));
+            }
+        }
+        Ok(())
+    }
+
     /// Every rank's registered send and receive buffers, `window_bytes` each (window modes
     /// only). They stay allocated until this group drops.
     pub fn window_bufs(&self) -> Option<Vec<Bufs>> {
-        (!self.windows.is_empty()).then(|| {
-            self.windows
-                .iter()
+        self.window_bufs_of(0)
+    }
+
+    /// As [`window_bufs`](Self::window_bufs), of buffer set `set` (`None` if the group has no
+    /// such set).
+    pub fn window_bufs_of(&self, set: usize) -> Option<Vec<Bufs>> {
+        let n = self.devices.len();
+        let ws = self.windows.get(set * n..(set + 1) * n)?;
+        (!ws.is_empty()).then(|| {
+            ws.iter()
                 .map(|w| Bufs {
                     send: w.send as u64,
                     recv: w.recv as u64,
@@ -332,6 +465,8 @@ impl NcclGroup {
         bufs: &[Bufs],
         streams: &[p2p_sys::cuda::CUstream],
     ) -> Result<(), String> {
+        self.usable()?;
+        let _inside = Inside::enter(&self.inside);
         // SAFETY: plain call; it only opens a group.
         check_nccl("ncclGroupStart", unsafe { nccl::ncclGroupStart() })
             .map_err(|e| e.to_string())?;
@@ -399,6 +534,8 @@ impl NcclGroup {
         streams: &[p2p_sys::cuda::CUstream],
         ops: &[Vec<(bool, usize, usize)>],
     ) -> Result<(), String> {
+        self.usable()?;
+        let _inside = Inside::enter(&self.inside);
         // SAFETY: plain call; it only opens a group.
         check_nccl("ncclGroupStart", unsafe { nccl::ncclGroupStart() })
             .map_err(|e| e.to_string())?;
@@ -435,6 +572,11 @@ impl NcclGroup {
 
 impl Drop for NcclGroup {
     fn drop(&mut self) {
+        if self.is_aborted() {
+            // The communicators are gone; their windows stay mapped for as long as this
+            // process lives (peers' aborted communicators may have imported them).
+            return;
+        }
         let report = |what: &'static str, rc| {
             if let Err(e) = check_nccl(what, rc) {
                 eprintln!("releasing NCCL ({}): {e}", self.mode.name());
@@ -443,7 +585,8 @@ impl Drop for NcclGroup {
         if !self.windows.is_empty() && self.windows.iter().all(|w| !w.send_win.is_null()) {
             // SAFETY: opens a group for the collective deregistration below.
             report("ncclGroupStart", unsafe { nccl::ncclGroupStart() });
-            for (r, w) in self.windows.iter().enumerate() {
+            for (i, w) in self.windows.iter().enumerate() {
+                let r = i % self.devices.len();
                 let _ = self.devices[r].bind_to_thread();
                 // SAFETY: each window was registered once on this communicator.
                 report("ncclCommWindowDeregister", unsafe {
@@ -457,8 +600,8 @@ impl Drop for NcclGroup {
             // SAFETY: closes the group.
             report("ncclGroupEnd", unsafe { nccl::ncclGroupEnd() });
         }
-        for (r, w) in self.windows.iter().enumerate() {
-            let _ = self.devices[r].bind_to_thread();
+        for (i, w) in self.windows.iter().enumerate() {
+            let _ = self.devices[i % self.devices.len()].bind_to_thread();
             for p in [w.send, w.recv] {
                 if !p.is_null() {
                     // SAFETY: allocated by ncclMemAlloc, freed once, no longer registered.
@@ -529,11 +672,27 @@ impl NcclGroup {
         self.window_prefix(r, self.window_bytes)
     }
 
+    /// Rank r's registered send and receive buffers of buffer set `set`.
+    pub fn window_of(&self, set: usize, r: usize) -> Option<(Borrowed<'_>, Borrowed<'_>)> {
+        if r >= self.devices.len() {
+            return None;
+        }
+        self.window_at(set * self.devices.len() + r, self.window_bytes)
+    }
+
     /// The first `len` bytes (at most the window's) of rank r's registered send and receive
     /// buffers (window modes only).
     pub fn window_prefix(&self, r: usize, len: usize) -> Option<(Borrowed<'_>, Borrowed<'_>)> {
-        let w = self.windows.get(r)?;
-        let d = &self.devices[r];
+        if r >= self.devices.len() {
+            return None;
+        }
+        self.window_at(r, len)
+    }
+
+    /// The first `len` bytes of window pair `i` (rank `i % n` of set `i / n`).
+    fn window_at(&self, i: usize, len: usize) -> Option<(Borrowed<'_>, Borrowed<'_>)> {
+        let w = self.windows.get(i)?;
+        let d = &self.devices[i % self.devices.len()];
         let len = len.min(self.window_bytes);
         let view = |p: *mut c_void| Borrowed {
             // SAFETY: the buffer came from ncclMemAlloc on rank r's GPU with `window_bytes`

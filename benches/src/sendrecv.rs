@@ -136,6 +136,8 @@ struct Harness<'a> {
     bufs: Vec<Bufs>,
     mem_bufs: Vec<Bufs>,
     streams: Vec<p2p_sys::cuda::CUstream>,
+    /// Holds every stream while a graph sample is queued (`timing::graph`).
+    gate: Option<crate::gate::Gate>,
 }
 
 timing::impl_ranks!(Harness<'_>);
@@ -289,7 +291,7 @@ pub fn run(opts: &Options) -> Result<Value, String> {
         if !opts.nccl {
             return None;
         }
-        match NcclGroup::init(&devices, mode, window_bytes) {
+        match NcclGroup::init(&devices, mode, window_bytes, 1) {
             Ok(g) => Some(g),
             Err(e) => {
                 eprintln!(
@@ -333,6 +335,7 @@ pub fn run(opts: &Options) -> Result<Value, String> {
         bufs,
         mem_bufs,
         streams,
+        gate: Some(crate::gate::Gate::load(&devices).map_err(|e| e.to_string())?),
     };
     let imps: Vec<_> = IMPS
         .into_iter()
@@ -352,8 +355,10 @@ pub fn run(opts: &Options) -> Result<Value, String> {
             // Microseconds per exchange: the slowest rank, median over samples; eager, then
             // `iters` exchanges captured in one CUDA graph per rank.
             let eager = timing::eager(&mut h, iters, opts.samples, |h| h.issue(imp, bytes))?.median;
-            let graph =
-                timing::graph(&mut h, iters, opts.samples.min(10), |h| h.issue(imp, bytes))?.median;
+            let graph = timing::graph(&mut h, iters, opts.samples.min(10), true, |h| {
+                h.issue(imp, bytes)
+            })?
+            .median;
             row[name] = json!({
                 "wrong": wrong,
                 "eager_us": eager,

@@ -2,9 +2,12 @@
 //! CUDA events on each rank's stream around a batch of calls, the slowest rank's time per call,
 //! and the same batch captured once in a CUDA graph per rank and replayed.
 
+use std::time::{Duration, Instant};
+
 use p2p_collective::Communicator;
 use p2p_mem::{Device, Event, GraphExec, Stream};
 
+use crate::gate::Gate;
 use crate::p2p::Stat;
 
 /// One rank's stream and the two timestamp events around a timed batch on it.
@@ -35,14 +38,36 @@ pub trait Ranks {
     fn timers(&self) -> Vec<&Timer>;
     /// The communicators whose failed calls [`sync`](Self::sync) reports.
     fn comms(&self) -> &[Communicator];
-    /// Waits for every rank's stream and reports a failed call.
+    /// The longest one wait for the streams may take.
+    fn wait_limit(&self) -> Duration {
+        DEFAULT_WAIT
+    }
+    /// Checked between polls while waiting (another library's asynchronous error, a watchdog
+    /// that fired): an error ends the wait at once.
+    fn poll(&self) -> Result<(), String> {
+        Ok(())
+    }
+    /// The gate that graph timing queues in front of the replays ([`Gate`]), if loaded.
+    fn gate(&self) -> Option<&Gate> {
+        None
+    }
+    /// Waits (at most [`wait_limit`](Self::wait_limit)) for every rank's stream and reports a
+    /// failed call.
     fn sync(&self) -> Result<(), String> {
-        sync_all(self.timers().into_iter().map(|t| &t.stream), self.comms())
+        sync_all(
+            self.timers().into_iter().map(|t| &t.stream),
+            self.comms(),
+            self.wait_limit(),
+            || self.poll(),
+        )
     }
 }
 
-/// Implements [`Ranks`] for a harness type whose `ranks` (a `Vec`) each hold a `timer` and
-/// whose `comms` are the communicators.
+/// The wait limit of a harness that sets none.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(60);
+
+/// Implements [`Ranks`] for a harness type whose `ranks` (a `Vec`) each hold a `timer`, whose
+/// `comms` are the communicators and whose `gate` (an `Option<Gate>`) gates graph timing.
 macro_rules! impl_ranks {
     ($harness:ty) => {
         impl $crate::timing::Ranks for $harness {
@@ -52,6 +77,10 @@ macro_rules! impl_ranks {
 
             fn comms(&self) -> &[p2p_collective::Communicator] {
                 self.comms
+            }
+
+            fn gate(&self) -> Option<&$crate::gate::Gate> {
+                self.gate.as_ref()
             }
         }
     };
@@ -63,13 +92,43 @@ pub fn iters_for(bytes: usize) -> usize {
     ((1usize << 30) / bytes.max(1)).clamp(5, 100)
 }
 
-/// Waits for every stream, then reports a call that failed on any communicator.
+/// What [`sync_all`] says when a wait outlives its limit: it begins so, and the rest names the
+/// ranks whose streams were still busy.
+pub const STALLED: &str = "stalled:";
+
+/// Waits for every stream (polling each, at most `limit` in all), then reports a call that
+/// failed on any communicator. `poll` runs between polls; its error ends the wait. A wait past
+/// `limit` is an error that begins with [`STALLED`] and names the ranks still busy (the work
+/// goes on: stopping it is the caller's).
 pub fn sync_all<'a>(
     streams: impl IntoIterator<Item = &'a Stream>,
     comms: &[Communicator],
+    limit: Duration,
+    poll: impl Fn() -> Result<(), String>,
 ) -> Result<(), String> {
-    for s in streams {
-        s.synchronize().map_err(|e| e.to_string())?;
+    let streams: Vec<&Stream> = streams.into_iter().collect();
+    let deadline = Instant::now() + limit;
+    let mut pause = Duration::from_micros(20);
+    loop {
+        let mut busy = Vec::new();
+        for (r, s) in streams.iter().enumerate() {
+            if !s.is_idle().map_err(|e| format!("rank {r}: {e}"))? {
+                busy.push(r);
+            }
+        }
+        if busy.is_empty() {
+            break;
+        }
+        poll().map_err(|e| format!("{e} (rank(s) {} still busy)", list(&busy)))?;
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "{STALLED} rank(s) {} did not finish within {:.0} s",
+                list(&busy),
+                limit.as_secs_f64()
+            ));
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(1));
     }
     for c in comms {
         c.check().map_err(|e| e.to_string())?;
@@ -77,12 +136,23 @@ pub fn sync_all<'a>(
     Ok(())
 }
 
+fn list(ranks: &[usize]) -> String {
+    ranks
+        .iter()
+        .map(|r| r.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// `samples` times: events around `body` (which queues `iters` calls) on every rank; each
-/// sample is the slowest rank's microseconds per call.
+/// sample is the slowest rank's microseconds per call. `gated` (and a harness with a
+/// [`Gate`]): the gate holds every stream until `body` has queued everything, so the figure
+/// holds the GPUs' time without the host's cost of queueing it.
 pub fn sample<H: Ranks>(
     h: &mut H,
     iters: usize,
     samples: usize,
+    gated: bool,
     mut body: impl FnMut(&mut H) -> Result<(), String>,
 ) -> Result<Stat, String> {
     if samples == 0 || iters == 0 {
@@ -90,14 +160,19 @@ pub fn sample<H: Ranks>(
     }
     let mut v = Vec::with_capacity(samples);
     for _ in 0..samples {
-        for t in h.timers() {
-            t.start.record(&t.stream).map_err(|e| e.to_string())?;
+        let gate = gated && h.gate().is_some();
+        if let Some(g) = h.gate().filter(|_| gate) {
+            g.close(&h.timers().iter().map(|t| &t.stream).collect::<Vec<_>>())?;
         }
-        body(h)?;
-        for t in h.timers() {
-            t.stop.record(&t.stream).map_err(|e| e.to_string())?;
+        let queued = queue_sample(h, &mut body);
+        if let Some(g) = h.gate().filter(|_| gate) {
+            g.open();
         }
+        queued?;
         h.sync()?;
+        if let Some(g) = h.gate().filter(|_| gate) {
+            g.check()?;
+        }
         let mut worst = 0.0f64;
         for t in h.timers() {
             let ms = t.start.elapsed_ms(&t.stop).map_err(|e| e.to_string())?;
@@ -106,6 +181,21 @@ pub fn sample<H: Ranks>(
         v.push(worst);
     }
     Ok(Stat::of(v))
+}
+
+/// The start events, `body`, the stop events.
+fn queue_sample<H: Ranks>(
+    h: &mut H,
+    body: &mut impl FnMut(&mut H) -> Result<(), String>,
+) -> Result<(), String> {
+    for t in h.timers() {
+        t.start.record(&t.stream).map_err(|e| e.to_string())?;
+    }
+    body(h)?;
+    for t in h.timers() {
+        t.stop.record(&t.stream).map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 /// Eager timing: 3 warm-up calls of `issue`, then [`sample`] over batches of `iters` calls.
@@ -119,7 +209,7 @@ pub fn eager<H: Ranks>(
         issue(h)?;
     }
     h.sync()?;
-    sample(h, iters, samples, |h| {
+    sample(h, iters, samples, false, |h| {
         for _ in 0..iters {
             issue(h)?;
         }
@@ -128,11 +218,14 @@ pub fn eager<H: Ranks>(
 }
 
 /// Captures `iters` calls of `issue` in one CUDA graph per rank, replays it once, then times
-/// `samples` replays with [`sample`].
+/// `samples` replays with [`sample`]: `gated`, behind the harness's [`Gate`] (the GPUs' time,
+/// as nccl-tests `-G` measures it once its back-to-back launches hide their cost), or not (each
+/// sample then also holds the host's cost of launching every rank's graph in turn).
 pub fn graph<H: Ranks>(
     h: &mut H,
     iters: usize,
     samples: usize,
+    gated: bool,
     mut issue: impl FnMut(&mut H) -> Result<(), String>,
 ) -> Result<Stat, String> {
     for t in h.timers() {
@@ -170,5 +263,5 @@ pub fn graph<H: Ranks>(
     };
     launch(h)?;
     h.sync()?;
-    sample(h, iters, samples, launch)
+    sample(h, iters, samples, gated, launch)
 }

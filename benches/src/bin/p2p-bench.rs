@@ -119,6 +119,21 @@ enum Command {
         /// Skip the correctness check before each figure (tuning sweeps only).
         #[arg(long)]
         no_check: bool,
+        /// The longest one step may take, seconds (one implementation at one size and
+        /// placement: its check, eager and graph timing). A step past it, or one NCCL reports
+        /// an error for, is aborted and reported at once; that implementation is skipped from
+        /// there on.
+        #[arg(long, default_value_t = 60)]
+        deadline_s: u64,
+        /// Also time every graph without the timing gate (the host's cost of launching the
+        /// graphs then counts: `graph_ungated` in the JSON), to show what the gate takes out.
+        #[arg(long)]
+        graph_ungated: bool,
+        /// Run NCCL's all-to-all on the same buffers as its other collectives: reproduces
+        /// NVIDIA/nccl issue 1859 (NCCL before 2.29.2: a ring collective after sends and
+        /// receives on one registered buffer waits forever). By default they are kept apart.
+        #[arg(long)]
+        nccl_shared_p2p_buffers: bool,
         #[command(flatten)]
         tuning: Box<TuningArgs>,
     },
@@ -339,6 +354,9 @@ fn main() -> ExitCode {
             factor,
             types,
             no_check,
+            deadline_s,
+            graph_ungated,
+            nccl_shared_p2p_buffers,
             tuning,
         } => {
             let mut chosen = Vec::new();
@@ -413,8 +431,16 @@ fn main() -> ExitCode {
                     all_reduce_types
                 },
                 tuning: tuning_from(&tuning),
+                deadline: std::time::Duration::from_secs(deadline_s.max(1)),
+                partial: Some(out.join("coll-partial.json")),
+                graph_ungated,
+                nccl_shared_p2p_buffers,
                 ..defaults
             };
+            if let Err(e) = std::fs::create_dir_all(&out) {
+                eprintln!("p2p-bench coll: creating {}: {e}", out.display());
+                return ExitCode::FAILURE;
+            }
             coll_cmd(out, &opts)
         }
         Command::Launch { nprocs, command } => launch_cmd(nprocs, &command),
@@ -619,6 +645,10 @@ fn coll_cmd(out: PathBuf, opts: &p2p_benches::coll::Options) -> ExitCode {
     if wrong > 0 {
         eprintln!("p2p-bench coll: {wrong} wrong elements in our results: see the #wrong columns");
         return ExitCode::FAILURE;
+    }
+    if let Some(why) = results["incomplete"].as_str() {
+        eprintln!("p2p-bench coll: the run ended early: {why}");
+        return ExitCode::from(3);
     }
     ExitCode::SUCCESS
 }

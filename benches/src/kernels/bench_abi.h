@@ -1,5 +1,5 @@
-// The interface between the tools' Rust (doctor.rs, latency.rs) and their kernels (probe.cu,
-// latency.cu), written once: NVRTC compiles it in front of each of them, and the crate's
+// The interface between the tools' Rust (doctor.rs, latency.rs, gate.rs) and their kernels
+// (probe.cu, latency.cu, gate.cu), written once: NVRTC compiles it in front of each of them, and the crate's
 // build.rs turns it into Rust (`kernels::abi`) with p2p-abigen (which says what
 // forms this file keeps to).
 
@@ -30,6 +30,16 @@ struct PingPongArgs {
     int starter;                 // nonzero: this side stores first
 };
 
+// One launch of p2p_gate (one thread): holds its stream until the host opens the gate or the
+// time limit passes, so that the work queued behind it starts at once when it opens (graph
+// timing without the host's launch cost in the figure).
+struct GateArgs {
+    volatile int* open;          // pinned host flag: nonzero opens the gate
+    volatile int* timed_out;     // pinned host flag: the kernel sets it to 1 if it gave up
+    u64 timeout_ns;              // how long the gate may hold its stream
+};
+
 static_assert(sizeof(FillArgs) == 24, "FillArgs changed: p2p-abigen checks the Rust struct against this size");
 static_assert(sizeof(CopyArgs) == 24, "CopyArgs changed: p2p-abigen checks the Rust struct against this size");
 static_assert(sizeof(PingPongArgs) == 48, "PingPongArgs changed: p2p-abigen checks the Rust struct against this size");
+static_assert(sizeof(GateArgs) == 24, "GateArgs changed: p2p-abigen checks the Rust struct against this size");
