@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 35 on a 4-GPU machine, in phases each under the device tool's 10 minutes. Carry
+# Issue 35 on a 4-GPU machine (phase probe also on 2 GPUs, without the copy-engine sweeps), in phases each under the device tool's 10 minutes. Carry
 # target/bundle (and .nccl-tests for phase probe). Results: $OUT/x4-35-PHASE.tgz.
 #   x4-35.sh probe  the benchmark hang (perf-notes §47: NCCL issue 1859 reproduced with
 #                   --nccl-shared-p2p-buffers, then the same without registration, then the
@@ -38,6 +38,7 @@ case $phase in
     nccl_tests all_reduce sym-graph -b 8 -e 2M -f 8 -R 2 -G 100
     nccl_tests all_reduce plain-graph -b 8 -e 2M -f 8 -G 100
     for w in 4 3; do
+      [ "$w" -gt "$n" ] && { note "copy engines at $w ranks: skipped, $n GPUs here"; continue; }
       for v in ce0 defaults; do
         f=(); [ $v = ce0 ] && f=(--ce-more-ranks-mib 0)
         bench "ce-w$w-$v" 100 --gpus "$w" --ops all_gather,all_to_all --min-bytes 16777216 --factor 4 --nccl-modes copy_engine --samples 10 "${f[@]}"
