@@ -347,7 +347,7 @@ impl Stream {
     }
 
     /// Whether everything queued on the stream has finished, without waiting
-    /// (`cuStreamQuery`): the building block of a wait with a deadline, which polls this.
+    /// (`cuStreamQuery`): what a wait with a deadline polls.
     /// A fault of queued work is an error, as [`synchronize`](Self::synchronize) reports it.
     pub fn is_idle(&self) -> Result<bool> {
         self.device.bind_to_thread()?;
@@ -358,25 +358,6 @@ impl Stream {
         }
         p2p_sys::check_cu("cuStreamQuery", r).on(self.device.ordinal())?;
         Ok(true)
-    }
-
-    /// Waits until the stream is idle or `limit` has passed, polling [`is_idle`](Self::is_idle)
-    /// (a sleep that grows from 20 us to 1 ms between polls, so that a short wait stays
-    /// short): `Ok(true)` once idle, `Ok(false)` if work is still queued at the deadline. The
-    /// work itself goes on; stopping it is the caller's (an abort flag its kernels read).
-    pub fn synchronize_within(&self, limit: std::time::Duration) -> Result<bool> {
-        let deadline = std::time::Instant::now() + limit;
-        let mut pause = std::time::Duration::from_micros(20);
-        loop {
-            if self.is_idle()? {
-                return Ok(true);
-            }
-            if std::time::Instant::now() >= deadline {
-                return Ok(false);
-            }
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(std::time::Duration::from_millis(1));
-        }
     }
 }
 
