@@ -435,6 +435,26 @@ pub fn check_fd_limit(soft: u64, hard: u64) -> Finding {
     }
 }
 
+/// The driver's CUDA version against the oldest p2p supports ([`p2p_sys::MIN_DRIVER_VERSION`]).
+pub fn check_driver(version: i32) -> Finding {
+    let evidence = format!(
+        "libcuda loaded, CUDA {} (p2p needs {} or newer)",
+        p2p_sys::version_text(version),
+        p2p_sys::version_text(p2p_sys::MIN_DRIVER_VERSION)
+    );
+    if version >= p2p_sys::MIN_DRIVER_VERSION {
+        finding("driver", "system", Status::Ok, evidence, "")
+    } else {
+        finding(
+            "driver",
+            "system",
+            Status::Fail,
+            evidence,
+            "update the NVIDIA driver to 550 or newer (CUDA 12.4+)",
+        )
+    }
+}
+
 /// Fabric handles need an IMEX channel; within one host POSIX fds do the same job.
 pub fn check_imex(fabric_supported: bool, channels: Option<usize>) -> Finding {
     match (fabric_supported, channels) {
@@ -444,26 +464,57 @@ pub fn check_imex(fabric_supported: bool, channels: Option<usize>) -> Finding {
     }
 }
 
-/// The collective kernels: NVRTC, which every communicator needs (it compiles them, or keys
-/// the cache with its release), and whether the kernel cache already holds them for each GPU
-/// architecture (`archs`: target, parts cached, of `parts`), else a process's first
-/// communicator compiles them for seconds.
+/// The collective kernels, per GPU architecture (`archs`: target, whether its cubins ship
+/// with p2p, parts in the kernel cache, of `parts`): shipped ones need nothing; the others need
+/// NVRTC (to compile them, and to key the cache with its release), and unless the cache holds
+/// them a process's first communicator compiles them for seconds.
 pub fn check_kernels(
     compiler: Result<String, String>,
     cache: Option<&std::path::Path>,
-    archs: &[(String, usize)],
+    archs: &[(String, bool, usize)],
     parts: usize,
 ) -> Finding {
+    let shipped: Vec<&str> = archs
+        .iter()
+        .filter(|(_, shipped, _)| *shipped)
+        .map(|(a, _, _)| a.as_str())
+        .collect();
+    let others: Vec<(&str, usize)> = archs
+        .iter()
+        .filter(|(_, shipped, _)| !*shipped)
+        .map(|(a, _, n)| (a.as_str(), *n))
+        .collect();
+    let shipped_text =
+        (!shipped.is_empty()).then(|| format!("{}: shipped compiled", shipped.join(", ")));
+    if !archs.is_empty() && others.is_empty() {
+        let compiler = compiler.unwrap_or_else(|_| "no NVRTC".into());
+        let evidence = format!(
+            "{}; no compiler needed ({compiler})",
+            shipped_text.unwrap_or_default()
+        );
+        return finding("kernels", "system", Status::Ok, evidence, "");
+    }
+    let prefix = shipped_text.map(|t| format!("{t}; ")).unwrap_or_default();
     let nvrtc = match compiler {
         Ok(c) => c,
+        Err(e) if archs.is_empty() => {
+            return finding(
+                "kernels",
+                "system",
+                Status::Warn,
+                format!("{e}; no GPU here: p2p ships its kernels compiled for sm_80 and sm_90 (and GPUs of the same major), others need NVRTC"),
+                "install NVRTC for GPUs other than sm_80/sm_90 (pip install nvidia-cuda-nvrtc, or the CUDA toolkit's libnvrtc)",
+            )
+        }
         Err(e) => {
+            let names: Vec<&str> = others.iter().map(|(a, _)| *a).collect();
             return finding(
                 "kernels",
                 "system",
                 Status::Fail,
-                format!("{e}: communicators cannot compile their kernels"),
+                format!("{prefix}{e}: communicators on {} cannot compile their kernels (not shipped compiled for them)", names.join(", ")),
                 "install NVRTC (the CUDA toolkit's libnvrtc.so.13, or pip install nvidia-cuda-nvrtc) and make it findable (LD_LIBRARY_PATH)",
-            )
+            );
         }
     };
     let Some(dir) = cache else {
@@ -471,7 +522,7 @@ pub fn check_kernels(
             "kernels",
             "system",
             Status::Warn,
-            format!("{nvrtc}; no kernel cache (neither XDG_CACHE_HOME nor HOME is set): every process compiles the kernels at its first communicator"),
+            format!("{prefix}{nvrtc}; no kernel cache (neither XDG_CACHE_HOME nor HOME is set): every process compiles the kernels at its first communicator"),
             "set HOME or XDG_CACHE_HOME",
         );
     };
@@ -479,13 +530,13 @@ pub fn check_kernels(
         let evidence = format!("{nvrtc}; no GPU here to compile the kernels for");
         return finding("kernels", "system", Status::Ok, evidence, "");
     }
-    let counts = archs
+    let counts = others
         .iter()
         .map(|(arch, n)| format!("{arch}: {n} of {parts} parts cached"))
         .collect::<Vec<_>>()
         .join(", ");
-    let evidence = format!("{nvrtc}; {counts} in {}", dir.display());
-    if archs.iter().all(|(_, n)| *n >= parts) {
+    let evidence = format!("{prefix}{nvrtc}; {counts} in {}", dir.display());
+    if others.iter().all(|(_, n)| *n >= parts) {
         finding("kernels", "system", Status::Ok, evidence, "")
     } else {
         finding(
@@ -598,13 +649,14 @@ pub fn run(functional: bool) -> Report {
         p2p_transport::utc_now()
     );
     match p2p_sys::driver_version() {
-        Ok(v) => findings.push(finding(
-            "driver",
-            "system",
-            Status::Ok,
-            format!("libcuda loaded, CUDA {}.{}", v / 1000, v % 1000 / 10),
-            "",
-        )),
+        Ok(v) => {
+            let f = check_driver(v);
+            let too_old = f.status == Status::Fail;
+            findings.push(f);
+            if too_old {
+                return Report { source, findings };
+            }
+        }
         Err(e) => {
             findings.push(finding(
                 "driver",
@@ -745,8 +797,13 @@ fn kernels_finding(devices: &[Device]) -> Finding {
     let counts = crate::gpu_archs(devices)
         .into_iter()
         .map(|arch| {
-            let n = cached(&COLL_PARTS, &arch).unwrap_or(0);
-            (arch, n)
+            let shipped = p2p_mem::kernel::shipped::available(&COLL_PARTS, &arch);
+            let n = if shipped {
+                0
+            } else {
+                cached(&COLL_PARTS, &arch).unwrap_or(0)
+            };
+            (arch, shipped, n)
         })
         .collect::<Vec<_>>();
     check_kernels(
@@ -947,20 +1004,40 @@ mod tests {
     }
 
     #[test]
-    fn kernels_fail_without_nvrtc_and_warn_until_cached_for_every_architecture() {
+    fn kernels_need_nothing_where_shipped_and_nvrtc_or_the_cache_elsewhere() {
         let dir = std::path::Path::new("/home/u/.cache/p2p/kernels");
         let nvrtc = || Ok("NVRTC 13.0, build 65be".to_string());
-        let missing = check_kernels(Err("libnvrtc not found".into()), Some(dir), &[], 8);
+        let gone = || Err("libnvrtc not found".to_string());
+        // H100s: shipped, with or without NVRTC.
+        let h100 = [("sm_90".to_string(), true, 0)];
+        let ok = check_kernels(gone(), Some(dir), &h100, 8);
+        assert_eq!(ok.status, Status::Ok, "{ok:?}");
+        assert_eq!(
+            ok.evidence,
+            "sm_90: shipped compiled; no compiler needed (no NVRTC)"
+        );
+        // A Blackwell beside it: NVRTC needed for that one.
+        let mixed = [
+            ("sm_90".to_string(), true, 0),
+            ("sm_100".to_string(), false, 0),
+        ];
+        let missing = check_kernels(gone(), Some(dir), &mixed, 8);
         assert_eq!(missing.status, Status::Fail);
+        assert!(
+            missing.evidence.contains("on sm_100 cannot compile"),
+            "{missing:?}"
+        );
         assert!(missing.fix.contains("nvidia-cuda-nvrtc"), "{missing:?}");
-        let nowhere = check_kernels(nvrtc(), None, &[("sm_90".into(), 0)], 8);
+        let nowhere = check_kernels(nvrtc(), None, &[("sm_100".into(), false, 0)], 8);
         assert_eq!(nowhere.status, Status::Warn);
         assert!(nowhere.evidence.contains("every process compiles"));
-        let some = [("sm_80".into(), 8), ("sm_90".into(), 3)];
+        let some = [("sm_90".into(), true, 0), ("sm_100".into(), false, 3)];
         let part = check_kernels(nvrtc(), Some(dir), &some, 8);
         assert_eq!(part.status, Status::Warn);
         assert!(
-            part.evidence.contains("sm_90: 3 of 8 parts cached"),
+            part.evidence.starts_with(
+                "sm_90: shipped compiled; NVRTC 13.0, build 65be; sm_100: 3 of 8 parts cached"
+            ),
             "{part:?}"
         );
         assert_eq!(
@@ -971,12 +1048,25 @@ mod tests {
         assert!(none
             .evidence
             .ends_with("no GPU here to compile the kernels for"));
-        let all = [("sm_80".into(), 8), ("sm_90".into(), 8)];
+        assert_eq!(
+            check_kernels(gone(), Some(dir), &[], 8).status,
+            Status::Warn
+        );
+        let all = [("sm_100".into(), false, 8), ("sm_120".into(), false, 8)];
         let done = check_kernels(nvrtc(), Some(dir), &all, 8);
         assert_eq!(done.status, Status::Ok, "{done:?}");
-        assert!(done
-            .evidence
-            .starts_with("NVRTC 13.0, build 65be; sm_80: 8 of 8"));
+    }
+
+    #[test]
+    fn a_driver_older_than_cuda_12_4_fails_the_doctor() {
+        assert_eq!(check_driver(13000).status, Status::Ok);
+        assert_eq!(check_driver(12040).status, Status::Ok);
+        let old = check_driver(12020);
+        assert_eq!(old.status, Status::Fail);
+        assert_eq!(
+            old.evidence,
+            "libcuda loaded, CUDA 12.2 (p2p needs 12.4 or newer)"
+        );
     }
 
     #[test]

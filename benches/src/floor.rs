@@ -34,6 +34,7 @@ extern "C" __global__ void empty_args_kernel(EmptyArgs a) {
 }
 "#,
     defines: &[],
+    shipped: crate::kernels::SHIPPED,
 };
 
 /// How [`EmptyKernel::launch_as`] launches.

@@ -22,6 +22,8 @@ pub mod latency;
 pub mod nccl;
 pub mod p2p;
 pub mod sendrecv;
+/// `p2p-bench kernels --ship`: the crates' shipped kernel archives.
+pub mod ship;
 pub mod timing;
 pub mod watchdog;
 

@@ -47,7 +47,12 @@ pub const COLL: Source = Source {
         include_str!("kernels/coll.cu")
     ),
     defines: &[],
+    shipped: SHIPPED,
 };
+
+/// [`COLL_PARTS`] compiled for sm_80 and sm_90 (`cargo xtask kernels`; see
+/// `p2p_mem::kernel::shipped`): a communicator needs no compiler on those GPUs.
+pub const SHIPPED: &[u8] = include_bytes!("kernels/shipped.p2pk.zst");
 
 /// [`COLL`] as the parts a communicator compiles, in parallel and cached each on its own: part
 /// `k` < 7 holds the kernels of `DataType::ALL[k]`, the last part `p2p_sendrecv`. Compiled
@@ -2377,6 +2382,17 @@ mod tests {
     };
     use crate::settings::Algorithm;
     use p2p_transport::config::Config;
+
+    #[test]
+    fn the_shipped_cubins_are_those_of_the_sources() {
+        let t = std::time::Instant::now();
+        let wrong = p2p_mem::kernel::shipped::check(&super::COLL_PARTS);
+        assert!(
+            wrong.is_empty(),
+            "run `cargo xtask kernels` (the kernels changed since their cubins were shipped): {wrong:?}"
+        );
+        eprintln!("checked the shipped archive in {:?}", t.elapsed());
+    }
 
     /// The `_shift` kernels run only all-gather, all-to-all and reduce-scatter through the
     /// scratch (coll.cu returns at once from every other kind, and its peers would wait): the

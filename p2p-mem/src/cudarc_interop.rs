@@ -66,7 +66,7 @@ impl Device {
             Error::InvalidArgument(format!("cudarc context of GPU {}", ctx.ordinal()))
         })?;
         let device = Device::new(ordinal)?;
-        if device.cu_context() != ctx.cu_ctx() {
+        if device.cu_context() != ctx.cu_ctx() as cuda::CUcontext {
             return Err(Error::InvalidArgument(format!(
                 "the cudarc context of GPU {ordinal} is not the GPU's primary context; p2p works \
                  in primary contexts: make the context with CudaContext::new({ordinal})"
@@ -81,7 +81,7 @@ impl Stream {
     /// on it; keeps it alive for as long as the returned value. Dropping the result does not
     /// destroy the stream.
     pub fn from_cudarc(device: &Device, stream: &Arc<CudaStream>) -> Result<Stream> {
-        if stream.context().cu_ctx() != device.cu_context() {
+        if stream.context().cu_ctx() as cuda::CUcontext != device.cu_context() {
             return Err(Error::InvalidArgument(format!(
                 "the cudarc stream belongs to GPU {}'s context, not GPU {}'s primary context",
                 stream.context().ordinal(),
@@ -90,7 +90,7 @@ impl Stream {
         }
         // SAFETY: the stream is a live stream of `device`'s primary context (checked above),
         // and the Arc kept in the value keeps it alive for as long as the value lives.
-        let mut s = unsafe { Stream::from_raw(device, stream.cu_stream()) };
+        let mut s = unsafe { Stream::from_raw(device, stream.cu_stream() as cuda::CUstream) };
         s.cudarc = Some(stream.clone());
         Ok(s)
     }
@@ -176,7 +176,7 @@ pub fn view<'a, T, S: DevicePtr<T>>(stream: &'a Stream, slice: &'a S) -> Result<
     let memory = unsafe { ExternalMemory::from_raw(stream.device(), ptr, bytes) };
     Ok(CudarcView {
         memory,
-        stream: cu.cu_stream(),
+        stream: cu.cu_stream() as cuda::CUstream,
         _sync: sync,
     })
 }
@@ -197,7 +197,7 @@ pub fn view_mut<'a, T, S: DevicePtrMut<T>>(
     let memory = unsafe { ExternalMemory::from_raw(stream.device(), ptr, bytes) };
     Ok(CudarcViewMut {
         memory,
-        stream: cu.cu_stream(),
+        stream: cu.cu_stream() as cuda::CUstream,
         _sync: sync,
     })
 }

@@ -83,8 +83,7 @@ impl Event {
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
         let mut ms = 0.0f32;
         // SAFETY: both events are alive; `ms` is an out-pointer.
-        unsafe { cu!(cuEventElapsedTime_v2(&mut ms, self.raw, end.raw)) }
-            .on(self.device.ordinal())?;
+        unsafe { cu!(cuEventElapsedTime(&mut ms, self.raw, end.raw)) }.on(self.device.ordinal())?;
         Ok(ms)
     }
 }

@@ -1,8 +1,10 @@
-//! The GPU runtime for our own kernels: CUDA C++ compiled by NVRTC for the device's own
-//! architecture at first use, cached on disk, loaded into a device's context and launched.
+//! The GPU runtime for our own kernels: CUDA C++ shipped compiled for sm_80 and sm_90
+//! ([`shipped`]), else compiled by NVRTC for the device's own architecture at first use and
+//! cached on disk; loaded into a device's context and launched.
 //!
 //! Every crate's kernels go through here (the transport's copy, probe, latency and send/recv
-//! kernels, the collectives' `coll.cu`): [`compile_cached_all`] is the one compile path (in-process
+//! kernels, the collectives' `coll.cu`): [`compile_cached_all`] is the one compile path (the
+//! shipped cubins first, then an in-process
 //! memo plus an on-disk cache keyed by the source, its macros, the target and the NVRTC release,
 //! [`compiler`]; the sources missing from it compile in parallel threads), [`compile_cached`] its
 //! one-source case; [`compile_all`] and [`compile`] are the uncached step under them, for CI's
@@ -10,7 +12,12 @@
 //!
 //! ```no_run
 //! use p2p_mem::kernel::{Module, Source};
-//! const K: Source = Source { name: "k.cu", code: "extern \"C\" __global__ void k() {}", defines: &[] };
+//! const K: Source = Source {
+//!     name: "k.cu",
+//!     code: "extern \"C\" __global__ void k() {}",
+//!     defines: &[],
+//!     shipped: &[],
+//! };
 //! let gpu = p2p_mem::Device::new(0)?;
 //! let module = Module::build(&gpu, &K)?;
 //! let k = module.function("k")?;
@@ -25,6 +32,8 @@ use p2p_sys::{check_nvrtc, cu, cuda, nvrtc, Library};
 use crate::device::{Device, Stream};
 use crate::error::{Error, Result};
 
+pub mod shipped;
+
 /// A kernel source: its name, CUDA C++ text and the macros it is compiled with.
 #[derive(Debug, Clone, Copy)]
 pub struct Source {
@@ -35,6 +44,10 @@ pub struct Source {
     /// Macros defined for the compile, each `NAME` or `NAME=VALUE` (NVRTC's `-D`): one text
     /// compiled into several programs, e.g. a part of its kernels each (empty for most).
     pub defines: &'static [&'static str],
+    /// The crate's archive of shipped cubins ([`shipped`]; `include_bytes!` of the file
+    /// `cargo xtask kernels` writes), empty for none. An image in it is used only if it was
+    /// compiled from this very source.
+    pub shipped: &'static [u8],
 }
 
 impl Source {
@@ -237,7 +250,14 @@ pub fn compile_cached(source: &Source, arch: &str) -> Result<Vec<u8>> {
 /// compiles, the others wait for it (at most five minutes, then compile themselves) and read
 /// its cubins, or return its compile error if it failed. A cubin that cannot be written to the
 /// cache is logged as a warning.
+///
+/// Before any of that, the cubins shipped with the crates ([`shipped`]): where every one of
+/// `sources` is shipped for `arch` (or a target whose cubins run on it) as it is now, they are
+/// returned with no compiler loaded.
 pub fn compile_cached_all(sources: &[Source], arch: &str) -> Result<Vec<Vec<u8>>> {
+    if let Some(cubins) = shipped::cubins(sources, arch) {
+        return Ok(cubins);
+    }
     cubins_warned(sources, arch, Reuse::MemoAndDisk)
 }
 
@@ -1274,6 +1294,7 @@ mod tests {
             name: "k.cu",
             code: "",
             defines: &[],
+            shipped: &[],
         };
         let elf = tiny_elf();
         let cases: [(&str, &[u8], bool); 4] = [
@@ -1319,6 +1340,7 @@ mod tests {
             name: "k.cu",
             code: "a",
             defines: &["X=1"],
+            shipped: &[],
         };
         let nvrtc = |version, build_id: Option<&str>| Compiler {
             version,

@@ -26,12 +26,12 @@ pub struct P2pAttributes {
 /// Why enabling failed, as one of our errors: the slot limit and "unsupported" get their own
 /// variants because users must act on them differently.
 pub(crate) fn classify_enable_error(device: i32, peer: i32, e: p2p_sys::Error) -> Result<()> {
-    use cuda::CUresult::*;
-    if e.is_driver(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) {
+    type R = cuda::CUresult;
+    if e.is_driver(R::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) {
         Ok(())
-    } else if e.is_driver(CUDA_ERROR_TOO_MANY_PEERS) {
+    } else if e.is_driver(R::CUDA_ERROR_TOO_MANY_PEERS) {
         Err(Error::PeerSlotsExhausted { device, peer })
-    } else if e.is_driver(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED) {
+    } else if e.is_driver(R::CUDA_ERROR_PEER_ACCESS_UNSUPPORTED) {
         Err(Error::PeerUnsupported { device, peer })
     } else {
         Err(Error::Peer {

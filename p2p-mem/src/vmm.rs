@@ -438,8 +438,8 @@ fn fabric_reason(e: &p2p_sys::Error) -> String {
 }
 
 fn fabric_error(device: i32, e: p2p_sys::Error) -> Error {
-    use cuda::CUresult::*;
-    if e.is_driver(CUDA_ERROR_NOT_PERMITTED) || e.is_driver(CUDA_ERROR_NOT_SUPPORTED) {
+    type R = cuda::CUresult;
+    if e.is_driver(R::CUDA_ERROR_NOT_PERMITTED) || e.is_driver(R::CUDA_ERROR_NOT_SUPPORTED) {
         Error::Unsupported {
             what: "fabric handles",
             reason: fabric_reason(&e),

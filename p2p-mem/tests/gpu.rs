@@ -634,7 +634,7 @@ fn gpu1_cudarc_slices_and_streams_in_place() {
     let cu = ctx.new_stream().expect("cudarc stream");
     let d = Device::from_cudarc(&ctx).expect("primary context");
     let s = Stream::from_cudarc(&d, &cu).expect("borrowed stream");
-    assert_eq!(s.cu_stream(), cu.cu_stream());
+    assert_eq!(s.cu_stream(), cu.cu_stream() as p2p_sys::cuda::CUstream);
     let host: Vec<u32> = (0..10_001).map(|i| i * 3 + 1).collect();
     let mut slice = cu.clone_htod(&host).expect("upload");
     {
@@ -688,6 +688,7 @@ fn gpu1_a_cached_cubin_the_driver_refuses_is_compiled_again() {
         name: "refused.cu",
         code: Box::leak(code.into_boxed_str()),
         defines: &[],
+        shipped: &[],
     };
     let file = cache_file(&source, &arch)
         .expect("NVRTC")
@@ -727,6 +728,7 @@ fn gpu1_a_function_keeps_its_module_and_launches_only_through_it() {
         name: "eight.cu",
         code: "extern \"C\" __global__ void eight(int* p) { *p = 8; }\n",
         defines: &[],
+        shipped: &[],
     };
     let module = Module::build(d, &EIGHT).expect("compiles");
     let f = module.function("eight").expect("the kernel");

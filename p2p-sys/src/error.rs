@@ -4,7 +4,9 @@
 //! symbolic name and the library's own message, plus a hint for the codes users hit most.
 
 use crate::probe::{self, Library};
-use crate::{cuda, cudart, nccl, nvrtc};
+use crate::{cuda, nvrtc};
+#[cfg(feature = "tools")]
+use crate::{cudart, nccl};
 
 /// Which C API a failed call belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -35,7 +37,7 @@ impl std::fmt::Display for Api {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A shared library could not be loaded under any of the names cudarc would try.
+    /// A shared library could not be loaded under any of its usual file names.
     #[error(
         "{library} was not found (searched: {}); install the NVIDIA driver or CUDA libraries, \
          or add their directory to LD_LIBRARY_PATH",
@@ -62,6 +64,21 @@ pub enum Error {
         /// The entry points it lacks.
         symbols: Vec<String>,
     },
+    /// The driver supports an older CUDA release than p2p needs ([`crate::MIN_DRIVER_VERSION`]).
+    #[error(
+        "the NVIDIA driver ({file}) supports CUDA {} but p2p needs CUDA {} or newer (driver 550+); \
+         update the NVIDIA driver",
+        crate::version_text(*found),
+        crate::version_text(*needed)
+    )]
+    DriverTooOld {
+        /// The driver's CUDA version, `major * 1000 + minor * 10`.
+        found: i32,
+        /// The oldest p2p supports.
+        needed: i32,
+        /// The file that was loaded.
+        file: String,
+    },
     /// A C call returned an error code.
     #[error("{call} failed: {name} ({message}){}", hint_suffix(*api, name))]
     Call {
@@ -81,14 +98,16 @@ pub enum Error {
 impl Error {
     /// Whether this is a failed driver call that returned `code`.
     pub fn is_driver(&self, code: cuda::CUresult) -> bool {
-        matches!(self, Error::Call { api: Api::Driver, code: c, .. } if *c == code as u32 as i64)
+        matches!(self, Error::Call { api: Api::Driver, code: c, .. } if *c == i64::from(code.0))
     }
 
     /// The C function that failed, if this is a failed call.
     pub fn call(&self) -> Option<&'static str> {
         match self {
             Error::Call { call, .. } => Some(call),
-            Error::LibraryNotFound { .. } | Error::MissingEntryPoints { .. } => None,
+            Error::LibraryNotFound { .. }
+            | Error::MissingEntryPoints { .. }
+            | Error::DriverTooOld { .. } => None,
         }
     }
 
@@ -96,7 +115,9 @@ impl Error {
     pub fn hint(&self) -> Option<&'static str> {
         match self {
             Error::Call { api, name, .. } => hint(*api, name),
-            Error::LibraryNotFound { .. } | Error::MissingEntryPoints { .. } => None,
+            Error::LibraryNotFound { .. }
+            | Error::MissingEntryPoints { .. }
+            | Error::DriverTooOld { .. } => None,
         }
     }
 }
@@ -160,33 +181,56 @@ fn owned(ptr: *const std::ffi::c_char) -> Option<String> {
 
 const NOT_LOADED: &str = "no message: the library is not loaded";
 
-/// Turns a driver result into `Ok(())` or [`Error::Call`] naming `call`.
+/// An entry point the loaded `library` lacks, as [`Error::MissingEntryPoints`].
+fn missing(library: Library, call: &'static str) -> Error {
+    Error::MissingEntryPoints {
+        library: library.name(),
+        file: probe::require(library).unwrap_or("not loaded").to_string(),
+        symbols: vec![call.to_string()],
+    }
+}
+
+/// Turns a driver result into `Ok(())` or [`Error::Call`] naming `call` (or
+/// [`Error::MissingEntryPoints`] where the driver lacks `call`).
 pub fn check_cu(call: &'static str, result: cuda::CUresult) -> Result<(), Error> {
     if result == cuda::CUresult::CUDA_SUCCESS {
         return Ok(());
     }
-    let message = if probe::is_loaded(Library::Cuda) {
+    if result == cuda::CUresult::CUDA_ERROR_NOT_FOUND
+        && probe::is_loaded(Library::Cuda)
+        && cuda::ENTRY_POINTS.contains(&call)
+        && !cuda::has(call)
+    {
+        return Err(missing(Library::Cuda, call));
+    }
+    let (mut message, mut name) = (None, result.name().map(str::to_string));
+    if probe::is_loaded(Library::Cuda) {
         let mut ptr = std::ptr::null();
         // SAFETY: libcuda is loaded (probed); cuGetErrorString writes a static string pointer.
-        let r = unsafe { cuda::cuGetErrorString(result, &mut ptr) };
-        if r == cuda::CUresult::CUDA_SUCCESS {
-            owned(ptr)
-        } else {
-            None
+        if unsafe { cuda::cuGetErrorString(result, &mut ptr) } == cuda::CUresult::CUDA_SUCCESS {
+            message = owned(ptr);
         }
-    } else {
-        None
-    };
+        if name.is_none() {
+            let mut ptr = std::ptr::null();
+            // SAFETY: as above, for the code's name (the driver knows codes newer than our
+            // headers).
+            let r = unsafe { cuda::cuGetErrorName(result, &mut ptr) };
+            if r == cuda::CUresult::CUDA_SUCCESS {
+                name = owned(ptr);
+            }
+        }
+    }
     Err(Error::Call {
         api: Api::Driver,
         call,
-        code: result as u32 as i64,
-        name: format!("{result:?}"),
+        code: i64::from(result.0),
+        name: name.unwrap_or_else(|| format!("CUresult {}", result.0)),
         message: message.unwrap_or_else(|| NOT_LOADED.into()),
     })
 }
 
-/// Turns a runtime result into `Ok(())` or [`Error::Call`] naming `call`.
+/// Turns a runtime result into `Ok(())` or [`Error::Call`] naming `call` (feature `tools`).
+#[cfg(feature = "tools")]
 pub fn check_cudart(call: &'static str, result: cudart::cudaError_t) -> Result<(), Error> {
     if result == cudart::cudaError_t::cudaSuccess {
         return Ok(());
@@ -206,13 +250,19 @@ pub fn check_cudart(call: &'static str, result: cudart::cudaError_t) -> Result<(
     })
 }
 
-/// Turns an NVRTC result into `Ok(())` or [`Error::Call`] naming `call`.
+/// Turns an NVRTC result into `Ok(())` or [`Error::Call`] naming `call` (or
+/// [`Error::MissingEntryPoints`] where the loaded NVRTC lacks `call`).
 pub fn check_nvrtc(call: &'static str, result: nvrtc::nvrtcResult) -> Result<(), Error> {
     if result == nvrtc::nvrtcResult::NVRTC_SUCCESS {
         return Ok(());
     }
+    if probe::is_loaded(Library::Nvrtc) && nvrtc::ENTRY_POINTS.contains(&call) && !nvrtc::has(call)
+    {
+        return Err(missing(Library::Nvrtc, call));
+    }
     let message = if probe::is_loaded(Library::Nvrtc) {
-        // SAFETY: libnvrtc is loaded (probed); the returned string is static.
+        // SAFETY: libnvrtc is loaded (probed); the returned string is static (null if the
+        // library lacks the function).
         owned(unsafe { nvrtc::nvrtcGetErrorString(result) })
     } else {
         None
@@ -220,13 +270,16 @@ pub fn check_nvrtc(call: &'static str, result: nvrtc::nvrtcResult) -> Result<(),
     Err(Error::Call {
         api: Api::Nvrtc,
         call,
-        code: result as u32 as i64,
-        name: format!("{result:?}"),
+        code: i64::from(result.0),
+        name: result
+            .name()
+            .map_or_else(|| format!("nvrtcResult {}", result.0), str::to_string),
         message: message.unwrap_or_else(|| NOT_LOADED.into()),
     })
 }
 
-/// Turns an NCCL result into `Ok(())` or [`Error::Call`] naming `call`.
+/// Turns an NCCL result into `Ok(())` or [`Error::Call`] naming `call` (feature `tools`).
+#[cfg(feature = "tools")]
 pub fn check_nccl(call: &'static str, result: nccl::ncclResult_t) -> Result<(), Error> {
     if result == nccl::ncclResult_t::ncclSuccess {
         return Ok(());
@@ -254,17 +307,57 @@ mod tests {
     fn success_is_ok_for_every_api() {
         assert_eq!(check_cu("cuInit", cuda::CUresult::CUDA_SUCCESS), Ok(()));
         assert_eq!(
-            check_cudart("cudaFree", cudart::cudaError_t::cudaSuccess),
+            check_nvrtc("nvrtcCompileProgram", nvrtc::nvrtcResult::NVRTC_SUCCESS),
             Ok(())
         );
+    }
+
+    #[cfg(feature = "tools")]
+    #[test]
+    fn the_tools_apis_succeed_too() {
         assert_eq!(
-            check_nvrtc("nvrtcCompileProgram", nvrtc::nvrtcResult::NVRTC_SUCCESS),
+            check_cudart("cudaFree", cudart::cudaError_t::cudaSuccess),
             Ok(())
         );
         assert_eq!(
             check_nccl("ncclAllReduce", nccl::ncclResult_t::ncclSuccess),
             Ok(())
         );
+    }
+
+    #[test]
+    fn a_code_newer_than_the_headers_keeps_its_number() {
+        // A driver newer than CUDA 12.4 may return a code our headers lack: it must not be
+        // undefined behaviour (the result type is a newtype, not a Rust enum) and must print.
+        let err = check_cu("cuMemAlloc_v2", cuda::CUresult(4242)).expect_err("an error");
+        let Error::Call { code, name, .. } = &err else {
+            panic!("expected Error::Call, got {err:?}");
+        };
+        assert_eq!(*code, 4242);
+        if !probe::is_loaded(Library::Cuda) {
+            assert_eq!(name, "CUresult 4242");
+        }
+        assert!(
+            err.to_string().starts_with("cuMemAlloc_v2 failed: "),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_old_driver_is_refused_with_both_versions() {
+        let err = Error::DriverTooOld {
+            found: 12020,
+            needed: crate::MIN_DRIVER_VERSION,
+            file: "libcuda.so.1".into(),
+        };
+        let text = err.to_string();
+        assert!(
+            text.starts_with(
+                "the NVIDIA driver (libcuda.so.1) supports CUDA 12.2 but p2p needs CUDA 12.4 or newer"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("update the NVIDIA driver"), "{text}");
     }
 
     #[test]
@@ -327,13 +420,7 @@ mod tests {
     }
 
     #[test]
-    fn runtime_nvrtc_and_nccl_codes_keep_their_names() {
-        let e = check_cudart("cudaMalloc", cudart::cudaError_t::cudaErrorMemoryAllocation)
-            .expect_err("error");
-        assert!(
-            matches!(&e, Error::Call { api: Api::Runtime, code: 2, name, .. } if name == "cudaErrorMemoryAllocation")
-        );
-        assert_eq!(e.hint(), None);
+    fn nvrtc_codes_keep_their_names() {
         let e = check_nvrtc(
             "nvrtcCompileProgram",
             nvrtc::nvrtcResult::NVRTC_ERROR_COMPILATION,
@@ -342,6 +429,17 @@ mod tests {
         assert!(
             matches!(&e, Error::Call { api: Api::Nvrtc, code: 6, name, .. } if name == "NVRTC_ERROR_COMPILATION")
         );
+    }
+
+    #[cfg(feature = "tools")]
+    #[test]
+    fn runtime_and_nccl_codes_keep_their_names() {
+        let e = check_cudart("cudaMalloc", cudart::cudaError_t::cudaErrorMemoryAllocation)
+            .expect_err("error");
+        assert!(
+            matches!(&e, Error::Call { api: Api::Runtime, code: 2, name, .. } if name == "cudaErrorMemoryAllocation")
+        );
+        assert_eq!(e.hint(), None);
         let e = check_nccl("ncclCommInitAll", nccl::ncclResult_t::ncclInvalidArgument)
             .expect_err("error");
         assert!(

@@ -1,8 +1,10 @@
-//! Finding the CUDA libraries before cudarc touches them.
+//! Finding and loading the CUDA libraries.
 //!
-//! cudarc loads each library lazily on its first call and *panics* when the library is missing.
-//! Every path into cudarc in this workspace therefore goes through [`require`] first, which tries
-//! exactly the file names cudarc will try and turns a miss into [`Error::LibraryNotFound`].
+//! [`require`] loads a library once per process by its usual file names and turns a miss into
+//! [`Error::LibraryNotFound`]; the bindings ([`crate::cuda`], [`crate::nvrtc`]) resolve their
+//! entry points from the handle it keeps. For the libraries the `tools` feature takes from
+//! cudarc (NCCL, the runtime), it tries exactly cudarc's names, so that cudarc's own load, which
+//! panics on a miss, then succeeds.
 
 use std::sync::OnceLock;
 
@@ -14,11 +16,11 @@ use crate::Error;
 pub enum Library {
     /// The CUDA driver, `libcuda.so.1`.
     Cuda,
-    /// The CUDA runtime, `libcudart.so.13`.
+    /// The CUDA runtime, `libcudart.so.13` (only `p2p-bench` uses it).
     Cudart,
-    /// The run-time compiler, `libnvrtc.so.13`.
+    /// The run-time compiler, `libnvrtc.so.13` or `.12`.
     Nvrtc,
-    /// NCCL, `libnccl.so.2`.
+    /// NCCL, `libnccl.so.2` (only `p2p-bench` uses it).
     Nccl,
     /// NVML, `libnvidia-ml.so.1` (used for topology discovery).
     Nvml,
@@ -34,7 +36,7 @@ impl Library {
         Library::Nvml,
     ];
 
-    /// The stem cudarc builds its candidate file names from (`cuda` for `libcuda.so.1`).
+    /// The stem of its file names (`cuda` for `libcuda.so.1`).
     pub fn stem(self) -> &'static str {
         match self {
             Library::Cuda => "cuda",
@@ -57,19 +59,27 @@ impl Library {
         }
     }
 
-    /// The file names tried, in order. For the libraries cudarc loads these are exactly
-    /// cudarc's candidates, so a successful probe guarantees cudarc's own load succeeds.
+    /// The file names tried, in order: the sonames of every release p2p supports, newest
+    /// first, then the development link. With the `tools` feature, NCCL's and the runtime's are
+    /// exactly cudarc's, so a successful probe guarantees cudarc's own load succeeds.
     pub fn candidates(self) -> Vec<String> {
-        match self {
-            // cudarc has no NVML bindings; this is the name NVML ships under everywhere.
-            Library::Nvml => vec!["libnvidia-ml.so.1".into(), "libnvidia-ml.so".into()],
-            _ => {
+        let names: &[&str] = match self {
+            Library::Cuda => &["libcuda.so.1", "libcuda.so"],
+            Library::Nvrtc => &["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"],
+            Library::Nvml => &["libnvidia-ml.so.1", "libnvidia-ml.so"],
+            #[cfg(feature = "tools")]
+            Library::Cudart | Library::Nccl => {
                 let mut names = cudarc::get_lib_name_candidates(self.stem());
                 let mut seen = std::collections::HashSet::new();
                 names.retain(|n| seen.insert(n.clone()));
-                names
+                return names;
             }
-        }
+            #[cfg(not(feature = "tools"))]
+            Library::Cudart => &["libcudart.so.13", "libcudart.so.12", "libcudart.so"],
+            #[cfg(not(feature = "tools"))]
+            Library::Nccl => &["libnccl.so.2", "libnccl.so"],
+        };
+        names.iter().map(|n| n.to_string()).collect()
     }
 }
 
@@ -81,18 +91,22 @@ impl std::fmt::Display for Library {
 
 /// Tries each candidate file name with `dlopen` and returns the first that loads.
 ///
-/// The library stays loaded for the life of the process (its handle is leaked on purpose), so
-/// that cudarc's later `dlopen` of the same name is a cheap reference-count bump.
+/// The library stays loaded for the life of the process (its handle is leaked on purpose).
 pub fn probe_names(library: &'static str, candidates: &[String]) -> Result<String, Error> {
+    open_first(library, candidates).map(|(name, _)| name)
+}
+
+/// The first candidate that loads, and its handle, leaked: no entry point resolved from it can
+/// outlive it, and a later `dlopen` of the same name (cudarc's) is a reference-count bump.
+fn open_first(
+    library: &'static str,
+    candidates: &[String],
+) -> Result<(String, &'static libloading::Library), Error> {
     for name in candidates {
         // SAFETY: loading a CUDA library runs its initialisers, which have no preconditions on
-        // our side; the handle is leaked so no symbol obtained later can outlive it.
-        match unsafe { libloading::Library::new(name) } {
-            Ok(lib) => {
-                std::mem::forget(lib);
-                return Ok(name.clone());
-            }
-            Err(_) => continue,
+        // our side.
+        if let Ok(lib) = unsafe { libloading::Library::new(name) } {
+            return Ok((name.clone(), Box::leak(Box::new(lib))));
         }
     }
     Err(Error::LibraryNotFound {
@@ -101,12 +115,14 @@ pub fn probe_names(library: &'static str, candidates: &[String]) -> Result<Strin
     })
 }
 
-fn slot(library: Library) -> &'static OnceLock<Result<String, Error>> {
-    static CUDA: OnceLock<Result<String, Error>> = OnceLock::new();
-    static CUDART: OnceLock<Result<String, Error>> = OnceLock::new();
-    static NVRTC: OnceLock<Result<String, Error>> = OnceLock::new();
-    static NCCL: OnceLock<Result<String, Error>> = OnceLock::new();
-    static NVML: OnceLock<Result<String, Error>> = OnceLock::new();
+type Slot = OnceLock<Result<(String, &'static libloading::Library), Error>>;
+
+fn slot(library: Library) -> &'static Slot {
+    static CUDA: Slot = OnceLock::new();
+    static CUDART: Slot = OnceLock::new();
+    static NVRTC: Slot = OnceLock::new();
+    static NCCL: Slot = OnceLock::new();
+    static NVML: Slot = OnceLock::new();
     match library {
         Library::Cuda => &CUDA,
         Library::Cudart => &CUDART,
@@ -131,14 +147,23 @@ impl Library {
 
 /// Probes `library` once per process and returns the file name that loaded.
 ///
-/// Call this before the first call into the matching cudarc `sys` module. The answer is cached:
-/// a library installed while the process runs is not picked up.
+/// Call this before the first call into the matching bindings. The answer is cached: a library
+/// installed while the process runs is not picked up.
 pub fn require(library: Library) -> Result<&'static str, Error> {
     slot(library)
-        .get_or_init(|| probe_names(library.name(), &library.candidates()))
+        .get_or_init(|| open_first(library.name(), &library.candidates()))
         .as_ref()
-        .map(String::as_str)
+        .map(|(name, _)| name.as_str())
         .map_err(Clone::clone)
+}
+
+/// The handle of `library` once [`require`] loaded it (never loads anything itself): where the
+/// bindings resolve their entry points.
+pub fn handle(library: Library) -> Option<&'static libloading::Library> {
+    match slot(library).get() {
+        Some(Ok((_, lib))) => Some(lib),
+        _ => None,
+    }
 }
 
 /// The file `library` was loaded from: the object that holds its entry points in this process
@@ -147,7 +172,7 @@ pub fn require(library: Library) -> Result<&'static str, Error> {
 /// lookup fails, or the file was deleted or replaced since it was loaded. For what a file name
 /// does not say: which release of a library this is.
 pub fn loaded_file(library: Library) -> Option<std::path::PathBuf> {
-    let name = slot(library).get()?.as_ref().ok()?;
+    let (name, _) = slot(library).get()?.as_ref().ok()?;
     // SAFETY: the library is loaded (probed), so this only takes another reference to it
     // (RTLD_NOLOAD: never loads anything) and runs no initialiser.
     let lib = unsafe {

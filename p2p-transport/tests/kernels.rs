@@ -33,6 +33,7 @@ fn refusal(name: &'static str, code: &'static str, arch: &str) -> String {
         name,
         code,
         defines: &[],
+        shipped: &[],
     };
     compile(&source, arch)
         .expect_err("must not compile")
@@ -64,6 +65,7 @@ fn a_virtual_target_is_refused_not_an_empty_cubin() {
         name: "tiny.cu",
         code: TINY,
         defines: &[],
+        shipped: &[],
     };
     assert_eq!(
         &compile(&tiny, "sm_90").expect("a real target")[..4],

@@ -5,19 +5,19 @@
 //! - `cargo xtask bundle`: builds every test executable and `p2p-bench` in release, stripped,
 //!   into `target/bundle` with `run.sh` (every test) and `coll-worlds.sh` (the collective
 //!   suites and benchmark at every world size), for a GPU machine that has no Rust toolchain.
-//! - `cargo xtask bindgen`: regenerates `p2p-sys/src/checkpoint.rs` from pinned CUDA headers.
+//! - `cargo xtask bindgen`: regenerates p2p-sys's driver, NVRTC and checkpoint bindings from
+//!   pinned CUDA headers (module `bindgen`).
+//! - `cargo xtask kernels`: compiles every kernel for sm_80 and sm_90 into the archives the
+//!   crates ship (module `kernels`); run it after changing a kernel.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+mod bindgen;
+mod kernels;
 mod readme;
 
 type Result<T> = std::result::Result<T, String>;
-
-/// The headers bindings are generated from: PyPI's `nvidia-cuda-runtime`, pinned.
-const CUDA_HEADERS_WHEEL: &str = "nvidia-cuda-runtime==13.0.96";
-/// What `cargo xtask bindgen` writes.
-const CHECKPOINT_RS: &str = "p2p-sys/src/checkpoint.rs";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -25,7 +25,8 @@ fn main() -> ExitCode {
         Some("bench") => bench(&args[1..]),
         Some(cmd @ ("topo" | "doctor")) => bench(&[&[cmd.to_string()], &args[1..]].concat()),
         Some("bundle") => bundle(),
-        Some("bindgen") => bindgen(),
+        Some("bindgen") => bindgen::bindgen(&root()),
+        Some("kernels") => kernels::kernels(&root()),
         Some("readme") => readme::check(&root(), &cargo()),
         Some("-h") | Some("--help") | None => {
             println!("{}", usage());
@@ -50,7 +51,8 @@ fn usage() -> &'static str {
      doctor [ARGS] p2p-bench doctor: does P2P work between each pair, why not, what to do\n  \
      bundle        build tests and p2p-bench into target/bundle with run.sh, for a GPU machine\n  \
      readme        compile the README's Rust programs as new crates (CI runs this)\n  \
-     bindgen       regenerate p2p-sys/src/checkpoint.rs from pinned CUDA headers (needs bindgen-cli, libclang, pip)"
+     bindgen       regenerate p2p-sys's CUDA bindings from pinned headers (needs bindgen-cli, libclang, pip)\n  \
+     kernels       compile every kernel for sm_80 and sm_90 with NVRTC 12.4 into the crates' shipped archives (needs pip, zstd)"
 }
 
 fn root() -> PathBuf {
@@ -135,6 +137,15 @@ fn bundle() -> Result<()> {
             &out.join("examples").join(example),
         )?;
     }
+
+    // A user's program outside the workspace, built with each cudarc configuration
+    // (.ci/downstream): run on the GPU machine, it shows p2p working beside the application's
+    // own cudarc (and, from the cold start, without a compiler).
+    run(Command::new("bash")
+        .current_dir(&root)
+        .arg(".ci/downstream/check.sh")
+        .arg("build")
+        .arg(out.join("downstream")))?;
 
     eprintln!("xtask: building test executables (release)");
     let output = Command::new(cargo())
@@ -267,109 +278,3 @@ const EXAMPLES: [&str; 4] = [
 /// The collective suites and benchmark at every world size from 2 to the GPU count (for 4- and
 /// 8-GPU machines).
 const COLL_WORLDS: &str = include_str!("coll-worlds.sh");
-
-/// Regenerates the committed bindings for what cudarc lacks.
-fn bindgen() -> Result<()> {
-    let root = root();
-    let work = root.join("target/bindgen");
-    std::fs::create_dir_all(&work).map_err(|e| format!("creating {}: {e}", work.display()))?;
-    let include = work.join("nvidia/cu13/include");
-    if !include.join("cuda.h").exists() {
-        run(Command::new("python3")
-            .args([
-                "-m",
-                "pip",
-                "download",
-                "--quiet",
-                "--no-deps",
-                "--only-binary=:all:",
-            ])
-            .args(["--platform", "manylinux2014_x86_64", "-d"])
-            .arg(&work)
-            .arg(CUDA_HEADERS_WHEEL))?;
-        let wheel = std::fs::read_dir(&work)
-            .map_err(|e| format!("reading {}: {e}", work.display()))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .find(|p| p.extension().is_some_and(|x| x == "whl"))
-            .ok_or("pip downloaded no wheel")?;
-        run(Command::new("python3")
-            .args(["-m", "zipfile", "-e"])
-            .arg(&wheel)
-            .arg(&work))?;
-    }
-    let header = include.join("cuda.h");
-    let output = Command::new("bindgen")
-        .arg(&header)
-        .args(["--dynamic-loading", "CudaCheckpoint"])
-        .args(["--allowlist-function", "cuCheckpointProcess.*"])
-        // The argument types already exist in cudarc's driver bindings: reuse them, so values
-        // pass between the two without casts.
-        .args(["--blocklist-type", ".*"])
-        .args(["--no-doc-comments", "--use-core", "--merge-extern-blocks"])
-        .args(["--raw-line", "#[allow(unused_imports)] use crate::cuda::*;"])
-        .arg("--")
-        .arg(format!("-I{}", include.display()))
-        .output()
-        .map_err(|e| format!("could not start bindgen (cargo install bindgen-cli; apt-get install libclang-dev): {e}"))?;
-    if !output.status.success() {
-        return Err(format!(
-            "bindgen failed:\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        ));
-    }
-    // bindgen 0.72 writes the libloading 0.8 bound; cudarc (and so this crate) uses 0.9.
-    let generated = String::from_utf8_lossy(&output.stdout).replace(
-        "P: AsRef<::std::ffi::OsStr>,",
-        "P: ::libloading::AsFilename,",
-    );
-    // Every entry point that `load` must find: bindgen's wrappers panic on a missing one.
-    let symbols: Vec<&str> = generated
-        .split("pub cuCheckpoint")
-        .skip(1)
-        .filter_map(|rest| rest.split_once(':'))
-        .map(|(tail, _)| tail.trim())
-        .filter(|tail| tail.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
-        .collect();
-    if symbols.is_empty() {
-        return Err("bindgen's output has no cuCheckpoint* entry point".into());
-    }
-    let checks: String = symbols
-        .iter()
-        .map(|s| format!("(\"{s}\", api.cuCheckpoint{s}.is_ok()),\n        "))
-        .collect();
-    let text = format!(
-        "//! The CUDA process checkpoint API (`cuCheckpointProcess*`), which cudarc 0.19.10 lacks.\n\
-         //!\n\
-         //! GENERATED by `cargo xtask bindgen` from `cuda.h` of PyPI `{CUDA_HEADERS_WHEEL}`; do not\n\
-         //! edit. Loaded at run time: use [`load`], which probes libcuda first.\n\
-         #![allow(non_camel_case_types, non_snake_case, missing_docs, dead_code, clippy::all)]\n\
-         #![allow(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]\n\n\
-         {generated}\n\
-         /// Loads the checkpoint entry points from libcuda, probing it first. Fails with\n\
-         /// [`crate::Error::MissingEntryPoints`] where the driver lacks any of them (it predates the\n\
-         /// API), so that the wrappers above, which panic on a missing entry point, never meet one.\n\
-         pub fn load() -> Result<&'static CudaCheckpoint, crate::Error> {{\n    \
-             static API: std::sync::OnceLock<Result<CudaCheckpoint, libloading::Error>> = std::sync::OnceLock::new();\n    \
-             let name = crate::probe::require(crate::Library::Cuda)?;\n    \
-             // SAFETY: libcuda is loadable (probed); loading resolves symbols without calling them.\n    \
-             let api = API.get_or_init(|| unsafe {{ CudaCheckpoint::new(name) }})\n        \
-                 .as_ref()\n        \
-                 .map_err(|e| crate::Error::LibraryNotFound {{ library: \"libcuda (checkpoint API)\", searched: vec![format!(\"{{name}}: {{e}}\")] }})?;\n    \
-             let missing: Vec<String> = [\n        {checks}]\n        \
-                 .into_iter()\n        \
-                 .filter(|&(_, found)| !found)\n        \
-                 .map(|(symbol, _)| format!(\"cuCheckpoint{{symbol}}\"))\n        \
-                 .collect();\n    \
-             if missing.is_empty() {{\n        \
-                 Ok(api)\n    \
-             }} else {{\n        \
-                 Err(crate::Error::MissingEntryPoints {{ library: \"libcuda (checkpoint API)\", file: name.to_string(), symbols: missing }})\n    \
-             }}\n\
-         }}\n"
-    );
-    let dest = root.join(CHECKPOINT_RS);
-    std::fs::write(&dest, text).map_err(|e| format!("writing {}: {e}", dest.display()))?;
-    run(Command::new("rustfmt").arg("--edition=2021").arg(&dest))?;
-    eprintln!("xtask: wrote {}", dest.display());
-    Ok(())
-}

@@ -229,13 +229,18 @@ enum Command {
         command: Vec<String>,
     },
     /// Compile the collective kernels into the on-disk cache, with no GPU needed (libnvrtc
-    /// only): the first communicator then starts without compiling. For a container's build
-    /// step, or a machine's first run.
+    /// only): the first communicator then starts without compiling. For a GPU whose kernels
+    /// p2p does not ship compiled (sm_80 and sm_90 are), in a container's build step or on a
+    /// machine's first run.
     Kernels {
         /// Targets, e.g. `sm_90` (H100, H200) or `sm_80` (A100); repeat for several. Default:
-        /// those of this machine's GPUs.
+        /// those of this machine's GPUs (with --ship: sm_80 and sm_90).
         #[arg(long, value_name = "ARCH")]
         arch: Vec<String>,
+        /// Instead: compile every crate's kernels, uncached, and write the archives that the
+        /// crates ship into DIR (what `cargo xtask kernels` runs, with NVRTC 12.4).
+        #[arg(long, value_name = "DIR")]
+        ship: Option<std::path::PathBuf>,
     },
     /// Check every GPU pair: does P2P work, why not, what to do. Exits 1 if any check fails.
     Doctor {
@@ -273,7 +278,24 @@ fn main() -> ExitCode {
             max_mib,
             samples,
         } => p2p_cmd(out, matrix_mib, max_mib, samples),
-        Command::Kernels { arch } => kernels_cmd(arch),
+        Command::Kernels {
+            arch,
+            ship: Some(dir),
+        } => {
+            let archs = if arch.is_empty() {
+                p2p_mem::kernel::shipped::ARCHS.map(String::from).to_vec()
+            } else {
+                arch
+            };
+            match p2p_benches::ship::ship(&dir, &archs) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("p2p-bench kernels --ship: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Kernels { arch, ship: None } => kernels_cmd(arch),
         Command::Host {
             gpus,
             share_gpu,
