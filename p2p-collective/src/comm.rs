@@ -384,6 +384,32 @@ pub(crate) struct Region<'a> {
     device: &'a Device,
 }
 
+/// Refuses a typed buffer whose elements are of another numeric type than `dtype` (a
+/// `DeviceBuffer<f32>` reduced as `I32`): the sizes may agree while the results would be
+/// garbage. Byte buffers (`u8`), other element types and untyped memory pass.
+pub(crate) fn check_element(
+    op: &'static str,
+    rank: usize,
+    dtype: DataType,
+    which: &str,
+    m: &(impl DeviceMemory + ?Sized),
+) -> Result<()> {
+    let Some(e) = m.element_type() else {
+        return Ok(());
+    };
+    match DataType::of_element(e) {
+        Some(d) if d != dtype => Err(Error::InvalidArgument {
+            op,
+            rank,
+            what: format!(
+                "the {which} buffer holds {} elements but the call says {dtype:?}: pass DataType::{d:?}, or a buffer of bytes (u8) to reinterpret memory",
+                e.name
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
 impl<'a> Region<'a> {
     /// The whole of `m`, checked to be usable on `stream` ([`check_stream`]).
     pub(crate) fn of<M: DeviceMemory + ?Sized>(m: &'a M, stream: &Stream) -> Result<Region<'a>> {
@@ -1448,6 +1474,9 @@ impl Communicator {
         recv: &mut dyn DeviceMemoryMut,
         stream: &Stream,
     ) -> Result<()> {
+        let op = call.op.name();
+        check_element(op, self.rank, call.dtype, "send", send)?;
+        check_element(op, self.rank, call.dtype, "receive", &*recv)?;
         let input = Region::of(send, stream)?;
         let output = Region::of(recv, stream)?;
         self.enqueue(call, input, output, stream)
@@ -1462,6 +1491,7 @@ impl Communicator {
         buf: &mut dyn DeviceMemoryMut,
         stream: &Stream,
     ) -> Result<()> {
+        check_element(call.op.name(), self.rank, call.dtype, "in-place", &*buf)?;
         let (input, output) = self.in_place(call, Region::of(buf, stream)?);
         self.enqueue(call, input, output, stream)
     }

@@ -25,7 +25,7 @@ use std::ffi::c_void;
 use p2p_mem::{DeviceMemory, DeviceMemoryMut, Stream};
 
 use crate::abi::{P2pArgs, P2P_BLOCKS, P2P_COPY, P2P_MAX_OPS, P2P_RECV, P2P_SEND};
-use crate::comm::{inbox_offset, Call, Communicator, Region};
+use crate::comm::{check_element, inbox_offset, Call, Communicator, Region};
 use crate::error::{Error, Result};
 use crate::plan::THREADS;
 use crate::types::DataType;
@@ -290,6 +290,7 @@ impl<'a> P2pGroup<'a> {
         dtype: DataType,
         peer: usize,
     ) -> Result<&mut Self> {
+        check_element("send", self.comm.rank(), dtype, "send", buf)?;
         let region = Region::of(buf, self.stream)?;
         self.add(Dir::Send, region, count, dtype, peer)
     }
@@ -303,6 +304,7 @@ impl<'a> P2pGroup<'a> {
         peer: usize,
     ) -> Result<&mut Self> {
         let buf: &'a M = buf;
+        check_element("recv", self.comm.rank(), dtype, "receive", buf)?;
         let region = Region::of(buf, self.stream)?;
         self.add(Dir::Recv, region, count, dtype, peer)
     }
@@ -316,6 +318,9 @@ impl<'a> P2pGroup<'a> {
         recv: &'a mut dyn DeviceMemoryMut,
     ) -> Result<&mut Self> {
         let recv: &'a dyn DeviceMemoryMut = recv;
+        let op = call.op.name();
+        check_element(op, self.comm.rank(), call.dtype, "send", send)?;
+        check_element(op, self.comm.rank(), call.dtype, "receive", recv)?;
         let input = Region::of(send, self.stream)?;
         let output = Region::of(recv, self.stream)?;
         self.comm.check_call(call, &input, &output)?;
@@ -330,6 +335,13 @@ impl<'a> P2pGroup<'a> {
         buf: &'a mut dyn DeviceMemoryMut,
     ) -> Result<&mut Self> {
         let buf: &'a dyn DeviceMemoryMut = buf;
+        check_element(
+            call.op.name(),
+            self.comm.rank(),
+            call.dtype,
+            "in-place",
+            buf,
+        )?;
         let (input, output) = self.comm.in_place(call, Region::of(buf, self.stream)?);
         self.comm.check_call(call, &input, &output)?;
         self.calls.push((*call, input, output));

@@ -22,6 +22,27 @@ pub enum DataType {
 }
 
 impl DataType {
+    /// The data type of a typed buffer's elements, where they are one of the types below but
+    /// `u8` (`None` for `u8`, which stands for raw bytes, and for any other type: arrays,
+    /// structs, other integers).
+    pub fn of_element(e: p2p_mem::ElementType) -> Option<DataType> {
+        Some(if e.is::<f32>() {
+            DataType::F32
+        } else if e.is::<f64>() {
+            DataType::F64
+        } else if e.is::<half::f16>() {
+            DataType::F16
+        } else if e.is::<half::bf16>() {
+            DataType::BF16
+        } else if e.is::<i32>() {
+            DataType::I32
+        } else if e.is::<i64>() {
+            DataType::I64
+        } else {
+            return None;
+        })
+    }
+
     /// Every type, in a fixed order.
     pub const ALL: [DataType; 7] = [
         DataType::F32,
@@ -238,5 +259,30 @@ impl Op {
 impl std::fmt::Display for Op {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use p2p_mem::ElementType;
+
+    #[test]
+    fn typed_elements_map_to_their_data_type_and_bytes_to_none() {
+        for d in DataType::ALL {
+            let e = match d {
+                DataType::F32 => ElementType::of::<f32>(),
+                DataType::F64 => ElementType::of::<f64>(),
+                DataType::F16 => ElementType::of::<half::f16>(),
+                DataType::BF16 => ElementType::of::<half::bf16>(),
+                DataType::I32 => ElementType::of::<i32>(),
+                DataType::I64 => ElementType::of::<i64>(),
+                DataType::U8 => ElementType::of::<u8>(),
+            };
+            let want = (d != DataType::U8).then_some(d);
+            assert_eq!(DataType::of_element(e), want, "{d:?}");
+        }
+        assert_eq!(DataType::of_element(ElementType::of::<u32>()), None);
+        assert_eq!(DataType::of_element(ElementType::of::<[f32; 4]>()), None);
     }
 }

@@ -56,7 +56,7 @@ use p2p_sys::{cu, cuda};
 
 use crate::device::{Device, Stream};
 use crate::error::{Error, OnDevice, Result};
-use crate::memory::{DeviceMemory, DeviceMemoryMut, ExternalMemory};
+use crate::memory::{DeviceMemory, DeviceMemoryMut, ElementType, ExternalMemory};
 
 impl Device {
     /// The device of a cudarc context. It must be the GPU's primary context (what
@@ -106,6 +106,7 @@ impl Stream {
 pub struct CudarcView<'a> {
     memory: ExternalMemory,
     stream: cuda::CUstream,
+    element: ElementType,
     _sync: SyncOnDrop<'a>,
 }
 
@@ -115,6 +116,7 @@ pub struct CudarcView<'a> {
 pub struct CudarcViewMut<'a> {
     memory: ExternalMemory,
     stream: cuda::CUstream,
+    element: ElementType,
     _sync: SyncOnDrop<'a>,
 }
 
@@ -165,7 +167,10 @@ fn check_on(device: &Device, ptr: cuda::CUdeviceptr, bytes: usize) -> Result<()>
 /// A view of `slice` (a `CudaSlice`, `CudaView` or `CudaViewMut`) on `stream` (made by
 /// [`Stream::from_cudarc`], of the GPU the slice lives on). No copy: p2p reads the slice's own
 /// memory.
-pub fn view<'a, T, S: DevicePtr<T>>(stream: &'a Stream, slice: &'a S) -> Result<CudarcView<'a>> {
+pub fn view<'a, T: 'static, S: DevicePtr<T>>(
+    stream: &'a Stream,
+    slice: &'a S,
+) -> Result<CudarcView<'a>> {
     let cu = cudarc_of(stream)?;
     let bytes = slice.num_bytes();
     let (ptr, sync) = slice.device_ptr(cu);
@@ -177,6 +182,7 @@ pub fn view<'a, T, S: DevicePtr<T>>(stream: &'a Stream, slice: &'a S) -> Result<
     Ok(CudarcView {
         memory,
         stream: cu.cu_stream() as cuda::CUstream,
+        element: ElementType::of::<T>(),
         _sync: sync,
     })
 }
@@ -184,7 +190,7 @@ pub fn view<'a, T, S: DevicePtr<T>>(stream: &'a Stream, slice: &'a S) -> Result<
 /// A writable view of `slice` (a `CudaSlice` or `CudaViewMut`) on `stream` (made by
 /// [`Stream::from_cudarc`], of the GPU the slice lives on). No copy: p2p writes the slice's own
 /// memory.
-pub fn view_mut<'a, T, S: DevicePtrMut<T>>(
+pub fn view_mut<'a, T: 'static, S: DevicePtrMut<T>>(
     stream: &'a Stream,
     slice: &'a mut S,
 ) -> Result<CudarcViewMut<'a>> {
@@ -198,6 +204,7 @@ pub fn view_mut<'a, T, S: DevicePtrMut<T>>(
     Ok(CudarcViewMut {
         memory,
         stream: cu.cu_stream() as cuda::CUstream,
+        element: ElementType::of::<T>(),
         _sync: sync,
     })
 }
@@ -217,6 +224,9 @@ macro_rules! delegate_memory {
             }
             fn bound_stream(&self) -> Option<cuda::CUstream> {
                 Some(self.stream)
+            }
+            fn element_type(&self) -> Option<ElementType> {
+                Some(self.element)
             }
         }
     };

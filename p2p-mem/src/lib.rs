@@ -58,7 +58,7 @@ pub use event::Event;
 pub use graph::{Graph, GraphExec};
 pub use memory::{
     check_stream, copy_async, memset_async, write_u64_async, DeviceBuffer, DeviceMemory,
-    DeviceMemoryMut, DeviceView, DeviceViewMut, ExternalMemory, PinnedHostBuffer,
+    DeviceMemoryMut, DeviceView, DeviceViewMut, ElementType, ExternalMemory, PinnedHostBuffer,
 };
 pub use peer::{check_peer_mappable, P2pAttributes};
 

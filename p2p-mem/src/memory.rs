@@ -37,6 +37,13 @@ pub unsafe trait DeviceMemory {
         None
     }
 
+    /// The Rust type of the elements, where the memory is typed ([`DeviceBuffer<T>`], its
+    /// views, a view of a cudarc `CudaSlice<T>`); `None` for untyped bytes (imported or
+    /// external memory). Calls that take a data type check it against this.
+    fn element_type(&self) -> Option<ElementType> {
+        None
+    }
+
     /// Copies the whole region into `dst`, which must be exactly as large. Synchronous.
     fn copy_to_host<T: DeviceCopy>(&self, dst: &mut [T]) -> Result<()>
     where
@@ -467,6 +474,9 @@ unsafe impl<T: DeviceCopy> DeviceMemory for DeviceBuffer<T> {
     fn byte_len(&self) -> usize {
         self.len * std::mem::size_of::<T>()
     }
+    fn element_type(&self) -> Option<ElementType> {
+        Some(ElementType::of::<T>())
+    }
 }
 // SAFETY: the pointer and length describe memory this value owns or borrows for its
 // lifetime (see the type's constructor).
@@ -533,6 +543,9 @@ macro_rules! view_memory {
             }
             fn byte_len(&self) -> usize {
                 self.len * std::mem::size_of::<T>()
+            }
+            fn element_type(&self) -> Option<ElementType> {
+                Some(ElementType::of::<T>())
             }
         }
     };
@@ -728,5 +741,29 @@ mod tests {
             e.to_string(),
             "size mismatch: host source is 4 bytes, expected 8"
         );
+    }
+}
+
+/// The Rust type of a typed buffer's elements ([`DeviceMemory::element_type`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ElementType {
+    /// The type's identity.
+    pub id: std::any::TypeId,
+    /// Its name, for messages (e.g. `f32`, `half::bf16`).
+    pub name: &'static str,
+}
+
+impl ElementType {
+    /// The element type `T`.
+    pub fn of<T: 'static>() -> ElementType {
+        ElementType {
+            id: std::any::TypeId::of::<T>(),
+            name: std::any::type_name::<T>(),
+        }
+    }
+
+    /// Whether this is `T`.
+    pub fn is<T: 'static>(&self) -> bool {
+        self.id == std::any::TypeId::of::<T>()
     }
 }
