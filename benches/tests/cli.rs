@@ -11,12 +11,37 @@ fn a_bad_configuration_value_exits_2_naming_the_variable() {
         2,
         "P2P_LEVEL=\"NVLINK\" is not valid: accepted values are LOC, NVL",
     );
-    assert_fails(
-        &["topo"],
+}
+
+#[test]
+fn an_unknown_setting_is_a_warning_as_in_the_library() {
+    let (code, _, err) = p2p_bench(
+        &["topo", "--load", "/nonexistent.json"],
         &[("P2P_LEVLE", "NVL")],
-        2,
-        "P2P_LEVLE is not a p2p setting",
     );
+    // The command itself fails on the missing file (exit 1), not on the variable (exit 2).
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(
+            "P2P_LEVLE is not a p2p setting (a typo?) and is ignored; the settings are: P2P_"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn faults_without_a_gpu_refuses_at_once_and_writes_no_report() {
+    let dir = std::env::temp_dir().join(format!("p2p-faults-{}", std::process::id()));
+    let out = dir.to_str().expect("a UTF-8 temporary path");
+    let t = std::time::Instant::now();
+    assert_fails(
+        &["faults", "-n", "2", "--out", out],
+        &[("CUDA_VISIBLE_DEVICES", "")],
+        2,
+        "p2p-bench faults: no GPU found",
+    );
+    assert!(t.elapsed().as_secs() < 30, "took {:?}", t.elapsed());
+    assert!(!dir.exists(), "a report was written into {out}");
 }
 
 #[test]

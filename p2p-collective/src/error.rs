@@ -1,7 +1,7 @@
 //! Errors of `p2p-collective`.
 
 /// An error from a communicator or a collective.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// From the transport layer (kernel compilation and launch, CUDA calls).
@@ -85,6 +85,7 @@ pub enum Error {
         why: String,
     },
 }
+p2p_sys::debug_as_display!(Error);
 
 impl Error {
     /// The failed FFI call (or missing library) under this error, whichever layer it came
@@ -129,6 +130,25 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 mod tests {
     use super::Error;
     use p2p_sys::cuda::CUresult;
+
+    #[test]
+    fn an_error_returned_from_main_reads_as_its_sentence() {
+        // `fn main() -> Result<(), Box<dyn Error>>` prints `Error: {:?}`.
+        let e = Error::Mem(p2p_mem::Error::Sys(p2p_sys::Error::LibraryNotFound {
+            library: "libcuda",
+            searched: vec!["libcuda.so.1".into()],
+        }));
+        let debug = format!("{e:?}");
+        assert_eq!(debug, e.to_string());
+        assert!(
+            debug.starts_with(
+                "libcuda was not found (searched: libcuda.so.1); install the NVIDIA driver"
+            ),
+            "{debug}"
+        );
+        let boxed: Box<dyn std::error::Error> = Box::new(e);
+        assert!(!format!("{boxed:?}").contains("LibraryNotFound"));
+    }
 
     /// A failed driver call, as `p2p_sys::check_cu` makes it.
     fn oom() -> p2p_sys::Error {

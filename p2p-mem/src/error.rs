@@ -4,7 +4,7 @@
 use crate::wire::DecodeError;
 
 /// An error from `p2p-mem`.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// The FFI layer failed before any device was involved (a missing library, `cuInit`).
@@ -151,6 +151,7 @@ pub enum Error {
         log: String,
     },
 }
+p2p_sys::debug_as_display!(Error);
 
 impl Error {
     /// The failed FFI call (or missing library) under this error, if it holds one: the same

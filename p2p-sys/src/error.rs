@@ -34,7 +34,7 @@ impl std::fmt::Display for Api {
 }
 
 /// An error from the FFI layer.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A shared library could not be loaded under any of its usual file names.
@@ -94,6 +94,8 @@ pub enum Error {
         message: String,
     },
 }
+
+crate::debug_as_display!(Error);
 
 impl Error {
     /// Whether this is a failed driver call that returned `code`.

@@ -76,6 +76,28 @@ macro_rules! cu {
     };
 }
 
+/// Implements `Debug` as `Display` for an error type: a `main` that returns the error (`fn
+/// main() -> Result<(), Box<dyn Error>>`) prints `Error: ` and its `Debug`, which then reads as
+/// the sentence that names the call, the device and what to do, not as nested variants.
+///
+/// ```
+/// #[derive(thiserror::Error)]
+/// #[error("GPU {0} is busy")]
+/// struct Busy(i32);
+/// p2p_sys::debug_as_display!(Busy);
+/// assert_eq!(format!("{:?}", Busy(3)), "GPU 3 is busy");
+/// ```
+#[macro_export]
+macro_rules! debug_as_display {
+    ($t:ty) => {
+        impl ::std::fmt::Debug for $t {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                ::std::fmt::Display::fmt(self, f)
+            }
+        }
+    };
+}
+
 /// Loads libcuda (probing first) and calls `cuInit(0)` once per process.
 ///
 /// Returns [`Error::LibraryNotFound`] where there is no driver, [`Error::DriverTooOld`] for a

@@ -189,7 +189,7 @@ impl Default for Config {
 }
 
 /// A configuration variable that could not be used.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
     /// The value is not one of those accepted.
@@ -211,6 +211,7 @@ pub enum ConfigError {
         known: String,
     },
 }
+p2p_sys::debug_as_display!(ConfigError);
 
 /// Every `P2P_*` variable: those `Config` reads, and the collectives' own (`P2P_ALGO`,
 /// `P2P_CHECK`, `P2P_TIMEOUT_MS`, read by p2p-collective) and the rendezvous's
@@ -295,7 +296,8 @@ impl Config {
 
     /// As [`from_env`](Self::from_env), for libraries inside a user's program: an unknown
     /// `P2P_*` variable is a warning naming it (a typo must not stop someone's training job),
-    /// a bad value of a known one is still an error. The CLI stays strict.
+    /// a bad value of a known one is still an error. `p2p-bench` reads its settings this way
+    /// too, so the tool and the library treat a variable alike.
     pub fn from_env_lenient() -> Result<Config, ConfigError> {
         Self::read(
             std::env::vars_os().filter_map(|(k, v)| {
@@ -373,14 +375,16 @@ impl Config {
                 }
                 "P2P_DEBUG_SUBSYS" => cfg.debug_subsystems = parse_subsystems(&name, &value)?,
                 _ => {
-                    let e = ConfigError::Unknown {
-                        variable: name,
-                        known: VARIABLES.join(", "),
-                    };
+                    let known = VARIABLES.join(", ");
                     if strict {
-                        return Err(e);
+                        return Err(ConfigError::Unknown {
+                            variable: name,
+                            known,
+                        });
                     }
-                    crate::warn_user!("ignoring {e}");
+                    crate::warn_user!(
+                        "{name} is not a p2p setting (a typo?) and is ignored; the settings are: {known}"
+                    );
                 }
             }
         }

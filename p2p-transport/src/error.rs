@@ -1,7 +1,7 @@
 //! Errors of `p2p-transport`.
 
 /// An error from `p2p-transport`.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// From the memory layer (CUDA calls on a device, buffers, peer access).
@@ -96,6 +96,7 @@ pub enum Error {
     #[error(transparent)]
     Mode(#[from] crate::mode::ModeError),
 }
+p2p_sys::debug_as_display!(Error);
 
 impl Error {
     /// The failed FFI call (or missing library) under this error, whichever way it came: held

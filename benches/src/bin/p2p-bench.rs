@@ -57,8 +57,9 @@ enum Command {
     /// Bandwidth and latency between every GPU pair (like p2pBandwidthLatencyTest), with plain
     /// cudaMemcpyPeerAsync in the same run; writes JSON and Markdown.
     P2p {
-        /// Directory for the results (created if missing).
-        #[arg(long, default_value = "docs/results")]
+        /// Directory for the results (created if missing). Default: p2p/results in the user's
+        /// data folder, outside any source tree.
+        #[arg(long, default_value_os_t = default_results())]
         out: PathBuf,
         /// Size of the matrix measurements, MiB.
         #[arg(long, default_value_t = 256)]
@@ -73,8 +74,9 @@ enum Command {
     /// Every collective from 8 B to 1 GiB, ours beside NCCL's in the same run (nccl-tests
     /// columns, eager and CUDA graph); writes JSON, Markdown and an SVG plot.
     Coll {
-        /// Directory for the results (created if missing).
-        #[arg(long, default_value = "docs/results")]
+        /// Directory for the results (created if missing). Default: p2p/results in the user's
+        /// data folder, outside any source tree.
+        #[arg(long, default_value_os_t = default_results())]
         out: PathBuf,
         /// Collectives to run (comma list of all_reduce, broadcast, reduce, all_gather,
         /// reduce_scatter, all_to_all).
@@ -160,8 +162,9 @@ enum Command {
         /// The collectives' time limit in the jobs (P2P_TIMEOUT_MS): what finds a stalled rank.
         #[arg(long, default_value_t = 2000)]
         timeout_ms: u64,
-        /// Directory for the results (created if missing).
-        #[arg(long, default_value = "docs/results")]
+        /// Directory for the results (created if missing). Default: p2p/results in the user's
+        /// data folder, outside any source tree.
+        #[arg(long, default_value_os_t = default_results())]
         out: PathBuf,
     },
     /// Host time to issue one call, split: binding the context, an empty kernel launched as
@@ -192,8 +195,9 @@ enum Command {
         /// `all-to-all` (every rank sends a message to every rank, itself included).
         #[arg(long, default_value = "ring")]
         pattern: String,
-        /// Directory for the results (created if missing).
-        #[arg(long, default_value = "docs/results")]
+        /// Directory for the results (created if missing). Default: p2p/results in the user's
+        /// data folder, outside any source tree.
+        #[arg(long, default_value_os_t = default_results())]
         out: PathBuf,
         /// Smallest message, bytes.
         #[arg(long, default_value_t = 8)]
@@ -253,8 +257,24 @@ enum Command {
     },
 }
 
+/// `$XDG_DATA_HOME/p2p/results`, else `$HOME/.local/share/p2p/results`, else
+/// `./p2p-results`: where results go unless `--out` names a folder.
+fn default_results() -> PathBuf {
+    std::env::var_os("XDG_DATA_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|h| !h.is_empty())
+                .map(|h| PathBuf::from(h).join(".local/share"))
+        })
+        .map(|d| d.join("p2p").join("results"))
+        .unwrap_or_else(|| PathBuf::from("p2p-results"))
+}
+
 fn main() -> ExitCode {
-    let config = match Config::from_env() {
+    // As the library reads them: an unknown `P2P_*` variable is a warning, a bad value an error.
+    let config = match Config::from_env_lenient() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("p2p-bench: {e}");
@@ -713,6 +733,19 @@ fn faults_cmd(
     if ranks < 2 {
         eprintln!("p2p-bench faults: a fault needs at least 2 ranks (-n 2)");
         return ExitCode::from(2);
+    }
+    // Its trials run ranks on GPUs: without one every trial would fail at init, and a report
+    // of "0 hangs, 0 wrong" would claim what was never tested.
+    match Device::all() {
+        Ok(gpus) if !gpus.is_empty() => {}
+        Ok(_) => {
+            eprintln!("p2p-bench faults: no GPU found (the CUDA driver reports none; check nvidia-smi and CUDA_VISIBLE_DEVICES): fault injection runs ranks on GPUs");
+            return ExitCode::from(2);
+        }
+        Err(e) => {
+            eprintln!("p2p-bench faults: no GPU found ({e}): fault injection runs ranks on GPUs");
+            return ExitCode::from(2);
+        }
     }
     let exe = match std::env::current_exe() {
         Ok(e) => e.to_string_lossy().into_owned(),
