@@ -797,7 +797,8 @@ fn kernels_finding(devices: &[Device]) -> Finding {
     let counts = crate::gpu_archs(devices)
         .into_iter()
         .map(|arch| {
-            let shipped = p2p_mem::kernel::shipped::available(&COLL_PARTS, &arch);
+            let shipped = !p2p_mem::kernel::prefer_compile()
+                && p2p_mem::kernel::shipped::available(&COLL_PARTS, &arch);
             let n = if shipped {
                 0
             } else {

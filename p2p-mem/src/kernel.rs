@@ -255,10 +255,20 @@ pub fn compile_cached(source: &Source, arch: &str) -> Result<Vec<u8>> {
 /// `sources` is shipped for `arch` (or a target whose cubins run on it) as it is now, they are
 /// returned with no compiler loaded.
 pub fn compile_cached_all(sources: &[Source], arch: &str) -> Result<Vec<Vec<u8>>> {
-    if let Some(cubins) = shipped::cubins(sources, arch) {
-        return Ok(cubins);
+    if !prefer_compile() {
+        if let Some(cubins) = shipped::cubins(sources, arch) {
+            return Ok(cubins);
+        }
     }
     cubins_warned(sources, arch, Reuse::MemoAndDisk)
+}
+
+/// Whether `P2P_KERNELS=compile` asks for NVRTC (and its cache) instead of the shipped cubins:
+/// to compile for the GPU's exact architecture (an sm_89 runs sm_80's cubins otherwise), or to
+/// time one against the other. Any other value (the default, `shipped`) takes the shipped ones;
+/// `p2p_transport::config` refuses values other than `shipped` and `compile`.
+pub fn prefer_compile() -> bool {
+    std::env::var("P2P_KERNELS").is_ok_and(|v| v == "compile")
 }
 
 /// [`cached_compile`]'s cubins, a cubin that could not be written to the cache logged as a

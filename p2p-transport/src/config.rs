@@ -218,7 +218,7 @@ p2p_sys::debug_as_display!(ConfigError);
 /// (`P2P_JOB_ID`, `P2P_JOB_SECRET`, `P2P_RENDEZVOUS_DIR`, `P2P_RENDEZVOUS_TIMEOUT_MS`, read by
 /// [`crate::rendezvous`]), which it
 /// accepts and leaves alone.
-pub const VARIABLES: [&str; 17] = [
+pub const VARIABLES: [&str; 18] = [
     "P2P_DISABLE",
     "P2P_LEVEL",
     "P2P_READ",
@@ -236,6 +236,7 @@ pub const VARIABLES: [&str; 17] = [
     "P2P_RENDEZVOUS_TIMEOUT_MS",
     "P2P_DEBUG",
     "P2P_DEBUG_SUBSYS",
+    "P2P_KERNELS",
 ];
 
 /// The error for `variable=value` where `accepted` says what would do.
@@ -374,6 +375,11 @@ impl Config {
                     cfg.debug = parse_choice(&name, &value, &choices)?
                 }
                 "P2P_DEBUG_SUBSYS" => cfg.debug_subsystems = parse_subsystems(&name, &value)?,
+                // The kernel runtime's (`p2p_mem::kernel::prefer_compile` reads it): checked
+                // here so that a bad value is an error like any other setting's.
+                "P2P_KERNELS" => {
+                    parse_choice(&name, &value, &[("shipped", ()), ("compile", ())])?;
+                }
                 _ => {
                     let known = VARIABLES.join(", ");
                     if strict {
@@ -533,6 +539,17 @@ mod tests {
         let e = cfg(&[("P2P_DEBUG_SUBSYS", "mem,net")]).expect_err("invalid");
         assert!(
             e.to_string().contains("a comma list of all, mem, topo"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn p2p_kernels_takes_shipped_or_compile() {
+        assert!(cfg(&[("P2P_KERNELS", "compile")]).is_ok());
+        assert!(cfg(&[("P2P_KERNELS", "shipped")]).is_ok());
+        let e = cfg(&[("P2P_KERNELS", "nvcc")]).expect_err("a bad value");
+        assert!(
+            e.to_string().contains("P2P_KERNELS=\"nvcc\" is not valid"),
             "{e}"
         );
     }
