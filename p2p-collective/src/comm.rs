@@ -1098,6 +1098,31 @@ impl Communicator {
     /// them, in rank order), all the same size. The counterpart of [`register`](Self::register)
     /// for one process driving every GPU; returns one registration per rank.
     ///
+    /// ```no_run
+    /// use p2p_collective::{Communicator, DataType, RedOp};
+    /// use p2p_mem::{Device, DeviceBuffer, DeviceMemory, Stream};
+    ///
+    /// let gpus = Device::all()?;
+    /// let comms = Communicator::init_all(&gpus)?;
+    /// let streams = gpus.iter().map(Stream::new).collect::<Result<Vec<_>, _>>()?;
+    /// let n = 64 << 20;
+    /// let mut grads = gpus
+    ///     .iter()
+    ///     .map(|g| DeviceBuffer::<f32>::zeroed(g, n))
+    ///     .collect::<Result<Vec<_>, _>>()?;
+    /// let views: Vec<&dyn DeviceMemory> = grads.iter().map(|b| b as &dyn DeviceMemory).collect();
+    /// // SAFETY: `grads` outlives the registrations (deregistered below, before it is dropped).
+    /// let regs = unsafe { Communicator::register_all(&comms, &views)? };
+    /// for ((comm, buf), stream) in comms.iter().zip(&mut grads).zip(&streams) {
+    ///     comm.all_reduce_in_place(buf, n, DataType::F32, RedOp::Sum, stream)?;
+    /// }
+    /// for ((comm, stream), reg) in comms.iter().zip(&streams).zip(regs) {
+    ///     comm.synchronize(stream)?;
+    ///     comm.deregister(reg)?;
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
     /// # Safety
     /// As for [`register`](Self::register): every buffer must stay allocated until it is
     /// deregistered on its rank (or the communicators are dropped).

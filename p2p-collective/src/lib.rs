@@ -30,6 +30,28 @@
 //! wait polls an abort flag and has a time limit, so a missing peer is an error, not a hang; a
 //! peer process that dies is found at once through the rendezvous connections, and every
 //! rank's calls stop with an error naming it.
+//!
+//! ```no_run
+//! use p2p_collective::{Communicator, DataType, RedOp};
+//! use p2p_mem::{Device, DeviceBuffer, DeviceMemory, Stream};
+//!
+//! // One process driving every GPU; `Communicator::from_env()` for one process per GPU.
+//! let gpus = Device::all()?;
+//! let comms = Communicator::init_all(&gpus)?;
+//! let streams = gpus.iter().map(Stream::new).collect::<Result<Vec<_>, _>>()?;
+//! let mut grads = gpus
+//!     .iter()
+//!     .map(|g| DeviceBuffer::from_host(g, &vec![1.0f32; 1 << 20]))
+//!     .collect::<Result<Vec<_>, _>>()?;
+//! for ((comm, buf), stream) in comms.iter().zip(&mut grads).zip(&streams) {
+//!     comm.all_reduce_in_place(buf, 1 << 20, DataType::F32, RedOp::Avg, stream)?;
+//! }
+//! for (comm, stream) in comms.iter().zip(&streams) {
+//!     comm.synchronize(stream)?;
+//! }
+//! assert_eq!(grads[0].to_host_vec::<f32>()?[0], 1.0);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 #![deny(unsafe_code)]
 

@@ -12,7 +12,25 @@
 //! - [`peer`]: one way to reach a peer's memory (plain pointer, legacy IPC, cuMem fd, fabric,
 //!   host-staged), chosen from the configuration and each pair's P2P; used by [`conn`] and by
 //!   `p2p-collective`'s communicators.
-//! - [`kernels`]: CUDA C++ sources compiled by NVRTC for the device's architecture at run time.
+//! - [`kernels`]: the CUDA C++ sources, shipped compiled for sm_80 and sm_90 (else compiled by
+//!   NVRTC for the device's architecture at first use).
+//!
+//! ```no_run
+//! use p2p_mem::{Device, DeviceBuffer, Stream};
+//! use p2p_transport::copy::Transport;
+//!
+//! // Copy 4 MiB from GPU 0 to GPU 1 by whatever route mode selection picks for the pair
+//! // (NVLink or PCIe P2P, a relay GPU, or host-staged), queued on a stream of GPU 0.
+//! let t = Transport::new(Device::all()?);
+//! let (g0, g1) = (t.device(0)?.clone(), t.device(1)?.clone());
+//! let src = DeviceBuffer::<f32>::zeroed(&g0, 1 << 20)?;
+//! let mut dst = DeviceBuffer::<f32>::new(&g1, 1 << 20)?;
+//! let stream = Stream::new(&g0)?;
+//! let route = t.copy_peer(&mut dst, &src, &stream)?;
+//! println!("{route}"); // e.g. 0[0] -> 1[1] via P2P/direct pointer/read (NVLink x18)
+//! stream.synchronize()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 pub mod config;
 pub mod conn;

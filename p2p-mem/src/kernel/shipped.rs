@@ -36,7 +36,7 @@ pub fn key(source: &Source, arch: &str) -> u64 {
     fnv1a(&parts)
 }
 
-/// One compiled image, as [`write`] takes it.
+/// One compiled image, as [`write()`] takes it.
 pub struct Image<'a> {
     /// The source it was compiled from.
     pub source: &'a Source,
