@@ -82,6 +82,10 @@ const _: () = assert!(STATUS_OFF + STATUS_WORDS <= crate::abi::P2P_FREED_OFF);
 const _: () = assert!(crate::abi::P2P_END_OFF * 8 <= SYNC_BYTES);
 const _: () = assert!((crate::abi::CE_FLAGS_OFF + crate::abi::CE_CHUNKS) * 8 <= SYNC_BYTES);
 
+/// How far past the communicator's time limit [`Communicator::synchronize`] waits for its
+/// stream: every call of ours ends by its time limit, and an aborted one within milliseconds.
+pub const SYNC_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Bytes of the one argument block that every collective kernel launch passes by value (the
 /// `CollArgs` of `coll_abi.h`): what the driver copies into each launch. For host-cost
 /// experiments (`p2p-bench host` launches an empty kernel with a block of this size).
@@ -1312,15 +1316,33 @@ impl Communicator {
     /// Waits for everything queued on `stream`, then reports a call that stalled, was
     /// aborted or did not match its peers' as an error. After such an error the communicator
     /// is unusable.
+    ///
+    /// The wait has a limit: the communicator's time limit ([`Options`]'s `timeout`) plus
+    /// [`SYNC_GRACE`], past which every call of ours has ended (each stops at its own time
+    /// limit or an abort). A stream still running then holds other work (yours, queued
+    /// before): that is [`Error::NotDrained`], and nothing is stopped.
     pub fn synchronize(&self, stream: &Stream) -> Result<()> {
-        if let Err(e) = stream.synchronize() {
-            // A fault on this rank's stream: the other ranks would wait for it until their time
-            // limit, so stop them now.
-            self.abort
-                .abort_because(self.rank, format!("a CUDA error on its stream: {e}"));
-            return Err(e.into());
+        let limit = self.options.timeout.saturating_add(SYNC_GRACE);
+        match stream.synchronize_within(limit) {
+            Ok(true) => self.check(),
+            Ok(false) => Err(Error::NotDrained {
+                rank: self.rank,
+                device: self.device.ordinal(),
+                waited: limit,
+                aborted: self
+                    .abort
+                    .reason()
+                    .map(|(r, why)| format!(" (the communicator was aborted by rank {r}: {why})"))
+                    .unwrap_or_default(),
+            }),
+            Err(e) => {
+                // A fault on this rank's stream: the other ranks would wait for it until their
+                // time limit, so stop them now.
+                self.abort
+                    .abort_because(self.rank, format!("a CUDA error on its stream: {e}"));
+                Err(e.into())
+            }
         }
-        self.check()
     }
 
     /// Reports a call that already stalled, was aborted or did not match, without waiting

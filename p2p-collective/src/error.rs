@@ -23,6 +23,19 @@ pub enum Error {
         /// What is wrong and what would be right.
         what: String,
     },
+    /// [`Communicator::synchronize`](crate::Communicator::synchronize) gave up: the stream
+    /// still ran at its limit (the communicator's time limit and a grace). Nothing was stopped.
+    #[error("synchronize on rank {rank} (GPU {device}): the stream still ran after {waited:?}; what runs there is work queued before p2p's calls (yours), or a call of ours past its time limit{aborted}. Nothing was stopped: synchronize again to wait on, or abort() the communicator")]
+    NotDrained {
+        /// This rank.
+        rank: usize,
+        /// This rank's GPU.
+        device: i32,
+        /// How long it waited.
+        waited: std::time::Duration,
+        /// Empty, or why the communicator was already aborted.
+        aborted: String,
+    },
     /// A collective waited for a peer past the time limit, or was aborted.
     #[error("{op} on rank {rank} (GPU {device}) {why} waiting for rank {peer} (block {block}); the communicator is now unusable: create a new one")]
     Stalled {

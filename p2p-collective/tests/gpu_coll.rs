@@ -52,6 +52,55 @@ fn gpu2_all_reduce_matrix() {
 /// output unlike for elements under 8 bytes, and most counts put ranks' parts off one too (the
 /// `_shift` kernels, whose copies realign their words, perf-notes §44). Then a reduction's
 /// buffer off its element's alignment is refused before any launch.
+/// `synchronize` on a stream that holds a user's kernel longer than the communicator's time
+/// limit plus `SYNC_GRACE` returns `NotDrained` at that limit (it used to wait for as long as
+/// the kernel ran), stops nothing, and a later `synchronize` succeeds once the kernel ends.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_synchronize_gives_up_at_its_limit_on_a_stream_held_by_other_work() {
+    use p2p_mem::kernel::{Module, Source};
+    const SPIN: Source = Source {
+        name: "spin.cu",
+        code: r#"extern "C" __global__ void spin(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+}
+"#,
+        defines: &[],
+        shipped: &[],
+    };
+    let options = Options {
+        timeout: Duration::from_millis(200),
+        ..env_options()
+    };
+    let ls = locals(options, 1024);
+    let l = &ls[0];
+    let limit = Duration::from_millis(200) + p2p_collective::comm::SYNC_GRACE;
+    let spin = limit + Duration::from_secs(2);
+    let module = Module::build(l.comm.device(), &SPIN).expect("the spin kernel");
+    let f = module.function("spin").expect("spin");
+    let mut ns = spin.as_nanos() as u64;
+    let mut params = [(&mut ns as *mut u64).cast::<std::ffi::c_void>()];
+    // SAFETY: spin(unsigned long long) takes one 8-byte value.
+    unsafe { module.launch(&f, 1, 1, &mut params, &l.stream) }.expect("launch");
+    let t = Instant::now();
+    let e = l
+        .comm
+        .synchronize(&l.stream)
+        .expect_err("the stream runs past the limit");
+    let took = t.elapsed();
+    assert!(matches!(e, Error::NotDrained { .. }), "{e:?}");
+    assert!(e.to_string().contains("Nothing was stopped"), "{e}");
+    assert!(
+        took >= limit && took < limit + Duration::from_secs(1),
+        "gave up after {took:?}, the limit is {limit:?}"
+    );
+    // The kernel ends about 2 s later; the communicator was not aborted.
+    l.comm.synchronize(&l.stream).expect("drained, and usable");
+    l.comm.check().expect("no call failed");
+}
+
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_a_typed_buffer_of_another_type_is_refused_before_anything_is_queued() {

@@ -346,6 +346,33 @@ impl Stream {
         unsafe { cu!(cuStreamSynchronize(self.raw)) }.on(self.device.ordinal())
     }
 
+    /// Waits until everything queued on the stream has finished, at most `limit`: `Ok(true)`
+    /// once it has, `Ok(false)` if work still runs at the deadline (nothing is stopped, and no
+    /// thread is left waiting). Polls [`is_idle`](Self::is_idle): spinning for the first 100 µs,
+    /// so that a short wait costs no more than `cuStreamSynchronize`, then sleeping between
+    /// polls, up to 1 ms. A fault of queued work is an error, as in
+    /// [`synchronize`](Self::synchronize).
+    pub fn synchronize_within(&self, limit: std::time::Duration) -> Result<bool> {
+        use std::time::{Duration, Instant};
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(20);
+        loop {
+            if self.is_idle()? {
+                return Ok(true);
+            }
+            let waited = start.elapsed();
+            if waited >= limit {
+                return Ok(false);
+            }
+            if waited < Duration::from_micros(100) {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(pause.min(limit - waited));
+                pause = (pause * 2).min(Duration::from_millis(1));
+            }
+        }
+    }
+
     /// Whether everything queued on the stream has finished, without waiting
     /// (`cuStreamQuery`): what a wait with a deadline polls.
     /// A fault of queued work is an error, as [`synchronize`](Self::synchronize) reports it.

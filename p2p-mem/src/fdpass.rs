@@ -159,13 +159,47 @@ fn seqpacket_socket() -> Result<OwnedFd> {
     .map_err(os("creating a Unix socket"))
 }
 
-/// A new SEQPACKET socket connected to `path`.
-fn connect_to(path: &Path, what: &str) -> Result<OwnedFd> {
+/// A new SEQPACKET socket connected to `path` within `limit`.
+///
+/// A Unix socket's `connect` blocks while the listener's queue is full, which a process that
+/// listens at the path and never accepts keeps it for good. So the connect is non-blocking and
+/// retried until `limit`; past it, the error is `TimedOut` and says why. The socket is blocking
+/// again afterwards (every later send and receive has a time limit of its own).
+fn connect_to(path: &Path, what: &str, limit: Duration) -> Result<OwnedFd> {
     let addr = sockaddr(path)?;
     let fd = seqpacket_socket()?;
-    net::connect(&fd, &addr).map_err(os(format!("{what} {}", path.display())))?;
+    let context = || format!("{what} {}", path.display());
+    rustix::io::ioctl_fionbio(&fd, true).map_err(os(context()))?;
+    let deadline = std::time::Instant::now().checked_add(limit);
+    let mut pause = Duration::from_micros(100);
+    loop {
+        match net::connect(&fd, &addr) {
+            Ok(()) => break,
+            Err(Errno::INTR) => continue,
+            // The listener's queue is full: it accepts slowly, or never.
+            Err(Errno::AGAIN) => {
+                if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                    return Err(Error::Io {
+                        op: format!(
+                            "{}: the process listening there accepted no connection within {limit:?} (its queue stays full)",
+                            context()
+                        ),
+                        source: std::io::ErrorKind::TimedOut.into(),
+                    });
+                }
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(10));
+            }
+            Err(e) => return Err(os(context())(e)),
+        }
+    }
+    rustix::io::ioctl_fionbio(&fd, false).map_err(os(context()))?;
     Ok(fd)
 }
+
+/// How long the stale-socket probe of [`FdListener::bind_replacing_stale`] waits for the
+/// process at the path to take its connection.
+const PROBE_LIMIT: Duration = Duration::from_secs(1);
 
 /// The uid of the process at the other end of a connected Unix socket.
 pub fn peer_uid(fd: BorrowedFd<'_>) -> Result<u32> {
@@ -293,11 +327,23 @@ impl FdListener {
     pub fn bind_replacing_stale(path: &Path) -> Result<FdListener> {
         match Self::bind(path) {
             Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::AddrInUse => {
-                match connect_to(path, "probing") {
+                match connect_to(path, "probing", PROBE_LIMIT) {
                     Ok(_) => Err(Error::Io {
                         op: format!("binding {}: a live process listens there", path.display()),
                         source: std::io::ErrorKind::AddrInUse.into(),
                     }),
+                    // Alive, but it takes no connection: as much in the way as one that does.
+                    Err(Error::Io { source, .. })
+                        if source.kind() == std::io::ErrorKind::TimedOut =>
+                    {
+                        Err(Error::Io {
+                            op: format!(
+                                "binding {}: a live process listens there and accepts no connection",
+                                path.display()
+                            ),
+                            source: std::io::ErrorKind::AddrInUse.into(),
+                        })
+                    }
                     Err(_) => {
                         tracing::debug!("removing the stale socket {}", path.display());
                         let _ = std::fs::remove_file(path);
@@ -360,9 +406,20 @@ impl AsFd for FdChannel {
 }
 
 impl FdChannel {
-    /// Connects to a listener at `path` and checks the peer's uid.
+    /// Connects to a listener at `path` and checks the peer's uid. Waits at most
+    /// [`DEFAULT_TIMEOUT`] for the listener to take the connection ([`connect_within`] for
+    /// another limit).
+    ///
+    /// [`connect_within`]: Self::connect_within
     pub fn connect(path: &Path) -> Result<FdChannel> {
-        let fd = connect_to(path, "connecting to")?;
+        Self::connect_within(path, DEFAULT_TIMEOUT)
+    }
+
+    /// As [`connect`](Self::connect), waiting at most `limit` for the listener to take the
+    /// connection (a process that listens at `path` and never accepts is an error after it,
+    /// `TimedOut`, not a hang).
+    pub fn connect_within(path: &Path, limit: Duration) -> Result<FdChannel> {
+        let fd = connect_to(path, "connecting to", limit)?;
         Self::checked(fd)
     }
 
@@ -568,6 +625,54 @@ mod tests {
                 got: 0
             }
         ));
+    }
+
+    /// A process that listens at a path and never accepts (backlog 0, one connection already
+    /// queued): a connect there fails at its limit instead of blocking, and the stale-socket
+    /// probe calls the path taken instead of hanging. Run in a thread, so that a regression
+    /// fails the test rather than hanging it.
+    #[test]
+    fn a_listener_that_never_accepts_costs_a_connect_its_limit_not_a_hang() {
+        let dir = PrivateDir::new("unit").expect("dir");
+        let path = dir.path().join("squatted");
+        let squatter = seqpacket_socket().expect("socket");
+        net::bind(&squatter, &sockaddr(&path).expect("addr")).expect("bind");
+        net::listen(&squatter, 0).expect("listen");
+        // The one connection a backlog of 0 queues; the listener never takes it.
+        let _queued = connect_to(&path, "filling", Duration::from_secs(1)).expect("first");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = path.clone();
+        std::thread::spawn(move || {
+            let t = std::time::Instant::now();
+            let connect = FdChannel::connect_within(&p, Duration::from_millis(300)).map(|_| ());
+            let probe = FdListener::bind_replacing_stale(&p).map(|_| ());
+            let _ = tx.send((t.elapsed(), connect, probe));
+        });
+        let (took, connect, probe) = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("connect and probe return (they hung before)");
+        let e = connect.expect_err("the queue is full");
+        assert!(
+            matches!(&e, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::TimedOut),
+            "{e}"
+        );
+        assert!(
+            e.to_string()
+                .contains("accepted no connection within 300ms"),
+            "{e}"
+        );
+        let e = probe.expect_err("a live process holds the path");
+        assert!(
+            e.to_string()
+                .contains("a live process listens there and accepts no connection"),
+            "{e}"
+        );
+        // 300 ms for the connect, PROBE_LIMIT for the probe, and slack.
+        assert!(took < Duration::from_secs(3), "took {took:?}");
+        assert!(
+            path.exists(),
+            "the probe must not remove a live process's socket"
+        );
     }
 
     #[test]

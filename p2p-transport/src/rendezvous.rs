@@ -678,7 +678,11 @@ impl Group {
             }
         } else {
             let link = loop {
-                let attempt = FdChannel::connect(&path)
+                // A listener that never takes the connection costs at most what is left.
+                let left = deadline
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(1));
+                let attempt = FdChannel::connect_within(&path, left)
                     .map_err(|e| (true, e.to_string()))
                     .and_then(|link| client_handshake(link, &key, rank, rv.world));
                 match attempt {
@@ -1130,7 +1134,10 @@ pub mod testing {
     pub fn connect_raw(path: &Path, timeout: Duration) -> std::result::Result<FdChannel, String> {
         let deadline = Instant::now() + timeout.min(crate::MAX_TIMEOUT);
         loop {
-            match FdChannel::connect(path) {
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1));
+            match FdChannel::connect_within(path, left) {
                 Ok(l) => return Ok(l),
                 Err(e) if Instant::now() > deadline => return Err(e.to_string()),
                 Err(_) => std::thread::sleep(Duration::from_millis(5)),
@@ -1266,6 +1273,64 @@ mod tests {
                 "rank {r}: {e}"
             );
         }
+    }
+
+    /// A process of the same user binds the job's rendezvous path and never accepts (its queue
+    /// full): rank 0's stale-socket probe and rank 1's connect each end by their limits with
+    /// errors that say so, instead of blocking for good.
+    #[test]
+    fn a_squatter_on_the_rendezvous_path_costs_each_rank_its_limit_not_a_hang() {
+        use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+        let name = "squatted";
+        let limit = Duration::from_millis(500);
+        let rank = |r| Rendezvous {
+            timeout: limit,
+            ..rv(name, r, 2)
+        };
+        let path = rank(0).socket_path();
+        let dir = path.parent().expect("a directory").to_path_buf();
+        p2p_mem::fdpass::user_private_dir(&dir).expect("the rendezvous directory");
+        let _ = std::fs::remove_file(&path);
+        let socket = || {
+            rustix::net::socket_with(
+                AddressFamily::UNIX,
+                SocketType::SEQPACKET,
+                SocketFlags::CLOEXEC,
+                None,
+            )
+            .expect("socket")
+        };
+        let addr = SocketAddrUnix::new(&path).expect("address");
+        let squatter = socket();
+        rustix::net::bind(&squatter, &addr).expect("bind");
+        rustix::net::listen(&squatter, 0).expect("listen");
+        let queued = socket();
+        rustix::net::connect(&queued, &addr).expect("the one queued connection");
+        let (tx, rx) = std::sync::mpsc::channel();
+        for r in 0..2 {
+            let (tx, rv) = (tx.clone(), rank(r));
+            std::thread::spawn(move || {
+                let t = Instant::now();
+                let e = Group::join(&rv).err().map(|e| e.to_string());
+                let _ = tx.send((r, t.elapsed(), e));
+            });
+        }
+        for _ in 0..2 {
+            let (r, took, e) = rx
+                .recv_timeout(Duration::from_secs(15))
+                .expect("every rank returns (they blocked for good before)");
+            let e = e.unwrap_or_else(|| panic!("rank {r} joined a squatted rendezvous"));
+            let want = if r == 0 {
+                "a live process listens there and accepts no connection"
+            } else {
+                "accepted no connection within"
+            };
+            assert!(e.contains(want), "rank {r}: {e}");
+            // The limit, the probe's second and the verdict's grace, at most.
+            assert!(took < Duration::from_secs(5), "rank {r} took {took:?}");
+        }
+        drop(squatter);
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds candle-app: candle-core 0.11 with its `cuda` feature beside p2p-collective. candle's
+# kernels need nvcc, taken from PyPI (CUDA 13.0: nvcc, nvvm, runtime headers, CCCL) into
+# target/cuda13; cudarc links the CUDA libraries at build time, so link-stubs.sh stands in for
+# them (the binary loads the real ones on the GPU machine).
+#   bash .ci/downstream/candle.sh [OUT_DIR]   (copies the release binary there when given)
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+cuda="$root/target/cuda13"
+if [ ! -x "$cuda/nvidia/cu13/bin/nvcc" ]; then
+  python3 -m pip install --quiet --disable-pip-version-check --no-deps --target "$cuda" \
+    "nvidia-cuda-nvcc==13.0.88" "nvidia-nvvm==13.0.88" "nvidia-cuda-runtime==13.0.96" \
+    "nvidia-cuda-cccl==13.0.85" "nvidia-cuda-crt==13.0.88"
+fi
+target="$root/target/downstream-candle-app"
+bash "$here/link-stubs.sh" "$target/stubs"
+# nvcc and its headers for candle's kernels (sm_90: H100/H200); the stand-ins for linking.
+PATH="$cuda/nvidia/cu13/bin:$PATH" CUDA_HOME="$cuda/nvidia/cu13" CUDA_ROOT="$target/stubs" \
+  CUDA_COMPUTE_CAP=90 CUDARC_CUDA_VERSION=13000 \
+  cargo build --release --manifest-path "$here/candle-app/Cargo.toml" --target-dir "$target"
+if [ -n "${1:-}" ]; then
+  mkdir -p "$1"
+  cp "$target/release/p2p-downstream-candle" "$1/"
+fi
+echo "== downstream: candle-core 0.11 (cuda) with p2p-collective builds"
