@@ -13,6 +13,8 @@ if [ ! -x "$cuda/nvidia/cu13/bin/nvcc" ]; then
     "nvidia-cuda-nvcc==13.0.88" "nvidia-nvvm==13.0.88" "nvidia-cuda-runtime==13.0.96" \
     "nvidia-cuda-cccl==13.0.85" "nvidia-cuda-crt==13.0.88"
 fi
+# candle's kernels link the CUDA runtime: PyPI ships its soname only, so add the link name.
+ln -sf libcudart.so.13 "$cuda/nvidia/cu13/lib/libcudart.so"
 target="$root/target/downstream-candle-app"
 bash "$here/link-stubs.sh" "$target/stubs"
 # nvcc and its headers for candle's kernels (sm_90: H100/H200); the stand-ins for linking.
