@@ -3,7 +3,9 @@
 # kernels need nvcc, taken from PyPI (CUDA 13.0: nvcc, nvvm, runtime headers, CCCL) into
 # target/cuda13; cudarc links the CUDA libraries at build time, so link-stubs.sh stands in for
 # them (the binary loads the real ones on the GPU machine).
-#   bash .ci/downstream/candle.sh [OUT_DIR]   (copies the release binary there when given)
+#   bash .ci/downstream/candle.sh check        (CI: compiles everything, candle's kernels too;
+#                                               links nothing)
+#   bash .ci/downstream/candle.sh build OUT    (the release binary, copied into OUT)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -17,12 +19,15 @@ fi
 ln -sf libcudart.so.13 "$cuda/nvidia/cu13/lib/libcudart.so"
 target="$root/target/downstream-candle-app"
 bash "$here/link-stubs.sh" "$target/stubs"
+mode="${1:-check}"
 # nvcc and its headers for candle's kernels (sm_90: H100/H200); the stand-ins for linking.
-PATH="$cuda/nvidia/cu13/bin:$PATH" CUDA_HOME="$cuda/nvidia/cu13" CUDA_ROOT="$target/stubs" \
-  CUDA_COMPUTE_CAP=90 CUDARC_CUDA_VERSION=13000 \
-  cargo build --release --manifest-path "$here/candle-app/Cargo.toml" --target-dir "$target"
-if [ -n "${1:-}" ]; then
-  mkdir -p "$1"
-  cp "$target/release/p2p-downstream-candle" "$1/"
+export PATH="$cuda/nvidia/cu13/bin:$PATH" CUDA_HOME="$cuda/nvidia/cu13" CUDA_ROOT="$target/stubs" \
+  CUDA_COMPUTE_CAP=90 CUDARC_CUDA_VERSION=13000
+if [ "$mode" = build ]; then
+  cargo build --release --quiet --manifest-path "$here/candle-app/Cargo.toml" --target-dir "$target"
+  mkdir -p "$2"
+  cp "$target/release/p2p-downstream-candle" "$2/"
+else
+  cargo check --quiet --manifest-path "$here/candle-app/Cargo.toml" --target-dir "$target"
 fi
 echo "== downstream: candle-core 0.11 (cuda) with p2p-collective builds"
