@@ -34,6 +34,10 @@ use crate::kernels::SrKernels;
 use crate::mode::{Direction, Engine};
 use crate::peer::{self, LocalRegion};
 
+/// How far past a connection's time limit a wait on its stream goes: its kernels end by the
+/// limit, an aborted one within milliseconds.
+pub const WAIT_GRACE: Duration = Duration::from_secs(5);
+
 /// The shape and limits of a connection. Both sides must use the same.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnOptions {
@@ -402,7 +406,17 @@ impl Side {
     }
 
     fn wait(&mut self, op: &'static str, stream: &Stream) -> Result<()> {
-        stream.synchronize()?;
+        // The kernels end by their time limit (or an abort, within milliseconds): a stream still
+        // busy past it holds other work, queued before, which is not ours to stop.
+        let limit = self.opts.timeout.saturating_add(WAIT_GRACE);
+        if !stream.synchronize_within(limit)? {
+            return Err(Error::NotDrained {
+                op,
+                rank: self.rank,
+                device: self.device.ordinal(),
+                waited: limit,
+            });
+        }
         let st = self.status.to_host_vec::<i32>()?;
         if st[0] == 0 {
             return Ok(());

@@ -38,6 +38,19 @@ pub enum Error {
         /// Timed out or aborted.
         why: String,
     },
+    /// A wait on a connection's stream gave up at its limit (the connection's time limit and
+    /// a grace): the stream still ran, holding other work queued before. Nothing was stopped.
+    #[error("{op} on rank {rank} (GPU {device}): the stream still ran after {waited:?}; what runs there is work queued before this {op} (yours), or a kernel past its time limit. Nothing was stopped: wait again, or abort the connection")]
+    NotDrained {
+        /// `send` or `recv`.
+        op: &'static str,
+        /// This rank.
+        rank: usize,
+        /// This rank's GPU.
+        device: i32,
+        /// How long it waited.
+        waited: std::time::Duration,
+    },
     /// A connection that already failed or was aborted.
     #[error("{op} on rank {rank}: the connection to rank {peer} is unusable ({why})")]
     Broken {
