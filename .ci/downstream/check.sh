@@ -11,28 +11,28 @@ out="${2:-}"
 for features in cuda-12040 cuda-12080 cuda-13000 candle; do
   echo "== downstream: cudarc with feature set '$features'"
   target="$here/../../target/downstream-$features"
-  if [ "$mode" = build ] && [ "$features" = candle ]; then
-    # Linked against stand-ins for CUDA 13's libraries (none here); on the GPU machine the
-    # binary loads the driver's libcuda.so.1, the only library it keeps a reference to.
-    bash "$here/link-stubs.sh" "$target/stubs"
-    CUDA_PATH="$target/stubs" CUDARC_CUDA_VERSION=13000 cargo build --release --quiet \
-      --manifest-path "$here/cudarc-app/Cargo.toml" --features "$features" --target-dir "$target"
-    mkdir -p "$out"
-    cp "$target/release/p2p-downstream-cudarc" "$out/p2p-downstream-$features"
-  elif [ "$mode" = build ]; then
-    cargo build --release --quiet --manifest-path "$here/cudarc-app/Cargo.toml" \
-      --features "$features" --target-dir "$target"
-    mkdir -p "$out"
-    cp "$target/release/p2p-downstream-cudarc" "$out/p2p-downstream-$features"
-  elif [ "$features" = candle ]; then
-    # candle links libcuda, cuBLAS and cuRAND at build time (dynamic-linking): `check` compiles
-    # every crate without linking, which is what a shared build needs from us.
-    # Its CUDA version comes from the build system (no nvcc here, so the variable says it).
-    CUDARC_CUDA_VERSION=12080 cargo check --quiet --manifest-path "$here/cudarc-app/Cargo.toml" \
-      --features "$features" --target-dir "$target"
+  env=()
+  if [ "$features" = candle ]; then
+    # candle's cudarc takes its CUDA version from the build system (no nvcc here, so the
+    # variable says it) and links libcuda, cuBLAS and cuRAND at build time: `check` compiles
+    # without linking; `build` links against stand-ins for CUDA 13's libraries, and on the GPU
+    # machine the binary keeps a reference to the driver's libcuda.so.1 alone.
+    env=(CUDARC_CUDA_VERSION=12080)
+    if [ "$mode" = build ]; then
+      bash "$here/link-stubs.sh" "$target/stubs"
+      env=(CUDARC_CUDA_VERSION=13000 CUDA_PATH="$target/stubs")
+    fi
+  fi
+  if [ "$mode" = build ]; then
+    cmd=(build --release)
   else
-    cargo check --quiet --manifest-path "$here/cudarc-app/Cargo.toml" \
-      --features "$features" --target-dir "$target"
+    cmd=(check)
+  fi
+  env "${env[@]}" cargo "${cmd[@]}" --quiet --manifest-path "$here/cudarc-app/Cargo.toml" \
+    --features "$features" --target-dir "$target"
+  if [ "$mode" = build ]; then
+    mkdir -p "$out"
+    cp "$target/release/p2p-downstream-cudarc" "$out/p2p-downstream-$features"
   fi
 done
 echo "== downstream: every configuration builds"

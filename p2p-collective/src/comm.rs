@@ -84,7 +84,7 @@ const _: () = assert!((crate::abi::CE_FLAGS_OFF + crate::abi::CE_CHUNKS) * 8 <= 
 
 /// How far past the communicator's time limit [`Communicator::synchronize`] waits for its
 /// stream: every call of ours ends by its time limit, and an aborted one within milliseconds.
-pub const SYNC_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+pub const SYNC_GRACE: std::time::Duration = p2p_mem::DRAIN_GRACE;
 
 /// Bytes of the one argument block that every collective kernel launch passes by value (the
 /// `CollArgs` of `coll_abi.h`): what the driver copies into each launch. For host-cost

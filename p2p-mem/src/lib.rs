@@ -62,6 +62,12 @@ pub use memory::{
 };
 pub use peer::{check_peer_mappable, P2pAttributes};
 
+/// How far past a wait's own time limit a host wait on a stream of ours goes
+/// ([`Stream::synchronize_within`]): our kernels end by their time limit, an aborted one within
+/// milliseconds, so a stream still busy after this holds other work. The communicators'
+/// `synchronize` and the connections' waits use it.
+pub const DRAIN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// How long a `Drop` that frees GPU memory waits for the device to finish work that may still
 /// use it ([`Device::synchronize_within`]); past it the memory is leaked (with an error log),
 /// never freed under a running kernel. Our kernels all end within their own time limit.

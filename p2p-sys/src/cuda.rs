@@ -733,7 +733,6 @@ type cuDevicePrimaryCtxRetain_fn =
     unsafe extern "C" fn(pctx: *mut CUcontext, dev: CUdevice) -> CUresult;
 type cuDevicePrimaryCtxRelease_v2_fn = unsafe extern "C" fn(dev: CUdevice) -> CUresult;
 type cuCtxSetCurrent_fn = unsafe extern "C" fn(ctx: CUcontext) -> CUresult;
-type cuCtxGetCurrent_fn = unsafe extern "C" fn(pctx: *mut CUcontext) -> CUresult;
 type cuCtxSynchronize_fn = unsafe extern "C" fn() -> CUresult;
 type cuModuleLoadData_fn =
     unsafe extern "C" fn(module: *mut CUmodule, image: *const ::core::ffi::c_void) -> CUresult;
@@ -900,7 +899,6 @@ type cuStreamDestroy_v2_fn = unsafe extern "C" fn(hStream: CUstream) -> CUresult
 type cuEventCreate_fn =
     unsafe extern "C" fn(phEvent: *mut CUevent, Flags: ::core::ffi::c_uint) -> CUresult;
 type cuEventRecord_fn = unsafe extern "C" fn(hEvent: CUevent, hStream: CUstream) -> CUresult;
-type cuEventQuery_fn = unsafe extern "C" fn(hEvent: CUevent) -> CUresult;
 type cuEventSynchronize_fn = unsafe extern "C" fn(hEvent: CUevent) -> CUresult;
 type cuEventDestroy_v2_fn = unsafe extern "C" fn(hEvent: CUevent) -> CUresult;
 type cuEventElapsedTime_fn =
@@ -975,7 +973,6 @@ struct Table {
     cuDevicePrimaryCtxRetain: Option<cuDevicePrimaryCtxRetain_fn>,
     cuDevicePrimaryCtxRelease_v2: Option<cuDevicePrimaryCtxRelease_v2_fn>,
     cuCtxSetCurrent: Option<cuCtxSetCurrent_fn>,
-    cuCtxGetCurrent: Option<cuCtxGetCurrent_fn>,
     cuCtxSynchronize: Option<cuCtxSynchronize_fn>,
     cuModuleLoadData: Option<cuModuleLoadData_fn>,
     cuModuleUnload: Option<cuModuleUnload_fn>,
@@ -1024,7 +1021,6 @@ struct Table {
     cuStreamDestroy_v2: Option<cuStreamDestroy_v2_fn>,
     cuEventCreate: Option<cuEventCreate_fn>,
     cuEventRecord: Option<cuEventRecord_fn>,
-    cuEventQuery: Option<cuEventQuery_fn>,
     cuEventSynchronize: Option<cuEventSynchronize_fn>,
     cuEventDestroy_v2: Option<cuEventDestroy_v2_fn>,
     cuEventElapsedTime: Option<cuEventElapsedTime_fn>,
@@ -1098,10 +1094,6 @@ fn table() -> Option<&'static Table> {
                 .map(|s| *s),
             cuCtxSetCurrent: lib
                 .get::<cuCtxSetCurrent_fn>(b"cuCtxSetCurrent\0")
-                .ok()
-                .map(|s| *s),
-            cuCtxGetCurrent: lib
-                .get::<cuCtxGetCurrent_fn>(b"cuCtxGetCurrent\0")
                 .ok()
                 .map(|s| *s),
             cuCtxSynchronize: lib
@@ -1287,10 +1279,6 @@ fn table() -> Option<&'static Table> {
                 .get::<cuEventRecord_fn>(b"cuEventRecord\0")
                 .ok()
                 .map(|s| *s),
-            cuEventQuery: lib
-                .get::<cuEventQuery_fn>(b"cuEventQuery\0")
-                .ok()
-                .map(|s| *s),
             cuEventSynchronize: lib
                 .get::<cuEventSynchronize_fn>(b"cuEventSynchronize\0")
                 .ok()
@@ -1358,7 +1346,7 @@ fn table() -> Option<&'static Table> {
 }
 
 /// Every entry point of this module, by its C name.
-pub const ENTRY_POINTS: [&str; 78] = [
+pub const ENTRY_POINTS: [&str; 76] = [
     "cuGetErrorString",
     "cuGetErrorName",
     "cuInit",
@@ -1372,7 +1360,6 @@ pub const ENTRY_POINTS: [&str; 78] = [
     "cuDevicePrimaryCtxRetain",
     "cuDevicePrimaryCtxRelease_v2",
     "cuCtxSetCurrent",
-    "cuCtxGetCurrent",
     "cuCtxSynchronize",
     "cuModuleLoadData",
     "cuModuleUnload",
@@ -1421,7 +1408,6 @@ pub const ENTRY_POINTS: [&str; 78] = [
     "cuStreamDestroy_v2",
     "cuEventCreate",
     "cuEventRecord",
-    "cuEventQuery",
     "cuEventSynchronize",
     "cuEventDestroy_v2",
     "cuEventElapsedTime",
@@ -1457,7 +1443,6 @@ pub fn has(name: &str) -> bool {
         "cuDevicePrimaryCtxRetain" => t.cuDevicePrimaryCtxRetain.is_some(),
         "cuDevicePrimaryCtxRelease_v2" => t.cuDevicePrimaryCtxRelease_v2.is_some(),
         "cuCtxSetCurrent" => t.cuCtxSetCurrent.is_some(),
-        "cuCtxGetCurrent" => t.cuCtxGetCurrent.is_some(),
         "cuCtxSynchronize" => t.cuCtxSynchronize.is_some(),
         "cuModuleLoadData" => t.cuModuleLoadData.is_some(),
         "cuModuleUnload" => t.cuModuleUnload.is_some(),
@@ -1506,7 +1491,6 @@ pub fn has(name: &str) -> bool {
         "cuStreamDestroy_v2" => t.cuStreamDestroy_v2.is_some(),
         "cuEventCreate" => t.cuEventCreate.is_some(),
         "cuEventRecord" => t.cuEventRecord.is_some(),
-        "cuEventQuery" => t.cuEventQuery.is_some(),
         "cuEventSynchronize" => t.cuEventSynchronize.is_some(),
         "cuEventDestroy_v2" => t.cuEventDestroy_v2.is_some(),
         "cuEventElapsedTime" => t.cuEventElapsedTime.is_some(),
@@ -1688,18 +1672,6 @@ pub unsafe fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
 pub unsafe fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
     match table().and_then(|t| t.cuCtxSetCurrent) {
         Some(entry__) => entry__(ctx),
-        None => CUresult::CUDA_ERROR_NOT_FOUND,
-    }
-}
-
-/// `cuCtxGetCurrent` of the loaded library (`CUresult::CUDA_ERROR_NOT_FOUND` where it lacks it).
-///
-/// # Safety
-/// The C function's contract: valid pointers and handles, as its documentation says.
-#[inline]
-pub unsafe fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
-    match table().and_then(|t| t.cuCtxGetCurrent) {
-        Some(entry__) => entry__(pctx),
         None => CUresult::CUDA_ERROR_NOT_FOUND,
     }
 }
@@ -2397,18 +2369,6 @@ pub unsafe fn cuEventCreate(phEvent: *mut CUevent, Flags: ::core::ffi::c_uint) -
 pub unsafe fn cuEventRecord(hEvent: CUevent, hStream: CUstream) -> CUresult {
     match table().and_then(|t| t.cuEventRecord) {
         Some(entry__) => entry__(hEvent, hStream),
-        None => CUresult::CUDA_ERROR_NOT_FOUND,
-    }
-}
-
-/// `cuEventQuery` of the loaded library (`CUresult::CUDA_ERROR_NOT_FOUND` where it lacks it).
-///
-/// # Safety
-/// The C function's contract: valid pointers and handles, as its documentation says.
-#[inline]
-pub unsafe fn cuEventQuery(hEvent: CUevent) -> CUresult {
-    match table().and_then(|t| t.cuEventQuery) {
-        Some(entry__) => entry__(hEvent),
         None => CUresult::CUDA_ERROR_NOT_FOUND,
     }
 }

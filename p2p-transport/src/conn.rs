@@ -36,7 +36,7 @@ use crate::peer::{self, LocalRegion};
 
 /// How far past a connection's time limit a wait on its stream goes: its kernels end by the
 /// limit, an aborted one within milliseconds.
-pub const WAIT_GRACE: Duration = Duration::from_secs(5);
+pub const WAIT_GRACE: Duration = p2p_mem::DRAIN_GRACE;
 
 /// The shape and limits of a connection. Both sides must use the same.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

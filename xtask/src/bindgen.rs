@@ -25,7 +25,6 @@ const CUDA_13_WHEEL: &str = "nvidia-cuda-runtime==13.0.96";
 const DRIVER: &[&str] = &[
     "cuCtxDisablePeerAccess",
     "cuCtxEnablePeerAccess",
-    "cuCtxGetCurrent",
     "cuCtxSetCurrent",
     "cuCtxSynchronize",
     "cuDeviceCanAccessPeer",
@@ -43,7 +42,6 @@ const DRIVER: &[&str] = &[
     "cuEventCreate",
     "cuEventDestroy_v2",
     "cuEventElapsedTime",
-    "cuEventQuery",
     "cuEventRecord",
     "cuEventSynchronize",
     "cuGetErrorName",
