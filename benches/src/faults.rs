@@ -288,9 +288,10 @@ fn run_rank(
     leak_report(&device, fds0, free0, Some(comm), world > count)
 }
 
-/// Drops the communicator and reports the time, and the fds and GPU memory not returned. Where
-/// ranks share a GPU (`shared`) the GPU's free memory also moves with the other ranks'
-/// processes (their contexts and buffers come and go), so no GPU figure is reported (null).
+/// Drops the communicator and reports the time, and the fds and GPU memory this process still
+/// holds (whether memory comes back once the job's processes have exited is measured outside,
+/// by the suite: see [`GpuWatch`]). Where ranks share a GPU (`shared`) the GPU's free memory
+/// also moves with the other ranks' processes, so no GPU figure is reported (null).
 fn leak_report(
     device: &p2p_mem::Device,
     fds0: usize,
@@ -302,15 +303,19 @@ fn leak_report(
     drop(comm);
     let drop_ms = t.elapsed().as_secs_f64() * 1e3;
     // This rank's workspace is also held by the peers' mappings of it (cuMem) until they drop
-    // theirs or their process is torn down by the driver: wait up to 5 s for the device's
-    // free memory to come back, and report what did not.
+    // theirs or their process ends: wait up to 200 ms for the device's free memory to come
+    // back, and report what did not (informative: the suite's verdict is measured outside).
     let t = Instant::now();
     let mut free1 = device.memory_info().map_err(|e| e.to_string())?.0;
-    // Likewise fds: a stranger's connection is closed by its handshake thread within
-    // HANDSHAKE_TIMEOUT (2 s) of its arrival.
-    while ((free1 < free0 && !shared) || open_fds() > fds0) && t.elapsed() < Duration::from_secs(5)
-    {
-        std::thread::sleep(Duration::from_millis(10));
+    // Fds: a stranger's connection is closed by its handshake thread within HANDSHAKE_TIMEOUT
+    // (2 s) of its arrival, so they may take up to that.
+    loop {
+        let mem_wait = free1 < free0 && !shared && t.elapsed() < Duration::from_millis(200);
+        let fd_wait = open_fds() > fds0 && t.elapsed() < Duration::from_millis(2500);
+        if !mem_wait && !fd_wait {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
         free1 = device.memory_info().map_err(|e| e.to_string())?.0;
     }
     emit(json!({
@@ -456,12 +461,18 @@ pub struct Trial {
     pub wrong: usize,
     /// Foreign connections accepted (strangers trials).
     pub foreign_accepted: u64,
-    /// Injected faults this trial counts (1, or the stranger's attempts).
+    /// Injected faults this trial counts: 1 process fault, or the stranger's attempts.
     pub faults: u64,
-    /// Survivors' fds and GPU bytes not returned after dropping the communicator.
+    /// Survivors' fds not returned after dropping the communicator.
     pub fd_leak: i64,
-    /// GPU bytes; `None` where ranks shared a GPU (not measured: see `leak_report`).
-    pub mem_leak: Option<i64>,
+    /// GPU bytes the survivors' processes still held after dropping the communicator (`None`
+    /// where ranks shared a GPU: see `leak_report`). Returned when the process exits.
+    pub held_in_process: Option<i64>,
+    /// GPU bytes not back on the GPUs once every process of the trial had exited, read by the
+    /// suite ([`GpuWatch`]); `None` if not measured.
+    pub held_after_exit: Option<i64>,
+    /// How long the GPUs' free memory took to come back after the last process exited, ms.
+    pub return_ms: f64,
     /// Where the victim was when it died: before init finished or after.
     pub phase: String,
     /// Whether every rank exited.
@@ -473,6 +484,12 @@ pub struct Trial {
 }
 
 impl Trial {
+    /// Whether the trial injected a process fault (a rank killed, crashing, exiting, stalled or
+    /// aborted), as opposed to a stranger's attempts or none.
+    pub fn process_fault(&self) -> bool {
+        !matches!(self.kind, Kind::None | Kind::Strangers)
+    }
+
     /// "ok" if every process exited cleanly within the trial's limit, else "FAILED".
     fn verdict(&self) -> &'static str {
         if self.clean_exit && !self.hang {
@@ -497,7 +514,60 @@ fn by_rendezvous_limit(text: &str) -> bool {
     text.contains("did not join") || text.contains("did not answer")
 }
 
+/// Whether a survivor learnt of the victim's end from the launcher (the suite) while waiting in
+/// the rendezvous.
+fn by_launcher(text: &str) -> bool {
+    text.contains("as the launcher reports")
+}
+
+/// The free memory of every GPU, read by the suite itself, outside the jobs: a baseline before
+/// the first job, and again once each job's processes have all exited.
+pub struct GpuWatch {
+    devices: Vec<p2p_mem::Device>,
+    baseline: Vec<usize>,
+}
+
+impl GpuWatch {
+    /// Reads the baseline of every GPU (this process's own context on each is part of it).
+    pub fn new() -> Result<GpuWatch, String> {
+        let devices = (0..p2p_mem::Device::count().map_err(|e| e.to_string())?)
+            .map(p2p_mem::Device::new)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
+        let baseline = devices
+            .iter()
+            .map(|d| d.memory_info().map(|m| m.0))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| e.to_string())?;
+        Ok(GpuWatch { devices, baseline })
+    }
+
+    /// GPU bytes below the baseline now, summed over the GPUs.
+    pub fn held(&self) -> Option<i64> {
+        let mut held = 0i64;
+        for (d, base) in self.devices.iter().zip(&self.baseline) {
+            let free = d.memory_info().ok()?.0;
+            held += (*base as i64 - free as i64).max(0);
+        }
+        Some(held)
+    }
+
+    /// Waits up to `limit` for every GPU to be back at its baseline: the bytes still held then,
+    /// and how long it took, ms.
+    pub fn settle(&self, limit: Duration) -> (Option<i64>, f64) {
+        let t = Instant::now();
+        loop {
+            let held = self.held();
+            if held.is_none_or(|h| h == 0) || t.elapsed() >= limit {
+                return (held, t.elapsed().as_secs_f64() * 1e3);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
 /// Runs one trial with `world` ranks from executable `exe` and returns what happened.
+#[allow(clippy::too_many_arguments)]
 pub fn run_trial(
     exe: &str,
     kind: Kind,
@@ -506,14 +576,24 @@ pub fn run_trial(
     delay_us: u64,
     seq: usize,
     timeout_ms: u64,
+    watch: Option<&GpuWatch>,
 ) -> Trial {
     let job = format!("faults-{}-{seq}", std::process::id());
     // Trial 0 is the job that compiles the kernels.
     let warm_up = seq == 0;
     let secret = Secret::generate_text().unwrap_or_else(|_| "fallback-secret-0123456789".into());
-    let spawn = |rank: usize, stranger: bool| -> std::io::Result<Child> {
-        Command::new(exe)
-            .arg("fault-worker")
+    // As a launcher does, the suite tells every rank when another's process ends (a victim
+    // killed before it joined is then found at once, not at the rendezvous time limit).
+    let mut lines = p2p_transport::launch::Lines::new(world).ok();
+    let mut spawn = |rank: usize, stranger: bool| -> std::io::Result<Child> {
+        let mut cmd = Command::new(exe);
+        if !stranger {
+            if let Some(l) = lines.as_mut() {
+                l.attach(rank, &mut cmd)
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
+            }
+        }
+        cmd.arg("fault-worker")
             // The stranger claims a real rank's place.
             .env("RANK", if stranger { 1 } else { rank }.to_string())
             .env("WORLD_SIZE", world.to_string())
@@ -575,13 +655,21 @@ pub fn run_trial(
     let limit = Duration::from_secs(if warm_up { 240 } else { 30 });
     let mut hang = false;
     let mut events: Vec<(usize, Value)> = Vec::new();
+    let mut told = vec![false; world + 1];
     loop {
         while let Ok(e) = rx.try_recv() {
             events.push(e);
         }
         let mut running = 0;
         for (r, c) in children.iter_mut() {
-            if c.try_wait().ok().flatten().is_none() {
+            let exited = c.try_wait().ok().flatten();
+            if let (Some(status), Some(l)) = (exited, lines.as_ref()) {
+                if *r < world && !told[*r] {
+                    told[*r] = true;
+                    l.tell_ended(*r, c.id(), &status.to_string());
+                }
+            }
+            if exited.is_none() {
                 // A stopped victim never exits by itself (and its mappings hold the others'
                 // memory): once every other rank's calls have ended, end it.
                 let others_done = events
@@ -615,6 +703,11 @@ pub fn run_trial(
             _ => clean_exit = false,
         }
     }
+    // Every process of the trial has exited: is the GPUs' memory back?
+    let (held_after_exit, return_ms) = match watch {
+        Some(w) => w.settle(Duration::from_secs(2)),
+        None => (None, 0.0),
+    };
     // Let the readers drain.
     std::thread::sleep(Duration::from_millis(20));
     while let Ok(e) = rx.try_recv() {
@@ -645,7 +738,9 @@ pub fn run_trial(
         foreign_accepted: 0,
         faults: 1,
         fd_leak: 0,
-        mem_leak: Some(0),
+        held_in_process: Some(0),
+        held_after_exit,
+        return_ms,
         phase,
         clean_exit,
         drop_ms: 0.0,
@@ -665,7 +760,7 @@ pub fn run_trial(
         for v in of(r, "after-drop") {
             t.drop_ms = t.drop_ms.max(v["drop_ms"].as_f64().unwrap_or(0.0));
             t.fd_leak += v["fd_delta"].as_i64().unwrap_or(0).max(0);
-            t.mem_leak = match (t.mem_leak, v["gpu_mem_delta"].as_i64()) {
+            t.held_in_process = match (t.held_in_process, v["gpu_mem_delta"].as_i64()) {
                 (Some(sum), Some(d)) => Some(sum + d.max(0)),
                 _ => None,
             };
@@ -700,16 +795,28 @@ fn percentile(v: &mut [f64], p: f64) -> Option<f64> {
     Some(v[i.min(v.len() - 1)])
 }
 
-/// Runs the suite: trials of every kind round robin until `trials` ran or `budget` passed;
-/// returns the results as JSON and Markdown.
-pub fn run_suite(
-    exe: &str,
-    world: usize,
-    trials: usize,
-    budget: Duration,
-    timeout_ms: u64,
-) -> (Value, String) {
+/// How a suite is run.
+#[derive(Debug, Clone)]
+pub struct SuiteOptions {
+    /// Ranks per job.
+    pub world: usize,
+    /// Stop once this many process faults and this many stranger attempts were injected.
+    pub faults: u64,
+    /// At most this many trials.
+    pub trials: usize,
+    /// Stop starting trials after this long.
+    pub budget: Duration,
+    /// The collectives' time limit in the jobs (`P2P_TIMEOUT_MS`).
+    pub timeout_ms: u64,
+}
+
+/// Runs the suite: trials of every kind round robin until `faults` process faults and stranger
+/// attempts were injected, `trials` ran or `budget` passed; returns the results as JSON and
+/// Markdown. GPU memory and this process's fds are read before the first job and after every
+/// job's processes have exited.
+pub fn run_suite(exe: &str, o: &SuiteOptions) -> (Value, String) {
     let start = Instant::now();
+    let world = o.world;
     let mut seed = (now_ns() as u64) | 1;
     let mut rand = move || {
         seed ^= seed << 13;
@@ -717,27 +824,61 @@ pub fn run_suite(
         seed ^= seed << 17;
         seed
     };
-    // The first job compiles the kernels into the on-disk cache; the second measures how long
-    // making a communicator takes once they are cached (the window kill-during-init aims at).
-    let compile = run_trial(exe, Kind::None, world, 0, 0, 0, timeout_ms);
+    let watch = match GpuWatch::new() {
+        Ok(w) => Some(w),
+        Err(e) => {
+            eprintln!("GPU memory will not be measured outside the jobs: {e}");
+            None
+        }
+    };
+    let fds0 = open_fds();
+    // The first job loads the kernels (and compiles them where none are shipped for this GPU);
+    // the second measures how long making a communicator takes (the window kill-during-init
+    // aims at).
+    let compile = run_trial(
+        exe,
+        Kind::None,
+        world,
+        0,
+        0,
+        0,
+        o.timeout_ms,
+        watch.as_ref(),
+    );
     eprintln!(
-        "compile job: {} ({:.1} s)",
+        "first job: {} ({:.1} s)",
         compile.verdict(),
         start.elapsed().as_secs_f64()
     );
-    let warm = run_trial(exe, Kind::None, world, 0, 0, usize::MAX, timeout_ms);
-    // How long making the communicator took (the process start and context are before it).
+    let warm = run_trial(
+        exe,
+        Kind::None,
+        world,
+        0,
+        0,
+        usize::MAX,
+        o.timeout_ms,
+        watch.as_ref(),
+    );
     let init_us = (warm.init_ms * 1e3) as u64;
-    eprintln!("warm-up: communicator init took {:.1} ms", warm.init_ms);
     eprintln!(
-        "warm-up: {} ({:.1} s)",
+        "warm-up: {}; communicator init took {:.1} ms ({:.1} s)",
         warm.verdict(),
+        warm.init_ms,
         start.elapsed().as_secs_f64()
     );
-    let mut all = Vec::new();
+    let mut all: Vec<Trial> = Vec::new();
+    let (mut process_faults, mut attempts) = (0u64, 0u64);
     let mut i = 0;
-    while i < trials && start.elapsed() < budget {
-        let kind = Kind::ALL[i % Kind::ALL.len()];
+    while i < o.trials
+        && start.elapsed() < o.budget
+        && (process_faults < o.faults || attempts < o.faults)
+    {
+        let mut kind = Kind::ALL[i % Kind::ALL.len()];
+        // Once enough strangers came, their turns go to process faults.
+        if kind == Kind::Strangers && attempts >= o.faults {
+            kind = Kind::KillMidCollective;
+        }
         let victim = (rand() % world as u64) as usize;
         let delay_us = match kind {
             // Somewhere inside the communicator's init, as long as the warm-up's took.
@@ -748,13 +889,27 @@ pub fn run_suite(
             Kind::KillInDrop => rand() % 2_000,
             _ => rand() % 50_000,
         };
-        let t = run_trial(exe, kind, world, victim, delay_us, i + 1, timeout_ms);
+        let t = run_trial(
+            exe,
+            kind,
+            world,
+            victim,
+            delay_us,
+            i + 1,
+            o.timeout_ms,
+            watch.as_ref(),
+        );
         if t.hang {
             eprintln!("HANG: {t:?}");
         }
         i += 1;
+        if t.process_fault() {
+            process_faults += t.faults;
+        } else {
+            attempts += t.faults;
+        }
         eprintln!(
-            "[{i:>3}/{trials}] {:<24} victim {} delay {:>6} us: {}{}{} ({:.0} s)",
+            "[{i:>3}] {:<24} victim {} delay {:>6} us: {}{}{}{}({:.0} s; {process_faults} process faults, {attempts} stranger attempts)",
             kind.name(),
             t.victim,
             t.delay_us,
@@ -768,25 +923,60 @@ pub fn run_suite(
                 .collect::<String>(),
             if t.hang { "HANG " } else { "" },
             if t.wrong > 0 { "WRONG " } else { "" },
+            match t.held_after_exit {
+                Some(h) if h > 0 => format!("HELD {h} B after exit "),
+                _ => String::new(),
+            },
             start.elapsed().as_secs_f64()
         );
         all.push(t);
     }
-    summarize(world, &all, warm.verdict() == "ok", timeout_ms)
+    // After the suite, measured outside the jobs: the GPUs' free memory and this process's fds.
+    let (held_end, _) = watch
+        .as_ref()
+        .map_or((None, 0.0), |w| w.settle(Duration::from_secs(5)));
+    let outside = Outside {
+        gpu_bytes_held: held_end,
+        fds_held: open_fds() as i64 - fds0 as i64,
+    };
+    summarize(
+        world,
+        &all,
+        warm.verdict() == "ok",
+        o.timeout_ms,
+        &outside,
+        start.elapsed(),
+    )
 }
 
-fn summarize(world: usize, all: &[Trial], warm_ok: bool, timeout_ms: u64) -> (Value, String) {
+/// What the suite measured itself after its last job.
+#[derive(Debug, Clone, Copy)]
+pub struct Outside {
+    /// GPU bytes below the baseline taken before the first job (`None`: not measured).
+    pub gpu_bytes_held: Option<i64>,
+    /// This process's fds beyond those before the first job.
+    pub fds_held: i64,
+}
+
+fn summarize(
+    world: usize,
+    all: &[Trial],
+    warm_ok: bool,
+    timeout_ms: u64,
+    outside: &Outside,
+    took: Duration,
+) -> (Value, String) {
     let mut rows = Vec::new();
     let mut md = String::new();
     md.push_str(&format!(
-        "# Fault injection, {world} ranks\n\nP2P_TIMEOUT_MS={timeout_ms}, P2P_RENDEZVOUS_TIMEOUT_MS=3000; warm-up job {}.\n\n",
-        if warm_ok { "ok" } else { "FAILED" }
+        "# Fault injection, {world} ranks\n\nP2P_TIMEOUT_MS={timeout_ms}, P2P_RENDEZVOUS_TIMEOUT_MS=3000; the suite tells the ranks when one's process ends, as `p2p-bench launch` does; warm-up job {}; {:.0} s.\n\n",
+        if warm_ok { "ok" } else { "FAILED" },
+        took.as_secs_f64()
     ));
-    md.push_str("| fault | trials | faults | detected by every survivor | names the rank | detection median / p99 / max (ms) | of which by the rendezvous time limit | survivors' drop, max (ms) | hangs | wrong | foreign joins | fds leaked | GPU bytes leaked |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    let kinds: Vec<Kind> = Kind::ALL.to_vec();
-    let mut totals = (0u64, 0usize, 0usize, 0u64, 0i64, Some(0i64));
+    md.push_str("| fault | trials | faults | detected by every survivor | names the rank | detection median / p99 / max (ms) | by the launcher / by the rendezvous time limit | survivors' drop, max (ms) | hangs | wrong | foreign joins | fds leaked | GPU bytes held after exit | held in process after drop |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    let mut totals = Totals::default();
     let mut dead_ms = Vec::new();
-    for k in kinds {
+    for k in Kind::ALL {
         let ts: Vec<&Trial> = all.iter().filter(|t| t.kind == k).collect();
         if ts.is_empty() {
             continue;
@@ -796,11 +986,9 @@ fn summarize(world: usize, all: &[Trial], warm_ok: bool, timeout_ms: u64) -> (Va
             .iter()
             .flat_map(|t| t.survivors.iter().filter_map(|s| s.1))
             .collect();
-        let by_limit = ts
-            .iter()
-            .flat_map(|t| t.survivors.iter())
-            .filter(|s| by_rendezvous_limit(&s.2))
-            .count();
+        let survivors = || ts.iter().flat_map(|t| t.survivors.iter());
+        let by_limit = survivors().filter(|s| by_rendezvous_limit(&s.2)).count();
+        let by_launch = survivors().filter(|s| by_launcher(&s.2)).count();
         let drop_max = ts.iter().map(|t| t.drop_ms).fold(0.0, f64::max);
         let detected = ts
             .iter()
@@ -816,14 +1004,14 @@ fn summarize(world: usize, all: &[Trial], warm_ok: bool, timeout_ms: u64) -> (Va
         let wrong: usize = ts.iter().map(|t| t.wrong).sum();
         let foreign: u64 = ts.iter().map(|t| t.foreign_accepted).sum();
         let fds: i64 = ts.iter().map(|t| t.fd_leak).sum();
-        let mem: Option<i64> = ts.iter().map(|t| t.mem_leak).sum();
-        if k.dies() && k != Kind::KillBeforeInit {
-            // A victim that died before it joined the rendezvous is found by its time limit:
-            // those detections are counted apart.
+        let after_exit: Option<i64> = ts.iter().map(|t| t.held_after_exit).sum();
+        let in_process: Option<i64> = ts.iter().map(|t| t.held_in_process).max().flatten();
+        if k.dies() {
+            // After it joined: a victim found by the rendezvous time limit or the launcher
+            // (it died before it joined) is counted apart.
             dead_ms.extend(
-                ts.iter()
-                    .flat_map(|t| t.survivors.iter())
-                    .filter(|s| !by_rendezvous_limit(&s.2))
+                survivors()
+                    .filter(|s| !by_rendezvous_limit(&s.2) && !by_launcher(&s.2))
                     .filter_map(|s| s.1),
             );
         }
@@ -834,48 +1022,55 @@ fn summarize(world: usize, all: &[Trial], warm_ok: bool, timeout_ms: u64) -> (Va
         );
         let f = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.1}"));
         let expects_detection = !matches!(k, Kind::Strangers | Kind::KillInDrop);
+        let of = |n: usize| {
+            if expects_detection {
+                format!("{n}/{}", ts.len())
+            } else {
+                "n/a".into()
+            }
+        };
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} / {} / {} | {} | {:.0} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} / {} / {} | {by_launch} / {by_limit} | {:.0} | {} | {} | {} | {} | {} | {} |\n",
             k.name(),
             ts.len(),
             faults,
-            if expects_detection {
-                format!("{detected}/{}", ts.len())
-            } else {
-                "n/a".into()
-            },
-            if expects_detection {
-                format!("{named}/{}", ts.len())
-            } else {
-                "n/a".into()
-            },
+            of(detected),
+            of(named),
             f(p50),
             f(p99),
             f(max),
-            by_limit,
             drop_max,
             hangs,
             wrong,
             foreign,
             fds,
-            mem.map_or("not measured".into(), |m| m.to_string())
+            after_exit.map_or("not measured".into(), |m| m.to_string()),
+            in_process.map_or("-".into(), |m| format!("{} MiB max", m >> 20)),
         ));
-        totals.0 += faults;
-        totals.1 += hangs;
-        totals.2 += wrong;
-        totals.3 += foreign;
-        totals.4 += fds;
-        totals.5 = totals.5.zip(mem).map(|(a, b)| a + b);
+        if k == Kind::Strangers {
+            totals.attempts += faults;
+        } else {
+            totals.process_faults += faults;
+        }
+        totals.hangs += hangs;
+        totals.wrong += wrong;
+        totals.foreign += foreign;
+        totals.fds += fds;
+        totals.after_exit = totals.after_exit.zip(after_exit).map(|(a, b)| a + b);
         rows.push(json!({
             "fault": k.name(), "trials": ts.len(), "faults": faults,
             "detected_by_every_survivor": detected, "names_the_rank": named,
             "detection_ms": {"median": p50, "p99": p99, "max": max},
-            "by_rendezvous_time_limit": by_limit, "survivor_drop_ms_max": drop_max,
+            "by_launcher": by_launch, "by_rendezvous_time_limit": by_limit,
+            "survivor_drop_ms_max": drop_max,
             "hangs": hangs, "wrong": wrong, "foreign_joins": foreign,
-            "fds_leaked": fds, "gpu_bytes_leaked": mem,
+            "fds_leaked": fds, "gpu_bytes_held_after_exit": after_exit,
+            "gpu_bytes_held_in_process_max": in_process,
             "trials_detail": ts.iter().map(|t| json!({
                 "victim": t.victim, "delay_us": t.delay_us, "hang": t.hang, "phase": t.phase,
                 "clean_exit": t.clean_exit, "drop_ms": t.drop_ms,
+                "held_after_exit": t.held_after_exit, "return_ms": t.return_ms,
+                "held_in_process": t.held_in_process,
                 "survivors": t.survivors.iter().map(|s| json!({"rank": s.0, "detection_ms": s.1, "error": s.2, "names_victim": s.3})).collect::<Vec<_>>(),
             })).collect::<Vec<_>>(),
         }));
@@ -884,39 +1079,85 @@ fn summarize(world: usize, all: &[Trial], warm_ok: bool, timeout_ms: u64) -> (Va
         percentile(&mut dead_ms.clone(), 0.99),
         percentile(&mut dead_ms, 1.0),
     );
+    let f = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.1}"));
     md.push_str(&format!(
-        "\nTotal: {} trials, {} injected faults; dead peer (process ends after it joined) detected at p99 {} ms, max {} ms; {} hangs, {} wrong elements, {} foreign joins, {}.\n",
+        "\nTotal: {} trials, {} process faults and {} stranger attempts; dead peer (process ended after it joined) found at p99 {} ms, max {} ms; {} hangs, {} wrong elements, {} foreign joins, {} fds leaked in the ranks.\n",
         all.len(),
-        totals.0,
-        p99.map_or("-".into(), |v| format!("{v:.1}")),
-        max.map_or("-".into(), |v| format!("{v:.1}")),
-        totals.1,
-        totals.2,
-        totals.3,
-        match totals.5 {
-            Some(m) => format!("{} fds and {m} GPU bytes leaked", totals.4),
-            None => format!(
-                "{} fds leaked (GPU bytes not measured: ranks shared a GPU, whose free memory also moves with the other ranks' processes)",
-                totals.4
-            ),
-        }
+        totals.process_faults,
+        totals.attempts,
+        f(p99),
+        f(max),
+        totals.hangs,
+        totals.wrong,
+        totals.foreign,
+        totals.fds,
+    ));
+    let not_back = all
+        .iter()
+        .filter(|t| t.held_after_exit.is_some_and(|h| h > 0))
+        .count();
+    md.push_str(&format!(
+        "\nMeasured by the suite outside the jobs: GPU memory after each trial's processes exited: {}; after the last: {}; this process's fds {} the first job.\n",
+        match totals.after_exit {
+            Some(0) => "back to the baseline every time".to_string(),
+            Some(b) => format!("NOT back to the baseline after {not_back} trials ({b} bytes held, summed)"),
+            None => "not measured after every trial".to_string(),
+        },
+        match outside.gpu_bytes_held {
+            Some(0) => "back to the baseline".to_string(),
+            Some(b) => format!("{b} bytes below the baseline"),
+            None => "not measured".to_string(),
+        },
+        match outside.fds_held {
+            0 => "as before".to_string(),
+            n => format!("{n:+} against"),
+        },
     ));
     let summary = json!({
-        "world": world, "trials": all.len(), "faults": totals.0,
+        "world": world, "trials": all.len(),
+        "process_faults": totals.process_faults, "stranger_attempts": totals.attempts,
         "dead_peer_detection_ms": {"p99": p99, "max": max},
-        "hangs": totals.1, "wrong": totals.2, "foreign_joins": totals.3,
-        "fds_leaked": totals.4, "gpu_bytes_leaked": totals.5,
-        "timeout_ms": timeout_ms, "warm_up_ok": warm_ok,
+        "hangs": totals.hangs, "wrong": totals.wrong, "foreign_joins": totals.foreign,
+        "fds_leaked": totals.fds,
+        "gpu_bytes_held_after_exit": totals.after_exit,
+        "outside_after_suite": {"gpu_bytes_held": outside.gpu_bytes_held, "fds_held": outside.fds_held},
+        "timeout_ms": timeout_ms, "warm_up_ok": warm_ok, "seconds": took.as_secs_f64(),
         "rows": rows,
     });
     (summary, md)
+}
+
+/// The suite's totals over every kind.
+#[derive(Debug)]
+struct Totals {
+    process_faults: u64,
+    attempts: u64,
+    hangs: usize,
+    wrong: usize,
+    foreign: u64,
+    fds: i64,
+    after_exit: Option<i64>,
+}
+
+impl Default for Totals {
+    fn default() -> Self {
+        Totals {
+            process_faults: 0,
+            attempts: 0,
+            hangs: 0,
+            wrong: 0,
+            foreign: 0,
+            fds: 0,
+            after_exit: Some(0),
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn trial(kind: Kind, mem_leak: Option<i64>) -> Trial {
+    fn trial(kind: Kind, held_after_exit: Option<i64>, faults: u64) -> Trial {
         Trial {
             kind,
             world: 2,
@@ -926,9 +1167,11 @@ mod tests {
             hang: false,
             wrong: 0,
             foreign_accepted: 0,
-            faults: 1,
+            faults,
             fd_leak: 0,
-            mem_leak,
+            held_in_process: Some(8 << 20),
+            held_after_exit,
+            return_ms: 0.0,
             phase: "after init".into(),
             clean_exit: true,
             drop_ms: 1.0,
@@ -936,26 +1179,65 @@ mod tests {
         }
     }
 
+    const CLEAN: Outside = Outside {
+        gpu_bytes_held: Some(0),
+        fds_held: 0,
+    };
+
     #[test]
-    fn gpu_leaks_add_up_and_an_unmeasured_trial_is_reported_as_such() {
+    fn memory_held_after_exit_adds_up_and_an_unmeasured_trial_is_reported_as_such() {
         let measured = [
-            trial(Kind::KillBetweenCalls, Some(4096)),
-            trial(Kind::KillBetweenCalls, Some(0)),
+            trial(Kind::KillBetweenCalls, Some(4096), 1),
+            trial(Kind::KillBetweenCalls, Some(0), 1),
         ];
-        let (json, md) = summarize(2, &measured, true, 2000);
-        assert_eq!(json["gpu_bytes_leaked"], 4096);
-        assert!(md.contains("0 fds and 4096 GPU bytes leaked"), "{md}");
-        // One trial with ranks sharing a GPU: its kind's row and the total say "not measured".
-        let mixed = [
-            trial(Kind::KillBetweenCalls, Some(4096)),
-            trial(Kind::KillBetweenCalls, None),
-        ];
-        let (json, md) = summarize(2, &mixed, true, 2000);
-        assert!(json["gpu_bytes_leaked"].is_null(), "{json}");
-        assert!(md.contains("| not measured |"), "{md}");
+        let (json, md) = summarize(2, &measured, true, 2000, &CLEAN, Duration::ZERO);
+        assert_eq!(json["gpu_bytes_held_after_exit"], 4096);
         assert!(
-            md.contains("0 fds leaked (GPU bytes not measured: ranks shared a GPU"),
+            md.contains("NOT back to the baseline after 1 trials (4096 bytes held"),
             "{md}"
         );
+        assert!(md.contains("| 8 MiB max |"), "{md}");
+        let mixed = [
+            trial(Kind::KillBetweenCalls, Some(4096), 1),
+            trial(Kind::KillBetweenCalls, None, 1),
+        ];
+        let (json, md) = summarize(2, &mixed, true, 2000, &CLEAN, Duration::ZERO);
+        assert!(json["gpu_bytes_held_after_exit"].is_null(), "{json}");
+        assert!(md.contains("| not measured |"), "{md}");
+        assert!(
+            md.contains("exited: not measured after every trial"),
+            "{md}"
+        );
+    }
+
+    #[test]
+    fn process_faults_and_stranger_attempts_are_counted_apart() {
+        let ts = [
+            trial(Kind::KillMidCollective, Some(0), 1),
+            trial(Kind::Stall, Some(0), 1),
+            trial(Kind::Strangers, Some(0), 150),
+        ];
+        let held = Outside {
+            gpu_bytes_held: Some(0),
+            fds_held: 2,
+        };
+        let (json, md) = summarize(2, &ts, true, 2000, &held, Duration::ZERO);
+        assert_eq!(json["process_faults"], 2);
+        assert_eq!(json["stranger_attempts"], 150);
+        assert!(
+            md.contains("2 process faults and 150 stranger attempts"),
+            "{md}"
+        );
+        assert!(md.contains("back to the baseline every time"), "{md}");
+        assert!(md.contains("fds +2 against the first job"), "{md}");
+        // Launcher-told and time-limit detections are not dead-peer detections.
+        let mut before = trial(Kind::KillBeforeInit, Some(0), 1);
+        before.survivors[0].2 =
+            "rank 1 (pid 7) ended (signal: 9), as the launcher reports, before every rank joined"
+                .into();
+        before.survivors[0].1 = Some(900.0);
+        let (json, _) = summarize(2, &[before], true, 2000, &CLEAN, Duration::ZERO);
+        assert!(json["dead_peer_detection_ms"]["p99"].is_null(), "{json}");
+        assert_eq!(json["rows"][0]["by_launcher"], 1);
     }
 }

@@ -14,6 +14,7 @@ pub mod faults;
 pub mod floor;
 #[allow(unsafe_code)] // the gate's launch and its pinned flags
 pub mod gate;
+pub mod held;
 pub mod host;
 pub mod kernels;
 #[allow(unsafe_code)] // kernel launches

@@ -216,9 +216,9 @@ p2p_sys::debug_as_display!(ConfigError);
 /// Every `P2P_*` variable: those `Config` reads, and the collectives' own (`P2P_ALGO`,
 /// `P2P_CHECK`, `P2P_TIMEOUT_MS`, read by p2p-collective) and the rendezvous's
 /// (`P2P_JOB_ID`, `P2P_JOB_SECRET`, `P2P_RENDEZVOUS_DIR`, `P2P_RENDEZVOUS_TIMEOUT_MS`, read by
-/// [`crate::rendezvous`]), which it
-/// accepts and leaves alone.
-pub const VARIABLES: [&str; 18] = [
+/// [`crate::rendezvous`]; `P2P_LAUNCH_FD` and `P2P_LAUNCHER_PID`, set by a launcher for
+/// [`crate::launch`]), which it accepts and leaves alone.
+pub const VARIABLES: [&str; 20] = [
     "P2P_DISABLE",
     "P2P_LEVEL",
     "P2P_READ",
@@ -234,6 +234,8 @@ pub const VARIABLES: [&str; 18] = [
     "P2P_JOB_SECRET",
     "P2P_RENDEZVOUS_DIR",
     "P2P_RENDEZVOUS_TIMEOUT_MS",
+    "P2P_LAUNCH_FD",
+    "P2P_LAUNCHER_PID",
     "P2P_DEBUG",
     "P2P_DEBUG_SUBSYS",
     "P2P_KERNELS",
@@ -360,7 +362,9 @@ impl Config {
                 "P2P_JOB_ID"
                 | "P2P_JOB_SECRET"
                 | "P2P_RENDEZVOUS_DIR"
-                | "P2P_RENDEZVOUS_TIMEOUT_MS" => {}
+                | "P2P_RENDEZVOUS_TIMEOUT_MS"
+                | "P2P_LAUNCH_FD"
+                | "P2P_LAUNCHER_PID" => {}
                 "P2P_DEBUG" => {
                     let levels = [
                         DebugLevel::Off,

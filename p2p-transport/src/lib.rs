@@ -37,6 +37,7 @@ pub mod conn;
 pub mod copy;
 mod error;
 pub mod kernels;
+pub mod launch;
 pub mod mode;
 pub mod peer;
 pub mod rendezvous;

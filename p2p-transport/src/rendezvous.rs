@@ -281,6 +281,23 @@ impl Rendezvous {
     }
 }
 
+/// Whether a job identity built from torchrun's variables holds a run id shaped like the random
+/// UUID `torchrun --standalone` makes (`8-4-4-4-12` hex digits): a value only the job's processes
+/// were given, which makes the key unguessable without reading their environment.
+fn job_holds_random_run_id(job: &str) -> bool {
+    let Some(rest) = job.strip_prefix("torch:") else {
+        return false;
+    };
+    let Some(run_id) = rest.split('/').nth(1) else {
+        return false;
+    };
+    let groups: Vec<&str> = run_id.split('-').collect();
+    groups.iter().map(|g| g.len()).eq([8, 4, 4, 4, 12])
+        && groups
+            .iter()
+            .all(|g| g.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
 fn default_dir() -> PathBuf {
     let uid = rustix::process::getuid().as_raw();
     let base = std::env::var_os("XDG_RUNTIME_DIR")
@@ -453,6 +470,26 @@ fn expect(
     Ok(p.to_vec())
 }
 
+/// As [`expect`] until `until`, but a few milliseconds at a time, looking between them at what
+/// the launcher said ([`crate::launch::news`]): a rank it reports ended is an error at once.
+fn expect_hearing_launcher(
+    link: &FdChannel,
+    kind: u16,
+    max: usize,
+    until: Instant,
+) -> std::result::Result<Vec<u8>, String> {
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        match expect(link, kind, max, left.clamp(TICK, 4 * TICK)) {
+            Err(why) if why.starts_with("nothing arrived") && !left.is_zero() => {}
+            other => return other,
+        }
+        if let Some(ended) = crate::launch::news() {
+            return Err(format!("launcher: {ended} before every rank joined"));
+        }
+    }
+}
+
 /// A rank's side of the handshake. `Err((true, _))`: worth trying again (nothing or a closed
 /// connection before the challenge); `Err((false, _))`: refused or an impostor.
 fn client_handshake(
@@ -564,10 +601,17 @@ impl Group {
         }
         let deadline = Instant::now() + rv.timeout;
         let key = rv.key();
-        if rv.secret.is_none() && rank == 0 && rv.world > 1 {
-            crate::warn_user!(
-                "no P2P_JOB_SECRET: only the uid check and the job's identity keep other processes of this user out of the rendezvous (p2p-bench launch sets a secret; with other launchers export one)"
-            );
+        if rv.secret.is_none() && rv.world > 1 {
+            if job_holds_random_run_id(&rv.job) {
+                tracing::debug!(
+                    rank,
+                    "no P2P_JOB_SECRET: the job's key holds torchrun's random run id (TORCHELASTIC_RUN_ID)"
+                );
+            } else {
+                crate::warn_user!(
+                    "rank {rank}: no P2P_JOB_SECRET, and the job's identity holds no random value, so another process of this user that knows the identity could join this job's rendezvous: export one P2P_JOB_SECRET to every rank (e.g. `export P2P_JOB_SECRET=$(openssl rand -hex 16)` before starting them), or start the job with `torchrun --standalone` (a random run id) or `p2p-bench launch` (a secret for every job)"
+                );
+            }
         }
         let mut links: Vec<Option<Arc<FdChannel>>> = (0..rv.world).map(|_| None).collect();
         let mut pids = vec![0u32; rv.world];
@@ -586,6 +630,14 @@ impl Group {
             let mut pending = 0usize;
             let mut joined = 1;
             while joined < rv.world {
+                if let Some(ended) = crate::launch::news() {
+                    let late: Vec<Joined> = rx.try_iter().filter_map(|r| r.ok()).collect();
+                    return Err(fail(stop_rendezvous(
+                        &links,
+                        late.iter().map(|j| &j.link),
+                        format!("{ended} before every rank joined"),
+                    )));
+                }
                 if Instant::now() > deadline {
                     let missing: Vec<usize> =
                         (1..rv.world).filter(|&r| links[r].is_none()).collect();
@@ -685,6 +737,9 @@ impl Group {
                 let attempt = FdChannel::connect_within(&path, left)
                     .map_err(|e| (true, e.to_string()))
                     .and_then(|link| client_handshake(link, &key, rank, rv.world));
+                if let Some(ended) = crate::launch::news() {
+                    return Err(fail(format!("{ended} before every rank joined")));
+                }
                 match attempt {
                     Ok(link) => break link,
                     Err((false, why)) => return Err(fail(format!("handshake with rank 0: {why}"))),
@@ -701,8 +756,11 @@ impl Group {
             };
             // Rank 0 answers by its own deadline (all joined, or who did not): wait for that
             // verdict a little past this rank's.
-            let left = (deadline + VERDICT_GRACE).saturating_duration_since(Instant::now());
-            let ready = expect(&link, READY, 4 * MAX_WORLD, left.max(TICK)).map_err(|why| {
+            let until = deadline + VERDICT_GRACE;
+            let ready = expect_hearing_launcher(&link, READY, 4 * MAX_WORLD, until).map_err(|why| {
+                if let Some(ended) = why.strip_prefix("launcher: ") {
+                    return fail(ended.to_string());
+                }
                 fail(match why.strip_prefix("refused: ") {
                     Some(why) => {
                         format!(
@@ -1674,6 +1732,34 @@ mod tests {
             let e = Group::join(&r).expect_err("an unusable time limit");
             assert!(e.to_string().contains("one day"), "{e}");
         }
+    }
+
+    #[test]
+    fn only_torchruns_random_run_id_counts_as_a_random_part_of_the_job() {
+        let job = |run_id: &str| {
+            Rendezvous::from_vars(|k| match k {
+                "RANK" => Some("0".into()),
+                "WORLD_SIZE" => Some("2".into()),
+                "MASTER_PORT" => Some("29500".into()),
+                "TORCHELASTIC_RUN_ID" => Some(run_id.into()),
+                _ => None,
+            })
+            .expect("valid")
+            .job
+        };
+        // What `torchrun --standalone` sets (uuid4).
+        assert!(job_holds_random_run_id(&job(
+            "3f2b8c1e-9a4d-4e1f-8b7a-0c5d6e7f8a9b"
+        )));
+        // torchrun's default `--rdzv-id`, a name, and P2P_JOB_ID jobs.
+        assert!(!job_holds_random_run_id(&job("none")));
+        assert!(!job_holds_random_run_id(&job("my-training-run-2026")));
+        assert!(!job_holds_random_run_id(&job(
+            "3f2b8c1e-9a4d-4e1f-8b7a-0c5d6e7f8a9"
+        )));
+        assert!(!job_holds_random_run_id(
+            "id:3f2b8c1e-9a4d-4e1f-8b7a-0c5d6e7f8a9b/2"
+        ));
     }
 
     #[test]

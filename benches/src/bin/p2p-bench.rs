@@ -146,15 +146,20 @@ enum Command {
         json: PathBuf,
     },
     /// The fault-injection suite: jobs of N ranks in which one rank is killed, crashes, exits,
-    /// stalls or aborts at a random point, or strangers try to join; writes
-    /// faults-DATE-NxGPU.{json,md} with detection times, hangs, wrong results, foreign joins
-    /// and leaks. Needs N GPUs (ranks share GPUs round robin when there are fewer).
+    /// stalls or aborts at a random point, or strangers try to join, until --faults of each
+    /// were injected; writes faults-DATE-NxGPU.{json,md} with detection times, hangs, wrong
+    /// results, foreign joins, and the GPU memory and fds measured before and after the jobs.
+    /// Needs N GPUs (ranks share GPUs round robin when there are fewer).
     Faults {
         /// Ranks per job.
         #[arg(short = 'n', long, default_value_t = 2)]
         ranks: usize,
-        /// How many trials (every fault kind in turn).
+        /// Stop once this many process faults (ranks killed, crashing, exiting, stalled or
+        /// aborted) and this many stranger attempts were injected.
         #[arg(long, default_value_t = 200)]
+        faults: u64,
+        /// At most this many trials (every fault kind in turn).
+        #[arg(long, default_value_t = 2000)]
         trials: usize,
         /// Stop starting trials after this many seconds.
         #[arg(long, default_value_t = 480)]
@@ -221,9 +226,21 @@ enum Command {
     /// One rank of a fault-injection job (started by `faults`, configured by FAULT_* variables).
     #[command(hide = true)]
     FaultWorker,
+    /// What GPU memory a process still holds after dropping its communicators: makes and drops
+    /// one CYCLES times and prints the memory held after each (`HELD` lines). Process per GPU
+    /// under `p2p-bench launch -n N --`, or one process for every GPU with --local.
+    HeldMemory {
+        /// Communicators made and dropped.
+        #[arg(long, default_value_t = 20)]
+        cycles: usize,
+        /// One process drives every GPU (no launcher).
+        #[arg(long)]
+        local: bool,
+    },
     /// Run a command as N local ranks with RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE set
-    /// (as torchrun does) and a fresh job id and secret (P2P_JOB_ID, P2P_JOB_SECRET); if one
-    /// rank fails, the others are stopped.
+    /// (as torchrun does) and a fresh job id and secret (P2P_JOB_ID, P2P_JOB_SECRET); a rank
+    /// whose process ends is reported to the others at once, and if one fails the others have
+    /// 3 s to end before they are stopped.
     Launch {
         /// Number of ranks.
         #[arg(short = 'n', long)]
@@ -488,13 +505,30 @@ fn main() -> ExitCode {
         Command::Launch { nprocs, command } => launch_cmd(nprocs, &command),
         Command::Render { json } => render_cmd(&json),
         Command::FaultWorker => ExitCode::from(p2p_benches::faults::worker() as u8),
+        Command::HeldMemory { cycles, local } => match p2p_benches::held::run(cycles, local) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("p2p-bench held-memory: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Faults {
             ranks,
+            faults,
             trials,
             seconds,
             timeout_ms,
             out,
-        } => faults_cmd(ranks, trials, seconds, timeout_ms, &out),
+        } => faults_cmd(
+            &p2p_benches::faults::SuiteOptions {
+                world: ranks,
+                faults,
+                trials,
+                budget: std::time::Duration::from_secs(seconds),
+                timeout_ms,
+            },
+            &out,
+        ),
     }
 }
 
@@ -723,13 +757,8 @@ fn render_cmd(json: &std::path::Path) -> ExitCode {
     }
 }
 
-fn faults_cmd(
-    ranks: usize,
-    trials: usize,
-    seconds: u64,
-    timeout_ms: u64,
-    out: &std::path::Path,
-) -> ExitCode {
+fn faults_cmd(options: &p2p_benches::faults::SuiteOptions, out: &std::path::Path) -> ExitCode {
+    let ranks = options.world;
     if ranks < 2 {
         eprintln!("p2p-bench faults: a fault needs at least 2 ranks (-n 2)");
         return ExitCode::from(2);
@@ -754,13 +783,7 @@ fn faults_cmd(
             return ExitCode::FAILURE;
         }
     };
-    let (json, md) = p2p_benches::faults::run_suite(
-        &exe,
-        ranks,
-        trials,
-        std::time::Duration::from_secs(seconds),
-        timeout_ms,
-    );
+    let (json, md) = p2p_benches::faults::run_suite(&exe, options);
     let date: String = p2p_transport::utc_now().chars().take(10).collect();
     let gpus = p2p_mem::Device::count().unwrap_or(0);
     let stem = out.join(format!("faults-{date}-{ranks}ranks-{gpus}xgpu"));
@@ -778,7 +801,8 @@ fn faults_cmd(
             eprintln!("wrote {}.{{json,md}}", stem.display());
             let bad = json["hangs"].as_u64().unwrap_or(1) > 0
                 || json["wrong"].as_u64().unwrap_or(1) > 0
-                || json["foreign_joins"].as_u64().unwrap_or(1) > 0;
+                || json["foreign_joins"].as_u64().unwrap_or(1) > 0
+                || json["gpu_bytes_held_after_exit"].as_i64().unwrap_or(0) > 0;
             if bad {
                 ExitCode::FAILURE
             } else {
@@ -802,10 +826,20 @@ fn launch_cmd(n: usize, command: &[String]) -> ExitCode {
         return ExitCode::from(2);
     }
     match p2p_collective::launch::launch(n, program, args) {
-        Ok(status) if status.success() => ExitCode::SUCCESS,
-        Ok(status) => {
-            eprintln!("p2p-bench launch: a rank failed: {status}");
-            ExitCode::from(status.code().map_or(1, |c| c.clamp(1, 255) as u8))
+        Ok(out) if out.status.success() => ExitCode::SUCCESS,
+        Ok(out) => {
+            let rank = out
+                .failed_rank
+                .map_or("a rank".to_string(), |r| format!("rank {r}"));
+            let killed = match out.killed {
+                0 => String::new(),
+                k => format!(
+                    "; {k} other rank(s) still ran {:?} later and were killed",
+                    p2p_collective::launch::GRACE
+                ),
+            };
+            eprintln!("p2p-bench launch: {rank} failed ({}){killed}", out.status);
+            ExitCode::from(out.status.code().map_or(1, |c| c.clamp(1, 255) as u8))
         }
         Err(e) => {
             eprintln!("p2p-bench launch: {e}");

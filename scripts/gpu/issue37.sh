@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Issue 37 (faults on separate GPUs) on 2+ GPUs; carry target/bundle. Results: $OUT/issue37.tgz.
+# Phases, in the order given (default: held torchrun faults):
+#   held      p2p-bench held-memory: 10 communicators made and dropped in one process, per
+#             rank, with cuMem (default) and legacy IPC (P2P_CUMEM=0), and --local; nvidia-smi
+#             before and after.
+#   torchrun  rank 1 exits before it joins, under torchrun --standalone: how long until the
+#             agent ends the job (rank 0 waits in the rendezvous with a 60 s limit); and the same
+#             under p2p-bench launch (rank 0 fails at once, naming rank 1).
+#   faults    p2p-bench faults -n $n until 200 process faults and 200 stranger attempts
+#             (FAULT_SECONDS, default 330).
+#   tests     the bounded-wait GPU tests (GPU_TESTS: test-name filters, default gpu2_).
+source "$(dirname "$0")/common.sh"
+smi() { nvidia-smi --query-gpu=index,memory.used --format=csv,noheader 2>&1 | tr '\n' ' '; }
+for phase in ${*:-held torchrun faults}; do
+  case $phase in
+  held)
+    note "nvidia-smi before: $(smi)"
+    for cumem in 1 0; do
+      P2P_CUMEM=$cumem timeout 120 "$here/p2p-bench" launch -n "$n" -- "$here/p2p-bench" held-memory --cycles 10 \
+        >"$res/held-cumem$cumem.log" 2>&1
+      note "held-memory, process per GPU, P2P_CUMEM=$cumem: exit $?; $(grep -c '^HELD' "$res/held-cumem$cumem.log") lines"
+    done
+    timeout 120 "$here/p2p-bench" held-memory --local --cycles 10 >"$res/held-local.log" 2>&1
+    note "held-memory --local: exit $?"
+    note "nvidia-smi after: $(smi)"
+    ;;
+  torchrun)
+    cat >"$res/rank.sh" <<EOF
+#!/bin/sh
+if [ "\$RANK" = 1 ]; then exit 3; fi
+P2P_RENDEZVOUS_TIMEOUT_MS=60000 exec "$here/p2p-bench" held-memory --cycles 1
+EOF
+    chmod +x "$res/rank.sh"
+    t0=$(date +%s%N)
+    timeout 120 torchrun --standalone --nproc-per-node 2 --no-python "$res/rank.sh" >"$res/torchrun.log" 2>&1
+    rc=$?
+    note "torchrun, rank 1 exits before joining: exit $rc after $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+    t0=$(date +%s%N)
+    P2P_RENDEZVOUS_TIMEOUT_MS=60000 timeout 120 "$here/p2p-bench" launch -n 2 -- "$res/rank.sh" >"$res/launch.log" 2>&1
+    rc=$?
+    note "p2p-bench launch, rank 1 exits before joining: exit $rc after $(( ($(date +%s%N) - t0) / 1000000 )) ms: $(grep -m1 -o 'rank 1 (pid [0-9]*) ended[^"]*' "$res/launch.log")"
+    ;;
+  faults)
+    fds0=$(ls /proc/self/fd | wc -l)
+    note "nvidia-smi before faults: $(smi)"
+    timeout $(( ${FAULT_SECONDS:-330} + 90 )) "$here/p2p-bench" faults -n "$n" --faults 200 --seconds "${FAULT_SECONDS:-330}" \
+      --out "$res/faults" >"$res/faults-n$n.log" 2>&1
+    note "faults -n $n: exit $?; $(grep -E '^Total|^Measured' "$res/faults-n$n.log" | tr '\n' ' ')"
+    note "nvidia-smi after faults: $(smi); processes left: $(pgrep -c -f fault-worker || true)"
+    ;;
+  tests)
+    for t in "$here"/tests/p2p-mem--* "$here"/tests/p2p-collective--gpu_coll; do
+      [ -x "$t" ] || continue
+      # shellcheck disable=SC2086
+      timeout 240 "$t" --include-ignored --test-threads=1 ${GPU_TESTS:-gpu2_} >"$res/tests-$(basename "$t").log" 2>&1
+      note "$(basename "$t"): exit $?; $(grep -E '^test result' "$res/tests-$(basename "$t").log" | tail -n 1)"
+    done
+    ;;
+  esac
+  pack
+done
