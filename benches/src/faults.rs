@@ -278,7 +278,9 @@ fn run_rank(
         let want = expected_base + (world * i) as f32;
         wrong += host.iter().filter(|&&x| x != want).count();
     }
-    emit(json!({"event": "calls-done", "wrong": wrong, "failed": failed.is_some()}));
+    emit(
+        json!({"event": "calls-done", "t": now_ns() as u64, "wrong": wrong, "failed": failed.is_some()}),
+    );
     if victim && kind == Kind::KillInDrop {
         std::thread::spawn(move || {
             std::thread::sleep(delay);
@@ -507,6 +509,15 @@ fn names_rank(text: &str, r: usize) -> bool {
         || text.contains(&format!("[{r},"))
         || text.contains(&format!(" {r}]"))
         || text.contains(&format!(" {r},"))
+}
+
+/// What a survivor's entry says when it finished its calls before the victim's fault.
+const FINISHED_FIRST: &str = "(finished every call before the fault)";
+
+/// Whether a survivor's entry counts as found: it failed naming a time, or it had finished
+/// before there was anything to find.
+fn found(s: &(usize, Option<f64>, String, bool)) -> bool {
+    s.1.is_some() || s.2 == FINISHED_FIRST
 }
 
 /// Whether a survivor's error came from the rendezvous time limit (the victim never joined).
@@ -773,8 +784,12 @@ pub fn run_trial(
             };
             let names = names_rank(&text, victim);
             t.survivors.push((r, ms, text, names));
-        } else if !of(r, "calls-done").is_empty() {
-            t.survivors.push((r, None, String::new(), false));
+        } else if let Some(done) = of(r, "calls-done").first() {
+            // A survivor that finished every call before the victim's fault had nothing left
+            // to find.
+            let before = matches!((done["t"].as_u64(), died_at), (Some(d), Some(f)) if d < f);
+            let what = if before { FINISHED_FIRST } else { "" };
+            t.survivors.push((r, None, what.to_string(), before));
         }
     }
     if kind == Kind::Strangers {
@@ -915,10 +930,15 @@ pub fn run_suite(exe: &str, o: &SuiteOptions) -> (Value, String) {
             t.delay_us,
             t.survivors
                 .iter()
-                .map(|(r, ms, _, names)| format!(
-                    "rank {r} {}{} ",
-                    ms.map_or("-".into(), |m| format!("{m:.1} ms")),
-                    if *names { "" } else { " (victim not named)" }
+                .map(|s| format!(
+                    "rank {} {}{} ",
+                    s.0,
+                    match s.1 {
+                        Some(m) => format!("{m:.1} ms"),
+                        None if found(s) => "done first".into(),
+                        None => "-".into(),
+                    },
+                    if s.3 { "" } else { " (victim not named)" }
                 ))
                 .collect::<String>(),
             if t.hang { "HANG " } else { "" },
@@ -992,9 +1012,7 @@ fn summarize(
         let drop_max = ts.iter().map(|t| t.drop_ms).fold(0.0, f64::max);
         let detected = ts
             .iter()
-            .filter(|t| {
-                t.survivors.len() == t.world - 1 && t.survivors.iter().all(|s| s.1.is_some())
-            })
+            .filter(|t| t.survivors.len() == t.world - 1 && t.survivors.iter().all(found))
             .count();
         let named = ts
             .iter()
@@ -1208,6 +1226,17 @@ mod tests {
             md.contains("exited: not measured after every trial"),
             "{md}"
         );
+    }
+
+    #[test]
+    fn a_survivor_that_finished_before_the_fault_counts_as_found_and_a_silent_one_does_not() {
+        let mut first = trial(Kind::KillDuringInit, Some(0), 1);
+        first.survivors = vec![(0, None, FINISHED_FIRST.into(), true)];
+        let mut silent = trial(Kind::KillDuringInit, Some(0), 1);
+        silent.survivors = vec![(0, None, String::new(), false)];
+        let (json, _) = summarize(2, &[first, silent], true, 2000, &CLEAN, Duration::ZERO);
+        assert_eq!(json["rows"][0]["detected_by_every_survivor"], 1, "{json}");
+        assert_eq!(json["rows"][0]["names_the_rank"], 1, "{json}");
     }
 
     #[test]

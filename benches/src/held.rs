@@ -7,7 +7,7 @@
 //! module costs.
 //!
 //! Process per GPU: `p2p-bench launch -n 2 -- p2p-bench held-memory`; one process driving every
-//! GPU: `p2p-bench held-memory --local`. Each rank prints one line a cycle, prefixed `HELD `.
+//! GPU: `p2p-bench held-memory --local`; each part of a communicator alone: `--parts`. Each rank prints one line a cycle, prefixed `HELD `.
 
 use std::time::{Duration, Instant};
 
@@ -48,9 +48,81 @@ fn line(rank: usize, what: &str, cycle: usize, held: &[i64]) {
     );
 }
 
+/// Each part of a communicator that holds GPU resources, made and dropped `cycles` times on
+/// GPU 0 alone: the collective kernels' modules, an abort flag, a stream with two events, and
+/// a local communicator over every GPU with and without a call.
+fn parts(cycles: usize) -> Result<(), String> {
+    let devices = Device::all().map_err(|e| e.to_string())?;
+    let d = devices.first().ok_or("no GPU")?.clone();
+    let base: Vec<i64> = devices.iter().map(free).collect::<Result<_, _>>()?;
+    let e = |e: p2p_mem::Error| e.to_string();
+    let report = |what: &str, c: usize| -> Result<(), String> {
+        line(0, what, c, &settled(&devices, &base)?);
+        Ok(())
+    };
+    for c in 1..=cycles {
+        drop(p2p_mem::kernel::Module::build_all(&d, &p2p_collective::comm::COLL_PARTS).map_err(e)?);
+        report("collective modules loaded and dropped", c)?;
+    }
+    for c in 1..=cycles {
+        drop(p2p_mem::abort::AbortHandle::new(&d).map_err(e)?);
+        report("abort flag made and dropped", c)?;
+    }
+    for c in 1..=cycles {
+        let s = Stream::new(&d).map_err(e)?;
+        let (a, b) = (
+            p2p_mem::Event::new(&d).map_err(e)?,
+            p2p_mem::Event::new(&d).map_err(e)?,
+        );
+        drop((a, b, s));
+        report("stream and two events made and dropped", c)?;
+    }
+    for c in 1..=cycles {
+        drop(Communicator::init_all(&devices).map_err(|e| e.to_string())?);
+        report("local communicators made and dropped, no call", c)?;
+    }
+    let n = 1 << 20;
+    let streams: Vec<Stream> = devices
+        .iter()
+        .map(Stream::new)
+        .collect::<Result<_, _>>()
+        .map_err(e)?;
+    let mut bufs = Vec::new();
+    for d in &devices {
+        bufs.push((
+            DeviceBuffer::<f32>::zeroed(d, n).map_err(e)?,
+            DeviceBuffer::<f32>::zeroed(d, n).map_err(e)?,
+        ));
+    }
+    let base2: Vec<i64> = devices.iter().map(free).collect::<Result<_, _>>()?;
+    for c in 1..=cycles {
+        let comms = Communicator::init_all(&devices).map_err(|e| e.to_string())?;
+        for (i, comm) in comms.iter().enumerate() {
+            let (send, recv) = &mut bufs[i];
+            comm.all_reduce(send, recv, n, DataType::F32, RedOp::Sum, &streams[i])
+                .map_err(|e| e.to_string())?;
+        }
+        for (comm, s) in comms.iter().zip(&streams) {
+            comm.synchronize(s).map_err(|e| e.to_string())?;
+        }
+        drop(comms);
+        line(
+            0,
+            "local communicators, one all-reduce each, dropped (against a later baseline)",
+            c,
+            &settled(&devices, &base2)?,
+        );
+    }
+    Ok(())
+}
+
 /// Runs the experiment: `cycles` communicators made and dropped in this process, one process
-/// per GPU (under a launcher) or, with `local`, one process for every GPU.
-pub fn run(cycles: usize, local: bool) -> Result<(), String> {
+/// per GPU (under a launcher) or, with `local`, one process for every GPU; with `parts`, each
+/// part of a communicator alone.
+pub fn run(cycles: usize, local: bool, parts_only: bool) -> Result<(), String> {
+    if parts_only {
+        return parts(cycles);
+    }
     let n = 1 << 20;
     if local {
         let devices = Device::all().map_err(|e| e.to_string())?;

@@ -16,7 +16,7 @@
 //! counters.
 
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -273,6 +273,55 @@ pub(crate) struct Kernels {
     blocks_per_sm: i32,
 }
 
+/// [`Kernels::build`] in a thread of its own, started before the rendezvous.
+struct KernelLoad {
+    device: Device,
+    done: Option<std::sync::mpsc::Receiver<Result<Kernels>>>,
+}
+
+impl KernelLoad {
+    fn start(device: &Device) -> KernelLoad {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let d = device.clone();
+        let started = std::thread::Builder::new()
+            .name("p2p-kernels".into())
+            .spawn(move || {
+                let _ = tx.send(Kernels::build(&d));
+            });
+        KernelLoad {
+            device: device.clone(),
+            // No thread: the kernels load in `wait`.
+            done: started.ok().map(|_| rx),
+        }
+    }
+
+    /// The kernels, once loaded; a failure of a peer that `group` learns of meanwhile ends the
+    /// wait at once (the load itself, bounded work, finishes in its thread and is dropped).
+    fn wait(self, group: &Group, rank: usize) -> Result<Kernels> {
+        let Some(rx) = self.done else {
+            return Kernels::build(&self.device);
+        };
+        loop {
+            if let Some(f) = group.failure() {
+                return Err(Error::PeerFailed {
+                    op: "init".into(),
+                    rank,
+                    peer: f.rank,
+                    why: f.why,
+                });
+            }
+            match rx.recv_timeout(Duration::from_millis(1)) {
+                Ok(kernels) => return kernels,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                // The thread ended without an answer (it panicked): load them here.
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    return Kernels::build(&self.device)
+                }
+            }
+        }
+    }
+}
+
 impl Kernels {
     /// Compiles [`COLL_PARTS`] for `device`'s architecture (or finds them in the kernel cache,
     /// or in this process's memo: GPUs of one architecture share one compile) and loads them,
@@ -451,6 +500,9 @@ pub struct Communicator {
     group: Option<Group>,
     /// Registered buffers (symmetric windows): calls on them read and write peers directly.
     windows: RwLock<Vec<Window>>,
+    /// Where the last call that used a window ends: what [`deregister`](Self::deregister)
+    /// waits for.
+    window_calls: WindowCalls,
     /// The copy-engine plans' second stream.
     side: SideStream,
     // Freed last: peers' mappings, then this rank's workspace.
@@ -500,6 +552,49 @@ impl SideStream {
         self.join.record(&self.stream)?;
         self.join.wait_on(stream)?;
         Ok(())
+    }
+}
+
+/// What [`Communicator::deregister`] knows of the calls that may still use a window: the
+/// calls whose plans read or write the peers' registered buffers (the direct and copy-engine
+/// kinds; below the LL threshold, and on unregistered buffers, calls record nothing). Calls on
+/// one communicator run in order on the GPU (its documented rule), so the end of the last such
+/// call is the end of them all: one event, recorded on the caller's stream after each, marks it.
+struct WindowCalls {
+    /// Recorded after the last eager call that used a window.
+    done: p2p_mem::Event,
+    /// A call that used a window was captured into a graph (its replays are not recorded here),
+    /// or its event could not be recorded: from then on deregister waits for the whole GPU.
+    untracked: AtomicBool,
+}
+
+impl WindowCalls {
+    fn new(device: &Device) -> Result<WindowCalls> {
+        Ok(WindowCalls {
+            done: p2p_mem::Event::new(device)?,
+            untracked: AtomicBool::new(false),
+        })
+    }
+
+    /// After a call that used a window was queued on `stream`: its end is now the one to wait
+    /// for. Never fails the call (it is queued): what cannot be recorded makes deregister wait
+    /// for the whole GPU instead.
+    fn queued(&self, rank: usize, stream: &Stream) {
+        let recorded = match stream.is_capturing() {
+            Ok(false) => self.done.record(stream).map(|()| true),
+            Ok(true) => Ok(false),
+            Err(e) => Err(e),
+        };
+        if !matches!(recorded, Ok(true)) && !self.untracked.swap(true, Ordering::Relaxed) {
+            let why = match recorded {
+                Err(e) => format!("its end could not be recorded ({e})"),
+                _ => "it was captured into a graph, whose replays are not tracked".into(),
+            };
+            tracing::info!(
+                rank,
+                "a call on registered buffers: {why}; deregister waits for the whole GPU from now on"
+            );
+        }
     }
 }
 
@@ -665,6 +760,7 @@ impl Communicator {
                 kernels: loaded[r].clone(),
                 group: None,
                 windows: RwLock::new(Vec::new()),
+                window_calls: WindowCalls::new(d)?,
                 side: SideStream::new(d)?,
                 _peers: workspaces
                     .iter()
@@ -732,9 +828,12 @@ impl Communicator {
         // Join the job first: from then on a peer's death anywhere in init (or later) is
         // found at once through the group, not by a time limit.
         let abort = AbortHandle::new(device)?;
+        // The kernels load (tens of milliseconds) while the ranks meet, so that a peer's death
+        // during the load is found within a millisecond, not after it.
+        let loading = KernelLoad::start(device);
         let group = Group::join(rv)?;
         group.watch(&abort);
-        let kernels = Arc::new(Kernels::build(device)?);
+        let kernels = Arc::new(loading.wait(&group, rank)?);
         let tuning = options.tuning.unwrap_or_else(|| {
             warn_occupancy(kernels.blocks_per_sm);
             Tuning::for_device(device.sm_count(), kernels.blocks_per_sm)
@@ -904,6 +1003,7 @@ impl Communicator {
         );
         // Made before the barrier: a failure here stops this rank before its peers finish init.
         let side = SideStream::new(device)?;
+        let window_calls = WindowCalls::new(device)?;
         // Every rank has mapped every workspace before anyone's kernels write into them.
         group.barrier()?;
         drop(sent);
@@ -921,6 +1021,7 @@ impl Communicator {
             kernels,
             group: Some(group),
             windows: RwLock::new(Vec::new()),
+            window_calls,
             side,
             _peers: peers,
             workspace,
@@ -1181,9 +1282,21 @@ impl Communicator {
             .collect())
     }
 
-    /// Ends a registration: waits for this rank's GPU to finish what is queued (calls that may
-    /// still use the window), then forgets the window and unmaps the peers' buffers. Do it on
-    /// every rank before the next call on that buffer, and before freeing it.
+    /// Ends a registration: waits for this rank's calls that may still use the window to
+    /// finish, then forgets the window and unmaps the peers' buffers. Do it on every rank
+    /// before the next call on that buffer, and before freeing it.
+    ///
+    /// The calls waited for are this rank's calls on registered buffers queued before, on
+    /// whichever streams (those that read or write the peers' buffers: the direct and
+    /// copy-engine plans); other work on the GPU is not waited for. Once a call on registered
+    /// buffers was captured into a CUDA graph, whose replays cannot be told apart, the wait is
+    /// for everything queued on the GPU instead. The wait has the limit of
+    /// [`synchronize`](Self::synchronize) (the communicator's time limit plus [`SYNC_GRACE`]):
+    /// past it, [`Error::StillInUse`], and the buffer stays registered (nothing was stopped:
+    /// deregister again once the work has ended, or abort the communicator). In a communicator
+    /// of one process per GPU, unmapping the peers' buffers then waits for the GPU as every
+    /// mapping's `Drop` does (at most [`p2p_mem::DROP_WAIT`], polling; past it the mapping is
+    /// left open, with an error logged, rather than pulled from under running work).
     pub fn deregister(&self, reg: Registration) -> Result<()> {
         if reg.rank != self.rank {
             return Err(Error::InvalidArgument {
@@ -1192,7 +1305,7 @@ impl Communicator {
                 what: format!("that registration belongs to rank {}", reg.rank),
             });
         }
-        self.device.synchronize()?;
+        self.wait_windows_unused()?;
         let mut windows = self.windows.write().map_err(|_| Error::InvalidArgument {
             op: "deregister",
             rank: self.rank,
@@ -1211,6 +1324,43 @@ impl Communicator {
             });
         }
         Ok(())
+    }
+
+    /// Waits, at most the limit of [`synchronize`](Self::synchronize), until no call queued so
+    /// far on this rank can still use a window (see [`deregister`](Self::deregister)).
+    fn wait_windows_unused(&self) -> Result<()> {
+        let limit = self.options.timeout.saturating_add(SYNC_GRACE);
+        let whole_gpu = self.window_calls.untracked.load(Ordering::Relaxed);
+        let t = Instant::now();
+        let idle = if whole_gpu {
+            self.device.synchronize_within(limit)?
+        } else {
+            self.window_calls.done.synchronize_within(limit)?
+        };
+        tracing::debug!(
+            rank = self.rank,
+            "deregister: {} {} after {:?}",
+            if whole_gpu {
+                "the whole GPU (a call on registered buffers was captured into a graph, or its end was not recorded)"
+            } else {
+                "the last call on registered buffers"
+            },
+            if idle { "done" } else { "still running" },
+            t.elapsed()
+        );
+        if idle {
+            return Ok(());
+        }
+        Err(Error::StillInUse {
+            rank: self.rank,
+            device: self.device.ordinal(),
+            waited: limit,
+            waited_for: if whole_gpu {
+                "the work queued on its GPU (a call on registered buffers was captured into a graph, whose replays are not tracked, or its end was not recorded)"
+            } else {
+                "its last call on registered buffers (or the work queued before it on that call's stream)"
+            },
+        })
     }
 
     /// Checks one rank's buffer before registering it.
@@ -1321,6 +1471,8 @@ impl Communicator {
     /// [`SYNC_GRACE`], past which every call of ours has ended (each stops at its own time
     /// limit or an abort). A stream still running then holds other work (yours, queued
     /// before): that is [`Error::NotDrained`], and nothing is stopped.
+    /// The report that follows reads the status words ([`check`](Self::check)) within
+    /// [`SYNC_GRACE`] more.
     pub fn synchronize(&self, stream: &Stream) -> Result<()> {
         let limit = self.options.timeout.saturating_add(SYNC_GRACE);
         match stream.synchronize_within(limit) {
@@ -1345,11 +1497,17 @@ impl Communicator {
         }
     }
 
-    /// Reports a call that already stalled, was aborted or did not match, without waiting
-    /// (what [`synchronize`](Self::synchronize) does after the stream is idle).
+    /// Reports a call that already stalled, was aborted or did not match, without waiting for
+    /// the calls (what [`synchronize`](Self::synchronize) does after the stream is idle). Its
+    /// read of the status words is a synchronous copy, which the driver orders after the work
+    /// on the GPU's legacy default stream and blocking streams (anyone's, not p2p's): it waits
+    /// for that at most [`SYNC_GRACE`], then fails with the memory layer's `Busy` error.
     pub fn check(&self) -> Result<()> {
         let mut st = [0u64; STATUS_WORDS];
-        self.workspace.copy_range_to_host(STATUS_OFF * 8, &mut st)?;
+        // Bounded: the read is a synchronous copy, ordered after the work of the GPU's legacy
+        // default stream and blocking streams, which may be anyone's.
+        self.workspace
+            .copy_range_to_host_within(STATUS_OFF * 8, &mut st, SYNC_GRACE)?;
         if st[0] == 0 {
             return Ok(());
         }
@@ -1720,7 +1878,10 @@ impl Communicator {
                 rank: self.rank,
                 what: "a copy-engine plan without a registered output".into(),
             })?;
-            return self.enqueue_ce(call, &p, &input, &output, peers, &mut args, stream);
+            let queued = self.enqueue_ce(call, &p, &input, &output, peers, &mut args, stream);
+            // After the join: the side stream's copies are behind it on `stream` too.
+            self.window_calls.queued(self.rank, stream);
+            return queued;
         }
         // Parts or buffers off a 16-byte boundary (3 ranks of a power-of-two count, say): the
         // `_shift` kernels' copies realign their words there (perf-notes §44).
@@ -1739,6 +1900,10 @@ impl Communicator {
         } else {
             self.launch_beside_own_copy(call, &input, &output, function, &p, &mut args, stream)
         };
+        if p.kind.is_direct() {
+            // It reads or writes the peers' registered buffers (`peer_in`, `peer_out`).
+            self.window_calls.queued(self.rank, stream);
+        }
         self.abort_on_error(op, queued)
     }
 
@@ -2246,8 +2411,11 @@ impl Drop for Communicator {
         if !idle {
             tracing::error!(
                 rank = self.rank,
-                "GPU {} is still busy: leaking this rank's workspace and peer mappings rather than freeing memory a kernel may use",
-                self.device.ordinal()
+                bytes = self.workspace.byte_len(),
+                "GPU {} is still busy: leaking this rank's workspace ({} bytes) and its {} peer mappings rather than freeing memory a kernel may use",
+                self.device.ordinal(),
+                self.workspace.byte_len(),
+                self._peers.len()
             );
             std::mem::forget(std::mem::take(&mut self._peers));
             std::mem::forget(self.workspace.clone());
@@ -2268,7 +2436,9 @@ impl Drop for Communicator {
     }
 }
 
-/// Waits until `device` has no work left, at most `limit`: whether it got there.
+/// Waits until `device` has no work left, at most `limit`: whether it got there. Polls an
+/// event that holds all of the device's queued work ([`Device::synchronize_within`]; on a
+/// CUDA 12.4 driver, a helper thread).
 fn wait_idle(device: &Device, limit: Duration) -> bool {
     match device.synchronize_within(limit) {
         Ok(idle) => idle,

@@ -36,6 +36,20 @@ pub enum Error {
         /// Empty, or why the communicator was already aborted.
         aborted: String,
     },
+    /// [`Communicator::deregister`](crate::Communicator::deregister) gave up: a call that may
+    /// use the window still ran at its limit (the communicator's time limit and a grace).
+    /// Nothing was stopped, and the buffer stays registered.
+    #[error("deregister on rank {rank} (GPU {device}): {waited_for} still ran after {waited:?}, so the buffer stays registered; nothing was stopped: wait for your streams (synchronize) and deregister again, or abort() the communicator")]
+    StillInUse {
+        /// This rank.
+        rank: usize,
+        /// This rank's GPU.
+        device: i32,
+        /// How long it waited.
+        waited: std::time::Duration,
+        /// What it waited for.
+        waited_for: &'static str,
+    },
     /// A collective waited for a peer past the time limit, or was aborted.
     #[error("{op} on rank {rank} (GPU {device}) {why} waiting for rank {peer} (block {block}); the communicator is now unusable: create a new one")]
     Stalled {
@@ -220,5 +234,21 @@ mod tests {
         };
         assert!(none.sys().is_none());
         assert!(!none.is_driver(CUresult::CUDA_ERROR_OUT_OF_MEMORY));
+    }
+
+    #[test]
+    fn a_deregister_past_its_limit_names_the_rank_the_wait_and_what_to_do() {
+        let e = Error::StillInUse {
+            rank: 1,
+            device: 3,
+            waited: std::time::Duration::from_millis(5200),
+            waited_for: "its last call on registered buffers",
+        };
+        assert_eq!(
+            e.to_string(),
+            "deregister on rank 1 (GPU 3): its last call on registered buffers still ran after \
+             5.2s, so the buffer stays registered; nothing was stopped: wait for your streams \
+             (synchronize) and deregister again, or abort() the communicator"
+        );
     }
 }

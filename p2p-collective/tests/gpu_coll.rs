@@ -101,6 +101,245 @@ fn gpu2_synchronize_gives_up_at_its_limit_on_a_stream_held_by_other_work() {
     l.comm.check().expect("no call failed");
 }
 
+/// A kernel held on a stream until it is let go (or 60 s pass), for the tests of waits with a
+/// deadline.
+struct Held {
+    flag: p2p_mem::abort::AbortHandle,
+    _module: p2p_mem::kernel::Module,
+}
+
+impl Held {
+    fn on(stream: &Stream) -> Held {
+        use p2p_mem::kernel::{Module, Source};
+        const HOLD: Source = Source {
+            name: "hold.cu",
+            code: r#"extern "C" __global__ void hold(volatile int* flag, unsigned long long max_ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        if (*flag) return;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < max_ns);
+}
+"#,
+            defines: &[],
+            shipped: &[],
+        };
+        let d = stream.device();
+        let module = Module::build(d, &HOLD).expect("the hold kernel");
+        let f = module.function("hold").expect("hold");
+        let flag = p2p_mem::abort::AbortHandle::new(d).expect("a flag in pinned memory");
+        let mut ptr = flag.device_ptr();
+        let mut max_ns: u64 = 60_000_000_000;
+        let mut params = [
+            (&mut ptr as *mut u64).cast::<std::ffi::c_void>(),
+            (&mut max_ns as *mut u64).cast::<std::ffi::c_void>(),
+        ];
+        // SAFETY: hold(volatile int*, unsigned long long): the device address of the pinned
+        // flag, which `Held` keeps alive (the test lets the kernel go and waits for its stream
+        // before dropping it), and a u64 by value.
+        unsafe { module.launch(&f, 1, 1, &mut params, stream) }.expect("launch");
+        Held {
+            flag,
+            _module: module,
+        }
+    }
+
+    fn release(&self) {
+        self.flag.abort();
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// `deregister` waits for this rank's calls on registered buffers, not for the whole GPU (it
+/// used to be `cuCtxSynchronize`): with a call on the window held behind a kernel on the
+/// call's stream it gives up at the limit of `synchronize` (time limit + `SYNC_GRACE`) with
+/// `StillInUse`, the buffer still registered, and deregisters once the call has run; with
+/// only another kernel held on the GPU (a user's, on a stream of its own) it returns at once.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_deregister_waits_for_the_calls_on_the_window_alone_and_at_most_its_limit() {
+    let timeout = Duration::from_millis(200);
+    let options = Options {
+        timeout,
+        ..env_options()
+    };
+    let count = 1 << 18;
+    let mut ls = locals(options, count);
+    if !ls[0].comm.sharing().is_p2p() {
+        eprintln!("host-staged: nothing can be registered, so there is nothing to deregister");
+        return;
+    }
+    let call = Call::new(Op::AllGather, DataType::F32, count);
+    let kind = ls[0]
+        .comm
+        .plan_with(
+            &call,
+            Access {
+                input: false,
+                output: true,
+                in_place: false,
+            },
+        )
+        .kind;
+    assert!(
+        kind.is_direct() || kind.is_ce(),
+        "{kind:?} does not use the window"
+    );
+    let register = |ls: &[Local]| {
+        let bufs: Vec<&dyn DeviceMemory> =
+            ls.iter().map(|l| &l.output as &dyn DeviceMemory).collect();
+        // SAFETY: the outputs live in `ls`, and are deregistered below before it drops.
+        unsafe { register_locals(ls, &bufs) }
+    };
+    let limit = timeout + p2p_collective::comm::SYNC_GRACE;
+
+    // A call on the window, queued behind a held kernel on every rank's stream.
+    let regs = register(&ls);
+    let holds: Vec<Held> = ls.iter().map(|l| Held::on(&l.stream)).collect();
+    for l in ls.iter_mut() {
+        l.comm
+            .call(&call, &l.input, &mut l.output, &l.stream)
+            .expect("queued");
+    }
+    let t = Instant::now();
+    let e = ls[0]
+        .comm
+        .deregister(regs[0])
+        .expect_err("the call on the window has not run");
+    let took = t.elapsed();
+    assert!(matches!(e, Error::StillInUse { .. }), "{e:?}");
+    assert!(e.to_string().contains("stays registered"), "{e}");
+    assert!(
+        took >= limit && took < limit + Duration::from_secs(1),
+        "gave up after {took:?}, the limit is {limit:?}"
+    );
+    holds.iter().for_each(Held::release);
+    for l in &ls {
+        l.comm.synchronize(&l.stream).expect("the call ran");
+    }
+    for (l, reg) in ls.iter().zip(&regs) {
+        l.comm
+            .deregister(*reg)
+            .expect("deregistered once the call ran");
+    }
+    drop(holds);
+
+    // Other work on the GPU, on a stream of its own: not waited for.
+    let regs = register(&ls);
+    for l in ls.iter_mut() {
+        l.comm
+            .call(&call, &l.input, &mut l.output, &l.stream)
+            .expect("queued");
+    }
+    for l in &ls {
+        l.comm.synchronize(&l.stream).expect("the call ran");
+    }
+    let other = Stream::new(ls[0].comm.device()).expect("stream");
+    let held = Held::on(&other);
+    let t = Instant::now();
+    for (l, reg) in ls.iter().zip(&regs) {
+        l.comm.deregister(*reg).expect("deregistered");
+    }
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "deregister waited {:?} for a kernel that is not the communicator's",
+        t.elapsed()
+    );
+    held.release();
+    assert!(other
+        .synchronize_within(Duration::from_secs(10))
+        .expect("the held kernel ended"));
+}
+
+/// Once a call on registered buffers was captured into a CUDA graph (whose replays nothing
+/// records), `deregister` waits for the whole GPU instead, still with its limit: a kernel held
+/// on another stream then makes it give up with `StillInUse` naming the graph; let go, it
+/// deregisters.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_after_a_call_on_the_window_was_captured_deregister_waits_for_the_whole_gpu() {
+    let timeout = Duration::from_millis(200);
+    let options = Options {
+        timeout,
+        ..env_options()
+    };
+    let count = 1 << 18;
+    let mut ls = locals(options, count);
+    if !ls[0].comm.sharing().is_p2p() {
+        eprintln!("host-staged: nothing can be registered, so there is nothing to deregister");
+        return;
+    }
+    let call = Call::new(Op::AllGather, DataType::F32, count);
+    let bufs: Vec<&dyn DeviceMemory> = ls.iter().map(|l| &l.output as &dyn DeviceMemory).collect();
+    // SAFETY: the outputs live in `ls`, and are deregistered below before it drops.
+    let regs = unsafe { register_locals(&ls, &bufs) };
+    // Captured on rank 0 only, and never launched: nothing runs.
+    {
+        let l = &mut ls[0];
+        l.stream.begin_capture().expect("capture");
+        l.comm
+            .call(&call, &l.input, &mut l.output, &l.stream)
+            .expect("captured");
+        drop(l.stream.end_capture().expect("the graph"));
+    }
+    let other = Stream::new(ls[0].comm.device()).expect("stream");
+    let held = Held::on(&other);
+    let limit = timeout + p2p_collective::comm::SYNC_GRACE;
+    let t = Instant::now();
+    let e = ls[0].comm.deregister(regs[0]).expect_err("the GPU is busy");
+    let took = t.elapsed();
+    assert!(matches!(e, Error::StillInUse { .. }), "{e:?}");
+    assert!(e.to_string().contains("graph"), "{e}");
+    assert!(
+        took >= limit && took < limit + Duration::from_secs(1),
+        "gave up after {took:?}, the limit is {limit:?}"
+    );
+    held.release();
+    for (l, reg) in ls.iter().zip(&regs) {
+        l.comm
+            .deregister(*reg)
+            .expect("deregistered once the GPU is idle");
+    }
+}
+
+/// `check` reads the status words with a synchronous copy, which the driver orders after the
+/// legacy default stream's work (anyone's: cudarc's default stream, say): held there, `check`
+/// (and so `synchronize`) gives up after `SYNC_GRACE` with the memory layer's `Busy`, rather
+/// than waiting as long as that work runs; let go, it reads them.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_check_waits_for_the_legacy_stream_at_most_its_grace() {
+    let ls = locals(env_options(), 1024);
+    let l = &ls[0];
+    // SAFETY: the null handle is the legacy default stream of the GPU's primary context, alive
+    // as long as the context.
+    let legacy = unsafe { Stream::from_raw(l.comm.device(), std::ptr::null_mut()) };
+    let held = Held::on(&legacy);
+    let grace = p2p_collective::comm::SYNC_GRACE;
+    let t = Instant::now();
+    let e = l.comm.check().expect_err("the legacy stream is held");
+    let took = t.elapsed();
+    assert!(
+        matches!(e, Error::Mem(p2p_mem::Error::Busy { .. })),
+        "{e:?}"
+    );
+    assert!(
+        took >= grace && took < grace + Duration::from_secs(1),
+        "gave up after {took:?}, the grace is {grace:?}"
+    );
+    held.release();
+    assert!(legacy
+        .synchronize_within(Duration::from_secs(10))
+        .expect("the held kernel ended"));
+    l.comm.check().expect("nothing failed");
+}
+
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_a_typed_buffer_of_another_type_is_refused_before_anything_is_queued() {

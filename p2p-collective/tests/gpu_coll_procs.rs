@@ -32,9 +32,9 @@ fn launch_or_run(test: &str, body: impl FnOnce()) {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let status =
+    let outcome =
         p2p_collective::launch::launch(world(), &exe.to_string_lossy(), &args).expect("launch");
-    assert!(status.success(), "a rank failed: {status}");
+    assert!(outcome.status.success(), "a rank failed: {outcome:?}");
 }
 
 /// As [`launch_or_run`], the rank's body given its communicator (from the environment) and

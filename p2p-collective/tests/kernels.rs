@@ -53,3 +53,56 @@ fn every_part_of_the_collective_kernels_compiles_for_sm80_and_sm90_with_its_kern
         );
     }
 }
+
+/// A compile at first use that meets its limit is an error at the limit that says what to do
+/// (`CompileTimeout`), while the compile goes on in its thread and fills the kernel cache (and
+/// the process's memo) when it ends, so that the next call finds the kernel without compiling.
+/// A zero limit makes any real compile late, without relying on how fast this machine is.
+#[test]
+#[ignore = "needs libnvrtc (CI installs it from PyPI)"]
+fn a_compile_past_its_limit_is_an_error_at_once_and_still_fills_the_cache() {
+    use p2p_mem::kernel::{cache_file, compile_cached_all_within, Source};
+    use std::time::{Duration, Instant};
+    // A source no cache holds: its text is new to every run.
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let code: &'static str = Box::leak(
+        format!(
+            "// compile-limit test {} {stamp}\nextern \"C\" __global__ void k(int* p) {{ *p = 7; }}\n",
+            std::process::id()
+        )
+        .into_boxed_str(),
+    );
+    let source = Source {
+        name: "compile-limit-test.cu",
+        code,
+        defines: &[],
+        shipped: &[],
+    };
+    let arch = "sm_90";
+    let t = Instant::now();
+    let e = compile_cached_all_within(&[source], arch, Duration::ZERO)
+        .expect_err("a compile cannot finish in no time");
+    assert!(matches!(e, p2p_mem::Error::CompileTimeout { .. }), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let text = e.to_string();
+    assert!(
+        text.contains("P2P_KERNELS=shipped") && text.contains("p2p-bench kernels"),
+        "{text}"
+    );
+    // The compile goes on and lands in the cache.
+    let file = cache_file(&source, arch).expect("the cache's file name");
+    if let Some(file) = &file {
+        while !file.exists() && t.elapsed() < Duration::from_secs(120) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(file.exists(), "{} was not written", file.display());
+        // Now it is remembered: no compile, so even a zero limit is met.
+        let cubins = compile_cached_all_within(&[source], arch, Duration::ZERO).expect("cached");
+        assert_eq!(&cubins[0][..4], b"\x7fELF");
+        let _ = std::fs::remove_file(file);
+    } else {
+        eprintln!("no cache folder (neither XDG_CACHE_HOME nor HOME): the cache part is skipped");
+    }
+}

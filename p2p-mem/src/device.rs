@@ -207,7 +207,9 @@ impl Device {
         Ok((free, total))
     }
 
-    /// Waits until all work queued on this device has finished.
+    /// Waits until all work queued on this device has finished, however long that takes
+    /// (`cuCtxSynchronize`). [`synchronize_within`](Self::synchronize_within) gives up at a
+    /// deadline; the library's own waits use that.
     pub fn synchronize(&self) -> Result<()> {
         self.bind_to_thread()?;
         // SAFETY: a context is current.
@@ -215,21 +217,86 @@ impl Device {
     }
 
     /// Waits until the work queued on this device's legacy default stream (stream 0) has
-    /// finished: what the synchronous copies and fills here queue there. Unlike
-    /// [`synchronize`](Self::synchronize) it does not wait for other streams (p2p's are created
-    /// non-blocking), so a synchronous copy for one rank never waits for another rank's kernel
-    /// on the same GPU, which may itself wait for a later call of the first rank.
+    /// finished, however long that takes: what [`Module::launch_sync`](crate::kernel::Module::launch_sync)
+    /// queues there. Unlike [`synchronize`](Self::synchronize) it does not wait for other streams
+    /// (p2p's are created non-blocking), so a synchronous launch for one rank never waits for
+    /// another rank's kernel on the same GPU, which may itself wait for a later call of the
+    /// first rank. The synchronous copies wait with a deadline instead
+    /// ([`default_stream_idle_within`](Self::default_stream_idle_within)).
     pub(crate) fn synchronize_default_stream(&self) -> Result<()> {
         self.bind_to_thread()?;
         // SAFETY: a context is current; the null handle names its legacy default stream.
         unsafe { cu!(cuStreamSynchronize(std::ptr::null_mut())) }.on(self.ordinal())
     }
 
-    /// As [`synchronize`](Self::synchronize), but gives up after `limit`: `Ok(true)` once the
-    /// device is idle, `Ok(false)` if work still runs at the deadline (the wait goes on in a
-    /// helper thread, which ends when the device does). For `Drop`s: free memory only if the
-    /// device became idle, otherwise leak it rather than free memory a kernel may still use.
+    /// Waits, at most `limit`, for the work that an operation queued now on the legacy default
+    /// stream (stream 0) would follow: what is queued on that stream, and on every blocking
+    /// stream of the context (one made without `CU_STREAM_NON_BLOCKING`, such as cudarc's
+    /// default stream; p2p's streams are non-blocking and not waited for). `Ok(true)` once it
+    /// has finished, `Ok(false)` if it still runs at the deadline. Records an event on the
+    /// legacy stream (which orders it after that work, as a synchronous copy is ordered) and
+    /// polls it: nothing blocks in the driver.
+    pub(crate) fn default_stream_idle_within(&self, limit: std::time::Duration) -> Result<bool> {
+        let event = crate::Event::new(self)?;
+        // SAFETY: the event is alive and of this device's context, which `Event::new` made
+        // current; the null handle names the context's legacy default stream.
+        unsafe { cu!(cuEventRecord(event.cu_event(), std::ptr::null_mut())) }.on(self.ordinal())?;
+        event.synchronize_within(limit)
+    }
+
+    /// As [`synchronize`](Self::synchronize), but gives up after `limit`: `Ok(true)` once
+    /// everything queued on the device before the call has finished, `Ok(false)` if work still
+    /// runs at the deadline (nothing is stopped). For `Drop`s: free memory only if the device
+    /// became idle, otherwise leak it rather than free memory a kernel may still use.
+    ///
+    /// Where the driver has `cuCtxRecordEvent` (drivers newer than CUDA 12.4), the wait
+    /// records the context's whole queued work, every stream's, in an event and polls it: it
+    /// blocks nothing in the driver and leaves no thread behind at the deadline. A CUDA 12.4
+    /// driver has no way to poll a whole device: there, or if recording fails, the wait runs
+    /// `cuCtxSynchronize` in a helper thread (`p2p-sync`) and stops waiting for it at the
+    /// deadline; that thread then stays blocked in the driver until the device's work ends.
+    ///
+    /// While a stream of the device's context is being captured into a graph, the driver
+    /// refuses `cuCtxRecordEvent` and invalidates that capture (as it refuses `cuCtxSynchronize`
+    /// during a capture in the default, global mode): wait for the device outside captures.
     pub fn synchronize_within(&self, limit: std::time::Duration) -> Result<bool> {
+        match self.record_queued_work() {
+            Ok(Some(event)) => event.synchronize_within(limit),
+            Ok(None) => {
+                tracing::debug!(
+                    device = self.ordinal(),
+                    "the driver has no cuCtxRecordEvent: waiting for the device in a helper thread"
+                );
+                self.synchronize_in_helper(limit)
+            }
+            Err(e) => {
+                tracing::debug!(
+                    device = self.ordinal(),
+                    "could not record the device's work in an event ({e}): waiting for the device in a helper thread"
+                );
+                self.synchronize_in_helper(limit)
+            }
+        }
+    }
+
+    /// An event that completes once everything queued on this device's context (every stream)
+    /// has finished (`cuCtxRecordEvent`); `None` where the driver lacks that entry point.
+    fn record_queued_work(&self) -> Result<Option<crate::Event>> {
+        if !p2p_sys::ctx_event::has("cuCtxRecordEvent") {
+            return Ok(None);
+        }
+        let event = crate::Event::new(self)?;
+        // SAFETY: the context is retained for as long as `self` lives, and the event was made
+        // in it and is alive.
+        let r = unsafe { p2p_sys::ctx_event::cuCtxRecordEvent(self.inner.ctx, event.cu_event()) };
+        p2p_sys::check_cu("cuCtxRecordEvent", r).on(self.ordinal())?;
+        Ok(Some(event))
+    }
+
+    /// [`synchronize`](Self::synchronize) in a helper thread, waited for at most `limit`: for
+    /// drivers with no way to poll a whole device. At the deadline the thread is left to end
+    /// with the device's work.
+    fn synchronize_in_helper(&self, limit: std::time::Duration) -> Result<bool> {
         let (tx, rx) = std::sync::mpsc::channel();
         let d = self.clone();
         let started = std::thread::Builder::new()
@@ -237,12 +304,25 @@ impl Device {
             .spawn(move || {
                 let _ = tx.send(d.synchronize());
             });
-        if started.is_err() {
-            return self.synchronize().map(|()| true);
+        if let Err(e) = started {
+            // Not a wait without a deadline instead: the caller treats the device as busy.
+            tracing::warn!(
+                device = self.ordinal(),
+                "could not start a thread to wait for GPU {} ({e}): taking it for busy",
+                self.ordinal()
+            );
+            return Ok(false);
         }
         match rx.recv_timeout(limit) {
             Ok(r) => r.map(|()| true),
-            Err(_) => Ok(false),
+            Err(_) => {
+                tracing::warn!(
+                    device = self.ordinal(),
+                    "GPU {} still busy after {limit:?}: a thread (p2p-sync) stays blocked in cuCtxSynchronize until its work ends (a driver newer than CUDA 12.4 waits without one)",
+                    self.ordinal()
+                );
+                Ok(false)
+            }
         }
     }
 
@@ -353,24 +433,7 @@ impl Stream {
     /// polls, up to 1 ms. A fault of queued work is an error, as in
     /// [`synchronize`](Self::synchronize).
     pub fn synchronize_within(&self, limit: std::time::Duration) -> Result<bool> {
-        use std::time::{Duration, Instant};
-        let start = Instant::now();
-        let mut pause = Duration::from_micros(20);
-        loop {
-            if self.is_idle()? {
-                return Ok(true);
-            }
-            let waited = start.elapsed();
-            if waited >= limit {
-                return Ok(false);
-            }
-            if waited < Duration::from_micros(100) {
-                std::hint::spin_loop();
-            } else {
-                std::thread::sleep(pause.min(limit - waited));
-                pause = (pause * 2).min(Duration::from_millis(1));
-            }
-        }
+        crate::wait::poll_within(limit, || self.is_idle())
     }
 
     /// Whether everything queued on the stream has finished, without waiting

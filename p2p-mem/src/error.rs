@@ -140,6 +140,34 @@ pub enum Error {
         /// What went wrong.
         why: String,
     },
+    /// A synchronous copy, fill or event wait gave up ([`crate::HOST_WAIT`], or the limit it
+    /// was given): the work it is ordered after, or the operation itself, still ran. Nothing
+    /// was stopped.
+    #[error("{op} on GPU {device}: {waiting_for} still ran after {waited:?}, so {outcome}; nothing was stopped: let that work finish (or find the kernel that does not end) and try again")]
+    Busy {
+        /// The operation, e.g. `copy to host`.
+        op: &'static str,
+        /// The device ordinal.
+        device: i32,
+        /// The work it waited for.
+        waiting_for: &'static str,
+        /// How long it waited.
+        waited: std::time::Duration,
+        /// What became of the operation: not made, queued and not finished, or a wait given up.
+        outcome: &'static str,
+    },
+    /// NVRTC did not finish compiling kernels within the limit
+    /// ([`crate::kernel::COMPILE_LIMIT`]). The compile goes on in its thread and fills the
+    /// kernel cache when it ends.
+    #[error("NVRTC did not finish compiling {kernels} for {arch} within {limit:?}; it goes on in the background and fills the kernel cache when it ends. To start without compiling: on sm_80-sm_90 GPUs use the shipped kernels (P2P_KERNELS=shipped, the default; unset P2P_KERNELS=compile), or fill the cache ahead of the job with `p2p-bench kernels` (Communicator::precompile) where the job runs")]
+    CompileTimeout {
+        /// The kernel sources being compiled.
+        kernels: String,
+        /// The target, e.g. `sm_90`.
+        arch: String,
+        /// The limit it met.
+        limit: std::time::Duration,
+    },
     /// NVRTC rejected a kernel: the log says why.
     #[error("NVRTC could not compile {kernel} for {arch}:\n{log}")]
     Compile {

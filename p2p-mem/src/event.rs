@@ -71,11 +71,36 @@ impl Event {
             .between(stream.device().ordinal(), self.device.ordinal())
     }
 
-    /// Blocks until the work last recorded has finished.
+    /// Blocks until the work last recorded has finished, however long that takes
+    /// ([`synchronize_within`](Self::synchronize_within) gives up at a deadline).
     pub fn synchronize(&self) -> Result<()> {
         self.device.bind_to_thread()?;
         // SAFETY: the event is alive.
         unsafe { cu!(cuEventSynchronize(self.raw)) }.on(self.device.ordinal())
+    }
+
+    /// Waits until the work last recorded has finished, at most `limit`: `Ok(true)` once it
+    /// has (or if nothing was ever recorded), `Ok(false)` if it still runs at the deadline
+    /// (nothing is stopped, and no thread is left waiting). Polls [`is_done`](Self::is_done) as
+    /// [`Stream::synchronize_within`] polls its stream. A fault of the recorded work is an
+    /// error, as in [`synchronize`](Self::synchronize).
+    pub fn synchronize_within(&self, limit: std::time::Duration) -> Result<bool> {
+        crate::wait::poll_within(limit, || self.is_done())
+    }
+
+    /// Whether the work last recorded has finished, without waiting (`cuEventQuery`): what a
+    /// wait with a deadline polls. An event never recorded is done. A fault of the recorded
+    /// work is an error; so is an event last recorded in a stream being captured into a graph
+    /// (`CUDA_ERROR_CAPTURED_EVENT`: there is no work to wait for until the graph is launched).
+    pub fn is_done(&self) -> Result<bool> {
+        self.device.bind_to_thread()?;
+        // SAFETY: the event is alive.
+        let r = unsafe { cuda::cuEventQuery(self.raw) };
+        if r == cuda::CUresult::CUDA_ERROR_NOT_READY {
+            return Ok(false);
+        }
+        p2p_sys::check_cu("cuEventQuery", r).on(self.device.ordinal())?;
+        Ok(true)
     }
 
     /// Milliseconds between `self` and a later `end`, both recorded and complete, both made

@@ -30,6 +30,19 @@ impl Stream {
         unsafe { cu!(cuStreamBeginCapture_v2(self.cu_stream(), mode)) }.on(self.device().ordinal())
     }
 
+    /// Whether the stream is being captured into a graph now (by [`begin_capture`](Self::begin_capture)
+    /// or by whoever owns the stream, in any capture mode), so that work queued on it is
+    /// recorded, not run (`cuStreamIsCapturing`, which may be called during any capture). A
+    /// capture that was invalidated counts as capturing: work queued there does not run either.
+    pub fn is_capturing(&self) -> Result<bool> {
+        self.device().bind_to_thread()?;
+        let mut status = cuda::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: the stream is alive and its context current; `status` is an out-pointer.
+        unsafe { cu!(cuStreamIsCapturing(self.cu_stream(), &mut status)) }
+            .on(self.device().ordinal())?;
+        Ok(status != cuda::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
     /// Ends a capture begun by [`begin_capture`](Self::begin_capture) and returns what it
     /// recorded. Fails (and discards the capture) if something not capturable was queued.
     pub fn end_capture(&self) -> Result<Graph> {

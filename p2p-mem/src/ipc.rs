@@ -243,8 +243,11 @@ impl Drop for IpcMapping {
             Ok(false) => {
                 tracing::error!(
                     device = self.device.ordinal(),
-                    "the GPU is still busy {:?} after an IPC mapping was dropped: leaving it open",
-                    crate::DROP_WAIT
+                    bytes = self.size,
+                    "GPU {} is still busy {:?} after an IPC mapping was dropped: leaving its {} bytes mapped rather than unmapping them under a running kernel",
+                    self.device.ordinal(),
+                    crate::DROP_WAIT,
+                    self.size
                 );
                 return;
             }
@@ -319,9 +322,15 @@ impl IpcEvent {
     pub fn record(&self, stream: &Stream) -> Result<()> {
         self.event.record(stream)
     }
-    /// Blocks until the last recorded work has finished.
+    /// Waits until the last recorded work has finished, at most [`crate::HOST_WAIT`]; past
+    /// it, [`Error::Busy`] (nothing was stopped).
     pub fn synchronize(&self) -> Result<()> {
-        self.event.synchronize()
+        event_wait(&self.event, "the work last recorded in the event")
+    }
+    /// Waits until the last recorded work has finished, at most `limit`: `Ok(false)` if it
+    /// still runs at the deadline (nothing is stopped). Polls `cuEventQuery`.
+    pub fn synchronize_within(&self, limit: std::time::Duration) -> Result<bool> {
+        self.event.synchronize_within(limit)
     }
     /// Makes `stream` wait for the last recorded work.
     pub fn wait_on(&self, stream: &Stream) -> Result<()> {
@@ -407,10 +416,34 @@ impl ImportedEvent {
     pub fn wait_on(&self, stream: &Stream) -> Result<()> {
         self.event.wait_on(stream)
     }
-    /// Blocks until the work the exporter last recorded has finished.
+    /// Waits until the work the exporter last recorded has finished, at most
+    /// [`crate::HOST_WAIT`]; past it, [`Error::Busy`] (nothing was stopped).
     pub fn synchronize(&self) -> Result<()> {
-        self.event.synchronize()
+        event_wait(
+            &self.event,
+            "the work the exporting process last recorded in the event",
+        )
     }
+    /// Waits until the work the exporter last recorded has finished, at most `limit`:
+    /// `Ok(false)` if it still runs at the deadline (nothing is stopped). Polls `cuEventQuery`.
+    pub fn synchronize_within(&self, limit: std::time::Duration) -> Result<bool> {
+        self.event.synchronize_within(limit)
+    }
+}
+
+/// An IPC event's `synchronize`: [`Event::synchronize_within`] with [`crate::HOST_WAIT`], and
+/// [`Error::Busy`] naming `what` if the work still runs then.
+fn event_wait(event: &Event, what: &'static str) -> Result<()> {
+    if event.synchronize_within(crate::HOST_WAIT)? {
+        return Ok(());
+    }
+    Err(Error::Busy {
+        op: "synchronize on an IPC event",
+        device: event.device().ordinal(),
+        waiting_for: what,
+        waited: crate::HOST_WAIT,
+        outcome: "the wait gave up",
+    })
 }
 
 #[cfg(test)]

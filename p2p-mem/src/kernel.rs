@@ -6,7 +6,8 @@
 //! kernels, the collectives' `coll.cu`): [`compile_cached_all`] is the one compile path (the
 //! shipped cubins first, then an in-process
 //! memo plus an on-disk cache keyed by the source, its macros, the target and the NVRTC release,
-//! [`compiler`]; the sources missing from it compile in parallel threads), [`compile_cached`] its
+//! [`compiler`]; the sources missing from it compile in parallel threads, waited for at most
+//! [`COMPILE_LIMIT`]), [`compile_cached`] its
 //! one-source case; [`compile_all`] and [`compile`] are the uncached step under them, for CI's
 //! compile checks. [`Module`] loads a cubin and launches its [`Function`]s on a [`Stream`].
 //!
@@ -88,7 +89,9 @@ fn only(mut cubins: Vec<Vec<u8>>, source: &Source, arch: &str) -> Result<Vec<u8>
 /// of its own, each taking the next source), NVRTC's optimiser splitting each over the cores
 /// left (`-split-compile`). Returns the cubins in the order of `sources`, or the error of a
 /// source that failed. One large program cut into parts compiles several times faster this
-/// way than whole (docs/perf-notes.md sections 39 and 41).
+/// way than whole (docs/perf-notes.md sections 39 and 41). It waits for NVRTC however long the
+/// compile takes (work on the CPU, which ends): the compile at first use
+/// ([`compile_cached_all`]) is the one with a limit.
 pub fn compile_all(sources: &[Source], arch: &str) -> Result<Vec<Vec<u8>>> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     p2p_sys::probe::require(Library::Nvrtc)?;
@@ -254,14 +257,36 @@ pub fn compile_cached(source: &Source, arch: &str) -> Result<Vec<u8>> {
 /// Before any of that, the cubins shipped with the crates ([`shipped`]): where every one of
 /// `sources` is shipped for `arch` (or a target whose cubins run on it) as it is now, they are
 /// returned with no compiler loaded.
+///
+/// A compile has a limit, [`COMPILE_LIMIT`] ([`compile_cached_all_within`] takes another):
+/// past it the call returns [`Error::CompileTimeout`], which says what to do, while the
+/// compile goes on in its thread (`p2p-compile`) and, once it ends, fills the on-disk cache and
+/// this process's memo, so that a later call (or process) finds the kernels.
 pub fn compile_cached_all(sources: &[Source], arch: &str) -> Result<Vec<Vec<u8>>> {
+    compile_cached_all_within(sources, arch, COMPILE_LIMIT)
+}
+
+/// As [`compile_cached_all`], with `limit` for the compile instead of [`COMPILE_LIMIT`] (the
+/// wait for another process compiling the same kernels has its own limit, five minutes).
+pub fn compile_cached_all_within(
+    sources: &[Source],
+    arch: &str,
+    limit: std::time::Duration,
+) -> Result<Vec<Vec<u8>>> {
     if !prefer_compile() {
         if let Some(cubins) = shipped::cubins(sources, arch) {
             return Ok(cubins);
         }
     }
-    cubins_warned(sources, arch, Reuse::MemoAndDisk)
+    cubins_warned(sources, arch, Reuse::MemoAndDisk, Some(limit))
 }
+
+/// How long a compile at first use ([`compile_cached_all`], under [`Module::build`] and every
+/// communicator's start) may take before the call gives up with [`Error::CompileTimeout`]:
+/// far longer than a compile takes (the collective kernels: 8-11 s on 16 cores, 20-31 s on 2),
+/// so that only a compiler that hangs, or a machine far too small, meets it. Filling the cache
+/// ahead ([`cache_all`], `p2p-bench kernels`) has no limit.
+pub const COMPILE_LIMIT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Whether `P2P_KERNELS=compile` asks for NVRTC (and its cache) instead of the shipped cubins:
 /// to compile for the GPU's exact architecture (an sm_89 runs sm_80's cubins otherwise), or to
@@ -273,8 +298,13 @@ pub fn prefer_compile() -> bool {
 
 /// [`cached_compile`]'s cubins, a cubin that could not be written to the cache logged as a
 /// warning.
-fn cubins_warned(sources: &[Source], arch: &str, reuse: Reuse) -> Result<Vec<Vec<u8>>> {
-    let done = cached_compile(sources, arch, reuse)?;
+fn cubins_warned(
+    sources: &[Source],
+    arch: &str,
+    reuse: Reuse,
+    limit: Option<std::time::Duration>,
+) -> Result<Vec<Vec<u8>>> {
+    let done = cached_compile(sources, arch, reuse, limit)?;
     for why in &done.unstored {
         tracing::warn!("kernel cache: {why}; the next process compiles again");
     }
@@ -294,7 +324,8 @@ pub fn cache_all(sources: &[Source], arch: &str) -> Result<usize> {
     };
     // Past the memo: what this process compiled before may never have reached the disk. So
     // every cubin either was read from the disk or compiled now and written (or reported).
-    let done = cached_compile(sources, arch, Reuse::Disk)?;
+    // No limit: this is what a user runs when a compile at first use met its limit.
+    let done = cached_compile(sources, arch, Reuse::Disk, None)?;
     match done.unstored.into_iter().next() {
         Some(why) => Err(Error::Cache {
             dir: dir.display().to_string(),
@@ -363,8 +394,14 @@ enum Reuse {
 }
 
 /// The cubins of `sources`: from what `reuse` allows, else compiled (under the compile lock)
-/// and written to the disk and the memo.
-fn cached_compile(sources: &[Source], arch: &str, reuse: Reuse) -> Result<Compiled> {
+/// and written to the disk and the memo, waiting at most `limit` for the compile
+/// ([`CompileJob::run_within`]).
+fn cached_compile(
+    sources: &[Source],
+    arch: &str,
+    reuse: Reuse,
+    limit: Option<std::time::Duration>,
+) -> Result<Compiled> {
     let remembered = |key, file: Option<&std::path::Path>, source| match reuse {
         Reuse::MemoAndDisk => memo_get(key).or_else(|| read_cubin(file, source, arch)),
         Reuse::Disk => read_cubin(file, source, arch),
@@ -409,7 +446,88 @@ fn cached_compile(sources: &[Source], arch: &str, reuse: Reuse) -> Result<Compil
     }
     let mut unstored = Vec::new();
     if !missing.is_empty() {
-        let todo: Vec<Source> = missing.iter().map(|&i| sources[i]).collect();
+        let job = CompileJob {
+            todo: missing.iter().map(|&i| sources[i]).collect(),
+            arch: arch.to_string(),
+            dir: dir.clone(),
+            entries: missing.iter().map(|&i| keys[i].clone()).collect(),
+            lock,
+        };
+        let (compiled, not_written) = job.run_within(limit)?;
+        unstored = not_written;
+        for (&i, c) in missing.iter().zip(compiled) {
+            cubins[i] = Some(c);
+        }
+    }
+    let memo = MEMO.get_or_init(Default::default);
+    let mut out = Vec::with_capacity(sources.len());
+    for ((source, (key, _)), cubin) in sources.iter().zip(keys).zip(cubins) {
+        let c = cubin.ok_or_else(|| compile_error(source, arch, "no cubin"))?;
+        if let Ok(mut m) = memo.lock() {
+            m.insert(key, c.clone());
+        }
+        out.push(c);
+    }
+    Ok(Compiled {
+        cubins: out,
+        compiled: missing.len(),
+        unstored,
+    })
+}
+
+/// The sources of one [`cached_compile`] that neither the memo nor the disk held: compiled,
+/// then written to the disk and the memo, all under the compile lock, which is released once
+/// they are written (so that a process waiting for it finds them).
+struct CompileJob {
+    todo: Vec<Source>,
+    arch: String,
+    dir: Option<std::path::PathBuf>,
+    /// Each source's cache key and file.
+    entries: Vec<(u64, Option<std::path::PathBuf>)>,
+    lock: Option<CompileLock>,
+}
+
+impl CompileJob {
+    /// Runs the job, waiting for it at most `limit` (`None`: for as long as it takes). The
+    /// compile runs in a thread of its own (`p2p-compile`); past the limit the call returns
+    /// [`Error::CompileTimeout`] and leaves that thread to finish: a compile is work on the
+    /// CPU and ends, and what it makes then lands in the cache and the memo for the next call.
+    /// Returns the cubins, in the order of the sources, and why any could not be written to
+    /// the cache.
+    fn run_within(self, limit: Option<std::time::Duration>) -> Result<(Vec<Vec<u8>>, Vec<String>)> {
+        let Some(limit) = limit else {
+            return self.run();
+        };
+        let names: Vec<String> = self.todo.iter().map(Source::label).collect();
+        let arch = self.arch.clone();
+        match in_thread_within("p2p-compile", limit, move || self.run()) {
+            Ok(done) => done,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(Error::Compile {
+                kernel: names.join(", "),
+                arch,
+                log: "the compile thread ended without an answer (it panicked)".into(),
+            }),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                tracing::warn!(kernels = ?names, %arch, "NVRTC did not finish within {limit:?}: giving up on it here; it goes on in thread p2p-compile and fills the kernel cache when it ends");
+                Err(Error::CompileTimeout {
+                    kernels: names.join(", "),
+                    arch,
+                    limit,
+                })
+            }
+        }
+    }
+
+    /// Compiles the sources, writes the cubins to the cache and the memo, then lets the lock go.
+    fn run(self) -> Result<(Vec<Vec<u8>>, Vec<String>)> {
+        let CompileJob {
+            todo,
+            arch,
+            dir,
+            entries,
+            lock,
+        } = self;
+        let arch = arch.as_str();
         let names: Vec<String> = todo.iter().map(Source::label).collect();
         // Said before as well as after: a first compile takes seconds, and a silent wait in
         // init looks like a hang.
@@ -429,29 +547,52 @@ fn cached_compile(sources: &[Source], arch: &str, reuse: Reuse) -> Result<Compil
             }
         })?;
         tracing::info!(kernels = ?names, %arch, "compiled in {:.1} s", t.elapsed().as_secs_f64());
-        for (&i, c) in missing.iter().zip(compiled) {
-            if let (Some(d), (_, Some(f))) = (&dir, &keys[i]) {
-                if let Err(e) = store(d, f, &c) {
+        let mut unstored = Vec::new();
+        let memo = MEMO.get_or_init(Default::default);
+        for ((key, file), c) in entries.iter().zip(&compiled) {
+            if let (Some(d), Some(f)) = (&dir, file) {
+                if let Err(e) = store(d, f, c) {
                     unstored.push(format!("could not write {}: {e}", f.display()));
                 }
             }
-            cubins[i] = Some(c);
+            if let Ok(mut m) = memo.lock() {
+                m.insert(*key, c.clone());
+            }
         }
+        drop(lock);
+        Ok((compiled, unstored))
     }
-    let memo = MEMO.get_or_init(Default::default);
-    let mut out = Vec::with_capacity(sources.len());
-    for ((source, (key, _)), cubin) in sources.iter().zip(keys).zip(cubins) {
-        let c = cubin.ok_or_else(|| compile_error(source, arch, "no cubin"))?;
-        if let Ok(mut m) = memo.lock() {
-            m.insert(key, c.clone());
-        }
-        out.push(c);
+}
+
+/// Runs `job` in a new thread named `name` and waits for it at most `limit`: its answer,
+/// `Timeout` at the deadline (the thread is then left to finish on its own: for work that ends
+/// by itself, such as a compile), or `Disconnected` if it panicked. Where no thread can start,
+/// `job` runs in this one, unbounded.
+fn in_thread_within<T: Send + 'static>(
+    name: &str,
+    limit: std::time::Duration,
+    job: impl FnOnce() -> T + Send + 'static,
+) -> std::result::Result<T, std::sync::mpsc::RecvTimeoutError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    // The job moves into the thread; if the thread cannot start, it is taken back here.
+    let slot = std::sync::Arc::new(std::sync::Mutex::new(Some(job)));
+    let theirs = slot.clone();
+    let started = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let job = theirs.lock().ok().and_then(|mut j| j.take());
+            if let Some(job) = job {
+                let _ = tx.send(job());
+            }
+        });
+    if let Err(e) = started {
+        tracing::debug!("could not start thread {name} ({e}): running its work in this one");
+        let job = slot.lock().ok().and_then(|mut j| j.take());
+        return job
+            .map(|job| job())
+            .ok_or(std::sync::mpsc::RecvTimeoutError::Disconnected);
     }
-    Ok(Compiled {
-        cubins: out,
-        compiled: missing.len(),
-        unstored,
-    })
+    rx.recv_timeout(limit)
 }
 
 /// Writes a cubin into the cache: to a file of this write's own, then renamed into place, so
@@ -913,7 +1054,12 @@ impl Module {
                     if e.is_driver(cuda::cudaError_enum::CUDA_ERROR_INVALID_IMAGE) =>
                 {
                     tracing::warn!(device = device.ordinal(), kernel = %source.label(), %arch, "the driver refused a cached cubin ({e}): compiling it again and replacing it in the cache");
-                    let fresh = cubins_warned(std::slice::from_ref(source), &arch, Reuse::Nothing)?;
+                    let fresh = cubins_warned(
+                        std::slice::from_ref(source),
+                        &arch,
+                        Reuse::Nothing,
+                        Some(COMPILE_LIMIT),
+                    )?;
                     let cubin = only(fresh, source, &arch)?;
                     Self::load(device, &cubin)?
                 }
@@ -1118,6 +1264,70 @@ impl Drop for Loaded {
 mod tests {
     use super::*;
     use std::time::{Duration, Instant};
+
+    #[test]
+    fn work_in_a_thread_is_waited_for_at_most_its_limit_and_finishes_after() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::mpsc::RecvTimeoutError;
+        use std::sync::Arc;
+        // Quick work: its answer.
+        assert_eq!(
+            in_thread_within("p2p-test", Duration::from_secs(10), || 7),
+            Ok(7)
+        );
+        // Slow work (a compile that takes longer than its limit): given up at the limit, and
+        // it still finishes afterwards, in its own thread (what fills the kernel cache later).
+        let finished = Arc::new(AtomicBool::new(false));
+        let flag = finished.clone();
+        let limit = Duration::from_millis(100);
+        let t = Instant::now();
+        let r = in_thread_within("p2p-test", limit, move || {
+            std::thread::sleep(Duration::from_millis(600));
+            flag.store(true, Ordering::SeqCst);
+            1
+        });
+        let took = t.elapsed();
+        assert_eq!(r, Err(RecvTimeoutError::Timeout));
+        assert!(
+            took >= limit && took < limit + Duration::from_millis(300),
+            "{took:?}"
+        );
+        assert!(!finished.load(Ordering::SeqCst));
+        let t = Instant::now();
+        while !finished.load(Ordering::SeqCst) && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            finished.load(Ordering::SeqCst),
+            "the work went on and ended"
+        );
+        // A panic is not mistaken for a late answer.
+        let r: std::result::Result<(), _> =
+            in_thread_within("p2p-test", Duration::from_secs(10), || {
+                panic!("in the test")
+            });
+        assert_eq!(r, Err(RecvTimeoutError::Disconnected));
+    }
+
+    #[test]
+    fn a_compile_past_its_limit_says_what_goes_on_and_what_to_do() {
+        let e = Error::CompileTimeout {
+            kernels: "coll.cu [COLL_PART=0]".into(),
+            arch: "sm_100".into(),
+            limit: COMPILE_LIMIT,
+        };
+        let text = e.to_string();
+        for part in [
+            "coll.cu [COLL_PART=0]",
+            "sm_100",
+            "600s",
+            "fills the kernel cache",
+            "P2P_KERNELS=shipped",
+            "p2p-bench kernels",
+        ] {
+            assert!(text.contains(part), "{part:?} in {text}");
+        }
+    }
 
     #[test]
     fn a_compile_lock_waits_for_its_holder_gives_up_at_its_limit_and_is_free_once_dropped() {

@@ -50,6 +50,7 @@ mod memory;
 mod peer;
 pub mod shm;
 pub mod vmm;
+mod wait;
 pub mod wire;
 
 pub use device::{format_uuid, Device, DeviceCopy, Stream};
@@ -67,6 +68,16 @@ pub use peer::{check_peer_mappable, P2pAttributes};
 /// milliseconds, so a stream still busy after this holds other work. The communicators'
 /// `synchronize` and the connections' waits use it.
 pub const DRAIN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long a synchronous operation of this crate with no limit of its own waits for the GPU
+/// work it must follow, and then for itself, before it gives up with [`Error::Busy`]: the
+/// synchronous copies and fills ([`DeviceMemory::copy_to_host`],
+/// [`DeviceMemoryMut::copy_from_host`], [`DeviceMemoryMut::memset_u8`],
+/// [`DeviceMemoryMut::copy_from_device`], ...) and an IPC event's `synchronize`. Long, since
+/// that work is the caller's: the limit is there so that a kernel that never ends is an error,
+/// not a hang. [`DeviceMemory::copy_range_to_host_within`] and the `synchronize_within`
+/// methods take a limit of their own.
+pub const HOST_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// How long a `Drop` that frees GPU memory waits for the device to finish work that may still
 /// use it ([`Device::synchronize_within`]); past it the memory is leaked (with an error log),

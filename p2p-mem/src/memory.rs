@@ -15,6 +15,18 @@ use crate::error::{Error, OnDevice, Result};
 
 /// A region of device memory that can be read: the common face of every buffer kind.
 ///
+/// # Synchronous copies and fills
+/// The synchronous methods here and in [`DeviceMemoryMut`] are ordered as the driver's
+/// synchronous copies are: after the work queued before them on the GPU's legacy default stream
+/// and on its blocking streams (made without `CU_STREAM_NON_BLOCKING`, such as cudarc's default
+/// stream), and, for memory bound to a stream ([`bound_stream`](Self::bound_stream)), after
+/// that stream's work; p2p's own streams are non-blocking and not waited for. Every wait has a
+/// limit ([`crate::HOST_WAIT`], or the one given to a `_within` method): the method first waits,
+/// polling, for the work it follows, then makes the copy or fill (which then waits for
+/// nothing), then, where the driver returns before it lands, waits for it, at most the limit
+/// each time. Work still running at a limit is [`Error::Busy`], which says whether the
+/// operation was made; the host memory given is never written after the method returns.
+///
 /// # Safety
 /// The kernels and copies of p2p read `byte_len()` bytes at `device_ptr()` on `device()`
 /// trusting this trait, so an implementation must guarantee that those bytes are memory the
@@ -44,7 +56,8 @@ pub unsafe trait DeviceMemory {
         None
     }
 
-    /// Copies the whole region into `dst`, which must be exactly as large. Synchronous.
+    /// Copies the whole region into `dst`, which must be exactly as large. Synchronous, with
+    /// [`crate::HOST_WAIT`] as its limit (see the type's "Synchronous copies and fills").
     fn copy_to_host<T: DeviceCopy>(&self, dst: &mut [T]) -> Result<()>
     where
         Self: Sized,
@@ -58,8 +71,23 @@ pub unsafe trait DeviceMemory {
     }
 
     /// Copies `dst.len()` elements' bytes starting `offset` bytes into the region into `dst`
-    /// (the range must lie inside the region). Synchronous.
+    /// (the range must lie inside the region). Synchronous, with [`crate::HOST_WAIT`] as its
+    /// limit (see the type's "Synchronous copies and fills").
     fn copy_range_to_host<T: DeviceCopy>(&self, offset: usize, dst: &mut [T]) -> Result<()>
+    where
+        Self: Sized,
+    {
+        self.copy_range_to_host_within(offset, dst, crate::HOST_WAIT)
+    }
+
+    /// As [`copy_range_to_host`](Self::copy_range_to_host), waiting at most `limit` for the
+    /// work the copy is ordered after: past it, [`Error::Busy`] and `dst` is left as it was.
+    fn copy_range_to_host_within<T: DeviceCopy>(
+        &self,
+        offset: usize,
+        dst: &mut [T],
+        limit: std::time::Duration,
+    ) -> Result<()>
     where
         Self: Sized,
     {
@@ -75,9 +103,9 @@ pub unsafe trait DeviceMemory {
         if dst.is_empty() {
             return Ok(());
         }
-        wait_bound(self)?;
+        wait_before(self, "copy to host", limit)?;
         // SAFETY: the range was checked to lie inside the region; `dst` is as long and alive
-        // for the synchronous copy.
+        // for the synchronous copy, which returns once the bytes are in it.
         unsafe {
             cu!(cuMemcpyDtoH_v2(
                 dst.as_mut_ptr().cast(),
@@ -114,17 +142,19 @@ pub unsafe trait DeviceMemory {
 /// its contents while p2p writes it.
 pub unsafe trait DeviceMemoryMut: DeviceMemory {
     /// Copies `src`, which must be exactly as large as the region, to the device. Synchronous:
-    /// returns once the data is in device memory.
+    /// returns once the data is in device memory, with [`crate::HOST_WAIT`] as its limit (see
+    /// [`DeviceMemory`]'s "Synchronous copies and fills").
     fn copy_from_host<T: DeviceCopy>(&mut self, src: &[T]) -> Result<()>
     where
         Self: Sized,
     {
+        const OP: &str = "copy from host";
         let src = as_bytes(src);
         check_size("host source", self.byte_len(), src.len())?;
         if src.is_empty() {
             return Ok(());
         }
-        wait_bound(self)?;
+        wait_before(self, OP, crate::HOST_WAIT)?;
         // SAFETY: both sides are `src.len()` bytes long and alive for the synchronous copy.
         unsafe {
             cu!(cuMemcpyHtoD_v2(
@@ -136,24 +166,26 @@ pub unsafe trait DeviceMemoryMut: DeviceMemory {
         .on(self.device().ordinal())?;
         // From pageable memory the driver returns once the data is staged, before it lands:
         // wait for the copy (queued on the legacy default stream), so that "synchronous" holds
-        // for every source.
-        self.device().synchronize_default_stream()
+        // for every source. `src` is no longer read by then, whatever this wait finds.
+        wait_after(self.device(), OP, crate::HOST_WAIT)
     }
 
-    /// Sets every byte to `value`. Synchronous.
+    /// Sets every byte to `value`. Synchronous, with [`crate::HOST_WAIT`] as its limit (see
+    /// [`DeviceMemory`]'s "Synchronous copies and fills").
     fn memset_u8(&mut self, value: u8) -> Result<()>
     where
         Self: Sized,
     {
+        const OP: &str = "fill";
         if self.byte_len() == 0 {
             return Ok(());
         }
-        wait_bound(self)?;
+        wait_before(self, OP, crate::HOST_WAIT)?;
         // SAFETY: the region is `byte_len` bytes of live device memory.
         unsafe { cu!(cuMemsetD8_v2(self.device_ptr(), value, self.byte_len())) }
             .on(self.device().ordinal())?;
         // The fill is queued on the legacy default stream: wait for it alone.
-        self.device().synchronize_default_stream()
+        wait_after(self.device(), OP, crate::HOST_WAIT)
     }
 
     /// Queues a fill of every byte with `value` on `stream`.
@@ -183,19 +215,22 @@ pub unsafe trait DeviceMemoryMut: DeviceMemory {
 
     /// Copies all of `src`, which must be as large, into this region, across devices if they
     /// differ (through peer access where enabled, else staged by the driver). Synchronous:
-    /// returns once the copy has finished.
+    /// returns once the copy has finished, with [`crate::HOST_WAIT`] as its limit (see
+    /// [`DeviceMemory`]'s "Synchronous copies and fills"; both devices' work is waited for).
     fn copy_from_device<M: DeviceMemory>(&mut self, src: &M) -> Result<()>
     where
         Self: Sized,
     {
+        const OP: &str = "copy between devices";
         check_size("device source", self.byte_len(), src.byte_len())?;
         if src.byte_len() == 0 {
             return Ok(());
         }
         let (dst_dev, src_dev) = (self.device().clone(), src.device().clone());
-        wait_bound(src)?;
-        wait_bound(self)?;
-        // SAFETY: both regions are live and `byte_len` bytes long; the contexts are retained.
+        wait_before(src, OP, crate::HOST_WAIT)?;
+        wait_before(self, OP, crate::HOST_WAIT)?;
+        // SAFETY: both regions are live and `byte_len` bytes long; the contexts are retained;
+        // `wait_before(self)` left the destination's context current.
         unsafe {
             cu!(cuMemcpyPeer(
                 self.device_ptr(),
@@ -207,9 +242,9 @@ pub unsafe trait DeviceMemoryMut: DeviceMemory {
         }
         .between(dst_dev.ordinal(), src_dev.ordinal())?;
         // Device-to-device copies return before they finish; the copy runs on the legacy
-        // default stream of the current (destination) context, so synchronising that stream
+        // default stream of the current (destination) context, so waiting for that stream
         // waits for the copy.
-        dst_dev.synchronize_default_stream()
+        wait_after(&dst_dev, OP, crate::HOST_WAIT)
     }
 }
 
@@ -278,15 +313,57 @@ pub fn check_stream<M: DeviceMemory + ?Sized>(memory: &M, stream: &Stream) -> Re
     }
 }
 
-/// Binds the region's device and, for memory bound to a stream, waits for that stream, so that
-/// a synchronous host access follows the stream's work on the memory.
-fn wait_bound<M: DeviceMemory + ?Sized>(memory: &M) -> Result<()> {
-    memory.device().bind_to_thread()?;
+/// What a synchronous operation waited for, as [`Error::Busy`] names it.
+const BOUND_WORK: &str = "the work queued before it on the stream the memory is bound to";
+const LEGACY_WORK: &str = "the work queued before it on the GPU's legacy default stream or a blocking stream (one made without CU_STREAM_NON_BLOCKING, such as cudarc's default stream)";
+const ITSELF: &str = "the operation itself, queued on the legacy default stream,";
+
+/// Before a synchronous operation on `memory` (the driver queues it on the legacy default
+/// stream): waits, at most `limit` each, for the stream the memory is bound to (a cudarc
+/// view's), so that the host access follows that stream's work on the memory, and for the work
+/// the legacy default stream orders the operation after, so that the operation itself then
+/// waits for nothing in the driver. [`Error::Busy`] if either still runs (nothing was queued);
+/// otherwise the memory's device is left bound to the thread.
+fn wait_before<M: DeviceMemory + ?Sized>(
+    memory: &M,
+    op: &'static str,
+    limit: std::time::Duration,
+) -> Result<()> {
+    let device = memory.device();
+    let busy = |waiting_for| Error::Busy {
+        op,
+        device: device.ordinal(),
+        waiting_for,
+        waited: limit,
+        outcome: "it was not made",
+    };
     if let Some(s) = memory.bound_stream() {
-        // SAFETY: a bound region's stream outlives the region (the view borrows it).
-        unsafe { cu!(cuStreamSynchronize(s)) }.on(memory.device().ordinal())?;
+        // SAFETY: a bound region's stream outlives the region (the view borrows it); the
+        // borrowed `Stream` does not destroy it.
+        let bound = unsafe { Stream::from_raw(device, s) };
+        if !bound.synchronize_within(limit)? {
+            return Err(busy(BOUND_WORK));
+        }
     }
-    Ok(())
+    if !device.default_stream_idle_within(limit)? {
+        return Err(busy(LEGACY_WORK));
+    }
+    device.bind_to_thread()
+}
+
+/// After a synchronous operation that the driver queued on `device`'s legacy default stream
+/// and returned before it finished: waits for it, at most `limit`.
+fn wait_after(device: &Device, op: &'static str, limit: std::time::Duration) -> Result<()> {
+    if device.default_stream_idle_within(limit)? {
+        return Ok(());
+    }
+    Err(Error::Busy {
+        op,
+        device: device.ordinal(),
+        waiting_for: ITSELF,
+        waited: limit,
+        outcome: "it is queued and lands when the work before it ends",
+    })
 }
 
 pub(crate) fn check_size(what: &'static str, expected: usize, got: usize) -> Result<()> {

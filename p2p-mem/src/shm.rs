@@ -157,8 +157,11 @@ impl Drop for HostShared {
         if let Ok(false) = self.device.synchronize_within(crate::DROP_WAIT) {
             tracing::error!(
                 device = self.device.ordinal(),
-                "the GPU is still busy {:?} after shared host memory was dropped: leaking it",
-                crate::DROP_WAIT
+                bytes = self.len,
+                "GPU {} is still busy {:?} after shared host memory was dropped: leaking its {} bytes (registered and mapped) rather than pulling them from under a running kernel",
+                self.device.ordinal(),
+                crate::DROP_WAIT,
+                self.len
             );
             return;
         }

@@ -387,8 +387,10 @@ impl Drop for VmmBuffer {
             if let Ok(false) = self.device.synchronize_within(crate::DROP_WAIT) {
                 tracing::error!(
                     device = ord,
-                    "the GPU is still busy {:?} after a cuMem buffer was dropped: leaking it",
-                    crate::DROP_WAIT
+                    bytes = self.size,
+                    "GPU {ord} is still busy {:?} after a cuMem buffer was dropped: leaking its {} bytes rather than unmapping them under a running kernel",
+                    crate::DROP_WAIT,
+                    self.size
                 );
                 return;
             }

@@ -748,3 +748,230 @@ fn gpu1_a_function_keeps_its_module_and_launches_only_through_it() {
         .expect_err("no NUL");
     assert!(e.to_string().contains("NUL-terminated PTX"), "{e}");
 }
+
+// ---- Waits with a deadline (issue 37) -------------------------------------------------------
+
+/// How far past its limit a wait with a deadline may return: one poll (at most 1 ms apart)
+/// and the scheduler.
+const SLACK: Duration = Duration::from_millis(250);
+
+/// A kernel held on a stream until its flag is set ([`Held::release`], or the drop), with a
+/// time limit of its own (60 s) so that a failed test never leaves the GPU busy for good.
+struct Held {
+    flag: p2p_mem::abort::AbortHandle,
+    _module: p2p_mem::kernel::Module,
+}
+
+impl Held {
+    fn on(stream: &Stream) -> Held {
+        use p2p_mem::kernel::{Module, Source};
+        const HOLD: Source = Source {
+            name: "hold.cu",
+            code: r#"extern "C" __global__ void hold(volatile int* flag, unsigned long long max_ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        if (*flag) return;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < max_ns);
+}
+"#,
+            defines: &[],
+            shipped: &[],
+        };
+        let d = stream.device();
+        let module = Module::build(d, &HOLD).expect("the hold kernel");
+        let f = module.function("hold").expect("hold");
+        let flag = p2p_mem::abort::AbortHandle::new(d).expect("a flag in pinned memory");
+        let mut ptr = flag.device_ptr();
+        let mut max_ns: u64 = 60_000_000_000;
+        let mut params = [
+            (&mut ptr as *mut u64).cast::<std::ffi::c_void>(),
+            (&mut max_ns as *mut u64).cast::<std::ffi::c_void>(),
+        ];
+        // SAFETY: hold(volatile int*, unsigned long long): the device address of the pinned
+        // flag, which `Held` keeps alive (the tests release the kernel and wait for it before
+        // dropping it), and a u64 by value.
+        unsafe { module.launch(&f, 1, 1, &mut params, stream) }.expect("launch");
+        Held {
+            flag,
+            _module: module,
+        }
+    }
+
+    fn release(&self) {
+        self.flag.abort();
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+/// The threads of this process named `name` (from /proc).
+fn threads_named(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .map(|tasks| {
+            tasks
+                .filter_map(|t| t.ok())
+                .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+                .filter(|comm| comm.trim() == name)
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Asserts that a wait of `limit` gave up within it (and not much past it).
+fn gave_up_at(limit: Duration, took: Duration, what: &str) {
+    assert!(
+        took >= limit && took < limit + SLACK,
+        "{what}: gave up after {took:?}, the limit is {limit:?}"
+    );
+}
+
+/// A stream's, an event's and the whole device's waits with a deadline give up at it while a
+/// kernel is held, stop nothing, and leave no thread blocked in the driver (the device's wait
+/// polls an event of `cuCtxRecordEvent` where the driver has it); once the kernel is let go,
+/// each wait sees the work end.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu1_waits_with_a_deadline_give_up_at_it_and_leave_no_thread_behind() {
+    let d = &gpus(1)[0];
+    let stream = Stream::new(d).expect("stream");
+    let held = Held::on(&stream);
+    let event = p2p_mem::Event::new(d).expect("event");
+    event.record(&stream).expect("record");
+    let limit = Duration::from_millis(300);
+    let before = threads_named("p2p-sync");
+
+    let t = std::time::Instant::now();
+    assert!(!stream.synchronize_within(limit).expect("stream wait"));
+    gave_up_at(limit, t.elapsed(), "the stream");
+
+    assert!(!event.is_done().expect("query"));
+    let t = std::time::Instant::now();
+    assert!(!event.synchronize_within(limit).expect("event wait"));
+    gave_up_at(limit, t.elapsed(), "the event");
+
+    let t = std::time::Instant::now();
+    assert!(!d.synchronize_within(limit).expect("device wait"));
+    gave_up_at(limit, t.elapsed(), "the device");
+    if p2p_sys::ctx_event::has("cuCtxRecordEvent") {
+        assert_eq!(
+            threads_named("p2p-sync"),
+            before,
+            "a helper thread was left blocked in cuCtxSynchronize"
+        );
+    } else {
+        eprintln!("this driver has no cuCtxRecordEvent: the device's wait used a helper thread");
+    }
+
+    held.release();
+    let long = Duration::from_secs(10);
+    assert!(stream.synchronize_within(long).expect("stream wait"));
+    assert!(event.synchronize_within(long).expect("event wait"));
+    assert!(event.is_done().expect("query"));
+    assert!(d.synchronize_within(long).expect("device wait"));
+}
+
+/// A synchronous copy is ordered after the legacy default stream's work, as the driver's own
+/// is, but waits for it at most its limit: held there, it gives up with `Busy` and leaves the
+/// host memory alone; a kernel held on one of p2p's (non-blocking) streams does not delay it
+/// at all. Let go, the copy is made.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu1_a_synchronous_copy_waits_for_the_work_before_it_at_most_its_limit() {
+    let d = &gpus(1)[0];
+    let data: Vec<u32> = (0..4096).collect();
+    let buf = DeviceBuffer::from_host(d, &data).expect("upload");
+
+    // Work on a non-blocking stream: not waited for.
+    let stream = Stream::new(d).expect("stream");
+    let held = Held::on(&stream);
+    let t = std::time::Instant::now();
+    assert_eq!(buf.to_host_vec::<u32>().expect("read"), data);
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "waited {:?} for a kernel on a non-blocking stream",
+        t.elapsed()
+    );
+    held.release();
+    assert!(stream
+        .synchronize_within(Duration::from_secs(10))
+        .expect("wait"));
+
+    // Work on the legacy default stream: waited for, at most the limit.
+    // SAFETY: the null handle is the legacy default stream of `d`'s primary context, alive as
+    // long as the context.
+    let legacy = unsafe { Stream::from_raw(d, std::ptr::null_mut()) };
+    let held = Held::on(&legacy);
+    let limit = Duration::from_millis(300);
+    let mut out = vec![u32::MAX; data.len()];
+    let t = std::time::Instant::now();
+    let e = buf
+        .copy_range_to_host_within(0, &mut out, limit)
+        .expect_err("the legacy stream is held");
+    gave_up_at(limit, t.elapsed(), "the copy");
+    assert!(matches!(e, Error::Busy { .. }), "{e}");
+    assert!(e.to_string().contains("was not made"), "{e}");
+    assert!(
+        out.iter().all(|&v| v == u32::MAX),
+        "the copy wrote after all"
+    );
+    held.release();
+    buf.copy_range_to_host_within(0, &mut out, Duration::from_secs(10))
+        .expect("made once the work ended");
+    assert_eq!(out, data);
+}
+
+/// An IPC event's wait has a limit too (`cuEventQuery` polled): it gives up while the recorded
+/// work is held, and succeeds once it ends.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu1_an_ipc_event_wait_gives_up_at_its_limit() {
+    let d = &gpus(1)[0];
+    let stream = Stream::new(d).expect("stream");
+    let held = Held::on(&stream);
+    let event = IpcEvent::new(d).expect("event");
+    event.record(&stream).expect("record");
+    let limit = Duration::from_millis(300);
+    let t = std::time::Instant::now();
+    assert!(!event.synchronize_within(limit).expect("wait"));
+    gave_up_at(limit, t.elapsed(), "the IPC event");
+    held.release();
+    event.synchronize().expect("ended");
+}
+
+/// Dropping a cuMem buffer while the GPU is busy waits for the work (it may use the buffer),
+/// polling, and frees it once the work ends; no thread is left behind.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu1_a_buffer_dropped_while_the_gpu_is_busy_is_freed_once_its_work_ends() {
+    let d = &gpus(1)[0];
+    let stream = Stream::new(d).expect("stream");
+    let v = VmmBuffer::new(d, 2 << 20, &[], ShareableHandles::POSIX_FD).expect("alloc");
+    let held = Held::on(&stream);
+    let before = threads_named("p2p-sync");
+    let release_after = Duration::from_millis(700);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(release_after);
+            held.release();
+        });
+        let t = std::time::Instant::now();
+        drop(v);
+        let took = t.elapsed();
+        assert!(
+            took >= release_after - Duration::from_millis(50) && took < Duration::from_secs(10),
+            "the drop returned after {took:?}; the kernel ran for {release_after:?}"
+        );
+    });
+    if p2p_sys::ctx_event::has("cuCtxRecordEvent") {
+        assert_eq!(threads_named("p2p-sync"), before);
+    }
+    assert!(stream
+        .synchronize_within(Duration::from_secs(10))
+        .expect("wait"));
+}

@@ -478,6 +478,14 @@ pub struct CUlaunchConfig_st {
 pub type CUlaunchConfig = CUlaunchConfig_st;
 #[repr(u32)]
 #[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
+pub enum CUstreamCaptureStatus_enum {
+    CU_STREAM_CAPTURE_STATUS_NONE = 0,
+    CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+    CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2,
+}
+pub use self::CUstreamCaptureStatus_enum as CUstreamCaptureStatus;
+#[repr(u32)]
+#[derive(Debug, Copy, Clone, Hash, PartialEq, Eq)]
 pub enum CUstreamCaptureMode_enum {
     CU_STREAM_CAPTURE_MODE_GLOBAL = 0,
     CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
@@ -893,12 +901,15 @@ type cuStreamBeginCapture_v2_fn =
     unsafe extern "C" fn(hStream: CUstream, mode: CUstreamCaptureMode) -> CUresult;
 type cuStreamEndCapture_fn =
     unsafe extern "C" fn(hStream: CUstream, phGraph: *mut CUgraph) -> CUresult;
+type cuStreamIsCapturing_fn =
+    unsafe extern "C" fn(hStream: CUstream, captureStatus: *mut CUstreamCaptureStatus) -> CUresult;
 type cuStreamQuery_fn = unsafe extern "C" fn(hStream: CUstream) -> CUresult;
 type cuStreamSynchronize_fn = unsafe extern "C" fn(hStream: CUstream) -> CUresult;
 type cuStreamDestroy_v2_fn = unsafe extern "C" fn(hStream: CUstream) -> CUresult;
 type cuEventCreate_fn =
     unsafe extern "C" fn(phEvent: *mut CUevent, Flags: ::core::ffi::c_uint) -> CUresult;
 type cuEventRecord_fn = unsafe extern "C" fn(hEvent: CUevent, hStream: CUstream) -> CUresult;
+type cuEventQuery_fn = unsafe extern "C" fn(hEvent: CUevent) -> CUresult;
 type cuEventSynchronize_fn = unsafe extern "C" fn(hEvent: CUevent) -> CUresult;
 type cuEventDestroy_v2_fn = unsafe extern "C" fn(hEvent: CUevent) -> CUresult;
 type cuEventElapsedTime_fn =
@@ -1016,11 +1027,13 @@ struct Table {
     cuStreamWaitEvent: Option<cuStreamWaitEvent_fn>,
     cuStreamBeginCapture_v2: Option<cuStreamBeginCapture_v2_fn>,
     cuStreamEndCapture: Option<cuStreamEndCapture_fn>,
+    cuStreamIsCapturing: Option<cuStreamIsCapturing_fn>,
     cuStreamQuery: Option<cuStreamQuery_fn>,
     cuStreamSynchronize: Option<cuStreamSynchronize_fn>,
     cuStreamDestroy_v2: Option<cuStreamDestroy_v2_fn>,
     cuEventCreate: Option<cuEventCreate_fn>,
     cuEventRecord: Option<cuEventRecord_fn>,
+    cuEventQuery: Option<cuEventQuery_fn>,
     cuEventSynchronize: Option<cuEventSynchronize_fn>,
     cuEventDestroy_v2: Option<cuEventDestroy_v2_fn>,
     cuEventElapsedTime: Option<cuEventElapsedTime_fn>,
@@ -1259,6 +1272,10 @@ fn table() -> Option<&'static Table> {
                 .get::<cuStreamEndCapture_fn>(b"cuStreamEndCapture\0")
                 .ok()
                 .map(|s| *s),
+            cuStreamIsCapturing: lib
+                .get::<cuStreamIsCapturing_fn>(b"cuStreamIsCapturing\0")
+                .ok()
+                .map(|s| *s),
             cuStreamQuery: lib
                 .get::<cuStreamQuery_fn>(b"cuStreamQuery\0")
                 .ok()
@@ -1277,6 +1294,10 @@ fn table() -> Option<&'static Table> {
                 .map(|s| *s),
             cuEventRecord: lib
                 .get::<cuEventRecord_fn>(b"cuEventRecord\0")
+                .ok()
+                .map(|s| *s),
+            cuEventQuery: lib
+                .get::<cuEventQuery_fn>(b"cuEventQuery\0")
                 .ok()
                 .map(|s| *s),
             cuEventSynchronize: lib
@@ -1346,7 +1367,7 @@ fn table() -> Option<&'static Table> {
 }
 
 /// Every entry point of this module, by its C name.
-pub const ENTRY_POINTS: [&str; 76] = [
+pub const ENTRY_POINTS: [&str; 78] = [
     "cuGetErrorString",
     "cuGetErrorName",
     "cuInit",
@@ -1403,11 +1424,13 @@ pub const ENTRY_POINTS: [&str; 76] = [
     "cuStreamWaitEvent",
     "cuStreamBeginCapture_v2",
     "cuStreamEndCapture",
+    "cuStreamIsCapturing",
     "cuStreamQuery",
     "cuStreamSynchronize",
     "cuStreamDestroy_v2",
     "cuEventCreate",
     "cuEventRecord",
+    "cuEventQuery",
     "cuEventSynchronize",
     "cuEventDestroy_v2",
     "cuEventElapsedTime",
@@ -1486,11 +1509,13 @@ pub fn has(name: &str) -> bool {
         "cuStreamWaitEvent" => t.cuStreamWaitEvent.is_some(),
         "cuStreamBeginCapture_v2" => t.cuStreamBeginCapture_v2.is_some(),
         "cuStreamEndCapture" => t.cuStreamEndCapture.is_some(),
+        "cuStreamIsCapturing" => t.cuStreamIsCapturing.is_some(),
         "cuStreamQuery" => t.cuStreamQuery.is_some(),
         "cuStreamSynchronize" => t.cuStreamSynchronize.is_some(),
         "cuStreamDestroy_v2" => t.cuStreamDestroy_v2.is_some(),
         "cuEventCreate" => t.cuEventCreate.is_some(),
         "cuEventRecord" => t.cuEventRecord.is_some(),
+        "cuEventQuery" => t.cuEventQuery.is_some(),
         "cuEventSynchronize" => t.cuEventSynchronize.is_some(),
         "cuEventDestroy_v2" => t.cuEventDestroy_v2.is_some(),
         "cuEventElapsedTime" => t.cuEventElapsedTime.is_some(),
@@ -2313,6 +2338,21 @@ pub unsafe fn cuStreamEndCapture(hStream: CUstream, phGraph: *mut CUgraph) -> CU
     }
 }
 
+/// `cuStreamIsCapturing` of the loaded library (`CUresult::CUDA_ERROR_NOT_FOUND` where it lacks it).
+///
+/// # Safety
+/// The C function's contract: valid pointers and handles, as its documentation says.
+#[inline]
+pub unsafe fn cuStreamIsCapturing(
+    hStream: CUstream,
+    captureStatus: *mut CUstreamCaptureStatus,
+) -> CUresult {
+    match table().and_then(|t| t.cuStreamIsCapturing) {
+        Some(entry__) => entry__(hStream, captureStatus),
+        None => CUresult::CUDA_ERROR_NOT_FOUND,
+    }
+}
+
 /// `cuStreamQuery` of the loaded library (`CUresult::CUDA_ERROR_NOT_FOUND` where it lacks it).
 ///
 /// # Safety
@@ -2369,6 +2409,18 @@ pub unsafe fn cuEventCreate(phEvent: *mut CUevent, Flags: ::core::ffi::c_uint) -
 pub unsafe fn cuEventRecord(hEvent: CUevent, hStream: CUstream) -> CUresult {
     match table().and_then(|t| t.cuEventRecord) {
         Some(entry__) => entry__(hEvent, hStream),
+        None => CUresult::CUDA_ERROR_NOT_FOUND,
+    }
+}
+
+/// `cuEventQuery` of the loaded library (`CUresult::CUDA_ERROR_NOT_FOUND` where it lacks it).
+///
+/// # Safety
+/// The C function's contract: valid pointers and handles, as its documentation says.
+#[inline]
+pub unsafe fn cuEventQuery(hEvent: CUevent) -> CUresult {
+    match table().and_then(|t| t.cuEventQuery) {
+        Some(entry__) => entry__(hEvent),
         None => CUresult::CUDA_ERROR_NOT_FOUND,
     }
 }

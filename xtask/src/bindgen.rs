@@ -18,7 +18,8 @@ const CUDA_12_WHEELS: [&str; 2] = [
     "nvidia-cuda-runtime-cu12==12.4.127",
     "nvidia-cuda-nvrtc-cu12==12.4.127",
 ];
-/// The headers of the one newer API p2p uses, the process checkpoint API (CUDA 12.8+).
+/// The headers of the newer entry points p2p uses where the driver has them: the process
+/// checkpoint API (CUDA 12.8+) and `cuCtxRecordEvent` (not in 12.4's headers).
 const CUDA_13_WHEEL: &str = "nvidia-cuda-runtime==13.0.96";
 
 /// The driver entry points p2p calls, by the versioned names `cuda.h` maps them to.
@@ -42,6 +43,7 @@ const DRIVER: &[&str] = &[
     "cuEventCreate",
     "cuEventDestroy_v2",
     "cuEventElapsedTime",
+    "cuEventQuery",
     "cuEventRecord",
     "cuEventSynchronize",
     "cuGetErrorName",
@@ -95,6 +97,7 @@ const DRIVER: &[&str] = &[
     "cuStreamCreate",
     "cuStreamDestroy_v2",
     "cuStreamEndCapture",
+    "cuStreamIsCapturing",
     "cuStreamQuery",
     "cuStreamSynchronize",
     "cuStreamWaitEvent",
@@ -145,7 +148,7 @@ struct Module {
     prelude: &'static str,
 }
 
-const MODULES: [Module; 3] = [
+const MODULES: [Module; 4] = [
     Module {
         dest: "p2p-sys/src/cuda.rs",
         title: "The CUDA driver API (`libcuda`): the types and entry points p2p uses",
@@ -206,6 +209,22 @@ const MODULES: [Module; 3] = [
         result: "CUresult",
         missing: "CUresult::CUDA_ERROR_NOT_FOUND",
         prelude: "#[allow(unused_imports)]\nuse crate::cuda::{CUresult, cudaError_enum};\n",
+    },
+    Module {
+        dest: "p2p-sys/src/ctx_event.rs",
+        title: "Recording all of a context's queued work in one event (`cuCtxRecordEvent`, drivers newer than CUDA 12.4)",
+        wheel: CUDA_13_WHEEL,
+        header: "nvidia/cu13/include/cuda.h",
+        functions: &["cuCtxRecordEvent"],
+        // Every argument type is the driver module's.
+        extra: &[
+            "--blocklist-type",
+            "CUresult|cudaError_enum|CUcontext|CUctx_st|CUevent|CUevent_st",
+        ],
+        library: "Cuda",
+        result: "CUresult",
+        missing: "CUresult::CUDA_ERROR_NOT_FOUND",
+        prelude: "#[allow(unused_imports)]\nuse crate::cuda::{CUcontext, CUevent, CUresult, cudaError_enum};\n",
     },
 ];
 

@@ -236,6 +236,10 @@ enum Command {
         /// One process drives every GPU (no launcher).
         #[arg(long)]
         local: bool,
+        /// Each part of a communicator alone (modules, abort flag, streams and events, local
+        /// communicators without a call), in one process.
+        #[arg(long)]
+        parts: bool,
     },
     /// Run a command as N local ranks with RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE set
     /// (as torchrun does) and a fresh job id and secret (P2P_JOB_ID, P2P_JOB_SECRET); a rank
@@ -505,7 +509,11 @@ fn main() -> ExitCode {
         Command::Launch { nprocs, command } => launch_cmd(nprocs, &command),
         Command::Render { json } => render_cmd(&json),
         Command::FaultWorker => ExitCode::from(p2p_benches::faults::worker() as u8),
-        Command::HeldMemory { cycles, local } => match p2p_benches::held::run(cycles, local) {
+        Command::HeldMemory {
+            cycles,
+            local,
+            parts,
+        } => match p2p_benches::held::run(cycles, local, parts) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("p2p-bench held-memory: {e}");

@@ -1,0 +1,104 @@
+//! The one polling loop under every host wait with a deadline here: a stream's
+//! ([`Stream::synchronize_within`](crate::Stream::synchronize_within)), an event's
+//! ([`Event::synchronize_within`](crate::Event::synchronize_within)) and a whole device's
+//! ([`Device::synchronize_within`](crate::Device::synchronize_within)). Polling a query
+//! (`cuStreamQuery`, `cuEventQuery`) instead of blocking in the driver is what lets a wait give
+//! up at its deadline with no thread left behind.
+
+use std::time::{Duration, Instant};
+
+use crate::error::Result;
+
+/// How long the loop spins before it starts sleeping: a short wait then costs no more than
+/// the driver's own blocking wait would.
+const SPIN: Duration = Duration::from_micros(100);
+/// The first and the longest sleep between two polls.
+const FIRST_PAUSE: Duration = Duration::from_micros(20);
+const LONGEST_PAUSE: Duration = Duration::from_millis(1);
+
+/// Calls `done` until it answers `true` (`Ok(true)`) or `limit` has passed (`Ok(false)`, after
+/// one last call at or past the deadline). Spins for the first 100 µs, then sleeps between
+/// calls, doubling the pause from 20 µs up to 1 ms. An error of `done` ends the wait at once.
+/// A zero `limit` calls `done` once.
+pub(crate) fn poll_within(limit: Duration, mut done: impl FnMut() -> Result<bool>) -> Result<bool> {
+    let start = Instant::now();
+    let mut pause = FIRST_PAUSE;
+    loop {
+        if done()? {
+            return Ok(true);
+        }
+        let waited = start.elapsed();
+        if waited >= limit {
+            return Ok(false);
+        }
+        if waited < SPIN {
+            std::hint::spin_loop();
+        } else {
+            std::thread::sleep(pause.min(limit - waited));
+            pause = (pause * 2).min(LONGEST_PAUSE);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Error;
+
+    #[test]
+    fn a_query_that_turns_true_ends_the_wait_at_once() {
+        let mut calls = 0;
+        let t = Instant::now();
+        let done = poll_within(Duration::from_secs(10), || {
+            calls += 1;
+            Ok(calls == 50)
+        });
+        assert!(matches!(done, Ok(true)));
+        assert_eq!(calls, 50);
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn a_query_that_never_turns_true_gives_up_at_the_limit_not_much_later() {
+        let limit = Duration::from_millis(150);
+        let mut calls = 0u32;
+        let t = Instant::now();
+        let done = poll_within(limit, || {
+            calls += 1;
+            Ok(false)
+        });
+        let took = t.elapsed();
+        assert!(matches!(done, Ok(false)));
+        assert!(
+            took >= limit && took < limit + Duration::from_millis(100),
+            "{took:?}"
+        );
+        // Sleeps of at most 1 ms between polls after the spin: at least ~one poll per ms,
+        // and not a busy loop (which would make millions).
+        assert!((50..1_000_000).contains(&calls), "{calls} polls");
+    }
+
+    #[test]
+    fn a_zero_limit_asks_once_and_an_error_ends_the_wait() {
+        let mut calls = 0;
+        assert!(matches!(
+            poll_within(Duration::ZERO, || {
+                calls += 1;
+                Ok(false)
+            }),
+            Ok(false)
+        ));
+        assert_eq!(calls, 1);
+        let mut calls = 0;
+        let e = poll_within(Duration::from_secs(10), || {
+            calls += 1;
+            if calls < 3 {
+                Ok(false)
+            } else {
+                Err(Error::InvalidArgument("a fault of queued work".into()))
+            }
+        });
+        assert!(matches!(e, Err(Error::InvalidArgument(_))));
+        assert_eq!(calls, 3);
+    }
+}
