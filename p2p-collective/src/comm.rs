@@ -276,7 +276,7 @@ pub(crate) struct Kernels {
 /// [`Kernels::build`] in a thread of its own, started before the rendezvous.
 struct KernelLoad {
     device: Device,
-    done: Option<std::sync::mpsc::Receiver<Result<Kernels>>>,
+    done: Option<std::sync::mpsc::Receiver<Result<Arc<Kernels>>>>,
 }
 
 impl KernelLoad {
@@ -286,7 +286,7 @@ impl KernelLoad {
         let started = std::thread::Builder::new()
             .name("p2p-kernels".into())
             .spawn(move || {
-                let _ = tx.send(Kernels::build(&d));
+                let _ = tx.send(Kernels::for_device(&d));
             });
         KernelLoad {
             device: device.clone(),
@@ -297,9 +297,9 @@ impl KernelLoad {
 
     /// The kernels, once loaded; a failure of a peer that `group` learns of meanwhile ends the
     /// wait at once (the load itself, bounded work, finishes in its thread and is dropped).
-    fn wait(self, group: &Group, rank: usize) -> Result<Kernels> {
+    fn wait(self, group: &Group, rank: usize) -> Result<Arc<Kernels>> {
         let Some(rx) = self.done else {
-            return Kernels::build(&self.device);
+            return Kernels::for_device(&self.device);
         };
         loop {
             if let Some(f) = group.failure() {
@@ -315,7 +315,7 @@ impl KernelLoad {
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
                 // The thread ended without an answer (it panicked): load them here.
                 Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                    return Kernels::build(&self.device)
+                    return Kernels::for_device(&self.device)
                 }
             }
         }
@@ -323,6 +323,39 @@ impl KernelLoad {
 }
 
 impl Kernels {
+    /// This process's kernels for `device`: loaded by the first communicator on it and kept
+    /// until the process exits, shared by every later one. Unloading a module does not give all
+    /// of its GPU memory back (measured on H100, driver 580: about 1 MiB per load and unload
+    /// of these modules, growing with every communicator made and dropped; perf-notes §50), so
+    /// they are loaded once per GPU, as NCCL and the CUDA runtime load theirs.
+    fn for_device(device: &Device) -> Result<Arc<Kernels>> {
+        type Slot = Arc<Mutex<Option<Arc<Kernels>>>>;
+        static LOADED: Mutex<Vec<(i32, Slot)>> = Mutex::new(Vec::new());
+        let slot = {
+            let mut loaded = LOADED.lock().unwrap_or_else(|p| p.into_inner());
+            match loaded.iter().find(|(o, _)| *o == device.ordinal()) {
+                Some((_, slot)) => slot.clone(),
+                None => {
+                    let slot = Slot::default();
+                    loaded.push((device.ordinal(), slot.clone()));
+                    slot
+                }
+            }
+        };
+        // One load per GPU, also when communicators on it are made at once in several threads.
+        let mut kernels = slot.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(k) = &*kernels {
+            return Ok(k.clone());
+        }
+        let k = Arc::new(Kernels::build(device)?);
+        *kernels = Some(k.clone());
+        tracing::debug!(
+            device = device.ordinal(),
+            "loaded the collective kernels; kept for this process's later communicators"
+        );
+        Ok(k)
+    }
+
     /// Compiles [`COLL_PARTS`] for `device`'s architecture (or finds them in the kernel cache,
     /// or in this process's memo: GPUs of one architecture share one compile) and loads them,
     /// one module per part.
@@ -712,7 +745,7 @@ impl Communicator {
         }
         let mut loaded = Vec::with_capacity(world);
         for d in devices {
-            loaded.push(Arc::new(Kernels::build(d)?));
+            loaded.push(Kernels::for_device(d)?);
         }
         let sms = devices.iter().map(|d| d.sm_count()).min().unwrap_or(1);
         let per_sm = loaded.iter().map(|k| k.blocks_per_sm).min().unwrap_or(1);
@@ -833,7 +866,7 @@ impl Communicator {
         let loading = KernelLoad::start(device);
         let group = Group::join(rv)?;
         group.watch(&abort);
-        let kernels = Arc::new(loading.wait(&group, rank)?);
+        let kernels = loading.wait(&group, rank)?;
         let tuning = options.tuning.unwrap_or_else(|| {
             warn_occupancy(kernels.blocks_per_sm);
             Tuning::for_device(device.sm_count(), kernels.blocks_per_sm)

@@ -169,7 +169,9 @@ fn gpu2_deregister_waits_for_the_calls_on_the_window_alone_and_at_most_its_limit
         timeout,
         ..env_options()
     };
-    let count = 1 << 18;
+    // 16 MiB a rank: on two ranks an all-gather on registered buffers runs the direct kernel
+    // from 32 MiB of parts together (`Tuning::direct_min_bytes`, twice on two ranks).
+    let count = 1 << 22;
     let mut ls = locals(options, count);
     if !ls[0].comm.sharing().is_p2p() {
         eprintln!("host-staged: nothing can be registered, so there is nothing to deregister");
@@ -269,13 +271,30 @@ fn gpu2_after_a_call_on_the_window_was_captured_deregister_waits_for_the_whole_g
         timeout,
         ..env_options()
     };
-    let count = 1 << 18;
+    // 16 MiB a rank: on two ranks an all-gather on registered buffers runs the direct kernel
+    // from 32 MiB of parts together (`Tuning::direct_min_bytes`, twice on two ranks).
+    let count = 1 << 22;
     let mut ls = locals(options, count);
     if !ls[0].comm.sharing().is_p2p() {
         eprintln!("host-staged: nothing can be registered, so there is nothing to deregister");
         return;
     }
     let call = Call::new(Op::AllGather, DataType::F32, count);
+    let kind = ls[0]
+        .comm
+        .plan_with(
+            &call,
+            Access {
+                input: false,
+                output: true,
+                in_place: false,
+            },
+        )
+        .kind;
+    assert!(
+        kind.is_direct() || kind.is_ce(),
+        "{kind:?} does not use the window"
+    );
     let bufs: Vec<&dyn DeviceMemory> = ls.iter().map(|l| &l.output as &dyn DeviceMemory).collect();
     // SAFETY: the outputs live in `ls`, and are deregistered below before it drops.
     let regs = unsafe { register_locals(&ls, &bufs) };

@@ -9,7 +9,11 @@
 #             under p2p-bench launch (rank 0 fails at once, naming rank 1).
 #   faults    p2p-bench faults -n $n until 200 process faults and 200 stranger attempts
 #             (FAULT_SECONDS, default 330).
-#   tests     the bounded-wait GPU tests (GPU_TESTS: test-name filters, default gpu2_).
+#   parts     p2p-bench held-memory --parts: each part of a communicator made and dropped alone.
+#   tests     the bounded-wait GPU tests (GPU_TESTS: test-name filters, default gpu).
+#   ab        all-reduce and all-gather, 512 KiB-64 MiB, ours only (registered buffers among
+#             them): p2p-bench-old (BEFORE the bounded waits, if carried) against p2p-bench,
+#             alternating, two rounds.
 source "$(dirname "$0")/common.sh"
 smi() { nvidia-smi --query-gpu=index,memory.used --format=csv,noheader 2>&1 | tr '\n' ' '; }
 for phase in ${*:-held torchrun faults}; do
@@ -24,6 +28,22 @@ for phase in ${*:-held torchrun faults}; do
     timeout 120 "$here/p2p-bench" held-memory --local --cycles 10 >"$res/held-local.log" 2>&1
     note "held-memory --local: exit $?"
     note "nvidia-smi after: $(smi)"
+    ;;
+  parts)
+    timeout 120 "$here/p2p-bench" held-memory --parts --cycles 6 >"$res/held-parts.log" 2>&1
+    note "held-memory --parts: exit $?"
+    CUDA_MODULE_LOADING=EAGER timeout 120 "$here/p2p-bench" held-memory --parts --cycles 6 >"$res/held-parts-eager.log" 2>&1
+    note "held-memory --parts, CUDA_MODULE_LOADING=EAGER: exit $?"
+    ;;
+  ab)
+    for r in 1 2; do
+      for b in p2p-bench-old p2p-bench; do
+        [ -x "$here/$b" ] || continue
+        timeout 150 "$here/$b" coll --ops all_reduce,all_gather --min-bytes 524288 --max-mib 64 --no-nccl \
+          --out "$res/ab-$b-r$r" >"$res/ab-$b-r$r.log" 2>&1
+        note "ab $b round $r: exit $?"
+      done
+    done
     ;;
   torchrun)
     cat >"$res/rank.sh" <<EOF
@@ -53,7 +73,7 @@ EOF
     for t in "$here"/tests/p2p-mem--* "$here"/tests/p2p-collective--gpu_coll; do
       [ -x "$t" ] || continue
       # shellcheck disable=SC2086
-      timeout 240 "$t" --include-ignored --test-threads=1 ${GPU_TESTS:-gpu2_} >"$res/tests-$(basename "$t").log" 2>&1
+      timeout 240 "$t" --include-ignored --test-threads=1 ${GPU_TESTS:-gpu} >"$res/tests-$(basename "$t").log" 2>&1
       note "$(basename "$t"): exit $?; $(grep -E '^test result' "$res/tests-$(basename "$t").log" | tail -n 1)"
     done
     ;;
