@@ -514,10 +514,21 @@ fn names_rank(text: &str, r: usize) -> bool {
 /// What a survivor's entry says when it finished its calls before the victim's fault.
 const FINISHED_FIRST: &str = "(finished every call before the fault)";
 
-/// Whether a survivor's entry counts as found: it failed naming a time, or it had finished
-/// before there was anything to find.
+/// Whether a survivor found the fault: its call failed, after the fault (a failure timed
+/// before it is not this fault's detection).
 fn found(s: &(usize, Option<f64>, String, bool)) -> bool {
-    s.1.is_some() || s.2 == FINISHED_FIRST
+    s.1.is_some_and(|ms| ms >= 0.0)
+}
+
+/// Whether a survivor had finished every call before the fault: it had nothing to find.
+fn finished_first(s: &(usize, Option<f64>, String, bool)) -> bool {
+    s.2 == FINISHED_FIRST
+}
+
+/// Whether a trial had a fault for its survivors to find: some survivor had not finished
+/// before it.
+fn has_something_to_find(t: &Trial) -> bool {
+    t.survivors.len() == t.world - 1 && !t.survivors.iter().all(finished_first)
 }
 
 /// Whether a survivor's error came from the rendezvous time limit (the victim never joined).
@@ -747,7 +758,8 @@ pub fn run_trial(
         hang,
         wrong: 0,
         foreign_accepted: 0,
-        faults: 1,
+        // A process fault counts once the victim said it was injecting it.
+        faults: u64::from(died_at.is_some()),
         fd_leak: 0,
         held_in_process: Some(0),
         held_after_exit,
@@ -789,7 +801,7 @@ pub fn run_trial(
             // to find.
             let before = matches!((done["t"].as_u64(), died_at), (Some(d), Some(f)) if d < f);
             let what = if before { FINISHED_FIRST } else { "" };
-            t.survivors.push((r, None, what.to_string(), before));
+            t.survivors.push((r, None, what.to_string(), false));
         }
     }
     if kind == Kind::Strangers {
@@ -993,7 +1005,7 @@ fn summarize(
         if warm_ok { "ok" } else { "FAILED" },
         took.as_secs_f64()
     ));
-    md.push_str("| fault | trials | faults | detected by every survivor | names the rank | detection median / p99 / max (ms) | by the launcher / by the rendezvous time limit | survivors' drop, max (ms) | hangs | wrong | foreign joins | fds leaked | GPU bytes held after exit | held in process after drop |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("| fault | trials | faults | detected by every survivor (of trials with a survivor still calling) | names the rank | detection median / p99 / max (ms) | by the launcher / by the rendezvous time limit | survivors' drop, max (ms) | hangs | wrong | foreign joins | fds leaked | GPU bytes held after exit | held in process after drop |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     let mut totals = Totals::default();
     let mut dead_ms = Vec::new();
     for k in Kind::ALL {
@@ -1010,13 +1022,16 @@ fn summarize(
         let by_limit = survivors().filter(|s| by_rendezvous_limit(&s.2)).count();
         let by_launch = survivors().filter(|s| by_launcher(&s.2)).count();
         let drop_max = ts.iter().map(|t| t.drop_ms).fold(0.0, f64::max);
-        let detected = ts
+        // Of the trials with something to find (a survivor still calling at the fault): those
+        // where every survivor that was found it, and named the victim.
+        let to_find: Vec<&&Trial> = ts.iter().filter(|t| has_something_to_find(t)).collect();
+        let detected = to_find
             .iter()
-            .filter(|t| t.survivors.len() == t.world - 1 && t.survivors.iter().all(found))
+            .filter(|t| t.survivors.iter().all(|s| finished_first(s) || found(s)))
             .count();
-        let named = ts
+        let named = to_find
             .iter()
-            .filter(|t| !t.survivors.is_empty() && t.survivors.iter().all(|s| s.3))
+            .filter(|t| t.survivors.iter().all(|s| finished_first(s) || s.3))
             .count();
         let hangs = ts.iter().filter(|t| t.hang).count();
         let wrong: usize = ts.iter().map(|t| t.wrong).sum();
@@ -1042,11 +1057,14 @@ fn summarize(
         let expects_detection = !matches!(k, Kind::Strangers | Kind::KillInDrop);
         let of = |n: usize| {
             if expects_detection {
-                format!("{n}/{}", ts.len())
+                format!("{n}/{}", to_find.len())
             } else {
                 "n/a".into()
             }
         };
+        if expects_detection {
+            totals.undetected += to_find.len() - detected.min(to_find.len());
+        }
         md.push_str(&format!(
             "| {} | {} | {} | {} | {} | {} / {} / {} | {by_launch} / {by_limit} | {:.0} | {} | {} | {} | {} | {} | {} |\n",
             k.name(),
@@ -1077,6 +1095,7 @@ fn summarize(
         totals.after_exit = totals.after_exit.zip(after_exit).map(|(a, b)| a + b);
         rows.push(json!({
             "fault": k.name(), "trials": ts.len(), "faults": faults,
+            "with_something_to_find": to_find.len(),
             "detected_by_every_survivor": detected, "names_the_rank": named,
             "detection_ms": {"median": p50, "p99": p99, "max": max},
             "by_launcher": by_launch, "by_rendezvous_time_limit": by_limit,
@@ -1099,10 +1118,11 @@ fn summarize(
     );
     let f = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.1}"));
     md.push_str(&format!(
-        "\nTotal: {} trials, {} process faults and {} stranger attempts; dead peer (process ended after it joined) found at p99 {} ms, max {} ms; {} hangs, {} wrong elements, {} foreign joins, {} fds leaked in the ranks.\n",
+        "\nTotal: {} trials, {} process faults and {} stranger attempts; {} faults not found by every survivor still calling; dead peer (process ended after it joined) found at p99 {} ms, max {} ms; {} hangs, {} wrong elements, {} foreign joins, {} fds leaked in the ranks.\n",
         all.len(),
         totals.process_faults,
         totals.attempts,
+        totals.undetected,
         f(p99),
         f(max),
         totals.hangs,
@@ -1135,6 +1155,7 @@ fn summarize(
         "world": world, "trials": all.len(),
         "process_faults": totals.process_faults, "stranger_attempts": totals.attempts,
         "dead_peer_detection_ms": {"p99": p99, "max": max},
+        "undetected": totals.undetected,
         "hangs": totals.hangs, "wrong": totals.wrong, "foreign_joins": totals.foreign,
         "fds_leaked": totals.fds,
         "gpu_bytes_held_after_exit": totals.after_exit,
@@ -1149,6 +1170,7 @@ fn summarize(
 #[derive(Debug)]
 struct Totals {
     process_faults: u64,
+    undetected: usize,
     attempts: u64,
     hangs: usize,
     wrong: usize,
@@ -1161,6 +1183,7 @@ impl Default for Totals {
     fn default() -> Self {
         Totals {
             process_faults: 0,
+            undetected: 0,
             attempts: 0,
             hangs: 0,
             wrong: 0,
@@ -1230,13 +1253,28 @@ mod tests {
 
     #[test]
     fn a_survivor_that_finished_before_the_fault_counts_as_found_and_a_silent_one_does_not() {
+        // Finished first: nothing to find, in neither count. Silent, or failed before the
+        // fault: not found.
         let mut first = trial(Kind::KillDuringInit, Some(0), 1);
-        first.survivors = vec![(0, None, FINISHED_FIRST.into(), true)];
+        first.survivors = vec![(0, None, FINISHED_FIRST.into(), false)];
         let mut silent = trial(Kind::KillDuringInit, Some(0), 1);
         silent.survivors = vec![(0, None, String::new(), false)];
-        let (json, _) = summarize(2, &[first, silent], true, 2000, &CLEAN, Duration::ZERO);
-        assert_eq!(json["rows"][0]["detected_by_every_survivor"], 1, "{json}");
-        assert_eq!(json["rows"][0]["names_the_rank"], 1, "{json}");
+        let mut early = trial(Kind::KillDuringInit, Some(0), 1);
+        early.survivors[0].1 = Some(-3.0);
+        let found = trial(Kind::KillDuringInit, Some(0), 1);
+        let (json, md) = summarize(
+            2,
+            &[first, silent, early, found],
+            true,
+            2000,
+            &CLEAN,
+            Duration::ZERO,
+        );
+        let row = &json["rows"][0];
+        assert_eq!(row["with_something_to_find"], 3, "{json}");
+        assert_eq!(row["detected_by_every_survivor"], 1, "{json}");
+        assert_eq!(json["undetected"], 2, "{json}");
+        assert!(md.contains("| 1/3 |"), "{md}");
     }
 
     #[test]

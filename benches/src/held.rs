@@ -48,6 +48,52 @@ fn line(rank: usize, what: &str, cycle: usize, held: &[i64]) {
     );
 }
 
+/// One stream and a pair of `n`-float buffers on each of `devices`, for the all-reduces.
+struct Work {
+    streams: Vec<Stream>,
+    bufs: Vec<(DeviceBuffer<f32>, DeviceBuffer<f32>)>,
+    n: usize,
+}
+
+impl Work {
+    fn new(devices: &[Device], n: usize) -> Result<Work, String> {
+        let e = |e: p2p_mem::Error| e.to_string();
+        let mut w = Work {
+            streams: Vec::new(),
+            bufs: Vec::new(),
+            n,
+        };
+        for d in devices {
+            w.streams.push(Stream::new(d).map_err(e)?);
+            w.bufs.push((
+                DeviceBuffer::zeroed(d, n).map_err(e)?,
+                DeviceBuffer::zeroed(d, n).map_err(e)?,
+            ));
+        }
+        Ok(w)
+    }
+
+    /// One all-reduce on each of `comms` (communicator i on device i), all queued, then waited.
+    fn all_reduce(&mut self, comms: &[Communicator]) -> Result<(), String> {
+        for (i, comm) in comms.iter().enumerate() {
+            let (send, recv) = &mut self.bufs[i];
+            comm.all_reduce(
+                send,
+                recv,
+                self.n,
+                DataType::F32,
+                RedOp::Sum,
+                &self.streams[i],
+            )
+            .map_err(|e| e.to_string())?;
+        }
+        for (comm, s) in comms.iter().zip(&self.streams) {
+            comm.synchronize(s).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+}
+
 /// Each part of a communicator that holds GPU resources, made and dropped `cycles` times on
 /// GPU 0 alone: the collective kernels' modules, an abort flag, a stream with two events, and
 /// a local communicator over every GPU with and without a call.
@@ -81,30 +127,11 @@ fn parts(cycles: usize) -> Result<(), String> {
         drop(Communicator::init_all(&devices).map_err(|e| e.to_string())?);
         report("local communicators made and dropped, no call", c)?;
     }
-    let n = 1 << 20;
-    let streams: Vec<Stream> = devices
-        .iter()
-        .map(Stream::new)
-        .collect::<Result<_, _>>()
-        .map_err(e)?;
-    let mut bufs = Vec::new();
-    for d in &devices {
-        bufs.push((
-            DeviceBuffer::<f32>::zeroed(d, n).map_err(e)?,
-            DeviceBuffer::<f32>::zeroed(d, n).map_err(e)?,
-        ));
-    }
+    let mut work = Work::new(&devices, 1 << 20)?;
     let base2: Vec<i64> = devices.iter().map(free).collect::<Result<_, _>>()?;
     for c in 1..=cycles {
         let comms = Communicator::init_all(&devices).map_err(|e| e.to_string())?;
-        for (i, comm) in comms.iter().enumerate() {
-            let (send, recv) = &mut bufs[i];
-            comm.all_reduce(send, recv, n, DataType::F32, RedOp::Sum, &streams[i])
-                .map_err(|e| e.to_string())?;
-        }
-        for (comm, s) in comms.iter().zip(&streams) {
-            comm.synchronize(s).map_err(|e| e.to_string())?;
-        }
+        work.all_reduce(&comms)?;
         drop(comms);
         line(
             0,
@@ -124,57 +151,24 @@ pub fn run(cycles: usize, local: bool, parts_only: bool) -> Result<(), String> {
         return parts(cycles);
     }
     let n = 1 << 20;
-    if local {
-        let devices = Device::all().map_err(|e| e.to_string())?;
-        let streams: Vec<Stream> = devices
-            .iter()
-            .map(Stream::new)
-            .collect::<Result<_, _>>()
-            .map_err(|e| e.to_string())?;
-        let mut bufs = Vec::new();
-        for d in &devices {
-            bufs.push((
-                DeviceBuffer::<f32>::zeroed(d, n).map_err(|e| e.to_string())?,
-                DeviceBuffer::<f32>::zeroed(d, n).map_err(|e| e.to_string())?,
-            ));
-        }
-        let base: Vec<i64> = devices.iter().map(free).collect::<Result<_, _>>()?;
-        let _module = crate::floor::EmptyKernel::load(&devices[0]).map_err(|e| e.to_string())?;
-        line(
-            0,
-            "one small module loaded on GPU 0",
-            0,
-            &settled(&devices, &base)?,
-        );
-        for c in 1..=cycles {
-            let comms = Communicator::init_all(&devices).map_err(|e| e.to_string())?;
-            line(0, "communicators made", c, &settled(&devices, &base)?);
-            for (i, comm) in comms.iter().enumerate() {
-                let (send, recv) = &mut bufs[i];
-                comm.all_reduce(send, recv, n, DataType::F32, RedOp::Sum, &streams[i])
-                    .map_err(|e| e.to_string())?;
-            }
-            for (comm, s) in comms.iter().zip(&streams) {
-                comm.synchronize(s).map_err(|e| e.to_string())?;
-            }
-            drop(comms);
-            line(0, "dropped", c, &settled(&devices, &base)?);
-        }
-        return Ok(());
+    let (rank, devices) = if local {
+        (0, Device::all().map_err(|e| e.to_string())?)
+    } else {
+        let rank: usize = std::env::var("RANK")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .ok_or("RANK is not set: run it under `p2p-bench launch -n N --`, or pass --local")?;
+        let count = Device::count().map_err(|e| e.to_string())? as usize;
+        let device = Device::new((rank % count.max(1)) as i32).map_err(|e| e.to_string())?;
+        (rank, vec![device])
+    };
+    let first = devices.first().ok_or("no GPU")?.clone();
+    let mut work = Work::new(&devices, n)?;
+    for s in &work.streams {
+        s.synchronize().map_err(|e| e.to_string())?;
     }
-    let rank: usize = std::env::var("RANK")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .ok_or("RANK is not set: run it under `p2p-bench launch -n N --`, or pass --local")?;
-    let count = Device::count().map_err(|e| e.to_string())? as usize;
-    let device = Device::new((rank % count.max(1)) as i32).map_err(|e| e.to_string())?;
-    let devices = [device.clone()];
-    let stream = Stream::new(&device).map_err(|e| e.to_string())?;
-    let send = DeviceBuffer::<f32>::zeroed(&device, n).map_err(|e| e.to_string())?;
-    let mut recv = DeviceBuffer::<f32>::zeroed(&device, n).map_err(|e| e.to_string())?;
-    stream.synchronize().map_err(|e| e.to_string())?;
-    let base = [free(&device)?];
-    let _module = crate::floor::EmptyKernel::load(&device).map_err(|e| e.to_string())?;
+    let base: Vec<i64> = devices.iter().map(free).collect::<Result<_, _>>()?;
+    let _module = crate::floor::EmptyKernel::load(&first).map_err(|e| e.to_string())?;
     line(
         rank,
         "one small module loaded",
@@ -182,12 +176,15 @@ pub fn run(cycles: usize, local: bool, parts_only: bool) -> Result<(), String> {
         &settled(&devices, &base)?,
     );
     for c in 1..=cycles {
-        let comm = Communicator::from_env().map_err(|e| e.to_string())?;
+        let comms = if local {
+            Communicator::init_all(&devices)
+        } else {
+            Communicator::from_env().map(|c| vec![c])
+        }
+        .map_err(|e| e.to_string())?;
         line(rank, "communicator made", c, &settled(&devices, &base)?);
-        comm.all_reduce(&send, &mut recv, n, DataType::F32, RedOp::Sum, &stream)
-            .map_err(|e| e.to_string())?;
-        comm.synchronize(&stream).map_err(|e| e.to_string())?;
-        drop(comm);
+        work.all_reduce(&comms)?;
+        drop(comms);
         line(rank, "dropped", c, &settled(&devices, &base)?);
     }
     Ok(())

@@ -273,6 +273,16 @@ pub(crate) struct Kernels {
     blocks_per_sm: i32,
 }
 
+/// The failure of a peer that `group` learnt of, as this rank's init reports it.
+fn init_failure(group: &Group, rank: usize) -> Option<Error> {
+    group.failure().map(|f| Error::PeerFailed {
+        op: "init".into(),
+        rank,
+        peer: f.rank,
+        why: f.why,
+    })
+}
+
 /// [`Kernels::build`] in a thread of its own, started before the rendezvous.
 struct KernelLoad {
     device: Device,
@@ -296,19 +306,16 @@ impl KernelLoad {
     }
 
     /// The kernels, once loaded; a failure of a peer that `group` learns of meanwhile ends the
-    /// wait at once (the load itself, bounded work, finishes in its thread and is dropped).
+    /// wait at once (the load itself, bounded work, finishes in its thread and stays in the
+    /// process's cache). If the rendezvous fails, `self` is dropped unwaited: the load goes on
+    /// the same way (a process that exits meanwhile exits with it under way).
     fn wait(self, group: &Group, rank: usize) -> Result<Arc<Kernels>> {
         let Some(rx) = self.done else {
             return Kernels::for_device(&self.device);
         };
         loop {
-            if let Some(f) = group.failure() {
-                return Err(Error::PeerFailed {
-                    op: "init".into(),
-                    rank,
-                    peer: f.rank,
-                    why: f.why,
-                });
+            if let Some(e) = init_failure(group, rank) {
+                return Err(e);
             }
             match rx.recv_timeout(Duration::from_millis(1)) {
                 Ok(kernels) => return kernels,
@@ -327,7 +334,10 @@ impl Kernels {
     /// until the process exits, shared by every later one. Unloading a module does not give all
     /// of its GPU memory back (measured on H100, driver 580: about 1 MiB per load and unload
     /// of these modules, growing with every communicator made and dropped; perf-notes §50), so
-    /// they are loaded once per GPU, as NCCL and the CUDA runtime load theirs.
+    /// they are loaded once per GPU, as NCCL and the CUDA runtime load theirs. They keep the
+    /// GPU's primary context retained until the process exits; resetting that context
+    /// (`cuDevicePrimaryCtxReset`, `cudaDeviceReset`) after a communicator was made is not
+    /// supported.
     fn for_device(device: &Device) -> Result<Arc<Kernels>> {
         type Slot = Arc<Mutex<Option<Arc<Kernels>>>>;
         static LOADED: Mutex<Vec<(i32, Slot)>> = Mutex::new(Vec::new());
@@ -982,13 +992,8 @@ impl Communicator {
         while peers.len() + 1 < rv.world {
             // Wait in short steps, so that a peer's death ends the wait at once.
             let chan = loop {
-                if let Some(f) = group.failure() {
-                    return Err(Error::PeerFailed {
-                        op: "init".into(),
-                        rank,
-                        peer: f.rank,
-                        why: f.why,
-                    });
+                if let Some(e) = init_failure(&group, rank) {
+                    return Err(e);
                 }
                 if let Some(c) = listener
                     .accept_within(Duration::from_millis(5))
@@ -1339,24 +1344,33 @@ impl Communicator {
             });
         }
         self.wait_windows_unused()?;
-        let mut windows = self.windows.write().map_err(|_| Error::InvalidArgument {
-            op: "deregister",
-            rank: self.rank,
-            what: "the registration table's lock is poisoned".into(),
-        })?;
-        let before = windows.len();
-        windows.retain(|w| w.id != reg.id);
-        if windows.len() == before {
-            return Err(Error::InvalidArgument {
+        let removed = {
+            let mut windows = self.windows.write().map_err(|_| Error::InvalidArgument {
+                op: "deregister",
+                rank: self.rank,
+                what: "the registration table's lock is poisoned".into(),
+            })?;
+            windows
+                .iter()
+                .position(|w| w.id == reg.id)
+                .map(|i| windows.remove(i))
+        };
+        match removed {
+            // Unmapped here, outside the table's lock: the mappings' own wait for the GPU
+            // never holds up another thread's calls.
+            Some(window) => {
+                drop(window);
+                Ok(())
+            }
+            None => Err(Error::InvalidArgument {
                 op: "deregister",
                 rank: self.rank,
                 what: format!(
                     "{} bytes at {:#x} are not registered (deregistered twice?)",
                     reg.len, reg.ptr
                 ),
-            });
+            }),
         }
-        Ok(())
     }
 
     /// Waits, at most the limit of [`synchronize`](Self::synchronize), until no call queued so
@@ -1537,10 +1551,14 @@ impl Communicator {
     /// for that at most [`SYNC_GRACE`], then fails with the memory layer's `Busy` error.
     pub fn check(&self) -> Result<()> {
         let mut st = [0u64; STATUS_WORDS];
-        // Bounded: the read is a synchronous copy, ordered after the work of the GPU's legacy
-        // default stream and blocking streams, which may be anyone's.
-        self.workspace
-            .copy_range_to_host_within(STATUS_OFF * 8, &mut st, SYNC_GRACE)?;
+        // On the communicator's own non-blocking side stream: ordered after its work alone,
+        // never after the legacy default stream's (a framework's long step may hold that one).
+        self.workspace.copy_range_to_host_on(
+            STATUS_OFF * 8,
+            &mut st,
+            &self.side.stream,
+            self.options.timeout.saturating_add(SYNC_GRACE),
+        )?;
         if st[0] == 0 {
             return Ok(());
         }

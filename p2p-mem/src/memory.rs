@@ -22,8 +22,9 @@ use crate::error::{Error, OnDevice, Result};
 /// stream), and, for memory bound to a stream ([`bound_stream`](Self::bound_stream)), after
 /// that stream's work; p2p's own streams are non-blocking and not waited for. Every wait has a
 /// limit ([`crate::HOST_WAIT`], or the one given to a `_within` method): the method first waits,
-/// polling, for the work it follows, then makes the copy or fill (which then waits for
-/// nothing), then, where the driver returns before it lands, waits for it, at most the limit
+/// polling, for the work it follows, then makes the copy or fill (which then waits only for
+/// work that another thread queued on those streams between the two: that short wait has no
+/// limit), then, where the driver returns before it lands, waits for it, at most the limit
 /// each time. Work still running at a limit is [`Error::Busy`], which says whether the
 /// operation was made; the host memory given is never written after the method returns.
 ///
@@ -114,6 +115,70 @@ pub unsafe trait DeviceMemory {
             ))
         }
         .on(self.device().ordinal())
+    }
+
+    /// As [`copy_range_to_host`](Self::copy_range_to_host), but ordered after `stream`'s work
+    /// alone, not after the legacy default stream's and blocking streams' (anyone's): the copy is
+    /// queued on `stream`, which must be non-blocking (every [`crate::Stream::new`] is) and of
+    /// this region's device. Waits at most `limit` for `stream`'s earlier work, then returns
+    /// once the bytes are in `dst` (a copy into pageable memory completes before the call
+    /// returns). Past the limit, [`Error::Busy`] and `dst` is left as it was. For reading a few
+    /// status words while someone else's long work holds the default stream.
+    fn copy_range_to_host_on<T: DeviceCopy>(
+        &self,
+        offset: usize,
+        dst: &mut [T],
+        stream: &crate::Stream,
+        limit: std::time::Duration,
+    ) -> Result<()>
+    where
+        Self: Sized,
+    {
+        let dst = as_bytes_mut(dst);
+        let end = offset.checked_add(dst.len());
+        if end.is_none_or(|e| e > self.byte_len()) {
+            return Err(Error::InvalidArgument(format!(
+                "bytes {offset}..+{} lie outside a {}-byte region",
+                dst.len(),
+                self.byte_len()
+            )));
+        }
+        if stream.device().ordinal() != self.device().ordinal() {
+            return Err(Error::InvalidArgument(format!(
+                "a copy from GPU {} queued on a stream of GPU {}",
+                self.device().ordinal(),
+                stream.device().ordinal()
+            )));
+        }
+        if dst.is_empty() {
+            return Ok(());
+        }
+        if !stream.synchronize_within(limit)? {
+            return Err(Error::Busy {
+                op: "copy to host on a stream",
+                device: self.device().ordinal(),
+                waiting_for: "the stream's earlier work",
+                waited: limit,
+                outcome: "nothing was copied",
+            });
+        }
+        // SAFETY: the range was checked to lie inside the region; `dst` is as long and alive
+        // until the copy has landed (awaited below before returning).
+        unsafe {
+            cu!(cuMemcpyDtoHAsync_v2(
+                dst.as_mut_ptr().cast(),
+                self.device_ptr() + offset as u64,
+                dst.len(),
+                stream.cu_stream()
+            ))
+        }
+        .on(self.device().ordinal())?;
+        if !stream.synchronize_within(limit)? {
+            // `dst` must not be written once this returns: wait the copy out (32 bytes of
+            // nothing queued before it; it cannot run long).
+            stream.synchronize()?;
+        }
+        Ok(())
     }
 
     /// Copies the whole region into a new `Vec` (the length must divide evenly into `T`s).
@@ -322,7 +387,7 @@ const ITSELF: &str = "the operation itself, queued on the legacy default stream,
 /// stream): waits, at most `limit` each, for the stream the memory is bound to (a cudarc
 /// view's), so that the host access follows that stream's work on the memory, and for the work
 /// the legacy default stream orders the operation after, so that the operation itself then
-/// waits for nothing in the driver. [`Error::Busy`] if either still runs (nothing was queued);
+/// waits in the driver only for work queued in between by another thread. [`Error::Busy`] if either still runs (nothing was queued);
 /// otherwise the memory's device is left bound to the thread.
 fn wait_before<M: DeviceMemory + ?Sized>(
     memory: &M,

@@ -12,7 +12,9 @@ use p2p_mem::vmm::{ShareableHandles, VmmBuffer, VmmHandle};
 use p2p_mem::{
     Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Error, PinnedHostBuffer, Stream,
 };
-use p2p_testkit::{child_env, fresh_seed, gpus, join, random_u32, random_u8, role, spawn_role};
+use p2p_testkit::{
+    child_env, fresh_seed, gpus, join, random_u32, random_u8, role, spawn_role, Held,
+};
 
 const CHILD_LIMIT: Duration = Duration::from_secs(120);
 const IO_LIMIT: Duration = Duration::from_secs(60);
@@ -754,61 +756,6 @@ fn gpu1_a_function_keeps_its_module_and_launches_only_through_it() {
 /// How far past its limit a wait with a deadline may return: one poll (at most 1 ms apart)
 /// and the scheduler.
 const SLACK: Duration = Duration::from_millis(250);
-
-/// A kernel held on a stream until its flag is set ([`Held::release`], or the drop), with a
-/// time limit of its own (60 s) so that a failed test never leaves the GPU busy for good.
-struct Held {
-    flag: p2p_mem::abort::AbortHandle,
-    _module: p2p_mem::kernel::Module,
-}
-
-impl Held {
-    fn on(stream: &Stream) -> Held {
-        use p2p_mem::kernel::{Module, Source};
-        const HOLD: Source = Source {
-            name: "hold.cu",
-            code: r#"extern "C" __global__ void hold(volatile int* flag, unsigned long long max_ns) {
-    unsigned long long t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do {
-        if (*flag) return;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    } while (t - t0 < max_ns);
-}
-"#,
-            defines: &[],
-            shipped: &[],
-        };
-        let d = stream.device();
-        let module = Module::build(d, &HOLD).expect("the hold kernel");
-        let f = module.function("hold").expect("hold");
-        let flag = p2p_mem::abort::AbortHandle::new(d).expect("a flag in pinned memory");
-        let mut ptr = flag.device_ptr();
-        let mut max_ns: u64 = 60_000_000_000;
-        let mut params = [
-            (&mut ptr as *mut u64).cast::<std::ffi::c_void>(),
-            (&mut max_ns as *mut u64).cast::<std::ffi::c_void>(),
-        ];
-        // SAFETY: hold(volatile int*, unsigned long long): the device address of the pinned
-        // flag, which `Held` keeps alive (the tests release the kernel and wait for it before
-        // dropping it), and a u64 by value.
-        unsafe { module.launch(&f, 1, 1, &mut params, stream) }.expect("launch");
-        Held {
-            flag,
-            _module: module,
-        }
-    }
-
-    fn release(&self) {
-        self.flag.abort();
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        self.release();
-    }
-}
 
 /// The threads of this process named `name` (from /proc).
 fn threads_named(name: &str) -> usize {

@@ -149,3 +149,61 @@ pub fn join(mut child: Child, limit: Duration) {
         }
     }
 }
+
+/// A kernel held on a stream until its flag is set ([`Held::release`], or the drop), with a
+/// time limit of its own (60 s) so that a failed test never leaves the GPU busy for good: for
+/// the tests of waits with a deadline. Compiled by NVRTC at first use.
+pub struct Held {
+    flag: p2p_mem::abort::AbortHandle,
+    _module: p2p_mem::kernel::Module,
+}
+
+impl Held {
+    /// Launches the held kernel on `stream`; panics (a test helper) if it cannot.
+    pub fn on(stream: &p2p_mem::Stream) -> Held {
+        use p2p_mem::kernel::{Module, Source};
+        const HOLD: Source = Source {
+            name: "hold.cu",
+            code: r#"extern "C" __global__ void hold(volatile int* flag, unsigned long long max_ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        if (*flag) return;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < max_ns);
+}
+"#,
+            defines: &[],
+            shipped: &[],
+        };
+        let d = stream.device();
+        let module = Module::build(d, &HOLD).expect("the hold kernel");
+        let f = module.function("hold").expect("hold");
+        let flag = p2p_mem::abort::AbortHandle::new(d).expect("a flag in pinned memory");
+        let mut ptr = flag.device_ptr();
+        let mut max_ns: u64 = 60_000_000_000;
+        let mut params = [
+            (&mut ptr as *mut u64).cast::<std::ffi::c_void>(),
+            (&mut max_ns as *mut u64).cast::<std::ffi::c_void>(),
+        ];
+        // SAFETY: hold(volatile int*, unsigned long long): the device address of the pinned
+        // flag, which `Held` keeps alive (the tests release the kernel and wait for it before
+        // dropping it), and a u64 by value.
+        unsafe { module.launch(&f, 1, 1, &mut params, stream) }.expect("launch");
+        Held {
+            flag,
+            _module: module,
+        }
+    }
+
+    /// Lets the kernel end.
+    pub fn release(&self) {
+        self.flag.abort();
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.release();
+    }
+}

@@ -134,10 +134,15 @@ impl Lines {
     /// Tells every rank but `rank` that `rank`'s process (`pid`) ended, and how. Never waits: a
     /// rank whose line is full or closed is skipped.
     pub fn tell_ended(&self, rank: usize, pid: u32, how: &str) {
-        let how: String = how.chars().take(MAX_HOW).collect();
+        // At most MAX_HOW bytes, cut at a character's boundary.
+        let mut cut = how.len().min(MAX_HOW);
+        while !how.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let how = &how[..cut];
         let msg = wire::encode_message(
             ENDED,
-            &Writer::new().u32(rank as u32).u32(pid).text(&how).finish(),
+            &Writer::new().u32(rank as u32).u32(pid).text(how).finish(),
         );
         for (r, end) in self.ends.iter().enumerate() {
             if r != rank {
@@ -194,13 +199,13 @@ fn take_line(get: impl Fn(&str) -> Option<String>) -> Option<Line> {
     let (fd, launcher) = (get(FD_VAR)?, get(PID_VAR)?);
     let parse = |v: &str| v.trim().parse::<u32>().ok();
     let (Some(fd), Some(launcher)) = (parse(&fd), parse(&launcher)) else {
-        tracing::debug!("{FD_VAR}={fd:?} {PID_VAR}={launcher:?} are not numbers: no launcher line");
+        tracing::info!("{FD_VAR}={fd:?} {PID_VAR}={launcher:?} are not numbers: no launcher line (a rank that never joins is found by the rendezvous time limit)");
         return None;
     };
     let parent = rustix::process::getppid().map_or(0, |p| p.as_raw_nonzero().get() as u32);
     if parent != launcher || fd < 3 || fd > i32::MAX as u32 {
-        tracing::debug!(
-            "not the launcher's child (parent {parent}, launcher {launcher}) or fd {fd} is not a line: no launcher line"
+        tracing::info!(
+            "not the launcher's child (parent {parent}, launcher {launcher}: started through a wrapper?) or fd {fd} is not a line: no launcher line (a rank that never joins is found by the rendezvous time limit)"
         );
         return None;
     }
@@ -215,8 +220,8 @@ fn take_line(get: impl Fn(&str) -> Option<String>) -> Option<Line> {
         && p2p_mem::fdpass::peer_cred(borrowed)
             .is_ok_and(|(pid, uid)| pid == launcher && uid == rustix::process::getuid().as_raw());
     if !made_by_launcher {
-        tracing::debug!(
-            "fd {fd} is not a socket the launcher (pid {launcher}) made: no launcher line"
+        tracing::info!(
+            "fd {fd} is not a socket the launcher (pid {launcher}) made: no launcher line (a rank that never joins is found by the rendezvous time limit)"
         );
         return None;
     }
@@ -257,6 +262,18 @@ mod tests {
         // Rank 1 itself is not told about itself.
         let theirs1 = lines.theirs[1].take().expect("end");
         assert!(net::recv(&theirs1, &mut buf, RecvFlags::DONTWAIT).is_err());
+    }
+
+    #[test]
+    fn a_long_account_in_any_script_is_cut_to_what_a_rank_reads() {
+        let mut lines = Lines::new(2).expect("lines");
+        let mine = lines.theirs[0].take().expect("end");
+        let how = "é".repeat(MAX_HOW);
+        lines.tell_ended(1, 1, &how);
+        let mut buf = [0u8; 1024];
+        let (n, _) = net::recv(&mine, &mut buf, RecvFlags::DONTWAIT).expect("a message");
+        let ended = decode(&buf[..n]).expect("decoded");
+        assert_eq!(ended.how, "é".repeat(MAX_HOW / 2));
     }
 
     #[test]

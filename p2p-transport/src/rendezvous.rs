@@ -471,12 +471,13 @@ fn expect(
 }
 
 /// As [`expect`] until `until`, but a few milliseconds at a time, looking between them at what
-/// the launcher said ([`crate::launch::news`]): a rank it reports ended is an error at once.
+/// the launcher said (`news`): a rank it reports ended is an error at once.
 fn expect_hearing_launcher(
     link: &FdChannel,
     kind: u16,
     max: usize,
     until: Instant,
+    news: impl Fn() -> Option<crate::launch::Ended>,
 ) -> std::result::Result<Vec<u8>, String> {
     loop {
         let left = until.saturating_duration_since(Instant::now());
@@ -484,8 +485,8 @@ fn expect_hearing_launcher(
             Err(why) if why.starts_with("nothing arrived") && !left.is_zero() => {}
             other => return other,
         }
-        if let Some(ended) = crate::launch::news() {
-            return Err(format!("launcher: {ended} before every rank joined"));
+        if let Some(ended) = news() {
+            return Err(format!("launcher: {ended}, before every rank joined"));
         }
     }
 }
@@ -613,6 +614,11 @@ impl Group {
                 );
             }
         }
+        // What the launcher says of its ranks is about the job it started: the one this
+        // process's environment names (not another group the ranks make among themselves).
+        let launched = Rendezvous::from_env().is_ok_and(|env| env.job == rv.job);
+        let news =
+            || crate::launch::news().filter(|e| launched && e.rank < rv.world && e.rank != rank);
         let mut links: Vec<Option<Arc<FdChannel>>> = (0..rv.world).map(|_| None).collect();
         let mut pids = vec![0u32; rv.world];
         pids[rank] = std::process::id();
@@ -630,12 +636,12 @@ impl Group {
             let mut pending = 0usize;
             let mut joined = 1;
             while joined < rv.world {
-                if let Some(ended) = crate::launch::news() {
+                if let Some(ended) = news() {
                     let late: Vec<Joined> = rx.try_iter().filter_map(|r| r.ok()).collect();
                     return Err(fail(stop_rendezvous(
                         &links,
                         late.iter().map(|j| &j.link),
-                        format!("{ended} before every rank joined"),
+                        format!("{ended}, before every rank joined"),
                     )));
                 }
                 if Instant::now() > deadline {
@@ -737,9 +743,6 @@ impl Group {
                 let attempt = FdChannel::connect_within(&path, left)
                     .map_err(|e| (true, e.to_string()))
                     .and_then(|link| client_handshake(link, &key, rank, rv.world));
-                if let Some(ended) = crate::launch::news() {
-                    return Err(fail(format!("{ended} before every rank joined")));
-                }
                 match attempt {
                     Ok(link) => break link,
                     Err((false, why)) => return Err(fail(format!("handshake with rank 0: {why}"))),
@@ -750,14 +753,20 @@ impl Group {
                             rv.timeout
                         )))
                     }
-                    // Not there yet, or closed before the challenge (rank 0 busy): again.
-                    Err((true, _)) => std::thread::sleep(Duration::from_millis(10)),
+                    // Not there yet, or closed before the challenge (rank 0 busy): again, unless
+                    // the launcher says a rank will never come.
+                    Err((true, _)) => {
+                        if let Some(ended) = news() {
+                            return Err(fail(format!("{ended}, before every rank joined")));
+                        }
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
                 }
             };
             // Rank 0 answers by its own deadline (all joined, or who did not): wait for that
             // verdict a little past this rank's.
             let until = deadline + VERDICT_GRACE;
-            let ready = expect_hearing_launcher(&link, READY, 4 * MAX_WORLD, until).map_err(|why| {
+            let ready = expect_hearing_launcher(&link, READY, 4 * MAX_WORLD, until, news).map_err(|why| {
                 if let Some(ended) = why.strip_prefix("launcher: ") {
                     return fail(ended.to_string());
                 }

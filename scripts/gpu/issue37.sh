@@ -70,7 +70,7 @@ EOF
     note "nvidia-smi after faults: $(smi); processes left: $(pgrep -c -f fault-worker || true)"
     ;;
   tests)
-    for t in "$here"/tests/p2p-mem--* "$here"/tests/p2p-collective--gpu_coll; do
+    for t in "$here"/tests/p2p-mem--* "$here"/tests/p2p-collective--gpu_coll "$here"/tests/p2p-collective--gpu_coll_procs; do
       [ -x "$t" ] || continue
       # shellcheck disable=SC2086
       timeout 240 "$t" --include-ignored --test-threads=1 ${GPU_TESTS:-gpu} >"$res/tests-$(basename "$t").log" 2>&1

@@ -810,7 +810,9 @@ fn faults_cmd(options: &p2p_benches::faults::SuiteOptions, out: &std::path::Path
             let bad = json["hangs"].as_u64().unwrap_or(1) > 0
                 || json["wrong"].as_u64().unwrap_or(1) > 0
                 || json["foreign_joins"].as_u64().unwrap_or(1) > 0
-                || json["gpu_bytes_held_after_exit"].as_i64().unwrap_or(0) > 0;
+                || json["undetected"].as_u64().unwrap_or(1) > 0
+                // Not measured is not clean.
+                || json["gpu_bytes_held_after_exit"].as_i64().unwrap_or(1) > 0;
             if bad {
                 ExitCode::FAILURE
             } else {
