@@ -1551,14 +1551,10 @@ impl Communicator {
     /// for that at most [`SYNC_GRACE`], then fails with the memory layer's `Busy` error.
     pub fn check(&self) -> Result<()> {
         let mut st = [0u64; STATUS_WORDS];
-        // On the communicator's own non-blocking side stream: ordered after its work alone,
-        // never after the legacy default stream's (a framework's long step may hold that one).
-        self.workspace.copy_range_to_host_on(
-            STATUS_OFF * 8,
-            &mut st,
-            &self.side.stream,
-            self.options.timeout.saturating_add(SYNC_GRACE),
-        )?;
+        // Bounded: the read is a synchronous copy, ordered after the work of the GPU's legacy
+        // default stream and blocking streams, which may be anyone's.
+        self.workspace
+            .copy_range_to_host_within(STATUS_OFF * 8, &mut st, SYNC_GRACE)?;
         if st[0] == 0 {
             return Ok(());
         }
