@@ -1,0 +1,191 @@
+//! One connection's proof, both ways, that it holds the job's key, and the framed messages of
+//! the rendezvous.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hmac::Mac;
+use p2p_mem::fdpass::FdChannel;
+use p2p_mem::wire::{self, Reader, Writer};
+
+use super::*;
+
+/// HMAC-SHA256 with `key` over `label` and each field, length-prefixed (so fields cannot be
+/// shifted into one another). `None` only if the key were refused, which HMAC never does.
+pub(super) fn hmac_of(key: &[u8; 32], label: &[u8], fields: &[&[u8]]) -> Option<HmacSha256> {
+    let mut m = HmacSha256::new_from_slice(key).ok()?;
+    m.update(label);
+    for f in fields {
+        m.update(&(f.len() as u32).to_le_bytes());
+        m.update(f);
+    }
+    Some(m)
+}
+
+pub(super) fn mac(key: &[u8; 32], label: &[u8], fields: &[&[u8]]) -> [u8; 32] {
+    hmac_of(key, label, fields).map_or([0; 32], |m| m.finalize().into_bytes().into())
+}
+
+pub(super) fn mac_ok(key: &[u8; 32], label: &[u8], fields: &[&[u8]], got: &[u8; 32]) -> bool {
+    // `verify_slice` compares in constant time.
+    hmac_of(key, label, fields).is_some_and(|m| m.verify_slice(got).is_ok())
+}
+
+pub(super) fn send(link: &FdChannel, kind: u16, payload: &[u8]) -> p2p_mem::Result<()> {
+    link.send_msg(&wire::encode_message(kind, payload))
+}
+
+/// Rank 0 gives up the rendezvous: tells every rank that joined (`links`), and those whose
+/// handshake has just completed (`also`: the rank at fault among them), why; they fail with
+/// that reason, naming the rank at fault, rather than with rank 0's hang-up. Returns `why`.
+pub(super) fn stop_rendezvous<'a>(
+    links: &'a [Option<Arc<FdChannel>>],
+    also: impl IntoIterator<Item = &'a FdChannel>,
+    why: String,
+) -> String {
+    let refusal = Writer::new().text(&why).finish();
+    for l in links.iter().flatten().map(|l| &**l).chain(also) {
+        // A rank that is gone cannot be told; the others can.
+        let _ = send(l, REFUSED, &refusal);
+    }
+    why
+}
+
+/// Receives one message of `kind` within `timeout`; anything else is an error in words.
+pub(super) fn expect(
+    link: &FdChannel,
+    kind: u16,
+    max: usize,
+    timeout: Duration,
+) -> std::result::Result<Vec<u8>, String> {
+    let bytes = link
+        .recv_msg_within(timeout)
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("nothing arrived within {timeout:?}"))?;
+    // A refusal carries its reason, so it may be longer than the message expected.
+    let (k, p) = wire::decode_message(&bytes, max.max(1024)).map_err(|e| e.to_string())?;
+    if k != REFUSED && p.len() > max {
+        return Err(format!(
+            "a {}-byte message of kind {k} (at most {max})",
+            p.len()
+        ));
+    }
+    if k == REFUSED {
+        let why = Reader::new(p)
+            .text(1024)
+            .unwrap_or("(unreadable reason)")
+            .to_string();
+        return Err(format!("refused: {why}"));
+    }
+    if k != kind {
+        return Err(format!("expected message kind {kind}, got {k}"));
+    }
+    Ok(p.to_vec())
+}
+
+/// As [`expect`] until `until`, but a few milliseconds at a time, looking between them at what
+/// the launcher said (`news`): a rank it reports ended is an error at once.
+pub(super) fn expect_hearing_launcher(
+    link: &FdChannel,
+    kind: u16,
+    max: usize,
+    until: Instant,
+    news: impl Fn() -> Option<crate::launch::Ended>,
+) -> std::result::Result<Vec<u8>, String> {
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        match expect(link, kind, max, left.clamp(TICK, 4 * TICK)) {
+            Err(why) if why.starts_with("nothing arrived") && !left.is_zero() => {}
+            other => return other,
+        }
+        if let Some(ended) = news() {
+            return Err(format!("launcher: {ended}, before every rank joined"));
+        }
+    }
+}
+
+/// A rank's side of the handshake. `Err((true, _))`: worth trying again (nothing or a closed
+/// connection before the challenge); `Err((false, _))`: refused or an impostor.
+pub(super) fn client_handshake(
+    link: FdChannel,
+    key: &[u8; 32],
+    rank: usize,
+    world: usize,
+) -> std::result::Result<FdChannel, (bool, String)> {
+    let nonce_s = expect(&link, CHALLENGE, 32, HANDSHAKE_TIMEOUT).map_err(|w| (true, w))?;
+    let nonce_c = random::<32>().map_err(|e| (false, e.to_string()))?;
+    let (rb, wb) = ((rank as u32).to_le_bytes(), (world as u32).to_le_bytes());
+    let proof = mac(key, b"hello", &[&nonce_s, &nonce_c, &rb, &wb]);
+    let hello = Writer::new()
+        .u32(rank as u32)
+        .u32(world as u32)
+        .bytes(&nonce_c)
+        .bytes(&proof)
+        .finish();
+    send(&link, HELLO, &hello).map_err(|e| (false, e.to_string()))?;
+    let welcome = expect(&link, WELCOME, 32, HANDSHAKE_TIMEOUT).map_err(|w| (false, w))?;
+    let theirs: [u8; 32] = welcome
+        .as_slice()
+        .try_into()
+        .map_err(|_| (false, "a malformed welcome".to_string()))?;
+    if !mac_ok(key, b"welcome", &[&nonce_c, &nonce_s, &rb, &wb], &theirs) {
+        return Err((
+            false,
+            "the listener could not prove it holds the job's key: not rank 0 of this job".into(),
+        ));
+    }
+    Ok(link)
+}
+
+/// A connection rank 0 accepted and authenticated.
+pub(super) struct Joined {
+    pub(super) rank: usize,
+    pub(super) world: usize,
+    pub(super) pid: u32,
+    pub(super) link: FdChannel,
+}
+
+/// Rank 0's side of one handshake (run in its own thread, within `HANDSHAKE_TIMEOUT`).
+pub(super) fn serve_handshake(
+    mut link: FdChannel,
+    key: [u8; 32],
+) -> std::result::Result<Joined, String> {
+    link.set_timeout(HANDSHAKE_TIMEOUT);
+    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+    let left = || deadline.saturating_duration_since(Instant::now());
+    let (pid, _) = link.peer_cred().map_err(|e| e.to_string())?;
+    let nonce_s = random::<32>().map_err(|e| e.to_string())?;
+    send(&link, CHALLENGE, &nonce_s).map_err(|e| e.to_string())?;
+    let hello = expect(&link, HELLO, 128, left())?;
+    let mut r = Reader::new(&hello);
+    let fields = (|| {
+        let rank = r.u32()?;
+        let world = r.u32()?;
+        let nonce_c = r.array::<32>()?;
+        let got = r.array::<32>()?;
+        r.end()?;
+        Some((rank, world, nonce_c, got))
+    })();
+    let (rank, world, nonce_c, got) = fields.ok_or("a malformed hello")?;
+    let (rb, wb) = (rank.to_le_bytes(), world.to_le_bytes());
+    if !mac_ok(&key, b"hello", &[&nonce_s, &nonce_c, &rb, &wb], &got) {
+        let _ = send(
+            &link,
+            REFUSED,
+            &Writer::new()
+                .text("authentication failed: this process does not hold the job's key (another job, or a different P2P_JOB_SECRET)")
+                .finish(),
+        );
+        return Err(format!(
+            "process {pid} claiming rank {rank} failed authentication"
+        ));
+    }
+    let proof = mac(&key, b"welcome", &[&nonce_c, &nonce_s, &rb, &wb]);
+    send(&link, WELCOME, &proof).map_err(|e| e.to_string())?;
+    Ok(Joined {
+        rank: rank as usize,
+        world: world as usize,
+        pid,
+        link,
+    })
+}

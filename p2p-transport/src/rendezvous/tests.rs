@@ -1,0 +1,592 @@
+use std::time::{Duration, Instant};
+
+use p2p_mem::wire::Writer;
+
+use super::testing::*;
+use super::*;
+use crate::error::Result;
+
+/// A rendezvous in a test directory of its own.
+fn rv(name: &str, rank: usize, world: usize) -> Rendezvous {
+    let dir = std::env::temp_dir().join(format!("p2p-rvtest-{}-{name}", std::process::id()));
+    Rendezvous {
+        dir: Some(dir),
+        timeout: Duration::from_secs(10),
+        secret: Some(Secret::from_text("a test secret of some length").expect("secret")),
+        ..Rendezvous::new(rank, world, format!("test/{name}"))
+    }
+}
+
+fn join_all(name: &'static str, world: usize) -> Vec<std::thread::JoinHandle<Result<Group>>> {
+    (0..world)
+        .map(|r| std::thread::spawn(move || Group::join(&rv(name, r, world))))
+        .collect()
+}
+
+#[test]
+fn ranks_exchange_blobs_in_rank_order_and_part_cleanly() {
+    let world = 4;
+    let handles: Vec<_> = (0..world)
+        .map(|rank| {
+            std::thread::spawn(move || {
+                let mut g = Group::join(&rv("order", rank, world)).expect("join");
+                let all = g
+                    .all_gather(format!("rank {rank}").as_bytes())
+                    .expect("gather");
+                let again = g.all_gather(&[rank as u8; 100]).expect("gather 2");
+                g.barrier().expect("barrier");
+                assert_eq!(g.pids().len(), world);
+                g.close();
+                assert!(g.failure().is_none(), "{:?}", g.failure());
+                (all, again)
+            })
+        })
+        .collect();
+    for h in handles {
+        let (all, again) = h.join().expect("thread");
+        let want: Vec<Vec<u8>> = (0..world)
+            .map(|r| format!("rank {r}").into_bytes())
+            .collect();
+        assert_eq!(all, want);
+        assert_eq!(again[3], vec![3u8; 100]);
+    }
+}
+
+#[test]
+fn a_missing_rank_is_named_after_the_time_limit() {
+    let r = Rendezvous {
+        timeout: Duration::from_millis(300),
+        ..rv("missing", 0, 3)
+    };
+    let e = Group::join(&r).expect_err("must time out").to_string();
+    assert!(e.contains("ranks [1, 2] did not join"), "{e}");
+}
+
+/// Ranks 1 and 2 of a 4-rank job `name` join with time limit `limit`, each on a thread.
+fn ranks_1_and_2(
+    name: &'static str,
+    limit: Duration,
+) -> Vec<std::thread::JoinHandle<Result<Group>>> {
+    (1..3)
+        .map(|r| {
+            std::thread::spawn(move || {
+                Group::join(&Rendezvous {
+                    timeout: limit,
+                    ..rv(name, r, 4)
+                })
+            })
+        })
+        .collect()
+}
+
+/// Rank 0 gave up for want of rank 3 (`e0`), and ranks 1 and 2 heard why from it.
+fn all_heard_rank_3_is_missing(e0: &str, others: Vec<std::thread::JoinHandle<Result<Group>>>) {
+    assert!(e0.contains("ranks [3] did not join"), "{e0}");
+    for (r, g) in (1..3).zip(others) {
+        let e = g.join().expect("t").expect_err("stopped").to_string();
+        assert!(
+            e.contains("rank 0 stopped the rendezvous: ranks [3] did not join"),
+            "rank {r}: {e}"
+        );
+    }
+}
+
+/// A process of the same user binds the job's rendezvous path and never accepts (its queue
+/// full): rank 0's stale-socket probe and rank 1's connect each end by their limits with
+/// errors that say so, instead of blocking for good.
+#[test]
+fn a_squatter_on_the_rendezvous_path_costs_each_rank_its_limit_not_a_hang() {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let name = "squatted";
+    let limit = Duration::from_millis(500);
+    let rank = |r| Rendezvous {
+        timeout: limit,
+        ..rv(name, r, 2)
+    };
+    let path = rank(0).socket_path();
+    let dir = path.parent().expect("a directory").to_path_buf();
+    p2p_mem::fdpass::user_private_dir(&dir).expect("the rendezvous directory");
+    let _ = std::fs::remove_file(&path);
+    let socket = || {
+        rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC,
+            None,
+        )
+        .expect("socket")
+    };
+    let addr = SocketAddrUnix::new(&path).expect("address");
+    let squatter = socket();
+    rustix::net::bind(&squatter, &addr).expect("bind");
+    rustix::net::listen(&squatter, 0).expect("listen");
+    let queued = socket();
+    rustix::net::connect(&queued, &addr).expect("the one queued connection");
+    let (tx, rx) = std::sync::mpsc::channel();
+    for r in 0..2 {
+        let (tx, rv) = (tx.clone(), rank(r));
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            let e = Group::join(&rv).err().map(|e| e.to_string());
+            let _ = tx.send((r, t.elapsed(), e));
+        });
+    }
+    for _ in 0..2 {
+        let (r, took, e) = rx
+            .recv_timeout(Duration::from_secs(15))
+            .expect("every rank returns (they blocked for good before)");
+        let e = e.unwrap_or_else(|| panic!("rank {r} joined a squatted rendezvous"));
+        let want = if r == 0 {
+            "a live process listens there and accepts no connection"
+        } else {
+            "accepted no connection within"
+        };
+        assert!(e.contains(want), "rank {r}: {e}");
+        // The limit, the probe's second and the verdict's grace, at most.
+        assert!(took < Duration::from_secs(5), "rank {r} took {took:?}");
+    }
+    drop(squatter);
+    let _ = std::fs::remove_file(&path);
+}
+
+#[test]
+fn the_ranks_that_joined_learn_which_rank_did_not() {
+    let name = "missing-told";
+    // Rank 0 gives up after 400 ms; ranks 1 and 2 would wait 5 s on their own.
+    let r0 = Rendezvous {
+        timeout: Duration::from_millis(400),
+        ..rv(name, 0, 4)
+    };
+    let g0 = std::thread::spawn(move || Group::join(&r0));
+    let t = Instant::now();
+    let others = ranks_1_and_2(name, Duration::from_secs(5));
+    let e0 = g0.join().expect("t").expect_err("rank 3 never came");
+    all_heard_rank_3_is_missing(&e0.to_string(), others);
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+}
+
+#[test]
+fn ranks_started_before_rank_0_still_hear_who_did_not_join() {
+    let name = "missing-late-0";
+    let limit = Duration::from_millis(400);
+    // Ranks 1 and 2 start 250 ms before rank 0, with the same time limit: theirs passes
+    // before rank 0's, whose verdict they wait for (VERDICT_GRACE) rather than failing
+    // with "nothing arrived".
+    let others = ranks_1_and_2(name, limit);
+    std::thread::sleep(Duration::from_millis(250));
+    let r0 = Rendezvous {
+        timeout: limit,
+        ..rv(name, 0, 4)
+    };
+    let e0 = Group::join(&r0).expect_err("rank 3 never came");
+    all_heard_rank_3_is_missing(&e0.to_string(), others);
+}
+
+#[test]
+fn two_processes_with_one_rank_both_hear_why() {
+    let name = "same-rank";
+    let world = 3;
+    let g0 = std::thread::spawn(move || Group::join(&rv(name, 0, world)));
+    let first = std::thread::spawn(move || Group::join(&rv(name, 1, world)));
+    std::thread::sleep(Duration::from_millis(200));
+    // A second process claims rank 1: rank 0 stops, and tells both why (the second one
+    // too, though it never joined).
+    let e = Group::join(&rv(name, 1, world))
+        .expect_err("rank 1 is taken")
+        .to_string();
+    assert!(
+        e.contains("rank 0 stopped the rendezvous") && e.contains("claims rank 1"),
+        "{e}"
+    );
+    let e = first.join().expect("t").expect_err("stopped").to_string();
+    assert!(e.contains("claims rank 1, which is taken"), "{e}");
+    let e0 = g0.join().expect("t").expect_err("stopped").to_string();
+    assert!(e0.contains("do two processes have the same RANK?"), "{e0}");
+}
+
+#[test]
+fn a_rank_told_before_one_that_left_learns_which() {
+    let name = "left-later";
+    let world = 3;
+    let g0 = std::thread::spawn(move || Group::join(&rv(name, 0, world)));
+    // Rank 2 joins by hand and leaves; rank 1 joins after it. Rank 0 tells rank 1 that
+    // all joined, fails to tell rank 2, and reports rank 2 to rank 1.
+    let r2 = rv(name, 2, world);
+    drop(try_join(&r2, &r2, 2, Duration::from_secs(5)).expect("rank 2 joins"));
+    std::thread::sleep(Duration::from_millis(100));
+    let g1 = Group::join(&rv(name, 1, world)).expect("rank 1 was told that all joined");
+    let start = Instant::now();
+    while g1.failure().is_none() && start.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let f = g1.failure().expect("rank 1 learns");
+    assert_eq!(f.rank, 2);
+    assert!(f.why.contains("left after joining"), "{}", f.why);
+    let e0 = g0.join().expect("t").expect_err("rank 2 left").to_string();
+    assert!(e0.contains("telling rank 2 that all joined"), "{e0}");
+}
+
+#[test]
+fn a_rank_that_leaves_after_joining_is_named_to_the_others() {
+    let name = "left";
+    let world = 3;
+    let g0 = std::thread::spawn(move || Group::join(&rv(name, 0, world)));
+    // Rank 1 joins by hand and leaves before rank 0 tells it that all joined.
+    let r1 = rv(name, 1, world);
+    drop(try_join(&r1, &r1, 1, Duration::from_secs(5)).expect("rank 1 joins"));
+    std::thread::sleep(Duration::from_millis(100));
+    let e2 = Group::join(&rv(name, 2, world))
+        .expect_err("rank 1 left")
+        .to_string();
+    assert!(
+        e2.contains("rank 0 stopped the rendezvous: rank 1") && e2.contains("left after joining"),
+        "{e2}"
+    );
+    let e0 = g0.join().expect("t").expect_err("rank 1 left").to_string();
+    assert!(e0.contains("telling rank 1 that all joined"), "{e0}");
+}
+
+#[test]
+fn strangers_are_refused_and_never_delay_the_real_ranks() {
+    let name = "strangers";
+    let r0 = std::thread::spawn(move || Group::join(&rv(name, 0, 2)));
+    let real = rv(name, 1, 2);
+    // Another job's secret, the right one but no secret at all, and another job's identity.
+    let other_secret = Rendezvous {
+        secret: Some(Secret::from_text("another secret, same job").expect("secret")),
+        ..real.clone()
+    };
+    let no_secret = Rendezvous {
+        secret: None,
+        ..real.clone()
+    };
+    let other_job = Rendezvous {
+        job: "test/another-job".into(),
+        ..real.clone()
+    };
+    let t = Duration::from_secs(5);
+    for key in [&other_secret, &no_secret, &other_job] {
+        let e = try_join(&real, key, 1, t).expect_err("a stranger must be refused");
+        assert!(e.contains("authentication failed"), "{e}");
+    }
+    // Silent clients, junk and early hang-ups, all at once.
+    let path = real.socket_path();
+    let silent: Vec<_> = (0..100)
+        .filter_map(|_| connect_raw(&path, t).ok())
+        .collect();
+    for junk in [
+        &b"GET / HTTP/1.0\r\n\r\n"[..],
+        &[0xff; 3000],
+        &message(HELLO, &[1; 72]),
+    ] {
+        let l = connect_raw(&path, t).expect("connect");
+        let _ = send_raw(&l, junk);
+    }
+    drop(connect_raw(&path, t));
+    let start = Instant::now();
+    let g1 = Group::join(&real).expect("the real rank joins");
+    let g0 = r0.join().expect("thread").expect("rank 0 joins");
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    let other = std::thread::spawn(move || g1.all_gather(b"y").map(|a| a.len()));
+    assert_eq!(g0.all_gather(b"x").expect("gather").len(), 2);
+    assert_eq!(other.join().expect("thread").expect("gather"), 2);
+    drop(silent);
+}
+
+#[test]
+fn random_and_mutated_handshakes_never_get_in_or_stop_the_real_ranks() {
+    let name = "fuzz";
+    let r0 = std::thread::spawn(move || Group::join(&rv(name, 0, 2)));
+    let real = rv(name, 1, 2);
+    let path = real.socket_path();
+    let t = Duration::from_secs(5);
+    let mut s = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    for i in 0..300 {
+        let Ok(l) = connect_raw(&path, t) else {
+            continue;
+        };
+        let len = (next() % 200) as usize;
+        let mut bytes: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+        if i % 2 == 0 {
+            // A valid frame of a random kind around random bytes reaches the field checks.
+            let kind = KINDS[(next() % KINDS.len() as u64) as usize];
+            bytes = message(kind, &bytes);
+            if i % 4 == 0 && bytes.len() > 12 {
+                let at = (next() as usize) % bytes.len();
+                bytes[at] ^= 1 << (next() % 8);
+            }
+        }
+        // Send without waiting for the challenge, or after it.
+        if i % 3 == 0 {
+            let _ = l.recv_msg_within(Duration::from_millis(50));
+        }
+        let _ = send_raw(&l, &bytes);
+    }
+    let start = Instant::now();
+    let g1 = Group::join(&real).expect("the real rank joins");
+    let g0 = r0.join().expect("thread").expect("rank 0 joins");
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        start.elapsed()
+    );
+    let other = std::thread::spawn(move || g1.barrier().map(|()| g1.failure().is_none()));
+    g0.barrier().expect("barrier");
+    assert!(other.join().expect("thread").expect("barrier"));
+    assert!(g0.failure().is_none());
+}
+
+#[test]
+fn a_fake_rank0_cannot_feed_a_rank() {
+    let real = rv("fake0", 1, 2);
+    let impostor = Rendezvous {
+        secret: None,
+        ..real.clone()
+    };
+    let r = real.clone();
+    let fake = std::thread::spawn(move || fake_rank0(&r, &impostor, 1, Duration::from_secs(5)));
+    std::thread::sleep(Duration::from_millis(50));
+    let e = Group::join(&real)
+        .expect_err("must refuse the impostor")
+        .to_string();
+    // The impostor's welcome cannot carry a valid proof, or it refuses the hello.
+    assert!(
+        e.contains("could not prove") || e.contains("authentication failed"),
+        "{e}"
+    );
+    fake.join().expect("thread").expect("fake");
+}
+
+#[test]
+fn a_dead_peer_is_found_at_once_and_reported_to_every_rank() {
+    let name = "dead";
+    let world = 3;
+    let g0 = std::thread::spawn(move || Group::join(&rv(name, 0, world)));
+    let g1 = std::thread::spawn(move || Group::join(&rv(name, 1, world)));
+    // Rank 2 joins by hand and then "dies": its socket closes without a goodbye.
+    let r2 = rv(name, 2, world);
+    let link = try_join(&r2, &r2, 2, Duration::from_secs(5)).expect("rank 2 joins");
+    let (g0, g1) = (
+        g0.join().expect("t").expect("rank 0"),
+        g1.join().expect("t").expect("rank 1"),
+    );
+    let died = Instant::now();
+    drop(link);
+    // Rank 1 learns through rank 0; its exchange fails at once, naming rank 2.
+    let e = g1.all_gather(b"z").expect_err("must fail").to_string();
+    assert!(e.contains("rank 2 failed"), "{e}");
+    assert!(
+        died.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        died.elapsed()
+    );
+    let f0 = g0.failure().expect("rank 0 saw it");
+    assert_eq!(f0.rank, 2);
+    assert!(f0.why.contains("exited"), "{}", f0.why);
+    let f1 = g1.failure().expect("rank 1 saw it");
+    assert!(f1.why.contains("reported by rank 0"), "{}", f1.why);
+}
+
+#[test]
+fn an_abort_on_one_rank_reaches_every_rank() {
+    let handles = join_all("abort", 3);
+    let groups: Vec<Group> = handles
+        .into_iter()
+        .map(|h| h.join().expect("thread").expect("join"))
+        .collect();
+    groups[2].abort("the user gave up");
+    let start = Instant::now();
+    for g in &groups {
+        while g.failure().is_none() && start.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let f = g.failure().expect("every rank learns");
+        assert_eq!(f.rank, 2);
+        assert!(f.why.contains("the user gave up"), "{}", f.why);
+    }
+    assert!(start.elapsed() < Duration::from_millis(500));
+}
+
+#[test]
+fn a_forged_failure_or_unknown_message_after_the_rendezvous_stops_the_group() {
+    let name = "forged";
+    let g0 = std::thread::spawn(move || Group::join(&rv(name, 0, 2)));
+    let r1 = rv(name, 1, 2);
+    let link = try_join(&r1, &r1, 1, Duration::from_secs(5)).expect("join");
+    let g0 = g0.join().expect("t").expect("rank 0");
+    // A failure report that names a rank out of range is itself the sender's failure.
+    send_raw(
+        &link,
+        &message(FAIL, &Writer::new().u32(77).text("x").finish()),
+    )
+    .expect("send");
+    let start = Instant::now();
+    while g0.failure().is_none() && start.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let f = g0.failure().expect("stopped");
+    assert_eq!(f.rank, 1);
+    assert!(f.why.contains("malformed"), "{}", f.why);
+}
+
+#[test]
+fn oversized_blobs_are_refused_before_sending() {
+    let g = Group::join(&rv("big", 0, 1)).expect("a group of one");
+    assert!(g.all_gather(&vec![0; MAX_BLOB + 1]).is_err());
+    assert_eq!(g.all_gather(&[1, 2]).expect("ok"), vec![vec![1, 2]]);
+}
+
+#[test]
+fn the_largest_blobs_of_a_large_group_fit_one_table() {
+    assert_eq!(max_blob(1), MAX_BLOB);
+    assert_eq!(max_blob(MAX_WORLD), 1019);
+    let world = 11;
+    let limit = max_blob(world);
+    assert!(limit < MAX_BLOB, "{limit}");
+    let groups: Vec<Group> = join_all("wide", world)
+        .into_iter()
+        .map(|h| h.join().expect("thread").expect("join"))
+        .collect();
+    // One byte too many: refused at once, on that rank, before anything is sent.
+    let start = Instant::now();
+    let e = groups[3]
+        .all_gather(&vec![3; limit + 1])
+        .expect_err("past the limit");
+    assert!(e.to_string().contains("in a group of 11"), "{e}");
+    assert!(start.elapsed() < Duration::from_secs(1));
+    // At the limit, rank 0's table of every blob fits one message.
+    let handles: Vec<_> = groups
+        .into_iter()
+        .enumerate()
+        .map(|(r, g)| std::thread::spawn(move || g.all_gather(&vec![r as u8; limit])))
+        .collect();
+    for h in handles {
+        let all = h.join().expect("thread").expect("all-gather at the limit");
+        assert_eq!(all.len(), world);
+        for (r, b) in all.iter().enumerate() {
+            assert!(b.len() == limit && b.iter().all(|&x| x == r as u8));
+        }
+    }
+}
+
+#[test]
+fn a_time_limit_past_a_day_or_of_zero_is_refused_not_a_panic() {
+    for timeout in [Duration::MAX, crate::MAX_TIMEOUT * 2, Duration::ZERO] {
+        let r = Rendezvous {
+            timeout,
+            ..rv("limits", 0, 1)
+        };
+        let e = Group::join(&r).expect_err("an unusable time limit");
+        assert!(e.to_string().contains("one day"), "{e}");
+    }
+}
+
+#[test]
+fn only_torchruns_random_run_id_counts_as_a_random_part_of_the_job() {
+    let job = |run_id: &str| {
+        Rendezvous::from_vars(|k| match k {
+            "RANK" => Some("0".into()),
+            "WORLD_SIZE" => Some("2".into()),
+            "MASTER_PORT" => Some("29500".into()),
+            "TORCHELASTIC_RUN_ID" => Some(run_id.into()),
+            _ => None,
+        })
+        .expect("valid")
+        .job
+    };
+    // What `torchrun --standalone` sets (uuid4).
+    assert!(job_holds_random_run_id(&job(
+        "3f2b8c1e-9a4d-4e1f-8b7a-0c5d6e7f8a9b"
+    )));
+    // torchrun's default `--rdzv-id`, a name, and P2P_JOB_ID jobs.
+    assert!(!job_holds_random_run_id(&job("none")));
+    assert!(!job_holds_random_run_id(&job("my-training-run-2026")));
+    assert!(!job_holds_random_run_id(&job(
+        "3f2b8c1e-9a4d-4e1f-8b7a-0c5d6e7f8a9"
+    )));
+    assert!(!job_holds_random_run_id(
+        "id:3f2b8c1e-9a4d-4e1f-8b7a-0c5d6e7f8a9b/2"
+    ));
+}
+
+#[test]
+fn the_environment_names_the_job_and_is_checked() {
+    let vars = |v: &'static [(&'static str, &'static str)]| {
+        move |k: &str| v.iter().find(|(n, _)| *n == k).map(|(_, x)| x.to_string())
+    };
+    let r = Rendezvous::from_vars(vars(&[
+        ("RANK", "1"),
+        ("WORLD_SIZE", "2"),
+        ("MASTER_PORT", "29500"),
+        ("TORCHELASTIC_RUN_ID", "abc"),
+        ("TORCHELASTIC_RESTART_COUNT", "0"),
+    ]))
+    .expect("valid");
+    assert_eq!((r.rank, r.world, r.local_rank), (1, 2, 1));
+    let restarted = Rendezvous::from_vars(vars(&[
+        ("RANK", "1"),
+        ("WORLD_SIZE", "2"),
+        ("MASTER_PORT", "29500"),
+        ("TORCHELASTIC_RUN_ID", "abc"),
+        ("TORCHELASTIC_RESTART_COUNT", "1"),
+    ]))
+    .expect("valid");
+    assert_ne!(r.socket_path(), restarted.socket_path());
+    assert!(r.secret.is_none());
+    let e = Rendezvous::from_vars(vars(&[("RANK", "0"), ("WORLD_SIZE", "2")]))
+        .expect_err("no job identity");
+    assert!(e.to_string().contains("P2P_JOB_ID nor MASTER_PORT"), "{e}");
+    let e = Rendezvous::from_vars(vars(&[
+        ("RANK", "0"),
+        ("WORLD_SIZE", "4"),
+        ("LOCAL_WORLD_SIZE", "2"),
+        ("P2P_JOB_ID", "j"),
+    ]))
+    .expect_err("two hosts");
+    assert!(e.to_string().contains("span one host"), "{e}");
+    let e = Rendezvous::from_vars(vars(&[
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+        ("P2P_JOB_ID", "j"),
+        ("P2P_JOB_SECRET", "short"),
+    ]))
+    .expect_err("short secret");
+    assert!(e.to_string().contains("at least 16"), "{e}");
+    let e = Rendezvous::from_vars(vars(&[("RANK", "2"), ("WORLD_SIZE", "2")]))
+        .expect_err("rank too big");
+    assert!(e.to_string().contains("not below WORLD_SIZE"), "{e}");
+    // The secret never shows in debug output.
+    let with = Rendezvous::from_vars(vars(&[
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+        ("P2P_JOB_ID", "j"),
+        ("P2P_JOB_SECRET", "0123456789abcdef-secret"),
+    ]))
+    .expect("valid");
+    assert!(!format!("{with:?}").contains("0123456789abcdef"));
+}
+
+#[test]
+fn a_shared_directory_owned_by_someone_else_or_open_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("p2p-rvtest-{}-open", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let r = Rendezvous {
+        dir: Some(dir.clone()),
+        ..rv("open", 0, 2)
+    };
+    let e = Group::join(&r).expect_err("must refuse").to_string();
+    assert!(e.contains("not a private directory"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
