@@ -2,7 +2,8 @@
 //! from PyPI (`nvidia-cuda-nvrtc==13.0.88`) and runs this with `--ignored`; the bundle's run.sh
 //! runs it on GPU machines, which have libnvrtc.
 
-use p2p_transport::kernels::{compile, SOURCES};
+use p2p_mem::kernel::{compile, Source};
+use p2p_transport::kernels::SOURCES;
 
 #[test]
 #[ignore = "needs libnvrtc (CI installs it from PyPI)"]
@@ -29,7 +30,7 @@ fn every_kernel_compiles_for_sm80_and_sm90() {
 
 /// Compiles `code` for `arch`, expecting NVRTC to refuse: the error's text.
 fn refusal(name: &'static str, code: &'static str, arch: &str) -> String {
-    let source = p2p_transport::kernels::Source {
+    let source = Source {
         name,
         code,
         defines: &[],
@@ -61,7 +62,7 @@ fn a_virtual_target_is_refused_not_an_empty_cubin() {
     const TINY: &str = "extern \"C\" __global__ void k() {}";
     let text = refusal("tiny.cu", TINY, "compute_90");
     assert!(text.contains("a virtual architecture?"), "{text}");
-    let tiny = p2p_transport::kernels::Source {
+    let tiny = Source {
         name: "tiny.cu",
         code: TINY,
         defines: &[],

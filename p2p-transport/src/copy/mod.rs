@@ -27,8 +27,9 @@ use p2p_sys::cu;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::kernels::{self, abi, Function, Module, SrKernels};
+use crate::kernels::{self, abi, SrKernels};
 use crate::mode::{Direction, Engine, Mode, Route};
+use p2p_mem::kernel::{Function, Module};
 
 mod routes;
 mod staged;

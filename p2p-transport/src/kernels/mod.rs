@@ -8,7 +8,7 @@
 //! compile fails CI without a GPU (`tests/kernels.rs`), and a unit test fails while the shipped
 //! cubins are older than the sources.
 
-pub use p2p_mem::kernel::{arch_for, compile, compile_cached, Function, Module, Source};
+use p2p_mem::kernel::{Function, Module, Source};
 
 /// The SM data path: `p2p_copy_bytes`, 16-byte vectors with a byte tail.
 pub const COPY: Source = Source {
