@@ -17,7 +17,7 @@
 //! | [`launch`](mod@launch) | starting N local ranks with the rendezvous environment |
 //! | [`verify`] | nccl-tests style exact inputs and the element-by-element checker |
 //!
-//! How the kernels work (`src/kernels/coll.cu`): every rank registers a workspace that its
+//! How the kernels work (`src/kernels/coll/`, one program `coll.cu`): every rank registers a workspace that its
 //! peers write into directly; each step of a call pushes data into peers' scratch, then
 //! exchanges per-block flags carrying monotonic step counters kept on the GPU (so a call
 //! captured in a graph replays correctly), then reduces in rank order (every rank gets

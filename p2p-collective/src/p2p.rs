@@ -7,7 +7,7 @@
 //! [`recv`](Communicator::recv) and [`send_recv`](Communicator::send_recv) are groups of one or
 //! two.
 //!
-//! How the kernel moves a message (`p2p_sendrecv` in `kernels/coll.cu`): the receiver's
+//! How the kernel moves a message (`p2p_sendrecv` in `kernels/coll/p2p.cuh`): the receiver's
 //! workspace holds an inbox per source rank ([`INBOX_BYTES`]): 32 lanes of two slots of 256 KiB.
 //! A message is cut into one chunk per lane (at least 4 KiB), or two per lane once a lane's
 //! share passes 128 KiB, so that a lane's chunks overlap (docs/perf-notes.md §25 measured the

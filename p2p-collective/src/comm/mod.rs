@@ -6,7 +6,7 @@
 //! (`p2p_transport::peer`): a plain pointer with peer access (one process driving several
 //! GPUs), a cuMem fd or legacy IPC mapping (one process per GPU), or pinned host memory
 //! shared by every rank (host-staged, where GPUs have no P2P). A call validates its
-//! arguments, plans (`plan.rs`) and launches one kernel (`kernels/coll.cu`) on the caller's
+//! arguments, plans (`plan.rs`) and launches one kernel (`kernels/coll/`) on the caller's
 //! stream, or for the copy-engine plans barrier kernels and copies, with work forked onto the
 //! communicator's second stream and joined back; it never blocks the host, so it can be
 //! captured in a CUDA graph.
@@ -35,12 +35,23 @@ use crate::types::{DataType, Op, RedOp};
 use p2p_transport::rendezvous::Group;
 
 /// The collective kernels (`coll_f32` ... `coll_u8`, each in seven families) and the send/recv
-/// kernel (`p2p_sendrecv`), in one program.
+/// kernel (`p2p_sendrecv`), in one program: `coll.cu`, one translation unit made of the
+/// interface header and the parts in `src/kernels/coll/`, in this order (each part uses only
+/// what the ones before it define; see that folder's README).
 pub const COLL: Source = Source {
     name: "coll.cu",
     code: concat!(
         include_str!("../kernels/coll_abi.h"),
-        include_str!("../kernels/coll.cu")
+        include_str!("../kernels/coll/base.cuh"),
+        include_str!("../kernels/coll/sync.cuh"),
+        include_str!("../kernels/coll/copy.cuh"),
+        include_str!("../kernels/coll/reduce.cuh"),
+        include_str!("../kernels/coll/ll.cuh"),
+        include_str!("../kernels/coll/direct.cuh"),
+        include_str!("../kernels/coll/ce.cuh"),
+        include_str!("../kernels/coll/pipe.cuh"),
+        include_str!("../kernels/coll/steps.cuh"),
+        include_str!("../kernels/coll/p2p.cuh"),
     ),
     defines: &[],
     shipped: SHIPPED,

@@ -1,6 +1,6 @@
 //! Planning a call: which kernel path, how many blocks, how the data is cut into pieces.
 //!
-//! Pure arithmetic, tested on the host. The kernel (`kernels/coll.cu`) runs `chunks` rounds;
+//! Pure arithmetic, tested on the host. The kernel (`kernels/coll/steps.cuh`) runs `chunks` rounds;
 //! in each, block b of the grid handles `piece` elements starting at
 //! `chunk * grid * piece + b * piece`. Every rank computes the same plan from the same call,
 //! which keeps the per-block step counters in step across ranks.
