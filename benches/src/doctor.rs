@@ -6,12 +6,10 @@
 //! with SM stores on one GPU and checks the data on the other, in both directions, since drivers
 //! can report P2P as supported and still deliver wrong data.
 
-use std::os::raw::c_void;
-
 use serde::{Deserialize, Serialize};
 
 use crate::kernels::{self, abi};
-use p2p_mem::kernel::Module;
+use p2p_mem::kernel::{LaunchConfig, Module};
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut};
 use p2p_transport::topo::{self, Connection, Topology};
 
@@ -865,15 +863,14 @@ fn write_and_read(
     // Write: a kernel on A stores into B's memory.
     let mut on_b = DeviceBuffer::<u32>::new(db, n * 4)?;
     on_b.memset_u8(0)?;
-    let mut args = abi::FillArgs {
+    let args = abi::FillArgs {
         dst: on_b.device_ptr(),
         n: n as u64,
         seed,
     };
-    let mut params = [(&mut args as *mut abi::FillArgs).cast::<c_void>()];
     // SAFETY: p2p_fill takes one FillArgs (the layout generated from bench_abi.h); `dst` is n
     // 16-byte elements of B's memory, which A can access (peer access enabled above).
-    unsafe { module.launch_sync("p2p_fill", grid, 256, &mut params) }?;
+    unsafe { module.launch_sync("p2p_fill", LaunchConfig::new(grid, 256), &args) }?;
     let write_wrong = wrong(&on_b.to_host_vec::<u32>()?, &expected(seed));
 
     // Read: B's memory gets a fresh pattern, a kernel on A loads it into A's memory.
@@ -882,15 +879,14 @@ fn write_and_read(
     on_b.copy_from_host(&fresh)?;
     let mut on_a = DeviceBuffer::<u32>::new(da, n * 4)?;
     on_a.memset_u8(0)?;
-    let mut args = abi::CopyArgs {
+    let args = abi::CopyArgs {
         dst: on_a.device_ptr(),
         src: on_b.device_ptr(),
         n: n as u64,
     };
-    let mut params = [(&mut args as *mut abi::CopyArgs).cast::<c_void>()];
     // SAFETY: p2p_copy takes one CopyArgs (the layout generated from bench_abi.h); both buffers
     // hold n 16-byte elements; A may access B's (peer access enabled above).
-    unsafe { module.launch_sync("p2p_copy", grid, 256, &mut params) }?;
+    unsafe { module.launch_sync("p2p_copy", LaunchConfig::new(grid, 256), &args) }?;
     let read_wrong = wrong(&on_a.to_host_vec::<u32>()?, &fresh);
     Ok((write_wrong, read_wrong))
 }

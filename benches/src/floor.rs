@@ -1,14 +1,24 @@
 //! The launch floor: an empty kernel launched as the collectives launch theirs, for the
 //! benchmarks (tool code, so it lives here rather than in a library crate).
 
-use std::ffi::c_void;
-
-use p2p_mem::kernel::{Function, Module, Source};
+use p2p_mem::kernel::{Function, KernelArgs, LaunchConfig, Module, Source};
 use p2p_mem::Device;
 
 /// 64-bit words in the argument block of `empty_args_kernel`: the collectives' block
 /// ([`p2p_collective::comm::KERNEL_ARGS_BYTES`]; a test checks the two agree).
 pub const ARGS_WORDS: usize = 46;
+
+/// The argument block of `empty_args_kernel` (`struct EmptyArgs` in [`EMPTY`]).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct EmptyArgs {
+    w: [u64; ARGS_WORDS],
+}
+
+// SAFETY: `#[repr(C)]`, laid out as `struct EmptyArgs { unsigned long long w[ARGS_WORDS]; }`,
+// the one by-value parameter of `empty_args_kernel` (ARGS_WORDS the same in both texts).
+#[allow(unsafe_code)]
+unsafe impl KernelArgs for EmptyArgs {}
 
 /// The empty kernels of [`EmptyKernel`]: one with no parameters, one with an argument block
 /// the size of the collectives' (`ARGS_WORDS` must match the constant above).
@@ -51,8 +61,8 @@ pub struct Launch {
 /// any one-kernel operation. Benchmarks measure it beside the collectives.
 pub struct EmptyKernel {
     module: Module,
-    function: Function,
-    with_args: Function,
+    function: Function<()>,
+    with_args: Function<EmptyArgs>,
 }
 
 impl EmptyKernel {
@@ -87,23 +97,16 @@ impl EmptyKernel {
         block: u32,
         stream: &p2p_mem::Stream,
     ) -> p2p_mem::Result<()> {
-        let mut block_args = [0u64; ARGS_WORDS];
-        let mut one = [block_args.as_mut_ptr().cast::<c_void>()];
-        let (function, params): (&Function, &mut [*mut c_void]) = if how.args {
-            (&self.with_args, &mut one)
-        } else {
-            (&self.function, &mut [])
-        };
-        // SAFETY: `empty_kernel` takes no parameters; `empty_args_kernel` takes one by-value
-        // block of ARGS_WORDS words, which `block_args` is and which outlives the call (the
-        // driver copies it at launch). Neither kernel touches memory, and both start with the
-        // `griddepcontrol.wait` that launch_overlapped asks for.
+        let config = LaunchConfig::new(grid, block).overlapped(how.overlapped);
+        // SAFETY: `empty_kernel` takes no parameters; `empty_args_kernel` one by-value block
+        // of ARGS_WORDS words (EmptyArgs). Neither kernel touches memory, and both start with
+        // the `griddepcontrol.wait` that an overlapped launch asks for.
         unsafe {
-            if how.overlapped {
-                self.module
-                    .launch_overlapped(function, grid, block, params, stream)
+            if how.args {
+                let args = EmptyArgs { w: [0; ARGS_WORDS] };
+                self.module.launch(&self.with_args, config, &args, stream)
             } else {
-                self.module.launch(function, grid, block, params, stream)
+                self.module.launch(&self.function, config, &(), stream)
             }
         }
     }

@@ -7,11 +7,10 @@
 //! other ranks'; a collective waits for its slowest rank, so every rank's figure then held the
 //! host's launch cost of all the graphs (perf-notes §47).
 
-use std::ffi::c_void;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
-use p2p_mem::kernel::{Function, Module};
+use p2p_mem::kernel::{Function, LaunchConfig, Module};
 use p2p_mem::{Device, PinnedHostBuffer, Stream};
 
 use crate::kernels::{self, abi};
@@ -22,7 +21,7 @@ pub const TIMEOUT: Duration = Duration::from_secs(20);
 /// One rank's loaded gate kernel.
 struct Loaded {
     module: Module,
-    function: Function,
+    function: Function<abi::GateArgs>,
 }
 
 /// The gate kernel on every rank's GPU, and the two flags it shares: `open` (the host sets it)
@@ -74,17 +73,19 @@ impl Gate {
         self.flag(1).store(0, Ordering::SeqCst);
         let base = self.flags.as_raw_ptr() as u64;
         for (l, s) in self.loaded.iter().zip(streams) {
-            let mut args = abi::GateArgs {
+            let args = abi::GateArgs {
                 open: base,
                 timed_out: base + 4,
                 timeout_ns: TIMEOUT.as_nanos() as u64,
             };
-            let mut params = [(&mut args as *mut abi::GateArgs).cast::<c_void>()];
             // SAFETY: p2p_gate takes one GateArgs (the layout generated from bench_abi.h); both
             // flags are pinned host memory that every GPU addresses through unified addressing,
             // and live as long as this gate, which the caller keeps until the streams ran it.
-            unsafe { l.module.launch(&l.function, 1, 32, &mut params, s) }
-                .map_err(|e| e.to_string())?;
+            unsafe {
+                l.module
+                    .launch(&l.function, LaunchConfig::new(1, 32), &args, s)
+            }
+            .map_err(|e| e.to_string())?;
         }
         Ok(())
     }

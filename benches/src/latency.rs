@@ -6,12 +6,10 @@
 //! twice the number of trips is the one-way latency. Every spin has a deadline: if the partner
 //! never answers, the kernels end and an error says so.
 
-use std::ffi::c_void;
-
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
 
 use crate::kernels::{self, abi};
-use p2p_mem::kernel::{Function, Module};
+use p2p_mem::kernel::{Function, LaunchConfig, Module};
 use p2p_transport::{Error, Result};
 
 /// How long one wait may spin before the measurement is abandoned.
@@ -41,14 +39,14 @@ pub fn one_way_ns(a: &Device, b: &Device, warmup: u32, iters: u32) -> Result<f64
     let res_b = DeviceBuffer::<u64>::zeroed(b, 2)?;
     let (sa, sb) = (Stream::new(a)?, Stream::new(b)?);
     let launch = |m: &Module,
-                  f: &Function,
+                  f: &Function<abi::PingPongArgs>,
                   s: &Stream,
                   mine: u64,
                   theirs: u64,
                   starter: i32,
                   res: u64|
      -> Result<()> {
-        let mut args = abi::PingPongArgs {
+        let args = abi::PingPongArgs {
             mine,
             theirs,
             result: res,
@@ -57,11 +55,10 @@ pub fn one_way_ns(a: &Device, b: &Device, warmup: u32, iters: u32) -> Result<f64
             iters,
             starter,
         };
-        let mut params = [(&mut args as *mut abi::PingPongArgs).cast::<c_void>()];
         // SAFETY: p2p_pingpong takes one PingPongArgs (the layout generated from bench_abi.h);
         // `mine` is this GPU's flag, `theirs` the peer's (peer access enabled above), `res` two
         // u64 on this GPU; all stay allocated until both streams are synchronised below.
-        Ok(unsafe { m.launch(f, 1, 32, &mut params, s) }?)
+        Ok(unsafe { m.launch(f, LaunchConfig::new(1, 32), &args, s) }?)
     };
     // The responder first, so it is spinning when the starter's first store lands.
     launch(

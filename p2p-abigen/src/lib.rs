@@ -12,6 +12,11 @@
 //! struct has the same size, and `static_assert(<integer condition of numbers and names>, "...");`
 //! the same condition checked at Rust compile time: each size is written once, in the header, and
 //! both compilers check it. `typedef` lines, comments and blank lines are skipped.
+//!
+//! Every struct is a kernel's argument block, so each also gets
+//! `unsafe impl p2p_mem::kernel::KernelArgs`: a launch (`p2p_mem::kernel::Module::launch`) takes
+//! it as a typed value, and no crate but p2p-mem builds the driver's array of parameter
+//! pointers. The crate that includes the output therefore depends on `p2p-mem`.
 
 use std::fmt::Write as _;
 
@@ -163,6 +168,13 @@ pub fn translate(header: &str) -> Result<String, String> {
                 }
             }
             out.push_str("}\n");
+            writeln!(
+                out,
+                "// SAFETY: `#[repr(C)]`, field for field the header's struct (its size checked by both\n\
+                 // compilers), which the kernels that take it take as their one by-value parameter.\n\
+                 unsafe impl p2p_mem::kernel::KernelArgs for {name} {{}}"
+            )
+            .map_err(|e| e.to_string())?;
         } else {
             return Err(format!("a line build.rs cannot translate: {line}"));
         }
@@ -195,6 +207,7 @@ mod tests {
             "    pub c: u32,",
             "const _: () = assert!(::core::mem::size_of::<S>() == 64);",
             "const _: () = assert!(M <= N * 2);",
+            "unsafe impl p2p_mem::kernel::KernelArgs for S {}",
         ] {
             assert!(rust.contains(want), "missing {want:?} in:\n{rust}");
         }

@@ -20,8 +20,7 @@
 //! the message's number and size, so a receive of another size than the send is an error
 //! ([`Error::Mismatch`]), never a silent shift of later messages.
 
-use std::ffi::c_void;
-
+use p2p_mem::kernel::LaunchConfig;
 use p2p_mem::{DeviceMemory, DeviceMemoryMut, Stream};
 
 use crate::abi::{P2pArgs, P2P_BLOCKS, P2P_COPY, P2P_MAX_OPS, P2P_RECV, P2P_SEND};
@@ -465,7 +464,6 @@ impl<'a> P2pGroup<'a> {
             layout.channels.len(),
             layout.ops
         );
-        let mut params = [(&mut args as *mut P2pArgs).cast::<c_void>()];
         // SAFETY: `P2pArgs` matches the kernel's one by-value parameter field for field (the
         // layout is generated from coll_abi.h). Every user buffer was checked when added to hold
         // its bytes on this rank's GPU and stays borrowed by the group until this launch; the
@@ -474,9 +472,12 @@ impl<'a> P2pGroup<'a> {
         // pinned memory held by the communicator; the grid covers `channels` channels.
         let launched = unsafe {
             let kernel = comm.kernels.sendrecv();
-            kernel
-                .module
-                .launch(kernel.function, grid, THREADS, &mut params, self.stream)
+            kernel.module.launch(
+                kernel.function,
+                LaunchConfig::new(grid, THREADS),
+                &args,
+                self.stream,
+            )
         };
         comm.abort_on_error(self.op, launched.map_err(Error::from))
     }

@@ -59,7 +59,7 @@ fn gpu2_all_reduce_matrix() {
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_synchronize_gives_up_at_its_limit_on_a_stream_held_by_other_work() {
-    use p2p_mem::kernel::{Module, Source};
+    use p2p_mem::kernel::{LaunchConfig, Module, Source};
     const SPIN: Source = Source {
         name: "spin.cu",
         code: r#"extern "C" __global__ void spin(unsigned long long ns) {
@@ -80,11 +80,10 @@ fn gpu2_synchronize_gives_up_at_its_limit_on_a_stream_held_by_other_work() {
     let limit = Duration::from_millis(200) + p2p_collective::comm::SYNC_GRACE;
     let spin = limit + Duration::from_secs(2);
     let module = Module::build(l.comm.device(), &SPIN).expect("the spin kernel");
-    let f = module.function("spin").expect("spin");
-    let mut ns = spin.as_nanos() as u64;
-    let mut params = [(&mut ns as *mut u64).cast::<std::ffi::c_void>()];
+    let f = module.function::<u64>("spin").expect("spin");
+    let ns = spin.as_nanos() as u64;
     // SAFETY: spin(unsigned long long) takes one 8-byte value.
-    unsafe { module.launch(&f, 1, 1, &mut params, &l.stream) }.expect("launch");
+    unsafe { module.launch(&f, LaunchConfig::new(1, 1), &ns, &l.stream) }.expect("launch");
     let t = Instant::now();
     let e = l
         .comm

@@ -675,7 +675,7 @@ fn gpu1_cudarc_slices_and_streams_in_place() {
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu1_a_cached_cubin_the_driver_refuses_is_compiled_again() {
-    use p2p_mem::kernel::{arch_for, cache_file, compile, Module, Source};
+    use p2p_mem::kernel::{arch_for, cache_file, compile, LaunchConfig, Module, Source};
     let d = &gpus(1)[0];
     let arch = arch_for(d);
     // A source no earlier run has cached: its text names this process and the time.
@@ -708,10 +708,9 @@ fn gpu1_a_cached_cubin_the_driver_refuses_is_compiled_again() {
     }
     let module = Module::build(d, &source).expect("compiled again after the refusal");
     let out = DeviceBuffer::<i32>::zeroed(d, 1).expect("alloc");
-    let mut ptr = out.device_ptr();
-    let mut params = [(&mut ptr as *mut u64).cast::<std::ffi::c_void>()];
     // SAFETY: seven(int*) takes one pointer, to `out`'s one int.
-    unsafe { module.launch_sync("seven", 1, 1, &mut params) }.expect("runs");
+    unsafe { module.launch_sync("seven", LaunchConfig::new(1, 1), &out.device_ptr()) }
+        .expect("runs");
     assert_eq!(out.to_host_vec::<i32>().expect("read"), [7]);
     let cached = std::fs::read(&file).expect("cached again");
     assert_ne!(cached, bad, "the damaged file was replaced");
@@ -724,7 +723,7 @@ fn gpu1_a_cached_cubin_the_driver_refuses_is_compiled_again() {
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu1_a_function_keeps_its_module_and_launches_only_through_it() {
-    use p2p_mem::kernel::{Module, Source};
+    use p2p_mem::kernel::{LaunchConfig, Module, Source};
     let d = &gpus(1)[0];
     const EIGHT: Source = Source {
         name: "eight.cu",
@@ -733,14 +732,13 @@ fn gpu1_a_function_keeps_its_module_and_launches_only_through_it() {
         shipped: &[],
     };
     let module = Module::build(d, &EIGHT).expect("compiles");
-    let f = module.function("eight").expect("the kernel");
+    let f = module.function::<u64>("eight").expect("the kernel");
     let other = Module::build(d, &EIGHT).expect("loads again");
     let stream = Stream::new(d).expect("stream");
     let out = DeviceBuffer::<i32>::zeroed(d, 1).expect("alloc");
-    let mut ptr = out.device_ptr();
-    let mut params = [(&mut ptr as *mut u64).cast::<std::ffi::c_void>()];
     // SAFETY: eight(int*) takes one pointer, to `out`'s one int (refused before any launch).
-    let e = unsafe { other.launch(&f, 1, 1, &mut params, &stream) }.expect_err("another module");
+    let e = unsafe { other.launch(&f, LaunchConfig::new(1, 1), &out.device_ptr(), &stream) }
+        .expect_err("another module");
     assert!(e.to_string().contains("does not belong"), "{e}");
     drop(module);
     // The module's handle lives on in `f`.

@@ -161,7 +161,7 @@ pub struct Held {
 impl Held {
     /// Launches the held kernel on `stream`; panics (a test helper) if it cannot.
     pub fn on(stream: &p2p_mem::Stream) -> Held {
-        use p2p_mem::kernel::{Module, Source};
+        use p2p_mem::kernel::{LaunchConfig, Module, Source};
         const HOLD: Source = Source {
             name: "hold.cu",
             code: r#"extern "C" __global__ void hold(volatile int* flag, unsigned long long max_ns) {
@@ -178,18 +178,21 @@ impl Held {
         };
         let d = stream.device();
         let module = Module::build(d, &HOLD).expect("the hold kernel");
-        let f = module.function("hold").expect("hold");
+        let f = module.function::<(u64, u64)>("hold").expect("hold");
         let flag = p2p_mem::abort::AbortHandle::new(d).expect("a flag in pinned memory");
-        let mut ptr = flag.device_ptr();
-        let mut max_ns: u64 = 60_000_000_000;
-        let mut params = [
-            (&mut ptr as *mut u64).cast::<std::ffi::c_void>(),
-            (&mut max_ns as *mut u64).cast::<std::ffi::c_void>(),
-        ];
+        let max_ns: u64 = 60_000_000_000;
         // SAFETY: hold(volatile int*, unsigned long long): the device address of the pinned
         // flag, which `Held` keeps alive (the tests release the kernel and wait for it before
         // dropping it), and a u64 by value.
-        unsafe { module.launch(&f, 1, 1, &mut params, stream) }.expect("launch");
+        unsafe {
+            module.launch(
+                &f,
+                LaunchConfig::new(1, 1),
+                &(flag.device_ptr(), max_ns),
+                stream,
+            )
+        }
+        .expect("launch");
         Held {
             flag,
             _module: module,

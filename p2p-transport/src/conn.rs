@@ -19,12 +19,12 @@
 //! the wait at once with [`Error::PeerFailed`] naming it, and a stall here reaches every other
 //! rank.
 
-use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::Duration;
 
 pub use p2p_mem::abort::{AbortHandle, KernelFailure};
 use p2p_mem::fdpass::FdChannel;
+use p2p_mem::kernel::LaunchConfig;
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
 
 use crate::copy::Transport;
@@ -311,7 +311,7 @@ impl Side {
         }
         let grid = (chunks.min(self.opts.slots as u64)) as u32;
         let (slots_at, ready, freed) = self.addresses();
-        let mut args = SrArgs {
+        let args = SrArgs {
             buf,
             bytes: bytes as u64,
             slots: slots_at,
@@ -326,7 +326,6 @@ impl Side {
             // The receiver reads the slots across the link in read mode: re-fetch, never cache.
             slots_remote: i32::from(!sending && self.opts.direction == Direction::Read),
         };
-        let mut params = [(&mut args as *mut SrArgs).cast::<c_void>()];
         let f = if sending {
             &self.kernels.send
         } else {
@@ -341,7 +340,7 @@ impl Side {
         unsafe {
             self.kernels
                 .module
-                .launch(f, grid, 512, &mut params, stream)
+                .launch(f, LaunchConfig::new(grid, 512), &args, stream)
         }?;
         self.next_chunk += chunks;
         Ok(())
@@ -373,7 +372,7 @@ impl Side {
                 (ready + s * 8, seq, freed + s * 8)
             };
             if want > 0 {
-                let mut args = SrWaitArgs {
+                let args = SrWaitArgs {
                     flag: wait_on,
                     want,
                     timeout_ns: self.opts.timeout.as_nanos() as u64,
@@ -381,13 +380,15 @@ impl Side {
                     status: self.status.device_ptr(),
                     chunk: k,
                 };
-                let mut params = [(&mut args as *mut SrWaitArgs).cast::<c_void>()];
                 // SAFETY: p2p_wait_flag takes one SrWaitArgs (generated from transport_abi.h); the flag lies in this connection's
                 // mapped flags or ring, the abort flag is pinned host memory, status two ints here.
                 unsafe {
-                    self.kernels
-                        .module
-                        .launch(&self.kernels.wait, 1, 32, &mut params, stream)
+                    self.kernels.module.launch(
+                        &self.kernels.wait,
+                        LaunchConfig::new(1, 32),
+                        &args,
+                        stream,
+                    )
                 }?;
             }
             let (dst, src) = if sending {

@@ -286,7 +286,7 @@ impl Communicator {
         let function = self.kernels.function(family, p.kernel_type);
         // A partial overlap (undefined; only unsafe code makes one) keeps the kernel's copy.
         let queued = if !p.own_by_copy_engine || partial {
-            self.launch(function, (p.grid, p.threads), &mut args, stream)
+            self.launch(function, (p.grid, p.threads), &args, stream)
         } else {
             self.launch_beside_own_copy(call, &input, &output, function, &p, &mut args, stream)
         };
@@ -318,7 +318,7 @@ impl Communicator {
         call: &Call,
         input: &Region<'_>,
         output: &Region<'_>,
-        function: Kernel<'_>,
+        function: Kernel<'_, CollArgs>,
         p: &Plan,
         args: &mut CollArgs,
         stream: &Stream,
@@ -378,7 +378,7 @@ impl Communicator {
     ) -> Result<()> {
         // The direct kernel with no data, under the plan's own kind (so that a failure in a
         // barrier names this collective).
-        let mut barrier_args = CollArgs {
+        let barrier_args = CollArgs {
             kind: p.kind as i32,
             count: 0,
             piece: 1,
@@ -386,7 +386,7 @@ impl Communicator {
             ..*args
         };
         let barrier = self.kernels.function(Family::Direct, DataType::U8);
-        let mut run_barrier = || self.launch(barrier, (1, THREADS), &mut barrier_args, stream);
+        let run_barrier = || self.launch(barrier, (1, THREADS), &barrier_args, stream);
         // The peers wait for this rank's first barrier, its copies and its second barrier: an
         // error queueing any of them stops every rank rather than leaving them to their time
         // limit.

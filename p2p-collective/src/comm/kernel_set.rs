@@ -1,10 +1,11 @@
 //! The collective kernels: their families, loading them once per GPU, and launching one.
 
-use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use p2p_mem::kernel::{Function, Module};
+use p2p_mem::kernel::{Function, LaunchConfig, Module};
+
+use crate::abi::P2pArgs;
 use p2p_mem::{Device, Stream};
 
 use crate::error::{Error, Result};
@@ -85,21 +86,28 @@ impl Family {
     }
 }
 
-/// A kernel and the module it is in (which launches it).
-#[derive(Clone, Copy)]
-pub(crate) struct Kernel<'a> {
+/// A kernel taking the parameters `A`, and the module it is in (which launches it).
+pub(crate) struct Kernel<'a, A> {
     pub(crate) module: &'a Module,
-    pub(crate) function: &'a Function,
+    pub(crate) function: &'a Function<A>,
 }
+
+impl<A> Clone for Kernel<'_, A> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<A> Copy for Kernel<'_, A> {}
 
 /// The kernels of [`COLL_PARTS`] loaded on one device.
 pub(crate) struct Kernels {
     /// One per part of [`COLL_PARTS`].
     pub(super) modules: Vec<Module>,
     /// `[family][type]`, in module `type`.
-    pub(super) functions: [[Function; 7]; 8],
+    pub(super) functions: [[Function<CollArgs>; 7]; 8],
     /// Send and recv (`p2p_sendrecv`), for every type, in the last module.
-    pub(super) sendrecv: Function,
+    pub(super) sendrecv: Function<P2pArgs>,
     /// Resident blocks per SM of `p2p_sendrecv`.
     pub(crate) sendrecv_blocks_per_sm: i32,
     /// Resident blocks per SM of the least-occupant kernel.
@@ -230,10 +238,10 @@ impl Kernels {
         }
         let functions = functions
             .into_iter()
-            .map(<[Function; 7]>::try_from)
+            .map(<[Function<CollArgs>; 7]>::try_from)
             .collect::<std::result::Result<Vec<_>, _>>()
             .ok()
-            .and_then(|rows| <[[Function; 7]; 8]>::try_from(rows).ok())
+            .and_then(|rows| <[[Function<CollArgs>; 7]; 8]>::try_from(rows).ok())
             .ok_or_else(|| missing("the collective module is missing kernels".into()))?;
         let sendrecv = modules[crate::abi::COLL_PART_P2P].function("p2p_sendrecv")?;
         let sendrecv_blocks_per_sm = sendrecv.max_blocks_per_sm(THREADS)?;
@@ -247,7 +255,7 @@ impl Kernels {
     }
 
     /// The kernel of `family` for `dtype` ([`Family::of`] picks the family).
-    pub(super) fn function(&self, family: Family, dtype: DataType) -> Kernel<'_> {
+    pub(super) fn function(&self, family: Family, dtype: DataType) -> Kernel<'_, CollArgs> {
         Kernel {
             module: &self.modules[dtype.index()],
             function: &self.functions[family as usize][dtype.index()],
@@ -255,7 +263,7 @@ impl Kernels {
     }
 
     /// `p2p_sendrecv`.
-    pub(crate) fn sendrecv(&self) -> Kernel<'_> {
+    pub(crate) fn sendrecv(&self) -> Kernel<'_, P2pArgs> {
         Kernel {
             module: &self.modules[crate::abi::COLL_PART_P2P],
             function: &self.sendrecv,
@@ -272,25 +280,20 @@ impl Communicator {
     #[allow(unsafe_code)]
     pub(super) fn launch(
         &self,
-        Kernel { module, function }: Kernel<'_>,
+        Kernel { module, function }: Kernel<'_, CollArgs>,
         (grid, threads): (u32, u32),
-        args: &mut CollArgs,
+        args: &CollArgs,
         stream: &Stream,
     ) -> Result<()> {
-        let mut params = [(args as *mut CollArgs).cast::<c_void>()];
+        // Overlapping a kernel on a GPU that ranks share stalls them (see above).
+        let config = LaunchConfig::new(grid, threads).overlapped(self.share <= 1);
         // SAFETY: `CollArgs` matches the kernel's one by-value parameter field for field. Its
         // pointers are this call's validated buffers (lengths checked against the plan), the
         // workspaces of every rank (alive while this communicator is, which synchronises
         // before freeing them) and the pinned abort flag (held by `self.abort`). The kernel
         // runs `griddepcontrol.wait` before touching any memory, as an overlapped launch
         // requires (and which a plain launch makes a no-op).
-        unsafe {
-            if self.share > 1 {
-                module.launch(function, grid, threads, &mut params, stream)
-            } else {
-                module.launch_overlapped(function, grid, threads, &mut params, stream)
-            }
-        }?;
+        unsafe { module.launch(function, config, args, stream) }?;
         Ok(())
     }
 }

@@ -12,7 +12,7 @@
 //! compile checks. [`Module`] loads a cubin and launches its [`Function`]s on a [`Stream`](crate::Stream).
 //!
 //! ```no_run
-//! use p2p_mem::kernel::{Module, Source};
+//! use p2p_mem::kernel::{LaunchConfig, Module, Source};
 //! const K: Source = Source {
 //!     name: "k.cu",
 //!     code: "extern \"C\" __global__ void k() {}",
@@ -20,13 +20,18 @@
 //!     shipped: &[],
 //! };
 //! let gpu = p2p_mem::Device::new(0)?;
+//! let stream = p2p_mem::Stream::new(&gpu)?;
 //! let module = Module::build(&gpu, &K)?;
-//! let k = module.function("k")?;
+//! // `k` takes no parameters: `()` (see `KernelArgs` for the forms a kernel's parameters take).
+//! let k = module.function::<()>("k")?;
+//! // SAFETY: `k` takes no parameters and touches no memory.
+//! unsafe { module.launch(&k, LaunchConfig::new(1, 32), &(), &stream)? };
 //! # Ok::<(), p2p_mem::Error>(())
 //! ```
 
 use crate::device::Device;
 
+mod args;
 mod cache;
 mod compile;
 mod module;
@@ -34,6 +39,7 @@ pub mod shipped;
 #[cfg(test)]
 mod tests;
 
+pub use args::*;
 pub use cache::*;
 pub use compile::*;
 pub use module::*;

@@ -1,6 +1,7 @@
 //! A loaded module and its kernels: loading a cubin into a device's context and launching.
 
-use std::ffi::{c_void, CString};
+use std::ffi::CString;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use p2p_sys::{cu, cuda};
@@ -10,30 +11,43 @@ use crate::error::{Error, Result};
 
 use super::*;
 
-/// A kernel in a loaded [`Module`]. It keeps its module loaded, so its handle never dangles:
-/// the module is unloaded when the [`Module`] and all its `Function`s are gone. It launches
-/// only through that [`Module`].
-#[derive(Clone)]
-pub struct Function {
+/// A kernel in a loaded [`Module`], typed by its parameters `A` (see [`KernelArgs`]): a launch
+/// takes an `&A`, so the kernel's parameter type is named once, where the kernel is looked up.
+/// It keeps its module loaded, so its handle never dangles: the module is unloaded when the
+/// [`Module`] and all its `Function`s are gone. It launches only through that [`Module`].
+pub struct Function<A> {
     raw: cuda::CUfunction,
     module: Arc<Loaded>,
+    _args: PhantomData<fn(&A)>,
 }
 
-impl std::fmt::Debug for Function {
+impl<A> Clone for Function<A> {
+    fn clone(&self) -> Self {
+        Function {
+            raw: self.raw,
+            module: self.module.clone(),
+            _args: PhantomData,
+        }
+    }
+}
+
+impl<A> std::fmt::Debug for Function<A> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Function")
             .field("raw", &self.raw)
             .field("device", &self.module.device.ordinal())
+            .field("args", &std::any::type_name::<A>())
             .finish()
     }
 }
 
-// SAFETY: a CUfunction is an immutable handle usable from any thread; its module (held) is too.
-unsafe impl Send for Function {}
+// SAFETY: a CUfunction is an immutable handle usable from any thread; its module (held) is too;
+// `A` is only a marker.
+unsafe impl<A> Send for Function<A> {}
 // SAFETY: as above.
-unsafe impl Sync for Function {}
+unsafe impl<A> Sync for Function<A> {}
 
-impl Function {
+impl<A> Function<A> {
     /// How many blocks of `threads` threads can be resident on one SM at once
     /// (`cuOccupancyMaxActiveBlocksPerMultiprocessor`, no dynamic shared memory).
     pub fn max_blocks_per_sm(&self, threads: u32) -> Result<i32> {
@@ -132,8 +146,9 @@ impl Module {
         })
     }
 
-    /// Looks up a kernel by name, for [`launch`](Self::launch).
-    pub fn function(&self, name: &str) -> Result<Function> {
+    /// Looks up a kernel by name, for [`launch`](Self::launch), as taking the parameters `A`
+    /// (what a launch will pass; nothing checks it against the kernel here).
+    pub fn function<A: KernelArgs>(&self, name: &str) -> Result<Function<A>> {
         let Loaded { device, raw } = &*self.inner;
         device.bind_to_thread()?;
         let cname = CString::new(name)
@@ -145,29 +160,71 @@ impl Module {
         Ok(Function {
             raw: f,
             module: self.inner.clone(),
+            _args: PhantomData,
         })
     }
 
     /// Queues `function` (one of this module's) on `stream` (which must be on this module's
-    /// device).
+    /// device) with `args`, shaped by `config`. An overlapped launch (programmatic dependent
+    /// launch) on a GPU older than compute capability 9.0 is a plain one.
     ///
     /// # Safety
-    /// As for [`launch_sync`](Self::launch_sync); in addition every buffer the kernel touches
-    /// must stay allocated until the stream has run it.
-    pub unsafe fn launch(
+    /// - `A` must be the kernel's parameter list (see [`KernelArgs`]): the type `function` was
+    ///   looked up with must be the one the kernel was compiled with (for our kernels, the
+    ///   struct `p2p-abigen` generates from the header compiled in front of them).
+    /// - Every device pointer in `args` must be valid for what the kernel accesses, and stay
+    ///   allocated until the stream has run it.
+    /// - With `config.overlapped`, the kernel must execute `griddepcontrol.wait` before it
+    ///   touches memory that earlier work on the stream writes.
+    ///
+    /// # Example
+    /// ```no_run
+    /// # fn main() -> p2p_mem::Result<()> {
+    /// use p2p_mem::kernel::{LaunchConfig, Module, Source};
+    /// use p2p_mem::{Device, DeviceBuffer, DeviceMemory, Stream};
+    ///
+    /// const SEVEN: Source = Source {
+    ///     name: "seven.cu",
+    ///     code: "extern \"C\" __global__ void seven(unsigned* out) { *out = 7; }",
+    ///     defines: &[],
+    ///     shipped: &[],
+    /// };
+    /// let device = Device::new(0)?;
+    /// let stream = Stream::new(&device)?;
+    /// let module = Module::build(&device, &SEVEN)?;
+    /// let seven = module.function::<u64>("seven")?;
+    /// let out = DeviceBuffer::<u32>::zeroed(&device, 1)?;
+    /// // SAFETY: `seven` takes one pointer (a u64 device address) to one u32, which `out` holds
+    /// // until the stream has run the kernel (synchronised below).
+    /// unsafe { module.launch(&seven, LaunchConfig::new(1, 1), &out.device_ptr(), &stream)? };
+    /// stream.synchronize()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub unsafe fn launch<A: KernelArgs>(
         &self,
-        function: &Function,
-        grid: u32,
-        block: u32,
-        params: &mut [*mut c_void],
+        function: &Function<A>,
+        config: LaunchConfig,
+        args: &A,
         stream: &Stream,
     ) -> Result<()> {
         self.check_stream(function, stream)?;
-        // SAFETY: the caller guarantees `params`; the function belongs to this loaded module.
-        unsafe { self.raw_launch(function.raw, grid, block, params, stream.cu_stream()) }
+        let overlapped = config.overlapped && self.inner.device.compute_capability().0 >= 9;
+        // SAFETY: the caller guarantees `args` and the kernel's wait; the function belongs to
+        // this loaded module and the stream to its device (checked above).
+        unsafe {
+            self.raw_launch(
+                function.raw,
+                config,
+                overlapped,
+                args.params(),
+                stream.cu_stream(),
+            )
+        }
     }
 
-    /// `cuLaunchKernel` of one of this module's functions on `stream` (null: the legacy default
+    /// `cuLaunchKernel` (or `cuLaunchKernelEx` with programmatic stream serialization when
+    /// `overlapped`) of one of this module's functions on `stream` (null: the legacy default
     /// stream), with this module's device current.
     ///
     /// # Safety
@@ -175,58 +232,44 @@ impl Module {
     unsafe fn raw_launch(
         &self,
         f: cuda::CUfunction,
-        grid: u32,
-        block: u32,
-        params: &mut [*mut c_void],
+        config: LaunchConfig,
+        overlapped: bool,
+        mut params: Params<'_>,
         stream: cuda::CUstream,
     ) -> Result<()> {
-        self.inner.device.bind_to_thread()?;
-        // SAFETY: the caller guarantees `params` and `f`; dimensions are plain numbers.
-        unsafe {
-            cu!(cuLaunchKernel(
-                f,
-                grid,
-                1,
-                1,
-                block,
-                1,
-                1,
-                0,
-                stream,
-                params.as_mut_ptr(),
-                std::ptr::null_mut()
-            ))
+        if !params.is_whole() {
+            return Err(Error::InvalidArgument(format!(
+                "a kernel launched with {} parameters; at most {MAX_PARAMS} pass through KernelArgs",
+                params.len()
+            )));
         }
-        .map_err(|e| on(&self.inner.device, e))
-    }
-
-    /// As [`launch`](Self::launch), with programmatic dependent launch on GPUs of compute
-    /// capability 9.0 and newer: the kernel may be scheduled while the previous kernel on the
-    /// stream is still running, hiding the launch gap between the two. Elsewhere a plain launch.
-    ///
-    /// # Safety
-    /// As for [`launch`](Self::launch); in addition the kernel must execute
-    /// `griddepcontrol.wait` before it touches memory that earlier work on the stream writes
-    /// (that instruction waits for the previous kernel to finish and its writes to land).
-    pub unsafe fn launch_overlapped(
-        &self,
-        function: &Function,
-        grid: u32,
-        block: u32,
-        params: &mut [*mut c_void],
-        stream: &Stream,
-    ) -> Result<()> {
-        if self.inner.device.compute_capability().0 < 9 {
-            // SAFETY: the caller's guarantees are those of `launch`.
-            return unsafe { self.launch(function, grid, block, params, stream) };
-        }
-        self.check_stream(function, stream)?;
         self.inner.device.bind_to_thread()?;
+        let LaunchConfig { grid, block, .. } = config;
+        if !overlapped {
+            // SAFETY: the caller guarantees `params` and `f`; dimensions are plain numbers;
+            // `params` (one pointer per parameter) outlives the call.
+            return unsafe {
+                cu!(cuLaunchKernel(
+                    f,
+                    grid,
+                    1,
+                    1,
+                    block,
+                    1,
+                    1,
+                    0,
+                    stream,
+                    params.as_driver_array(),
+                    std::ptr::null_mut()
+                ))
+            }
+            .map_err(|e| on(&self.inner.device, e));
+        }
         // SAFETY: an all-zero attribute is a valid "no attribute"; we set the id and value.
         let mut attr: cuda::CUlaunchAttribute = unsafe { std::mem::zeroed() };
         attr.id = cuda::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
         attr.value.programmaticStreamSerializationAllowed = 1;
-        let config = cuda::CUlaunchConfig {
+        let launch = cuda::CUlaunchConfig {
             gridDimX: grid,
             gridDimY: 1,
             gridDimZ: 1,
@@ -234,24 +277,24 @@ impl Module {
             blockDimY: 1,
             blockDimZ: 1,
             sharedMemBytes: 0,
-            hStream: stream.cu_stream(),
+            hStream: stream,
             attrs: &mut attr,
             numAttrs: 1,
         };
-        // SAFETY: `config` and `attr` outlive the call; the caller guarantees `params` and the
-        // kernel's wait; the function belongs to this loaded module.
+        // SAFETY: `launch`, `attr` and `params` outlive the call; the caller guarantees
+        // `params`, `f` and the kernel's wait.
         unsafe {
             cu!(cuLaunchKernelEx(
-                &config,
-                function.raw,
-                params.as_mut_ptr(),
+                &launch,
+                f,
+                params.as_driver_array(),
                 std::ptr::null_mut()
             ))
         }
         .map_err(|e| on(&self.inner.device, e))
     }
 
-    fn check_stream(&self, function: &Function, stream: &Stream) -> Result<()> {
+    fn check_stream<A>(&self, function: &Function<A>, stream: &Stream) -> Result<()> {
         if !Arc::ptr_eq(&function.module, &self.inner) {
             return Err(Error::InvalidArgument(
                 "a kernel launched through a module it does not belong to".into(),
@@ -267,21 +310,21 @@ impl Module {
         Ok(())
     }
 
-    /// Launches `function` on the legacy default stream and waits for it.
+    /// Launches the kernel `name`, taking the parameters `A`, on the legacy default stream as
+    /// `config` shapes it (plain, never overlapped), and waits for it.
     ///
     /// # Safety
-    /// `params` must match the kernel's parameters in number, order and type, and every device
-    /// pointer among them must be valid for what the kernel accesses.
-    pub unsafe fn launch_sync(
+    /// As for [`launch`](Self::launch): `A` must be the kernel's parameter list and every
+    /// device pointer in `args` valid for what the kernel accesses.
+    pub unsafe fn launch_sync<A: KernelArgs>(
         &self,
-        function: &str,
-        grid: u32,
-        block: u32,
-        params: &mut [*mut c_void],
+        name: &str,
+        config: LaunchConfig,
+        args: &A,
     ) -> Result<()> {
-        let f = self.function(function)?.raw;
-        // SAFETY: the caller guarantees `params`; `f` was just looked up in this module.
-        unsafe { self.raw_launch(f, grid, block, params, std::ptr::null_mut()) }?;
+        let f = self.function::<A>(name)?.raw;
+        // SAFETY: the caller guarantees `args`; `f` was just looked up in this module.
+        unsafe { self.raw_launch(f, config, false, args.params(), std::ptr::null_mut()) }?;
         self.inner.device.synchronize_default_stream()
     }
 }

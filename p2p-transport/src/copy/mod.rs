@@ -19,7 +19,6 @@
 //! has run the copy.
 
 use std::collections::HashSet;
-use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use p2p_mem::{Device, DeviceMemory, DeviceMemoryMut, Event, Stream};
@@ -29,7 +28,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::kernels::{self, abi, SrKernels};
 use crate::mode::{Direction, Engine, Mode, Route};
-use p2p_mem::kernel::{Function, Module};
+use p2p_mem::kernel::{Function, LaunchConfig, Module};
 
 mod routes;
 mod staged;
@@ -70,7 +69,7 @@ pub const SM_BLOCKS_PER_SM: u32 = 2;
 
 struct CopyKernel {
     module: Module,
-    copy: Function,
+    copy: Function<abi::CopyArgs>,
 }
 
 /// A resource made at its first use and kept, or the error its first attempt met (kept whole
@@ -433,18 +432,21 @@ impl Transport {
         let grid = self.sm_grid();
         let max_blocks = runner.sm_count().max(1) as u64 * grid.blocks_per_sm as u64;
         let blocks = vectors.div_ceil(grid.threads as u64).clamp(1, max_blocks) as u32;
-        let mut args = abi::CopyArgs {
+        let args = abi::CopyArgs {
             dst,
             src,
             bytes: bytes as u64,
         };
-        let mut params = [(&mut args as *mut abi::CopyArgs).cast::<c_void>()];
         // SAFETY: p2p_copy_bytes takes one CopyArgs (the layout generated from transport_abi.h);
         // both ranges are `bytes` long and the runner can access both (its own memory, and the
         // peer's with access enabled above).
         unsafe {
-            k.module
-                .launch(&k.copy, blocks, grid.threads, &mut params, stream)
+            k.module.launch(
+                &k.copy,
+                LaunchConfig::new(blocks, grid.threads),
+                &args,
+                stream,
+            )
         }?;
         Ok(())
     }
