@@ -92,82 +92,16 @@ type cuCheckpointProcessRestore_fn =
 type cuCheckpointProcessUnlock_fn =
     unsafe extern "C" fn(pid: ::core::ffi::c_int, args: *mut CUcheckpointUnlockArgs) -> CUresult;
 
-/// The entry points, resolved from the loaded library.
-struct Table {
-    cuCheckpointProcessGetRestoreThreadId: Option<cuCheckpointProcessGetRestoreThreadId_fn>,
-    cuCheckpointProcessGetState: Option<cuCheckpointProcessGetState_fn>,
-    cuCheckpointProcessLock: Option<cuCheckpointProcessLock_fn>,
-    cuCheckpointProcessCheckpoint: Option<cuCheckpointProcessCheckpoint_fn>,
-    cuCheckpointProcessRestore: Option<cuCheckpointProcessRestore_fn>,
-    cuCheckpointProcessUnlock: Option<cuCheckpointProcessUnlock_fn>,
+crate::table::entry_table! {
+library: Cuda,
+entries: {
+    cuCheckpointProcessGetRestoreThreadId: cuCheckpointProcessGetRestoreThreadId_fn,
+    cuCheckpointProcessGetState: cuCheckpointProcessGetState_fn,
+    cuCheckpointProcessLock: cuCheckpointProcessLock_fn,
+    cuCheckpointProcessCheckpoint: cuCheckpointProcessCheckpoint_fn,
+    cuCheckpointProcessRestore: cuCheckpointProcessRestore_fn,
+    cuCheckpointProcessUnlock: cuCheckpointProcessUnlock_fn,
 }
-
-/// The table, once the library is loaded (`None` before [`crate::probe::require`] found it).
-fn table() -> Option<&'static Table> {
-    static TABLE: std::sync::OnceLock<Table> = std::sync::OnceLock::new();
-    if let Some(t) = TABLE.get() {
-        return Some(t);
-    }
-    let lib = crate::probe::handle(crate::Library::Cuda)?;
-    // SAFETY: each symbol is looked up with the signature its C header declares; a symbol
-    // the library lacks stays `None`. The library stays loaded for the process's life.
-    Some(TABLE.get_or_init(|| unsafe {
-        Table {
-            cuCheckpointProcessGetRestoreThreadId: lib
-                .get::<cuCheckpointProcessGetRestoreThreadId_fn>(
-                    b"cuCheckpointProcessGetRestoreThreadId\0",
-                )
-                .ok()
-                .map(|s| *s),
-            cuCheckpointProcessGetState: lib
-                .get::<cuCheckpointProcessGetState_fn>(b"cuCheckpointProcessGetState\0")
-                .ok()
-                .map(|s| *s),
-            cuCheckpointProcessLock: lib
-                .get::<cuCheckpointProcessLock_fn>(b"cuCheckpointProcessLock\0")
-                .ok()
-                .map(|s| *s),
-            cuCheckpointProcessCheckpoint: lib
-                .get::<cuCheckpointProcessCheckpoint_fn>(b"cuCheckpointProcessCheckpoint\0")
-                .ok()
-                .map(|s| *s),
-            cuCheckpointProcessRestore: lib
-                .get::<cuCheckpointProcessRestore_fn>(b"cuCheckpointProcessRestore\0")
-                .ok()
-                .map(|s| *s),
-            cuCheckpointProcessUnlock: lib
-                .get::<cuCheckpointProcessUnlock_fn>(b"cuCheckpointProcessUnlock\0")
-                .ok()
-                .map(|s| *s),
-        }
-    }))
-}
-
-/// Every entry point of this module, by its C name.
-pub const ENTRY_POINTS: [&str; 6] = [
-    "cuCheckpointProcessGetRestoreThreadId",
-    "cuCheckpointProcessGetState",
-    "cuCheckpointProcessLock",
-    "cuCheckpointProcessCheckpoint",
-    "cuCheckpointProcessRestore",
-    "cuCheckpointProcessUnlock",
-];
-
-/// Whether the loaded library has the entry point `name` (false before it is loaded, and for
-/// a name not in [`ENTRY_POINTS`]).
-pub fn has(name: &str) -> bool {
-    let Some(t) = table() else { return false };
-    match name {
-        "cuCheckpointProcessGetRestoreThreadId" => {
-            t.cuCheckpointProcessGetRestoreThreadId.is_some()
-        }
-        "cuCheckpointProcessGetState" => t.cuCheckpointProcessGetState.is_some(),
-        "cuCheckpointProcessLock" => t.cuCheckpointProcessLock.is_some(),
-        "cuCheckpointProcessCheckpoint" => t.cuCheckpointProcessCheckpoint.is_some(),
-        "cuCheckpointProcessRestore" => t.cuCheckpointProcessRestore.is_some(),
-        "cuCheckpointProcessUnlock" => t.cuCheckpointProcessUnlock.is_some(),
-        _ => false,
-    }
 }
 
 /// `cuCheckpointProcessGetRestoreThreadId` of the loaded library (`CUresult::CUDA_ERROR_NOT_FOUND` where it lacks it).

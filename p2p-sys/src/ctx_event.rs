@@ -25,41 +25,11 @@ use crate::cuda::{cudaError_enum, CUcontext, CUevent, CUresult};
 
 type cuCtxRecordEvent_fn = unsafe extern "C" fn(hCtx: CUcontext, hEvent: CUevent) -> CUresult;
 
-/// The entry points, resolved from the loaded library.
-struct Table {
-    cuCtxRecordEvent: Option<cuCtxRecordEvent_fn>,
+crate::table::entry_table! {
+library: Cuda,
+entries: {
+    cuCtxRecordEvent: cuCtxRecordEvent_fn,
 }
-
-/// The table, once the library is loaded (`None` before [`crate::probe::require`] found it).
-fn table() -> Option<&'static Table> {
-    static TABLE: std::sync::OnceLock<Table> = std::sync::OnceLock::new();
-    if let Some(t) = TABLE.get() {
-        return Some(t);
-    }
-    let lib = crate::probe::handle(crate::Library::Cuda)?;
-    // SAFETY: each symbol is looked up with the signature its C header declares; a symbol
-    // the library lacks stays `None`. The library stays loaded for the process's life.
-    Some(TABLE.get_or_init(|| unsafe {
-        Table {
-            cuCtxRecordEvent: lib
-                .get::<cuCtxRecordEvent_fn>(b"cuCtxRecordEvent\0")
-                .ok()
-                .map(|s| *s),
-        }
-    }))
-}
-
-/// Every entry point of this module, by its C name.
-pub const ENTRY_POINTS: [&str; 1] = ["cuCtxRecordEvent"];
-
-/// Whether the loaded library has the entry point `name` (false before it is loaded, and for
-/// a name not in [`ENTRY_POINTS`]).
-pub fn has(name: &str) -> bool {
-    let Some(t) = table() else { return false };
-    match name {
-        "cuCtxRecordEvent" => t.cuCtxRecordEvent.is_some(),
-        _ => false,
-    }
 }
 
 /// `cuCtxRecordEvent` of the loaded library (`CUresult::CUDA_ERROR_NOT_FOUND` where it lacks it).

@@ -969,572 +969,88 @@ type cuDeviceGetP2PAttribute_fn = unsafe extern "C" fn(
     dstDevice: CUdevice,
 ) -> CUresult;
 
-/// The entry points, resolved from the loaded library.
-struct Table {
-    cuGetErrorString: Option<cuGetErrorString_fn>,
-    cuGetErrorName: Option<cuGetErrorName_fn>,
-    cuInit: Option<cuInit_fn>,
-    cuDriverGetVersion: Option<cuDriverGetVersion_fn>,
-    cuDeviceGet: Option<cuDeviceGet_fn>,
-    cuDeviceGetCount: Option<cuDeviceGetCount_fn>,
-    cuDeviceGetName: Option<cuDeviceGetName_fn>,
-    cuDeviceGetUuid_v2: Option<cuDeviceGetUuid_v2_fn>,
-    cuDeviceTotalMem_v2: Option<cuDeviceTotalMem_v2_fn>,
-    cuDeviceGetAttribute: Option<cuDeviceGetAttribute_fn>,
-    cuDevicePrimaryCtxRetain: Option<cuDevicePrimaryCtxRetain_fn>,
-    cuDevicePrimaryCtxRelease_v2: Option<cuDevicePrimaryCtxRelease_v2_fn>,
-    cuCtxSetCurrent: Option<cuCtxSetCurrent_fn>,
-    cuCtxSynchronize: Option<cuCtxSynchronize_fn>,
-    cuModuleLoadData: Option<cuModuleLoadData_fn>,
-    cuModuleUnload: Option<cuModuleUnload_fn>,
-    cuModuleGetFunction: Option<cuModuleGetFunction_fn>,
-    cuMemGetInfo_v2: Option<cuMemGetInfo_v2_fn>,
-    cuMemAlloc_v2: Option<cuMemAlloc_v2_fn>,
-    cuMemFree_v2: Option<cuMemFree_v2_fn>,
-    cuMemGetAddressRange_v2: Option<cuMemGetAddressRange_v2_fn>,
-    cuMemFreeHost: Option<cuMemFreeHost_fn>,
-    cuMemHostAlloc: Option<cuMemHostAlloc_fn>,
-    cuMemHostGetDevicePointer_v2: Option<cuMemHostGetDevicePointer_v2_fn>,
-    cuDeviceGetPCIBusId: Option<cuDeviceGetPCIBusId_fn>,
-    cuIpcGetEventHandle: Option<cuIpcGetEventHandle_fn>,
-    cuIpcOpenEventHandle: Option<cuIpcOpenEventHandle_fn>,
-    cuIpcGetMemHandle: Option<cuIpcGetMemHandle_fn>,
-    cuIpcOpenMemHandle_v2: Option<cuIpcOpenMemHandle_v2_fn>,
-    cuIpcCloseMemHandle: Option<cuIpcCloseMemHandle_fn>,
-    cuMemHostRegister_v2: Option<cuMemHostRegister_v2_fn>,
-    cuMemHostUnregister: Option<cuMemHostUnregister_fn>,
-    cuMemcpyPeer: Option<cuMemcpyPeer_fn>,
-    cuMemcpyHtoD_v2: Option<cuMemcpyHtoD_v2_fn>,
-    cuMemcpyDtoH_v2: Option<cuMemcpyDtoH_v2_fn>,
-    cuMemcpyAsync: Option<cuMemcpyAsync_fn>,
-    cuMemcpyPeerAsync: Option<cuMemcpyPeerAsync_fn>,
-    cuMemcpyHtoDAsync_v2: Option<cuMemcpyHtoDAsync_v2_fn>,
-    cuMemcpyDtoHAsync_v2: Option<cuMemcpyDtoHAsync_v2_fn>,
-    cuMemsetD8_v2: Option<cuMemsetD8_v2_fn>,
-    cuMemsetD8Async: Option<cuMemsetD8Async_fn>,
-    cuMemAddressReserve: Option<cuMemAddressReserve_fn>,
-    cuMemAddressFree: Option<cuMemAddressFree_fn>,
-    cuMemCreate: Option<cuMemCreate_fn>,
-    cuMemRelease: Option<cuMemRelease_fn>,
-    cuMemMap: Option<cuMemMap_fn>,
-    cuMemUnmap: Option<cuMemUnmap_fn>,
-    cuMemSetAccess: Option<cuMemSetAccess_fn>,
-    cuMemExportToShareableHandle: Option<cuMemExportToShareableHandle_fn>,
-    cuMemImportFromShareableHandle: Option<cuMemImportFromShareableHandle_fn>,
-    cuMemGetAllocationGranularity: Option<cuMemGetAllocationGranularity_fn>,
-    cuPointerGetAttribute: Option<cuPointerGetAttribute_fn>,
-    cuStreamCreate: Option<cuStreamCreate_fn>,
-    cuStreamWaitEvent: Option<cuStreamWaitEvent_fn>,
-    cuStreamBeginCapture_v2: Option<cuStreamBeginCapture_v2_fn>,
-    cuStreamEndCapture: Option<cuStreamEndCapture_fn>,
-    cuStreamIsCapturing: Option<cuStreamIsCapturing_fn>,
-    cuStreamQuery: Option<cuStreamQuery_fn>,
-    cuStreamSynchronize: Option<cuStreamSynchronize_fn>,
-    cuStreamDestroy_v2: Option<cuStreamDestroy_v2_fn>,
-    cuEventCreate: Option<cuEventCreate_fn>,
-    cuEventRecord: Option<cuEventRecord_fn>,
-    cuEventQuery: Option<cuEventQuery_fn>,
-    cuEventSynchronize: Option<cuEventSynchronize_fn>,
-    cuEventDestroy_v2: Option<cuEventDestroy_v2_fn>,
-    cuEventElapsedTime: Option<cuEventElapsedTime_fn>,
-    cuStreamWriteValue64_v2: Option<cuStreamWriteValue64_v2_fn>,
-    cuLaunchKernel: Option<cuLaunchKernel_fn>,
-    cuLaunchKernelEx: Option<cuLaunchKernelEx_fn>,
-    cuGraphInstantiateWithFlags: Option<cuGraphInstantiateWithFlags_fn>,
-    cuGraphLaunch: Option<cuGraphLaunch_fn>,
-    cuGraphExecDestroy: Option<cuGraphExecDestroy_fn>,
-    cuGraphDestroy: Option<cuGraphDestroy_fn>,
-    cuOccupancyMaxActiveBlocksPerMultiprocessor:
-        Option<cuOccupancyMaxActiveBlocksPerMultiprocessor_fn>,
-    cuDeviceCanAccessPeer: Option<cuDeviceCanAccessPeer_fn>,
-    cuCtxEnablePeerAccess: Option<cuCtxEnablePeerAccess_fn>,
-    cuCtxDisablePeerAccess: Option<cuCtxDisablePeerAccess_fn>,
-    cuDeviceGetP2PAttribute: Option<cuDeviceGetP2PAttribute_fn>,
+crate::table::entry_table! {
+library: Cuda,
+entries: {
+    cuGetErrorString: cuGetErrorString_fn,
+    cuGetErrorName: cuGetErrorName_fn,
+    cuInit: cuInit_fn,
+    cuDriverGetVersion: cuDriverGetVersion_fn,
+    cuDeviceGet: cuDeviceGet_fn,
+    cuDeviceGetCount: cuDeviceGetCount_fn,
+    cuDeviceGetName: cuDeviceGetName_fn,
+    cuDeviceGetUuid_v2: cuDeviceGetUuid_v2_fn,
+    cuDeviceTotalMem_v2: cuDeviceTotalMem_v2_fn,
+    cuDeviceGetAttribute: cuDeviceGetAttribute_fn,
+    cuDevicePrimaryCtxRetain: cuDevicePrimaryCtxRetain_fn,
+    cuDevicePrimaryCtxRelease_v2: cuDevicePrimaryCtxRelease_v2_fn,
+    cuCtxSetCurrent: cuCtxSetCurrent_fn,
+    cuCtxSynchronize: cuCtxSynchronize_fn,
+    cuModuleLoadData: cuModuleLoadData_fn,
+    cuModuleUnload: cuModuleUnload_fn,
+    cuModuleGetFunction: cuModuleGetFunction_fn,
+    cuMemGetInfo_v2: cuMemGetInfo_v2_fn,
+    cuMemAlloc_v2: cuMemAlloc_v2_fn,
+    cuMemFree_v2: cuMemFree_v2_fn,
+    cuMemGetAddressRange_v2: cuMemGetAddressRange_v2_fn,
+    cuMemFreeHost: cuMemFreeHost_fn,
+    cuMemHostAlloc: cuMemHostAlloc_fn,
+    cuMemHostGetDevicePointer_v2: cuMemHostGetDevicePointer_v2_fn,
+    cuDeviceGetPCIBusId: cuDeviceGetPCIBusId_fn,
+    cuIpcGetEventHandle: cuIpcGetEventHandle_fn,
+    cuIpcOpenEventHandle: cuIpcOpenEventHandle_fn,
+    cuIpcGetMemHandle: cuIpcGetMemHandle_fn,
+    cuIpcOpenMemHandle_v2: cuIpcOpenMemHandle_v2_fn,
+    cuIpcCloseMemHandle: cuIpcCloseMemHandle_fn,
+    cuMemHostRegister_v2: cuMemHostRegister_v2_fn,
+    cuMemHostUnregister: cuMemHostUnregister_fn,
+    cuMemcpyPeer: cuMemcpyPeer_fn,
+    cuMemcpyHtoD_v2: cuMemcpyHtoD_v2_fn,
+    cuMemcpyDtoH_v2: cuMemcpyDtoH_v2_fn,
+    cuMemcpyAsync: cuMemcpyAsync_fn,
+    cuMemcpyPeerAsync: cuMemcpyPeerAsync_fn,
+    cuMemcpyHtoDAsync_v2: cuMemcpyHtoDAsync_v2_fn,
+    cuMemcpyDtoHAsync_v2: cuMemcpyDtoHAsync_v2_fn,
+    cuMemsetD8_v2: cuMemsetD8_v2_fn,
+    cuMemsetD8Async: cuMemsetD8Async_fn,
+    cuMemAddressReserve: cuMemAddressReserve_fn,
+    cuMemAddressFree: cuMemAddressFree_fn,
+    cuMemCreate: cuMemCreate_fn,
+    cuMemRelease: cuMemRelease_fn,
+    cuMemMap: cuMemMap_fn,
+    cuMemUnmap: cuMemUnmap_fn,
+    cuMemSetAccess: cuMemSetAccess_fn,
+    cuMemExportToShareableHandle: cuMemExportToShareableHandle_fn,
+    cuMemImportFromShareableHandle: cuMemImportFromShareableHandle_fn,
+    cuMemGetAllocationGranularity: cuMemGetAllocationGranularity_fn,
+    cuPointerGetAttribute: cuPointerGetAttribute_fn,
+    cuStreamCreate: cuStreamCreate_fn,
+    cuStreamWaitEvent: cuStreamWaitEvent_fn,
+    cuStreamBeginCapture_v2: cuStreamBeginCapture_v2_fn,
+    cuStreamEndCapture: cuStreamEndCapture_fn,
+    cuStreamIsCapturing: cuStreamIsCapturing_fn,
+    cuStreamQuery: cuStreamQuery_fn,
+    cuStreamSynchronize: cuStreamSynchronize_fn,
+    cuStreamDestroy_v2: cuStreamDestroy_v2_fn,
+    cuEventCreate: cuEventCreate_fn,
+    cuEventRecord: cuEventRecord_fn,
+    cuEventQuery: cuEventQuery_fn,
+    cuEventSynchronize: cuEventSynchronize_fn,
+    cuEventDestroy_v2: cuEventDestroy_v2_fn,
+    cuEventElapsedTime: cuEventElapsedTime_fn,
+    cuStreamWriteValue64_v2: cuStreamWriteValue64_v2_fn,
+    cuLaunchKernel: cuLaunchKernel_fn,
+    cuLaunchKernelEx: cuLaunchKernelEx_fn,
+    cuGraphInstantiateWithFlags: cuGraphInstantiateWithFlags_fn,
+    cuGraphLaunch: cuGraphLaunch_fn,
+    cuGraphExecDestroy: cuGraphExecDestroy_fn,
+    cuGraphDestroy: cuGraphDestroy_fn,
+    cuOccupancyMaxActiveBlocksPerMultiprocessor: cuOccupancyMaxActiveBlocksPerMultiprocessor_fn,
+    cuDeviceCanAccessPeer: cuDeviceCanAccessPeer_fn,
+    cuCtxEnablePeerAccess: cuCtxEnablePeerAccess_fn,
+    cuCtxDisablePeerAccess: cuCtxDisablePeerAccess_fn,
+    cuDeviceGetP2PAttribute: cuDeviceGetP2PAttribute_fn,
 }
-
-/// The table, once the library is loaded (`None` before [`crate::probe::require`] found it).
-fn table() -> Option<&'static Table> {
-    static TABLE: std::sync::OnceLock<Table> = std::sync::OnceLock::new();
-    if let Some(t) = TABLE.get() {
-        return Some(t);
-    }
-    let lib = crate::probe::handle(crate::Library::Cuda)?;
-    // SAFETY: each symbol is looked up with the signature its C header declares; a symbol
-    // the library lacks stays `None`. The library stays loaded for the process's life.
-    Some(TABLE.get_or_init(|| unsafe {
-        Table {
-            cuGetErrorString: lib
-                .get::<cuGetErrorString_fn>(b"cuGetErrorString\0")
-                .ok()
-                .map(|s| *s),
-            cuGetErrorName: lib
-                .get::<cuGetErrorName_fn>(b"cuGetErrorName\0")
-                .ok()
-                .map(|s| *s),
-            cuInit: lib.get::<cuInit_fn>(b"cuInit\0").ok().map(|s| *s),
-            cuDriverGetVersion: lib
-                .get::<cuDriverGetVersion_fn>(b"cuDriverGetVersion\0")
-                .ok()
-                .map(|s| *s),
-            cuDeviceGet: lib.get::<cuDeviceGet_fn>(b"cuDeviceGet\0").ok().map(|s| *s),
-            cuDeviceGetCount: lib
-                .get::<cuDeviceGetCount_fn>(b"cuDeviceGetCount\0")
-                .ok()
-                .map(|s| *s),
-            cuDeviceGetName: lib
-                .get::<cuDeviceGetName_fn>(b"cuDeviceGetName\0")
-                .ok()
-                .map(|s| *s),
-            cuDeviceGetUuid_v2: lib
-                .get::<cuDeviceGetUuid_v2_fn>(b"cuDeviceGetUuid_v2\0")
-                .ok()
-                .map(|s| *s),
-            cuDeviceTotalMem_v2: lib
-                .get::<cuDeviceTotalMem_v2_fn>(b"cuDeviceTotalMem_v2\0")
-                .ok()
-                .map(|s| *s),
-            cuDeviceGetAttribute: lib
-                .get::<cuDeviceGetAttribute_fn>(b"cuDeviceGetAttribute\0")
-                .ok()
-                .map(|s| *s),
-            cuDevicePrimaryCtxRetain: lib
-                .get::<cuDevicePrimaryCtxRetain_fn>(b"cuDevicePrimaryCtxRetain\0")
-                .ok()
-                .map(|s| *s),
-            cuDevicePrimaryCtxRelease_v2: lib
-                .get::<cuDevicePrimaryCtxRelease_v2_fn>(b"cuDevicePrimaryCtxRelease_v2\0")
-                .ok()
-                .map(|s| *s),
-            cuCtxSetCurrent: lib
-                .get::<cuCtxSetCurrent_fn>(b"cuCtxSetCurrent\0")
-                .ok()
-                .map(|s| *s),
-            cuCtxSynchronize: lib
-                .get::<cuCtxSynchronize_fn>(b"cuCtxSynchronize\0")
-                .ok()
-                .map(|s| *s),
-            cuModuleLoadData: lib
-                .get::<cuModuleLoadData_fn>(b"cuModuleLoadData\0")
-                .ok()
-                .map(|s| *s),
-            cuModuleUnload: lib
-                .get::<cuModuleUnload_fn>(b"cuModuleUnload\0")
-                .ok()
-                .map(|s| *s),
-            cuModuleGetFunction: lib
-                .get::<cuModuleGetFunction_fn>(b"cuModuleGetFunction\0")
-                .ok()
-                .map(|s| *s),
-            cuMemGetInfo_v2: lib
-                .get::<cuMemGetInfo_v2_fn>(b"cuMemGetInfo_v2\0")
-                .ok()
-                .map(|s| *s),
-            cuMemAlloc_v2: lib
-                .get::<cuMemAlloc_v2_fn>(b"cuMemAlloc_v2\0")
-                .ok()
-                .map(|s| *s),
-            cuMemFree_v2: lib
-                .get::<cuMemFree_v2_fn>(b"cuMemFree_v2\0")
-                .ok()
-                .map(|s| *s),
-            cuMemGetAddressRange_v2: lib
-                .get::<cuMemGetAddressRange_v2_fn>(b"cuMemGetAddressRange_v2\0")
-                .ok()
-                .map(|s| *s),
-            cuMemFreeHost: lib
-                .get::<cuMemFreeHost_fn>(b"cuMemFreeHost\0")
-                .ok()
-                .map(|s| *s),
-            cuMemHostAlloc: lib
-                .get::<cuMemHostAlloc_fn>(b"cuMemHostAlloc\0")
-                .ok()
-                .map(|s| *s),
-            cuMemHostGetDevicePointer_v2: lib
-                .get::<cuMemHostGetDevicePointer_v2_fn>(b"cuMemHostGetDevicePointer_v2\0")
-                .ok()
-                .map(|s| *s),
-            cuDeviceGetPCIBusId: lib
-                .get::<cuDeviceGetPCIBusId_fn>(b"cuDeviceGetPCIBusId\0")
-                .ok()
-                .map(|s| *s),
-            cuIpcGetEventHandle: lib
-                .get::<cuIpcGetEventHandle_fn>(b"cuIpcGetEventHandle\0")
-                .ok()
-                .map(|s| *s),
-            cuIpcOpenEventHandle: lib
-                .get::<cuIpcOpenEventHandle_fn>(b"cuIpcOpenEventHandle\0")
-                .ok()
-                .map(|s| *s),
-            cuIpcGetMemHandle: lib
-                .get::<cuIpcGetMemHandle_fn>(b"cuIpcGetMemHandle\0")
-                .ok()
-                .map(|s| *s),
-            cuIpcOpenMemHandle_v2: lib
-                .get::<cuIpcOpenMemHandle_v2_fn>(b"cuIpcOpenMemHandle_v2\0")
-                .ok()
-                .map(|s| *s),
-            cuIpcCloseMemHandle: lib
-                .get::<cuIpcCloseMemHandle_fn>(b"cuIpcCloseMemHandle\0")
-                .ok()
-                .map(|s| *s),
-            cuMemHostRegister_v2: lib
-                .get::<cuMemHostRegister_v2_fn>(b"cuMemHostRegister_v2\0")
-                .ok()
-                .map(|s| *s),
-            cuMemHostUnregister: lib
-                .get::<cuMemHostUnregister_fn>(b"cuMemHostUnregister\0")
-                .ok()
-                .map(|s| *s),
-            cuMemcpyPeer: lib
-                .get::<cuMemcpyPeer_fn>(b"cuMemcpyPeer\0")
-                .ok()
-                .map(|s| *s),
-            cuMemcpyHtoD_v2: lib
-                .get::<cuMemcpyHtoD_v2_fn>(b"cuMemcpyHtoD_v2\0")
-                .ok()
-                .map(|s| *s),
-            cuMemcpyDtoH_v2: lib
-                .get::<cuMemcpyDtoH_v2_fn>(b"cuMemcpyDtoH_v2\0")
-                .ok()
-                .map(|s| *s),
-            cuMemcpyAsync: lib
-                .get::<cuMemcpyAsync_fn>(b"cuMemcpyAsync\0")
-                .ok()
-                .map(|s| *s),
-            cuMemcpyPeerAsync: lib
-                .get::<cuMemcpyPeerAsync_fn>(b"cuMemcpyPeerAsync\0")
-                .ok()
-                .map(|s| *s),
-            cuMemcpyHtoDAsync_v2: lib
-                .get::<cuMemcpyHtoDAsync_v2_fn>(b"cuMemcpyHtoDAsync_v2\0")
-                .ok()
-                .map(|s| *s),
-            cuMemcpyDtoHAsync_v2: lib
-                .get::<cuMemcpyDtoHAsync_v2_fn>(b"cuMemcpyDtoHAsync_v2\0")
-                .ok()
-                .map(|s| *s),
-            cuMemsetD8_v2: lib
-                .get::<cuMemsetD8_v2_fn>(b"cuMemsetD8_v2\0")
-                .ok()
-                .map(|s| *s),
-            cuMemsetD8Async: lib
-                .get::<cuMemsetD8Async_fn>(b"cuMemsetD8Async\0")
-                .ok()
-                .map(|s| *s),
-            cuMemAddressReserve: lib
-                .get::<cuMemAddressReserve_fn>(b"cuMemAddressReserve\0")
-                .ok()
-                .map(|s| *s),
-            cuMemAddressFree: lib
-                .get::<cuMemAddressFree_fn>(b"cuMemAddressFree\0")
-                .ok()
-                .map(|s| *s),
-            cuMemCreate: lib.get::<cuMemCreate_fn>(b"cuMemCreate\0").ok().map(|s| *s),
-            cuMemRelease: lib
-                .get::<cuMemRelease_fn>(b"cuMemRelease\0")
-                .ok()
-                .map(|s| *s),
-            cuMemMap: lib.get::<cuMemMap_fn>(b"cuMemMap\0").ok().map(|s| *s),
-            cuMemUnmap: lib.get::<cuMemUnmap_fn>(b"cuMemUnmap\0").ok().map(|s| *s),
-            cuMemSetAccess: lib
-                .get::<cuMemSetAccess_fn>(b"cuMemSetAccess\0")
-                .ok()
-                .map(|s| *s),
-            cuMemExportToShareableHandle: lib
-                .get::<cuMemExportToShareableHandle_fn>(b"cuMemExportToShareableHandle\0")
-                .ok()
-                .map(|s| *s),
-            cuMemImportFromShareableHandle: lib
-                .get::<cuMemImportFromShareableHandle_fn>(b"cuMemImportFromShareableHandle\0")
-                .ok()
-                .map(|s| *s),
-            cuMemGetAllocationGranularity: lib
-                .get::<cuMemGetAllocationGranularity_fn>(b"cuMemGetAllocationGranularity\0")
-                .ok()
-                .map(|s| *s),
-            cuPointerGetAttribute: lib
-                .get::<cuPointerGetAttribute_fn>(b"cuPointerGetAttribute\0")
-                .ok()
-                .map(|s| *s),
-            cuStreamCreate: lib
-                .get::<cuStreamCreate_fn>(b"cuStreamCreate\0")
-                .ok()
-                .map(|s| *s),
-            cuStreamWaitEvent: lib
-                .get::<cuStreamWaitEvent_fn>(b"cuStreamWaitEvent\0")
-                .ok()
-                .map(|s| *s),
-            cuStreamBeginCapture_v2: lib
-                .get::<cuStreamBeginCapture_v2_fn>(b"cuStreamBeginCapture_v2\0")
-                .ok()
-                .map(|s| *s),
-            cuStreamEndCapture: lib
-                .get::<cuStreamEndCapture_fn>(b"cuStreamEndCapture\0")
-                .ok()
-                .map(|s| *s),
-            cuStreamIsCapturing: lib
-                .get::<cuStreamIsCapturing_fn>(b"cuStreamIsCapturing\0")
-                .ok()
-                .map(|s| *s),
-            cuStreamQuery: lib
-                .get::<cuStreamQuery_fn>(b"cuStreamQuery\0")
-                .ok()
-                .map(|s| *s),
-            cuStreamSynchronize: lib
-                .get::<cuStreamSynchronize_fn>(b"cuStreamSynchronize\0")
-                .ok()
-                .map(|s| *s),
-            cuStreamDestroy_v2: lib
-                .get::<cuStreamDestroy_v2_fn>(b"cuStreamDestroy_v2\0")
-                .ok()
-                .map(|s| *s),
-            cuEventCreate: lib
-                .get::<cuEventCreate_fn>(b"cuEventCreate\0")
-                .ok()
-                .map(|s| *s),
-            cuEventRecord: lib
-                .get::<cuEventRecord_fn>(b"cuEventRecord\0")
-                .ok()
-                .map(|s| *s),
-            cuEventQuery: lib
-                .get::<cuEventQuery_fn>(b"cuEventQuery\0")
-                .ok()
-                .map(|s| *s),
-            cuEventSynchronize: lib
-                .get::<cuEventSynchronize_fn>(b"cuEventSynchronize\0")
-                .ok()
-                .map(|s| *s),
-            cuEventDestroy_v2: lib
-                .get::<cuEventDestroy_v2_fn>(b"cuEventDestroy_v2\0")
-                .ok()
-                .map(|s| *s),
-            cuEventElapsedTime: lib
-                .get::<cuEventElapsedTime_fn>(b"cuEventElapsedTime\0")
-                .ok()
-                .map(|s| *s),
-            cuStreamWriteValue64_v2: lib
-                .get::<cuStreamWriteValue64_v2_fn>(b"cuStreamWriteValue64_v2\0")
-                .ok()
-                .map(|s| *s),
-            cuLaunchKernel: lib
-                .get::<cuLaunchKernel_fn>(b"cuLaunchKernel\0")
-                .ok()
-                .map(|s| *s),
-            cuLaunchKernelEx: lib
-                .get::<cuLaunchKernelEx_fn>(b"cuLaunchKernelEx\0")
-                .ok()
-                .map(|s| *s),
-            cuGraphInstantiateWithFlags: lib
-                .get::<cuGraphInstantiateWithFlags_fn>(b"cuGraphInstantiateWithFlags\0")
-                .ok()
-                .map(|s| *s),
-            cuGraphLaunch: lib
-                .get::<cuGraphLaunch_fn>(b"cuGraphLaunch\0")
-                .ok()
-                .map(|s| *s),
-            cuGraphExecDestroy: lib
-                .get::<cuGraphExecDestroy_fn>(b"cuGraphExecDestroy\0")
-                .ok()
-                .map(|s| *s),
-            cuGraphDestroy: lib
-                .get::<cuGraphDestroy_fn>(b"cuGraphDestroy\0")
-                .ok()
-                .map(|s| *s),
-            cuOccupancyMaxActiveBlocksPerMultiprocessor: lib
-                .get::<cuOccupancyMaxActiveBlocksPerMultiprocessor_fn>(
-                    b"cuOccupancyMaxActiveBlocksPerMultiprocessor\0",
-                )
-                .ok()
-                .map(|s| *s),
-            cuDeviceCanAccessPeer: lib
-                .get::<cuDeviceCanAccessPeer_fn>(b"cuDeviceCanAccessPeer\0")
-                .ok()
-                .map(|s| *s),
-            cuCtxEnablePeerAccess: lib
-                .get::<cuCtxEnablePeerAccess_fn>(b"cuCtxEnablePeerAccess\0")
-                .ok()
-                .map(|s| *s),
-            cuCtxDisablePeerAccess: lib
-                .get::<cuCtxDisablePeerAccess_fn>(b"cuCtxDisablePeerAccess\0")
-                .ok()
-                .map(|s| *s),
-            cuDeviceGetP2PAttribute: lib
-                .get::<cuDeviceGetP2PAttribute_fn>(b"cuDeviceGetP2PAttribute\0")
-                .ok()
-                .map(|s| *s),
-        }
-    }))
-}
-
-/// Every entry point of this module, by its C name.
-pub const ENTRY_POINTS: [&str; 78] = [
-    "cuGetErrorString",
-    "cuGetErrorName",
-    "cuInit",
-    "cuDriverGetVersion",
-    "cuDeviceGet",
-    "cuDeviceGetCount",
-    "cuDeviceGetName",
-    "cuDeviceGetUuid_v2",
-    "cuDeviceTotalMem_v2",
-    "cuDeviceGetAttribute",
-    "cuDevicePrimaryCtxRetain",
-    "cuDevicePrimaryCtxRelease_v2",
-    "cuCtxSetCurrent",
-    "cuCtxSynchronize",
-    "cuModuleLoadData",
-    "cuModuleUnload",
-    "cuModuleGetFunction",
-    "cuMemGetInfo_v2",
-    "cuMemAlloc_v2",
-    "cuMemFree_v2",
-    "cuMemGetAddressRange_v2",
-    "cuMemFreeHost",
-    "cuMemHostAlloc",
-    "cuMemHostGetDevicePointer_v2",
-    "cuDeviceGetPCIBusId",
-    "cuIpcGetEventHandle",
-    "cuIpcOpenEventHandle",
-    "cuIpcGetMemHandle",
-    "cuIpcOpenMemHandle_v2",
-    "cuIpcCloseMemHandle",
-    "cuMemHostRegister_v2",
-    "cuMemHostUnregister",
-    "cuMemcpyPeer",
-    "cuMemcpyHtoD_v2",
-    "cuMemcpyDtoH_v2",
-    "cuMemcpyAsync",
-    "cuMemcpyPeerAsync",
-    "cuMemcpyHtoDAsync_v2",
-    "cuMemcpyDtoHAsync_v2",
-    "cuMemsetD8_v2",
-    "cuMemsetD8Async",
-    "cuMemAddressReserve",
-    "cuMemAddressFree",
-    "cuMemCreate",
-    "cuMemRelease",
-    "cuMemMap",
-    "cuMemUnmap",
-    "cuMemSetAccess",
-    "cuMemExportToShareableHandle",
-    "cuMemImportFromShareableHandle",
-    "cuMemGetAllocationGranularity",
-    "cuPointerGetAttribute",
-    "cuStreamCreate",
-    "cuStreamWaitEvent",
-    "cuStreamBeginCapture_v2",
-    "cuStreamEndCapture",
-    "cuStreamIsCapturing",
-    "cuStreamQuery",
-    "cuStreamSynchronize",
-    "cuStreamDestroy_v2",
-    "cuEventCreate",
-    "cuEventRecord",
-    "cuEventQuery",
-    "cuEventSynchronize",
-    "cuEventDestroy_v2",
-    "cuEventElapsedTime",
-    "cuStreamWriteValue64_v2",
-    "cuLaunchKernel",
-    "cuLaunchKernelEx",
-    "cuGraphInstantiateWithFlags",
-    "cuGraphLaunch",
-    "cuGraphExecDestroy",
-    "cuGraphDestroy",
-    "cuOccupancyMaxActiveBlocksPerMultiprocessor",
-    "cuDeviceCanAccessPeer",
-    "cuCtxEnablePeerAccess",
-    "cuCtxDisablePeerAccess",
-    "cuDeviceGetP2PAttribute",
-];
-
-/// Whether the loaded library has the entry point `name` (false before it is loaded, and for
-/// a name not in [`ENTRY_POINTS`]).
-pub fn has(name: &str) -> bool {
-    let Some(t) = table() else { return false };
-    match name {
-        "cuGetErrorString" => t.cuGetErrorString.is_some(),
-        "cuGetErrorName" => t.cuGetErrorName.is_some(),
-        "cuInit" => t.cuInit.is_some(),
-        "cuDriverGetVersion" => t.cuDriverGetVersion.is_some(),
-        "cuDeviceGet" => t.cuDeviceGet.is_some(),
-        "cuDeviceGetCount" => t.cuDeviceGetCount.is_some(),
-        "cuDeviceGetName" => t.cuDeviceGetName.is_some(),
-        "cuDeviceGetUuid_v2" => t.cuDeviceGetUuid_v2.is_some(),
-        "cuDeviceTotalMem_v2" => t.cuDeviceTotalMem_v2.is_some(),
-        "cuDeviceGetAttribute" => t.cuDeviceGetAttribute.is_some(),
-        "cuDevicePrimaryCtxRetain" => t.cuDevicePrimaryCtxRetain.is_some(),
-        "cuDevicePrimaryCtxRelease_v2" => t.cuDevicePrimaryCtxRelease_v2.is_some(),
-        "cuCtxSetCurrent" => t.cuCtxSetCurrent.is_some(),
-        "cuCtxSynchronize" => t.cuCtxSynchronize.is_some(),
-        "cuModuleLoadData" => t.cuModuleLoadData.is_some(),
-        "cuModuleUnload" => t.cuModuleUnload.is_some(),
-        "cuModuleGetFunction" => t.cuModuleGetFunction.is_some(),
-        "cuMemGetInfo_v2" => t.cuMemGetInfo_v2.is_some(),
-        "cuMemAlloc_v2" => t.cuMemAlloc_v2.is_some(),
-        "cuMemFree_v2" => t.cuMemFree_v2.is_some(),
-        "cuMemGetAddressRange_v2" => t.cuMemGetAddressRange_v2.is_some(),
-        "cuMemFreeHost" => t.cuMemFreeHost.is_some(),
-        "cuMemHostAlloc" => t.cuMemHostAlloc.is_some(),
-        "cuMemHostGetDevicePointer_v2" => t.cuMemHostGetDevicePointer_v2.is_some(),
-        "cuDeviceGetPCIBusId" => t.cuDeviceGetPCIBusId.is_some(),
-        "cuIpcGetEventHandle" => t.cuIpcGetEventHandle.is_some(),
-        "cuIpcOpenEventHandle" => t.cuIpcOpenEventHandle.is_some(),
-        "cuIpcGetMemHandle" => t.cuIpcGetMemHandle.is_some(),
-        "cuIpcOpenMemHandle_v2" => t.cuIpcOpenMemHandle_v2.is_some(),
-        "cuIpcCloseMemHandle" => t.cuIpcCloseMemHandle.is_some(),
-        "cuMemHostRegister_v2" => t.cuMemHostRegister_v2.is_some(),
-        "cuMemHostUnregister" => t.cuMemHostUnregister.is_some(),
-        "cuMemcpyPeer" => t.cuMemcpyPeer.is_some(),
-        "cuMemcpyHtoD_v2" => t.cuMemcpyHtoD_v2.is_some(),
-        "cuMemcpyDtoH_v2" => t.cuMemcpyDtoH_v2.is_some(),
-        "cuMemcpyAsync" => t.cuMemcpyAsync.is_some(),
-        "cuMemcpyPeerAsync" => t.cuMemcpyPeerAsync.is_some(),
-        "cuMemcpyHtoDAsync_v2" => t.cuMemcpyHtoDAsync_v2.is_some(),
-        "cuMemcpyDtoHAsync_v2" => t.cuMemcpyDtoHAsync_v2.is_some(),
-        "cuMemsetD8_v2" => t.cuMemsetD8_v2.is_some(),
-        "cuMemsetD8Async" => t.cuMemsetD8Async.is_some(),
-        "cuMemAddressReserve" => t.cuMemAddressReserve.is_some(),
-        "cuMemAddressFree" => t.cuMemAddressFree.is_some(),
-        "cuMemCreate" => t.cuMemCreate.is_some(),
-        "cuMemRelease" => t.cuMemRelease.is_some(),
-        "cuMemMap" => t.cuMemMap.is_some(),
-        "cuMemUnmap" => t.cuMemUnmap.is_some(),
-        "cuMemSetAccess" => t.cuMemSetAccess.is_some(),
-        "cuMemExportToShareableHandle" => t.cuMemExportToShareableHandle.is_some(),
-        "cuMemImportFromShareableHandle" => t.cuMemImportFromShareableHandle.is_some(),
-        "cuMemGetAllocationGranularity" => t.cuMemGetAllocationGranularity.is_some(),
-        "cuPointerGetAttribute" => t.cuPointerGetAttribute.is_some(),
-        "cuStreamCreate" => t.cuStreamCreate.is_some(),
-        "cuStreamWaitEvent" => t.cuStreamWaitEvent.is_some(),
-        "cuStreamBeginCapture_v2" => t.cuStreamBeginCapture_v2.is_some(),
-        "cuStreamEndCapture" => t.cuStreamEndCapture.is_some(),
-        "cuStreamIsCapturing" => t.cuStreamIsCapturing.is_some(),
-        "cuStreamQuery" => t.cuStreamQuery.is_some(),
-        "cuStreamSynchronize" => t.cuStreamSynchronize.is_some(),
-        "cuStreamDestroy_v2" => t.cuStreamDestroy_v2.is_some(),
-        "cuEventCreate" => t.cuEventCreate.is_some(),
-        "cuEventRecord" => t.cuEventRecord.is_some(),
-        "cuEventQuery" => t.cuEventQuery.is_some(),
-        "cuEventSynchronize" => t.cuEventSynchronize.is_some(),
-        "cuEventDestroy_v2" => t.cuEventDestroy_v2.is_some(),
-        "cuEventElapsedTime" => t.cuEventElapsedTime.is_some(),
-        "cuStreamWriteValue64_v2" => t.cuStreamWriteValue64_v2.is_some(),
-        "cuLaunchKernel" => t.cuLaunchKernel.is_some(),
-        "cuLaunchKernelEx" => t.cuLaunchKernelEx.is_some(),
-        "cuGraphInstantiateWithFlags" => t.cuGraphInstantiateWithFlags.is_some(),
-        "cuGraphLaunch" => t.cuGraphLaunch.is_some(),
-        "cuGraphExecDestroy" => t.cuGraphExecDestroy.is_some(),
-        "cuGraphDestroy" => t.cuGraphDestroy.is_some(),
-        "cuOccupancyMaxActiveBlocksPerMultiprocessor" => {
-            t.cuOccupancyMaxActiveBlocksPerMultiprocessor.is_some()
-        }
-        "cuDeviceCanAccessPeer" => t.cuDeviceCanAccessPeer.is_some(),
-        "cuCtxEnablePeerAccess" => t.cuCtxEnablePeerAccess.is_some(),
-        "cuCtxDisablePeerAccess" => t.cuCtxDisablePeerAccess.is_some(),
-        "cuDeviceGetP2PAttribute" => t.cuDeviceGetP2PAttribute.is_some(),
-        _ => false,
-    }
 }
 
 /// `cuGetErrorString` of the loaded library (`CUresult::CUDA_ERROR_NOT_FOUND` where it lacks it).

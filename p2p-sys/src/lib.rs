@@ -43,6 +43,7 @@ mod error;
 pub mod nvml;
 pub mod nvrtc;
 pub mod probe;
+mod table;
 
 #[cfg(feature = "tools")]
 pub use cudarc::nccl::sys as nccl;

@@ -74,99 +74,19 @@ type nvrtcGetProgramLogSize_fn =
 type nvrtcGetProgramLog_fn =
     unsafe extern "C" fn(prog: nvrtcProgram, log: *mut ::core::ffi::c_char) -> nvrtcResult;
 
-/// The entry points, resolved from the loaded library.
-struct Table {
-    nvrtcGetErrorString: Option<nvrtcGetErrorString_fn>,
-    nvrtcVersion: Option<nvrtcVersion_fn>,
-    nvrtcCreateProgram: Option<nvrtcCreateProgram_fn>,
-    nvrtcDestroyProgram: Option<nvrtcDestroyProgram_fn>,
-    nvrtcCompileProgram: Option<nvrtcCompileProgram_fn>,
-    nvrtcGetCUBINSize: Option<nvrtcGetCUBINSize_fn>,
-    nvrtcGetCUBIN: Option<nvrtcGetCUBIN_fn>,
-    nvrtcGetProgramLogSize: Option<nvrtcGetProgramLogSize_fn>,
-    nvrtcGetProgramLog: Option<nvrtcGetProgramLog_fn>,
+crate::table::entry_table! {
+library: Nvrtc,
+entries: {
+    nvrtcGetErrorString: nvrtcGetErrorString_fn,
+    nvrtcVersion: nvrtcVersion_fn,
+    nvrtcCreateProgram: nvrtcCreateProgram_fn,
+    nvrtcDestroyProgram: nvrtcDestroyProgram_fn,
+    nvrtcCompileProgram: nvrtcCompileProgram_fn,
+    nvrtcGetCUBINSize: nvrtcGetCUBINSize_fn,
+    nvrtcGetCUBIN: nvrtcGetCUBIN_fn,
+    nvrtcGetProgramLogSize: nvrtcGetProgramLogSize_fn,
+    nvrtcGetProgramLog: nvrtcGetProgramLog_fn,
 }
-
-/// The table, once the library is loaded (`None` before [`crate::probe::require`] found it).
-fn table() -> Option<&'static Table> {
-    static TABLE: std::sync::OnceLock<Table> = std::sync::OnceLock::new();
-    if let Some(t) = TABLE.get() {
-        return Some(t);
-    }
-    let lib = crate::probe::handle(crate::Library::Nvrtc)?;
-    // SAFETY: each symbol is looked up with the signature its C header declares; a symbol
-    // the library lacks stays `None`. The library stays loaded for the process's life.
-    Some(TABLE.get_or_init(|| unsafe {
-        Table {
-            nvrtcGetErrorString: lib
-                .get::<nvrtcGetErrorString_fn>(b"nvrtcGetErrorString\0")
-                .ok()
-                .map(|s| *s),
-            nvrtcVersion: lib
-                .get::<nvrtcVersion_fn>(b"nvrtcVersion\0")
-                .ok()
-                .map(|s| *s),
-            nvrtcCreateProgram: lib
-                .get::<nvrtcCreateProgram_fn>(b"nvrtcCreateProgram\0")
-                .ok()
-                .map(|s| *s),
-            nvrtcDestroyProgram: lib
-                .get::<nvrtcDestroyProgram_fn>(b"nvrtcDestroyProgram\0")
-                .ok()
-                .map(|s| *s),
-            nvrtcCompileProgram: lib
-                .get::<nvrtcCompileProgram_fn>(b"nvrtcCompileProgram\0")
-                .ok()
-                .map(|s| *s),
-            nvrtcGetCUBINSize: lib
-                .get::<nvrtcGetCUBINSize_fn>(b"nvrtcGetCUBINSize\0")
-                .ok()
-                .map(|s| *s),
-            nvrtcGetCUBIN: lib
-                .get::<nvrtcGetCUBIN_fn>(b"nvrtcGetCUBIN\0")
-                .ok()
-                .map(|s| *s),
-            nvrtcGetProgramLogSize: lib
-                .get::<nvrtcGetProgramLogSize_fn>(b"nvrtcGetProgramLogSize\0")
-                .ok()
-                .map(|s| *s),
-            nvrtcGetProgramLog: lib
-                .get::<nvrtcGetProgramLog_fn>(b"nvrtcGetProgramLog\0")
-                .ok()
-                .map(|s| *s),
-        }
-    }))
-}
-
-/// Every entry point of this module, by its C name.
-pub const ENTRY_POINTS: [&str; 9] = [
-    "nvrtcGetErrorString",
-    "nvrtcVersion",
-    "nvrtcCreateProgram",
-    "nvrtcDestroyProgram",
-    "nvrtcCompileProgram",
-    "nvrtcGetCUBINSize",
-    "nvrtcGetCUBIN",
-    "nvrtcGetProgramLogSize",
-    "nvrtcGetProgramLog",
-];
-
-/// Whether the loaded library has the entry point `name` (false before it is loaded, and for
-/// a name not in [`ENTRY_POINTS`]).
-pub fn has(name: &str) -> bool {
-    let Some(t) = table() else { return false };
-    match name {
-        "nvrtcGetErrorString" => t.nvrtcGetErrorString.is_some(),
-        "nvrtcVersion" => t.nvrtcVersion.is_some(),
-        "nvrtcCreateProgram" => t.nvrtcCreateProgram.is_some(),
-        "nvrtcDestroyProgram" => t.nvrtcDestroyProgram.is_some(),
-        "nvrtcCompileProgram" => t.nvrtcCompileProgram.is_some(),
-        "nvrtcGetCUBINSize" => t.nvrtcGetCUBINSize.is_some(),
-        "nvrtcGetCUBIN" => t.nvrtcGetCUBIN.is_some(),
-        "nvrtcGetProgramLogSize" => t.nvrtcGetProgramLogSize.is_some(),
-        "nvrtcGetProgramLog" => t.nvrtcGetProgramLog.is_some(),
-        _ => false,
-    }
 }
 
 /// `nvrtcGetErrorString` of the loaded library (`::core::ptr::null()` where it lacks it).

@@ -16,7 +16,8 @@ fn gpu1_driver_loads_reports_its_version_and_has_every_entry_point() {
         p2p_sys::MIN_DRIVER_VERSION
     );
     let missing: Vec<&str> = cuda::ENTRY_POINTS
-        .into_iter()
+        .iter()
+        .copied()
         .filter(|e| !cuda::has(e))
         .collect();
     assert!(missing.is_empty(), "libcuda lacks {missing:?}");
@@ -57,7 +58,8 @@ fn gpu1_runtime_and_nvrtc_load_and_name_their_errors() {
     eprintln!("NVRTC {major}.{minor}");
     assert!(major >= 12);
     let missing: Vec<&str> = p2p_sys::nvrtc::ENTRY_POINTS
-        .into_iter()
+        .iter()
+        .copied()
         .filter(|e| !p2p_sys::nvrtc::has(e))
         .collect();
     assert!(missing.is_empty(), "libnvrtc lacks {missing:?}");
@@ -91,7 +93,8 @@ fn gpu1_generated_checkpoint_bindings_resolve_and_answer() {
     p2p_sys::init_driver().expect("cuInit");
     use p2p_sys::checkpoint::{self, CUprocessState};
     let missing: Vec<&str> = checkpoint::ENTRY_POINTS
-        .into_iter()
+        .iter()
+        .copied()
         .filter(|e| !checkpoint::has(e))
         .collect();
     assert!(

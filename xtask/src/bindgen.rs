@@ -412,47 +412,16 @@ fn module_text(m: &Module, generated: &str) -> Result<String> {
     for d in &decls {
         out.push_str(&format!("type {}_fn = {};\n", d.name, d.fn_type()));
     }
-    out.push_str("\n/// The entry points, resolved from the loaded library.\nstruct Table {\n");
-    for d in &decls {
-        out.push_str(&format!("    {0}: Option<{0}_fn>,\n", d.name));
-    }
-    out.push_str("}\n\n");
+    // The table, its loader, ENTRY_POINTS and has(): one macro for every module (p2p-sys's
+    // table.rs), so the generated modules repeat nothing but their entries.
     out.push_str(&format!(
-        "/// The table, once the library is loaded (`None` before [`crate::probe::require`] found it).\n\
-         fn table() -> Option<&'static Table> {{\n\
-         static TABLE: std::sync::OnceLock<Table> = std::sync::OnceLock::new();\n\
-         if let Some(t) = TABLE.get() {{ return Some(t); }}\n\
-         let lib = crate::probe::handle(crate::Library::{library})?;\n\
-         // SAFETY: each symbol is looked up with the signature its C header declares; a symbol\n\
-         // the library lacks stays `None`. The library stays loaded for the process's life.\n\
-         Some(TABLE.get_or_init(|| unsafe {{ Table {{\n",
-        library = m.library
+        "\ncrate::table::entry_table! {{\nlibrary: {},\nentries: {{\n",
+        m.library
     ));
     for d in &decls {
-        out.push_str(&format!(
-            "    {0}: lib.get::<{0}_fn>(b\"{0}\\0\").ok().map(|s| *s),\n",
-            d.name
-        ));
+        out.push_str(&format!("    {0}: {0}_fn,\n", d.name));
     }
-    out.push_str("} }))\n}\n\n");
-    out.push_str(&format!(
-        "/// Every entry point of this module, by its C name.\npub const ENTRY_POINTS: [&str; {}] = [{}];\n\n",
-        decls.len(),
-        names
-            .iter()
-            .map(|n| format!("\"{n}\""))
-            .collect::<Vec<_>>()
-            .join(", ")
-    ));
-    out.push_str(
-        "/// Whether the loaded library has the entry point `name` (false before it is loaded, and for\n\
-         /// a name not in [`ENTRY_POINTS`]).\npub fn has(name: &str) -> bool {\n\
-         let Some(t) = table() else { return false };\nmatch name {\n",
-    );
-    for d in &decls {
-        out.push_str(&format!("    \"{0}\" => t.{0}.is_some(),\n", d.name));
-    }
-    out.push_str("    _ => false,\n}\n}\n\n");
+    out.push_str("}\n}\n\n");
     for d in &decls {
         let missing = if d.ret == m.result {
             m.missing.to_string()

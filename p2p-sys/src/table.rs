@@ -1,0 +1,68 @@
+//! The one loader of every generated binding module (`cargo xtask bindgen` writes a call of
+//! [`entry_table!`] into each): a table of a library's entry points, resolved at first use, and
+//! the names and presence checks that go with it.
+
+/// Declares, in the calling module, the `Table` of the listed entry points (each
+/// `name: name_fn`, the function-pointer type bindgen's declaration gives), `table()` (`None`
+/// until [`crate::probe`] has loaded `library`; then each entry, `None` where the library lacks
+/// the symbol), `ENTRY_POINTS` (the C names) and `has(name)`.
+macro_rules! entry_table {
+    (library: $library:ident, entries: { $($name:ident: $ty:ty),+ $(,)? }) => {
+        /// The entry points, resolved from the loaded library.
+        struct Table {
+            $($name: Option<$ty>,)+
+        }
+
+        /// The table, once the library is loaded (`None` before [`crate::probe::require`]
+        /// found it).
+        fn table() -> Option<&'static Table> {
+            static TABLE: std::sync::OnceLock<Table> = std::sync::OnceLock::new();
+            if let Some(t) = TABLE.get() {
+                return Some(t);
+            }
+            let lib = crate::probe::handle(crate::Library::$library)?;
+            // SAFETY: each symbol is looked up with the signature its C header declares; a
+            // symbol the library lacks stays `None`. The library stays loaded for the
+            // process's life.
+            Some(TABLE.get_or_init(|| unsafe {
+                Table {
+                    $($name: lib
+                        .get::<$ty>(concat!(stringify!($name), "\0").as_bytes())
+                        .ok()
+                        .map(|s| *s),)+
+                }
+            }))
+        }
+
+        /// Every entry point of this module, by its C name.
+        pub const ENTRY_POINTS: &[&str] = &[$(stringify!($name)),+];
+
+        /// Whether the loaded library has the entry point `name` (false before it is loaded,
+        /// and for a name not in [`ENTRY_POINTS`]).
+        pub fn has(name: &str) -> bool {
+            let Some(t) = table() else { return false };
+            match name {
+                $(stringify!($name) => t.$name.is_some(),)+
+                _ => false,
+            }
+        }
+    };
+}
+
+pub(crate) use entry_table;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn each_module_lists_its_entries_and_has_none_before_its_library_loads() {
+        assert!(crate::cuda::ENTRY_POINTS.contains(&"cuLaunchKernelEx"));
+        assert!(crate::nvrtc::ENTRY_POINTS.contains(&"nvrtcCompileProgram"));
+        assert_eq!(crate::ctx_event::ENTRY_POINTS, ["cuCtxRecordEvent"]);
+        assert!(!crate::cuda::has("cuNotAnEntryPoint"));
+        // No library is loaded in a unit test on a machine without CUDA; where one is, the
+        // real entry still answers and the unknown name still does not.
+        if !crate::probe::is_loaded(crate::Library::Cuda) {
+            assert!(!crate::cuda::has("cuLaunchKernelEx"));
+        }
+    }
+}
