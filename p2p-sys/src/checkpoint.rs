@@ -104,92 +104,11 @@ entries: {
 }
 }
 
-/// `cuCheckpointProcessGetRestoreThreadId` of the loaded library (`CUresult::CUDA_ERROR_NOT_FOUND` where it lacks it).
-///
-/// # Safety
-/// The C function's contract: valid pointers and handles, as its documentation says.
-#[inline]
-pub unsafe fn cuCheckpointProcessGetRestoreThreadId(
-    pid: ::core::ffi::c_int,
-    tid: *mut ::core::ffi::c_int,
-) -> CUresult {
-    match table().and_then(|t| t.cuCheckpointProcessGetRestoreThreadId) {
-        Some(entry__) => entry__(pid, tid),
-        None => CUresult::CUDA_ERROR_NOT_FOUND,
-    }
-}
-
-/// `cuCheckpointProcessGetState` of the loaded library (`CUresult::CUDA_ERROR_NOT_FOUND` where it lacks it).
-///
-/// # Safety
-/// The C function's contract: valid pointers and handles, as its documentation says.
-#[inline]
-pub unsafe fn cuCheckpointProcessGetState(
-    pid: ::core::ffi::c_int,
-    state: *mut CUprocessState,
-) -> CUresult {
-    match table().and_then(|t| t.cuCheckpointProcessGetState) {
-        Some(entry__) => entry__(pid, state),
-        None => CUresult::CUDA_ERROR_NOT_FOUND,
-    }
-}
-
-/// `cuCheckpointProcessLock` of the loaded library (`CUresult::CUDA_ERROR_NOT_FOUND` where it lacks it).
-///
-/// # Safety
-/// The C function's contract: valid pointers and handles, as its documentation says.
-#[inline]
-pub unsafe fn cuCheckpointProcessLock(
-    pid: ::core::ffi::c_int,
-    args: *mut CUcheckpointLockArgs,
-) -> CUresult {
-    match table().and_then(|t| t.cuCheckpointProcessLock) {
-        Some(entry__) => entry__(pid, args),
-        None => CUresult::CUDA_ERROR_NOT_FOUND,
-    }
-}
-
-/// `cuCheckpointProcessCheckpoint` of the loaded library (`CUresult::CUDA_ERROR_NOT_FOUND` where it lacks it).
-///
-/// # Safety
-/// The C function's contract: valid pointers and handles, as its documentation says.
-#[inline]
-pub unsafe fn cuCheckpointProcessCheckpoint(
-    pid: ::core::ffi::c_int,
-    args: *mut CUcheckpointCheckpointArgs,
-) -> CUresult {
-    match table().and_then(|t| t.cuCheckpointProcessCheckpoint) {
-        Some(entry__) => entry__(pid, args),
-        None => CUresult::CUDA_ERROR_NOT_FOUND,
-    }
-}
-
-/// `cuCheckpointProcessRestore` of the loaded library (`CUresult::CUDA_ERROR_NOT_FOUND` where it lacks it).
-///
-/// # Safety
-/// The C function's contract: valid pointers and handles, as its documentation says.
-#[inline]
-pub unsafe fn cuCheckpointProcessRestore(
-    pid: ::core::ffi::c_int,
-    args: *mut CUcheckpointRestoreArgs,
-) -> CUresult {
-    match table().and_then(|t| t.cuCheckpointProcessRestore) {
-        Some(entry__) => entry__(pid, args),
-        None => CUresult::CUDA_ERROR_NOT_FOUND,
-    }
-}
-
-/// `cuCheckpointProcessUnlock` of the loaded library (`CUresult::CUDA_ERROR_NOT_FOUND` where it lacks it).
-///
-/// # Safety
-/// The C function's contract: valid pointers and handles, as its documentation says.
-#[inline]
-pub unsafe fn cuCheckpointProcessUnlock(
-    pid: ::core::ffi::c_int,
-    args: *mut CUcheckpointUnlockArgs,
-) -> CUresult {
-    match table().and_then(|t| t.cuCheckpointProcessUnlock) {
-        Some(entry__) => entry__(pid, args),
-        None => CUresult::CUDA_ERROR_NOT_FOUND,
-    }
+crate::table::entry_fns! {
+    fn cuCheckpointProcessGetRestoreThreadId(pid: ::core::ffi::c_int, tid: *mut ::core::ffi::c_int) -> CUresult = CUresult::CUDA_ERROR_NOT_FOUND, "CUresult::CUDA_ERROR_NOT_FOUND";
+    fn cuCheckpointProcessGetState(pid: ::core::ffi::c_int, state: *mut CUprocessState) -> CUresult = CUresult::CUDA_ERROR_NOT_FOUND, "CUresult::CUDA_ERROR_NOT_FOUND";
+    fn cuCheckpointProcessLock(pid: ::core::ffi::c_int, args: *mut CUcheckpointLockArgs) -> CUresult = CUresult::CUDA_ERROR_NOT_FOUND, "CUresult::CUDA_ERROR_NOT_FOUND";
+    fn cuCheckpointProcessCheckpoint(pid: ::core::ffi::c_int, args: *mut CUcheckpointCheckpointArgs) -> CUresult = CUresult::CUDA_ERROR_NOT_FOUND, "CUresult::CUDA_ERROR_NOT_FOUND";
+    fn cuCheckpointProcessRestore(pid: ::core::ffi::c_int, args: *mut CUcheckpointRestoreArgs) -> CUresult = CUresult::CUDA_ERROR_NOT_FOUND, "CUresult::CUDA_ERROR_NOT_FOUND";
+    fn cuCheckpointProcessUnlock(pid: ::core::ffi::c_int, args: *mut CUcheckpointUnlockArgs) -> CUresult = CUresult::CUDA_ERROR_NOT_FOUND, "CUresult::CUDA_ERROR_NOT_FOUND";
 }

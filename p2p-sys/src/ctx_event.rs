@@ -32,14 +32,6 @@ entries: {
 }
 }
 
-/// `cuCtxRecordEvent` of the loaded library (`CUresult::CUDA_ERROR_NOT_FOUND` where it lacks it).
-///
-/// # Safety
-/// The C function's contract: valid pointers and handles, as its documentation says.
-#[inline]
-pub unsafe fn cuCtxRecordEvent(hCtx: CUcontext, hEvent: CUevent) -> CUresult {
-    match table().and_then(|t| t.cuCtxRecordEvent) {
-        Some(entry__) => entry__(hCtx, hEvent),
-        None => CUresult::CUDA_ERROR_NOT_FOUND,
-    }
+crate::table::entry_fns! {
+    fn cuCtxRecordEvent(hCtx: CUcontext, hEvent: CUevent) -> CUresult = CUresult::CUDA_ERROR_NOT_FOUND, "CUresult::CUDA_ERROR_NOT_FOUND";
 }

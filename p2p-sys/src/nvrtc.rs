@@ -89,126 +89,16 @@ entries: {
 }
 }
 
-/// `nvrtcGetErrorString` of the loaded library (`::core::ptr::null()` where it lacks it).
-///
-/// # Safety
-/// The C function's contract: valid pointers and handles, as its documentation says.
-#[inline]
-pub unsafe fn nvrtcGetErrorString(result: nvrtcResult) -> *const ::core::ffi::c_char {
-    match table().and_then(|t| t.nvrtcGetErrorString) {
-        Some(entry__) => entry__(result),
-        None => ::core::ptr::null(),
-    }
-}
-
-/// `nvrtcVersion` of the loaded library (`nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR` where it lacks it).
-///
-/// # Safety
-/// The C function's contract: valid pointers and handles, as its documentation says.
-#[inline]
-pub unsafe fn nvrtcVersion(
-    major: *mut ::core::ffi::c_int,
-    minor: *mut ::core::ffi::c_int,
-) -> nvrtcResult {
-    match table().and_then(|t| t.nvrtcVersion) {
-        Some(entry__) => entry__(major, minor),
-        None => nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR,
-    }
-}
-
-/// `nvrtcCreateProgram` of the loaded library (`nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR` where it lacks it).
-///
-/// # Safety
-/// The C function's contract: valid pointers and handles, as its documentation says.
-#[inline]
-pub unsafe fn nvrtcCreateProgram(
-    prog: *mut nvrtcProgram,
-    src: *const ::core::ffi::c_char,
-    name: *const ::core::ffi::c_char,
-    numHeaders: ::core::ffi::c_int,
-    headers: *const *const ::core::ffi::c_char,
-    includeNames: *const *const ::core::ffi::c_char,
-) -> nvrtcResult {
-    match table().and_then(|t| t.nvrtcCreateProgram) {
-        Some(entry__) => entry__(prog, src, name, numHeaders, headers, includeNames),
-        None => nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR,
-    }
-}
-
-/// `nvrtcDestroyProgram` of the loaded library (`nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR` where it lacks it).
-///
-/// # Safety
-/// The C function's contract: valid pointers and handles, as its documentation says.
-#[inline]
-pub unsafe fn nvrtcDestroyProgram(prog: *mut nvrtcProgram) -> nvrtcResult {
-    match table().and_then(|t| t.nvrtcDestroyProgram) {
-        Some(entry__) => entry__(prog),
-        None => nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR,
-    }
-}
-
-/// `nvrtcCompileProgram` of the loaded library (`nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR` where it lacks it).
-///
-/// # Safety
-/// The C function's contract: valid pointers and handles, as its documentation says.
-#[inline]
-pub unsafe fn nvrtcCompileProgram(
-    prog: nvrtcProgram,
-    numOptions: ::core::ffi::c_int,
-    options: *const *const ::core::ffi::c_char,
-) -> nvrtcResult {
-    match table().and_then(|t| t.nvrtcCompileProgram) {
-        Some(entry__) => entry__(prog, numOptions, options),
-        None => nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR,
-    }
-}
-
-/// `nvrtcGetCUBINSize` of the loaded library (`nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR` where it lacks it).
-///
-/// # Safety
-/// The C function's contract: valid pointers and handles, as its documentation says.
-#[inline]
-pub unsafe fn nvrtcGetCUBINSize(prog: nvrtcProgram, cubinSizeRet: *mut usize) -> nvrtcResult {
-    match table().and_then(|t| t.nvrtcGetCUBINSize) {
-        Some(entry__) => entry__(prog, cubinSizeRet),
-        None => nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR,
-    }
-}
-
-/// `nvrtcGetCUBIN` of the loaded library (`nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR` where it lacks it).
-///
-/// # Safety
-/// The C function's contract: valid pointers and handles, as its documentation says.
-#[inline]
-pub unsafe fn nvrtcGetCUBIN(prog: nvrtcProgram, cubin: *mut ::core::ffi::c_char) -> nvrtcResult {
-    match table().and_then(|t| t.nvrtcGetCUBIN) {
-        Some(entry__) => entry__(prog, cubin),
-        None => nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR,
-    }
-}
-
-/// `nvrtcGetProgramLogSize` of the loaded library (`nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR` where it lacks it).
-///
-/// # Safety
-/// The C function's contract: valid pointers and handles, as its documentation says.
-#[inline]
-pub unsafe fn nvrtcGetProgramLogSize(prog: nvrtcProgram, logSizeRet: *mut usize) -> nvrtcResult {
-    match table().and_then(|t| t.nvrtcGetProgramLogSize) {
-        Some(entry__) => entry__(prog, logSizeRet),
-        None => nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR,
-    }
-}
-
-/// `nvrtcGetProgramLog` of the loaded library (`nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR` where it lacks it).
-///
-/// # Safety
-/// The C function's contract: valid pointers and handles, as its documentation says.
-#[inline]
-pub unsafe fn nvrtcGetProgramLog(prog: nvrtcProgram, log: *mut ::core::ffi::c_char) -> nvrtcResult {
-    match table().and_then(|t| t.nvrtcGetProgramLog) {
-        Some(entry__) => entry__(prog, log),
-        None => nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR,
-    }
+crate::table::entry_fns! {
+    fn nvrtcGetErrorString(result: nvrtcResult) -> *const ::core::ffi::c_char = ::core::ptr::null(), "::core::ptr::null()";
+    fn nvrtcVersion(major: *mut ::core::ffi::c_int, minor: *mut ::core::ffi::c_int) -> nvrtcResult = nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR, "nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR";
+    fn nvrtcCreateProgram(prog: *mut nvrtcProgram, src: *const ::core::ffi::c_char, name: *const ::core::ffi::c_char, numHeaders: ::core::ffi::c_int, headers: *const *const ::core::ffi::c_char, includeNames: *const *const ::core::ffi::c_char) -> nvrtcResult = nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR, "nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR";
+    fn nvrtcDestroyProgram(prog: *mut nvrtcProgram) -> nvrtcResult = nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR, "nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR";
+    fn nvrtcCompileProgram(prog: nvrtcProgram, numOptions: ::core::ffi::c_int, options: *const *const ::core::ffi::c_char) -> nvrtcResult = nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR, "nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR";
+    fn nvrtcGetCUBINSize(prog: nvrtcProgram, cubinSizeRet: *mut usize) -> nvrtcResult = nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR, "nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR";
+    fn nvrtcGetCUBIN(prog: nvrtcProgram, cubin: *mut ::core::ffi::c_char) -> nvrtcResult = nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR, "nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR";
+    fn nvrtcGetProgramLogSize(prog: nvrtcProgram, logSizeRet: *mut usize) -> nvrtcResult = nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR, "nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR";
+    fn nvrtcGetProgramLog(prog: nvrtcProgram, log: *mut ::core::ffi::c_char) -> nvrtcResult = nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR, "nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR";
 }
 
 impl nvrtcResult {

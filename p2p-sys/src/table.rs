@@ -49,6 +49,26 @@ macro_rules! entry_table {
     };
 }
 
+/// Declares, in the calling module (after [`entry_table!`]), one free function per entry point
+/// with the C name and signature: it calls the loaded library's entry, or returns the given
+/// "missing" value (documented by the string beside it) where the library lacks it.
+macro_rules! entry_fns {
+    ($(fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty = $missing:expr, $missing_doc:literal;)+) => {$(
+        #[doc = concat!("`", stringify!($name), "` of the loaded library (`", $missing_doc, "` where it lacks it).")]
+        #[doc = ""]
+        #[doc = "# Safety"]
+        #[doc = "The C function's contract: valid pointers and handles, as its documentation says."]
+        #[inline]
+        pub unsafe fn $name($($arg: $ty),*) -> $ret {
+            match table().and_then(|t| t.$name) {
+                Some(entry__) => entry__($($arg),*),
+                None => $missing,
+            }
+        }
+    )+};
+}
+
+pub(crate) use entry_fns;
 pub(crate) use entry_table;
 
 #[cfg(test)]

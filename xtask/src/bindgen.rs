@@ -422,6 +422,8 @@ fn module_text(m: &Module, generated: &str) -> Result<String> {
         out.push_str(&format!("    {0}: {0}_fn,\n", d.name));
     }
     out.push_str("}\n}\n\n");
+    // One wrapper per entry point, all through one macro (p2p-sys's table.rs).
+    let mut fns = String::from("crate::table::entry_fns! {\n");
     for d in &decls {
         let missing = if d.ret == m.result {
             m.missing.to_string()
@@ -434,20 +436,15 @@ fn module_text(m: &Module, generated: &str) -> Result<String> {
             ));
         };
         let params: Vec<String> = d.params.iter().map(|(n, t)| format!("{n}: {t}")).collect();
-        let args: Vec<&str> = d.params.iter().map(|(n, _)| n.as_str()).collect();
-        out.push_str(&format!(
-            "/// `{name}` of the loaded library (`{missing}` where it lacks it).\n\
-             ///\n/// # Safety\n/// The C function's contract: valid pointers and handles, as its documentation says.\n\
-             #[inline]\npub unsafe fn {name}({params}) -> {ret} {{\n\
-             match table().and_then(|t| t.{name}) {{\n\
-             Some(entry__) => entry__({args}),\n\
-             None => {missing},\n}}\n}}\n\n",
+        fns.push_str(&format!(
+            "    fn {name}({params}) -> {ret} = {missing}, \"{missing}\";\n",
             name = d.name,
             params = params.join(", "),
             ret = d.ret,
-            args = args.join(", "),
         ));
     }
+    fns.push_str("}\n\n");
+    out.push_str(&fns);
     // The symbolic names of the result codes, known without the library.
     let result_ty = if m.result == "CUresult" {
         "cudaError_enum"
