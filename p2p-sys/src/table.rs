@@ -1,6 +1,10 @@
 //! The one loader of every generated binding module (`cargo xtask bindgen` writes a call of
-//! [`entry_table!`] into each): a table of a library's entry points, resolved at first use, and
-//! the names and presence checks that go with it.
+//! [`entry_table!`] and of [`entry_fns!`] into each; do not edit those modules): a table of a
+//! library's entry points, resolved at first use, the names and presence checks that go with
+//! it, and a function per entry point. Where the library lacks an entry point (it is older than
+//! the release that added it) its function returns the module's "missing" result (a null
+//! pointer for a string getter), which [`crate::check_cu`] and friends report as
+//! [`crate::Error::MissingEntryPoints`]; each module's `has` tells beforehand.
 
 /// Declares, in the calling module, the `Table` of the listed entry points (each
 /// `name: name_fn`, the function-pointer type bindgen's declaration gives), `table()` (`None`
