@@ -14,8 +14,9 @@ use std::time::Instant;
 
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Event, Stream};
 use p2p_transport::conn::{connect_in_process, ConnOptions, RecvConn, SendConn};
-use p2p_transport::copy::{Path, SmGrid, Transport};
+use p2p_transport::copy::{Path, SmGrid};
 use p2p_transport::mode::Engine;
+use p2p_transport::Transport;
 use serde_json::{json, Value};
 
 /// SM kernel launch shapes tried by the grid sweep: (blocks per SM, threads per block).

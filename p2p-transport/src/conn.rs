@@ -27,7 +27,7 @@ use p2p_mem::fdpass::FdChannel;
 use p2p_mem::kernel::LaunchConfig;
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
 
-use crate::copy::Transport;
+use crate::context::Transport;
 use crate::error::{Error, Result};
 use crate::kernels::abi::{self, SrArgs, SrWaitArgs};
 use crate::kernels::SrKernels;

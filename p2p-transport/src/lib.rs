@@ -6,7 +6,7 @@
 //! - [`mode`]: the route (mode, read or write, engine) for every ordered pair of ranks, each
 //!   choice logged with its reason.
 //! - [`copy`]: the data paths within a process (copy engine, SM write and read, host-staged,
-//!   relay) and [`copy::Transport::copy_peer`], which follows mode selection.
+//!   relay) and [`Transport::copy_peer`], which follows mode selection.
 //! - [`conn`]: send / recv between ranks through slot buffers, in one process or between
 //!   processes (legacy IPC, cuMem fds, fabric handles), with no hangs.
 //! - [`peer`]: one way to reach a peer's memory (plain pointer, legacy IPC, cuMem fd, fabric,
@@ -17,7 +17,7 @@
 //!
 //! ```no_run
 //! use p2p_mem::{Device, DeviceBuffer, Stream};
-//! use p2p_transport::copy::Transport;
+//! use p2p_transport::Transport;
 //!
 //! // Copy 4 MiB from GPU 0 to GPU 1 by whatever route mode selection picks for the pair
 //! // (NVLink or PCIe P2P, a relay GPU, or host-staged), queued on a stream of GPU 0.
@@ -34,6 +34,7 @@
 
 pub mod config;
 pub mod conn;
+pub mod context;
 pub mod copy;
 mod error;
 pub mod kernels;
@@ -44,6 +45,7 @@ pub mod rendezvous;
 pub mod topo;
 mod util;
 
+pub use context::Transport;
 pub use error::{Error, Result};
 /// For [`warn_user!`]: `tracing` as the macro's own crate sees it, so that it expands in crates
 /// that name `tracing` differently or not at all.

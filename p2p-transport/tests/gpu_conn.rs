@@ -16,10 +16,10 @@ use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
 use p2p_transport::conn::{
     connect_in_process, connect_receiver, connect_sender, ConnOptions, Sharing,
 };
-use p2p_transport::copy::Transport;
 use p2p_transport::mode::{Direction, Engine};
 use p2p_transport::rendezvous::{Group, Rendezvous};
 use p2p_transport::Error;
+use p2p_transport::Transport;
 
 const SIZES: [usize; 4] = [1, 4095, (1 << 20) + 3, 256 << 20];
 

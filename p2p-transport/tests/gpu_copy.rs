@@ -5,8 +5,9 @@ use p2p_testkit::{all_gpus as gpus, fresh_seed as seed, random_u8 as random_byte
 
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
 use p2p_transport::config::{Config, ForcedMode};
-use p2p_transport::copy::{Path, Transport};
+use p2p_transport::copy::Path;
 use p2p_transport::mode::{one_process, select, Mode};
+use p2p_transport::Transport;
 
 /// Odd sizes from the issue: 1 B, 4095 B, 1 MiB + 3, 256 MiB.
 const SIZES: [usize; 4] = [1, 4095, (1 << 20) + 3, 256 << 20];

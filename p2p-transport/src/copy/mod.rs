@@ -1,8 +1,9 @@
 //! Moving bytes between GPUs of one process: the data paths.
 //!
-//! [`Transport`] holds what the paths need per process: per device its kernels and a bridge
-//! stream, the peer access it has enabled, the staging pipelines (`staged.rs`) and the routes
-//! of [`Transport::copy_peer`] (`routes.rs`), each made at its first use. [`Transport::copy`] queues one
+//! The paths are methods of the per-process context [`Transport`] (`crate::context`), which
+//! keeps what they need, each made at its first use: per device the SM copy kernel and a bridge
+//! stream, the peer access enabled so far, the staging pipelines (`staged.rs`) and the routes
+//! of [`Transport::copy_peer`] (`routes.rs`). [`Transport::copy`] queues one
 //! copy on a stream by a chosen [`Path`]; [`Transport::copy_route`] runs the path a
 //! [`Route`] from mode selection calls for. Every path is stream-ordered and asynchronous: it
 //! starts after the work already queued on `stream` and the stream's later work waits for it.
@@ -18,23 +19,20 @@
 //! As with every asynchronous CUDA call, `src` and `dst` must stay allocated until the stream
 //! has run the copy.
 
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex, OnceLock};
-
 use p2p_mem::{Device, DeviceMemory, DeviceMemoryMut, Event, Stream};
 use p2p_sys::cu;
 
-use crate::config::Config;
+use crate::context::Transport;
 use crate::error::{Error, Result};
-use crate::kernels::{self, abi, SrKernels};
+use crate::kernels::{self, abi};
 use crate::mode::{Direction, Engine, Mode, Route};
 use p2p_mem::kernel::{Function, LaunchConfig, Module};
 
 mod routes;
 mod staged;
 
-use routes::Routes;
-use staged::Pipelines;
+pub(crate) use routes::Routes;
+pub(crate) use staged::Pipelines;
 
 /// How one copy moves its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -67,97 +65,10 @@ pub const SM_THREADS: u32 = 512;
 /// Blocks per SM of the SM copy kernel (the grid is capped by the data size).
 pub const SM_BLOCKS_PER_SM: u32 = 2;
 
-struct CopyKernel {
+/// The SM copy kernel of one GPU (kept by the [`Transport`]).
+pub(crate) struct CopyKernel {
     module: Module,
     copy: Function<abi::CopyArgs>,
-}
-
-/// A resource made at its first use and kept, or the error its first attempt met (kept whole
-/// and reported by every later use as [`Error::Earlier`]).
-struct Lazy<T> {
-    what: &'static str,
-    cell: OnceLock<std::result::Result<T, Arc<Error>>>,
-}
-
-impl<T> Lazy<T> {
-    const fn new(what: &'static str) -> Lazy<T> {
-        Lazy {
-            what,
-            cell: OnceLock::new(),
-        }
-    }
-
-    /// The resource, made by `make` if this is its first use.
-    fn get(&self, make: impl FnOnce() -> Result<T>) -> Result<&T> {
-        self.cell
-            .get_or_init(|| make().map_err(Arc::new))
-            .as_ref()
-            .map_err(|e| Error::Earlier {
-                what: self.what,
-                source: e.clone(),
-            })
-    }
-}
-
-/// What the transport keeps for one of its GPUs, each made at its first use.
-struct PerDevice {
-    device: Device,
-    /// The SM copy kernel.
-    copy: Lazy<CopyKernel>,
-    /// The send/recv kernels of the connections.
-    sendrecv: Lazy<Arc<SrKernels>>,
-    /// The stream a copy that must run on this GPU is bridged to from another GPU's stream.
-    bridge: Lazy<Stream>,
-}
-
-impl PerDevice {
-    fn new(device: Device) -> PerDevice {
-        PerDevice {
-            device,
-            copy: Lazy::new("the SM copy kernel"),
-            sendrecv: Lazy::new("the send/recv kernels"),
-            bridge: Lazy::new("a bridge stream"),
-        }
-    }
-}
-
-/// The pairs of GPUs between which this process has enabled peer access.
-#[derive(Default)]
-struct PeerAccess {
-    enabled: Mutex<HashSet<(i32, i32)>>,
-}
-
-impl PeerAccess {
-    /// Enables `device` to access `peer`'s memory, once per pair.
-    fn ensure(&self, device: &Device, peer: &Device) -> Result<()> {
-        let key = (device.ordinal(), peer.ordinal());
-        let mut enabled = self.enabled.lock().unwrap_or_else(|p| p.into_inner());
-        if device != peer && !enabled.contains(&key) {
-            device.enable_peer_access(peer)?;
-            enabled.insert(key);
-        }
-        Ok(())
-    }
-
-    /// Enables peer access in both directions between `a` and `b`.
-    fn ensure_both(&self, a: &Device, b: &Device) -> Result<()> {
-        self.ensure(a, b)?;
-        self.ensure(b, a)
-    }
-}
-
-/// What one process needs to move data between its GPUs. Cheap to share across threads.
-///
-/// It is made of four parts, each filled as copies first need it: per GPU, the kernels and the
-/// bridge stream; the peer access enabled so far; the staging pipelines
-/// (`staged.rs`); and the routes of [`copy_peer`](Self::copy_peer) (`routes.rs`: topology,
-/// configuration, one choice per pair).
-pub struct Transport {
-    devices: Vec<PerDevice>,
-    peers: PeerAccess,
-    pipelines: Pipelines,
-    routes: Routes,
-    sm_grid: Mutex<SmGrid>,
 }
 
 /// The launch shape of the SM copy kernel: blocks per SM (capped by the data) and threads per
@@ -179,23 +90,6 @@ impl SmGrid {
 }
 
 impl Transport {
-    /// A transport over `devices` (usually [`Device::all`]); kernels compile on first use.
-    pub fn new(devices: Vec<Device>) -> Transport {
-        Transport {
-            devices: devices.into_iter().map(PerDevice::new).collect(),
-            peers: PeerAccess::default(),
-            pipelines: Pipelines::default(),
-            routes: Routes::new(),
-            sm_grid: Mutex::new(SmGrid::DEFAULT),
-        }
-    }
-
-    /// Uses `config` for [`copy_peer`](Self::copy_peer)'s mode selection instead of the
-    /// `P2P_*` environment.
-    pub fn set_config(&self, config: Config) {
-        self.routes.set_config(config);
-    }
-
     /// Copies all of `src` into `dst` (on any GPUs of this process) the way mode selection
     /// decides for the pair (topology discovered once; configuration from the `P2P_*`
     /// variables or [`set_config`](Self::set_config)), queued on `stream`. Returns the route.
@@ -206,7 +100,7 @@ impl Transport {
     ///
     /// ```no_run
     /// use p2p_mem::{Device, DeviceBuffer, Stream};
-    /// use p2p_transport::copy::Transport;
+    /// use p2p_transport::Transport;
     /// let t = Transport::new(Device::all()?);
     /// let (g0, g1) = (t.device(0)?.clone(), t.device(1)?.clone());
     /// let src = DeviceBuffer::<f32>::zeroed(&g0, 1 << 20)?;
@@ -255,60 +149,12 @@ impl Transport {
         Ok(route)
     }
 
-    /// The device with this ordinal.
-    pub fn device(&self, ordinal: i32) -> Result<&Device> {
-        self.devices
-            .iter()
-            .map(|d| &d.device)
-            .find(|d| d.ordinal() == ordinal)
-            .ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "GPU {ordinal} is not one of this transport's devices ({:?})",
-                    self.devices
-                        .iter()
-                        .map(|d| d.device.ordinal())
-                        .collect::<Vec<_>>()
-                ))
-            })
-    }
-
-    /// What this transport keeps for `device`.
-    fn slot(&self, device: &Device) -> Result<&PerDevice> {
-        self.devices
-            .iter()
-            .find(|d| &d.device == device)
-            .ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "GPU {} is not part of this transport",
-                    device.ordinal()
-                ))
-            })
-    }
-
     fn copy_kernel(&self, device: &Device) -> Result<&CopyKernel> {
         self.slot(device)?.copy.get(|| {
             let module = Module::build(device, &kernels::COPY)?;
             let copy = module.function("p2p_copy_bytes")?;
             Ok(CopyKernel { module, copy })
         })
-    }
-
-    /// The send/recv kernels of `device`, compiled on first use.
-    pub(crate) fn sendrecv_kernels(&self, device: &Device) -> Result<Arc<SrKernels>> {
-        self.slot(device)?
-            .sendrecv
-            .get(|| Ok(Arc::new(SrKernels::build(device)?)))
-            .cloned()
-    }
-
-    /// Enables `device` to access `peer`'s memory, once per pair.
-    pub fn ensure_peer_access(&self, device: &Device, peer: &Device) -> Result<()> {
-        self.peers.ensure(device, peer)
-    }
-
-    /// Enables peer access in both directions between `a` and `b`.
-    pub fn ensure_peer_access_both(&self, a: &Device, b: &Device) -> Result<()> {
-        self.peers.ensure_both(a, b)
     }
 
     /// The SM copy kernel's launch shape.
@@ -504,34 +350,5 @@ mod tests {
         };
         t.set_sm_grid(good).expect("a shape GPUs run");
         assert_eq!(t.sm_grid(), good);
-    }
-
-    #[test]
-    fn a_lazy_resource_is_made_once_and_keeps_its_first_error() {
-        let made = std::cell::Cell::new(0);
-        let ok: Lazy<u32> = Lazy::new("a number");
-        for _ in 0..3 {
-            let v = ok.get(|| {
-                made.set(made.get() + 1);
-                Ok(7)
-            });
-            assert_eq!(*v.expect("made"), 7);
-        }
-        assert_eq!(made.get(), 1);
-        let bad: Lazy<u32> = Lazy::new("the SM copy kernel");
-        let first = bad
-            .get(|| Err(Error::InvalidArgument("no NVRTC".into())))
-            .expect_err("fails")
-            .to_string();
-        // A later use does not try again: it reports the first error, whole, with what failed.
-        let later = bad
-            .get(|| unreachable!("made again"))
-            .expect_err("still fails");
-        assert!(matches!(later, Error::Earlier { .. }), "{later:?}");
-        assert!(
-            first.contains("the SM copy kernel") && first.contains("no NVRTC"),
-            "{first}"
-        );
-        assert_eq!(first, later.to_string());
     }
 }

@@ -5,14 +5,14 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use super::Lazy;
 use crate::config::Config;
+use crate::context::Lazy;
 use crate::error::{Error, Result};
 use crate::mode::{select, Direction, Endpoint, Engine, Mode, Route};
 use crate::topo::Topology;
 
 /// The routes chosen so far, with what chooses them.
-pub(super) struct Routes {
+pub(crate) struct Routes {
     /// Set by the program; `None`: the `P2P_*` environment, read at each choice.
     config: Mutex<Option<Config>>,
     topology: Lazy<Topology>,
@@ -20,7 +20,7 @@ pub(super) struct Routes {
 }
 
 impl Routes {
-    pub(super) fn new() -> Routes {
+    pub(crate) fn new() -> Routes {
         Routes {
             config: Mutex::new(None),
             topology: Lazy::new("topology discovery"),
@@ -29,7 +29,7 @@ impl Routes {
     }
 
     /// Uses `config` from now on, and forgets the routes chosen under the previous one.
-    pub(super) fn set_config(&self, config: Config) {
+    pub(crate) fn set_config(&self, config: Config) {
         *self.config.lock().unwrap_or_else(|p| p.into_inner()) = Some(config);
         self.chosen
             .lock()

@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, Event, PinnedHostBuffer, Stream};
 use p2p_sys::cu;
 
-use super::{copy_engine, PeerAccess, STAGE_CHUNK, STAGE_SLOTS};
+use super::{copy_engine, STAGE_CHUNK, STAGE_SLOTS};
+use crate::context::PeerAccess;
 use crate::error::Result;
 
 /// (source GPU, destination GPU, relay GPU or -1 for host-staged).
@@ -19,7 +20,7 @@ type PipelineKey = (i32, i32, i32);
 
 /// The staging pipelines made so far, one per (source, destination, relay).
 #[derive(Default)]
-pub(super) struct Pipelines {
+pub(crate) struct Pipelines {
     map: Mutex<HashMap<PipelineKey, Arc<Mutex<Pipeline>>>>,
 }
 

@@ -1,0 +1,203 @@
+//! The transport's per-process context, [`Transport`]: what one process keeps to move data
+//! between its GPUs and to connect to other processes, each part made at its first use and
+//! shared by every thread. The data paths are its methods in [`crate::copy`]; connections
+//! ([`crate::conn`]) take their kernels from it.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use p2p_mem::{Device, Stream};
+
+use crate::config::Config;
+use crate::copy::{CopyKernel, Pipelines, Routes, SmGrid};
+use crate::error::{Error, Result};
+use crate::kernels::SrKernels;
+
+/// A resource made at its first use and kept, or the error its first attempt met (kept whole
+/// and reported by every later use as [`Error::Earlier`]).
+pub(crate) struct Lazy<T> {
+    what: &'static str,
+    cell: OnceLock<std::result::Result<T, Arc<Error>>>,
+}
+
+impl<T> Lazy<T> {
+    pub(crate) const fn new(what: &'static str) -> Lazy<T> {
+        Lazy {
+            what,
+            cell: OnceLock::new(),
+        }
+    }
+
+    /// The resource, made by `make` if this is its first use.
+    pub(crate) fn get(&self, make: impl FnOnce() -> Result<T>) -> Result<&T> {
+        self.cell
+            .get_or_init(|| make().map_err(Arc::new))
+            .as_ref()
+            .map_err(|e| Error::Earlier {
+                what: self.what,
+                source: e.clone(),
+            })
+    }
+}
+
+/// What the transport keeps for one of its GPUs, each made at its first use.
+pub(crate) struct PerDevice {
+    pub(crate) device: Device,
+    /// The SM copy kernel.
+    pub(crate) copy: Lazy<CopyKernel>,
+    /// The send/recv kernels of the connections.
+    pub(crate) sendrecv: Lazy<Arc<SrKernels>>,
+    /// The stream a copy that must run on this GPU is bridged to from another GPU's stream.
+    pub(crate) bridge: Lazy<Stream>,
+}
+
+impl PerDevice {
+    fn new(device: Device) -> PerDevice {
+        PerDevice {
+            device,
+            copy: Lazy::new("the SM copy kernel"),
+            sendrecv: Lazy::new("the send/recv kernels"),
+            bridge: Lazy::new("a bridge stream"),
+        }
+    }
+}
+
+/// The pairs of GPUs between which this process has enabled peer access.
+#[derive(Default)]
+pub(crate) struct PeerAccess {
+    enabled: Mutex<HashSet<(i32, i32)>>,
+}
+
+impl PeerAccess {
+    /// Enables `device` to access `peer`'s memory, once per pair.
+    pub(crate) fn ensure(&self, device: &Device, peer: &Device) -> Result<()> {
+        let key = (device.ordinal(), peer.ordinal());
+        let mut enabled = self.enabled.lock().unwrap_or_else(|p| p.into_inner());
+        if device != peer && !enabled.contains(&key) {
+            device.enable_peer_access(peer)?;
+            enabled.insert(key);
+        }
+        Ok(())
+    }
+
+    /// Enables peer access in both directions between `a` and `b`.
+    pub(crate) fn ensure_both(&self, a: &Device, b: &Device) -> Result<()> {
+        self.ensure(a, b)?;
+        self.ensure(b, a)
+    }
+}
+
+/// What one process needs to move data between its GPUs. Cheap to share across threads.
+///
+/// It is made of four parts, each filled as copies first need it: per GPU, the kernels and the
+/// bridge stream; the peer access enabled so far; the staging pipelines
+/// (`staged.rs`); and the routes of [`copy_peer`](Self::copy_peer) (`routes.rs`: topology,
+/// configuration, one choice per pair).
+pub struct Transport {
+    pub(crate) devices: Vec<PerDevice>,
+    pub(crate) peers: PeerAccess,
+    pub(crate) pipelines: Pipelines,
+    pub(crate) routes: Routes,
+    pub(crate) sm_grid: Mutex<SmGrid>,
+}
+
+impl Transport {
+    /// A transport over `devices` (usually [`Device::all`]); kernels compile on first use.
+    pub fn new(devices: Vec<Device>) -> Transport {
+        Transport {
+            devices: devices.into_iter().map(PerDevice::new).collect(),
+            peers: PeerAccess::default(),
+            pipelines: Pipelines::default(),
+            routes: Routes::new(),
+            sm_grid: Mutex::new(SmGrid::DEFAULT),
+        }
+    }
+
+    /// Uses `config` for [`copy_peer`](Self::copy_peer)'s mode selection instead of the
+    /// `P2P_*` environment.
+    pub fn set_config(&self, config: Config) {
+        self.routes.set_config(config);
+    }
+
+    /// The device with this ordinal.
+    pub fn device(&self, ordinal: i32) -> Result<&Device> {
+        self.devices
+            .iter()
+            .map(|d| &d.device)
+            .find(|d| d.ordinal() == ordinal)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "GPU {ordinal} is not one of this transport's devices ({:?})",
+                    self.devices
+                        .iter()
+                        .map(|d| d.device.ordinal())
+                        .collect::<Vec<_>>()
+                ))
+            })
+    }
+
+    /// What this transport keeps for `device`.
+    pub(crate) fn slot(&self, device: &Device) -> Result<&PerDevice> {
+        self.devices
+            .iter()
+            .find(|d| &d.device == device)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "GPU {} is not part of this transport",
+                    device.ordinal()
+                ))
+            })
+    }
+
+    /// The send/recv kernels of `device`, compiled on first use.
+    pub(crate) fn sendrecv_kernels(&self, device: &Device) -> Result<Arc<SrKernels>> {
+        self.slot(device)?
+            .sendrecv
+            .get(|| Ok(Arc::new(SrKernels::build(device)?)))
+            .cloned()
+    }
+
+    /// Enables `device` to access `peer`'s memory, once per pair.
+    pub fn ensure_peer_access(&self, device: &Device, peer: &Device) -> Result<()> {
+        self.peers.ensure(device, peer)
+    }
+
+    /// Enables peer access in both directions between `a` and `b`.
+    pub fn ensure_peer_access_both(&self, a: &Device, b: &Device) -> Result<()> {
+        self.peers.ensure_both(a, b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lazy_resource_is_made_once_and_keeps_its_first_error() {
+        let made = std::cell::Cell::new(0);
+        let ok: Lazy<u32> = Lazy::new("a number");
+        for _ in 0..3 {
+            let v = ok.get(|| {
+                made.set(made.get() + 1);
+                Ok(7)
+            });
+            assert_eq!(*v.expect("made"), 7);
+        }
+        assert_eq!(made.get(), 1);
+        let bad: Lazy<u32> = Lazy::new("the SM copy kernel");
+        let first = bad
+            .get(|| Err(Error::InvalidArgument("no NVRTC".into())))
+            .expect_err("fails")
+            .to_string();
+        // A later use does not try again: it reports the first error, whole, with what failed.
+        let later = bad
+            .get(|| unreachable!("made again"))
+            .expect_err("still fails");
+        assert!(matches!(later, Error::Earlier { .. }), "{later:?}");
+        assert!(
+            first.contains("the SM copy kernel") && first.contains("no NVRTC"),
+            "{first}"
+        );
+        assert_eq!(first, later.to_string());
+    }
+}
