@@ -836,7 +836,19 @@ pub fn runtime_memcpy_peer(
     bytes: usize,
     stream: &Stream,
 ) -> p2p_transport::Result<()> {
-    p2p_sys::probe::require(p2p_sys::Library::Cudart)?;
+    let on = |source| p2p_transport::Error::Cuda {
+        device: stream.device().ordinal(),
+        peer: Some(
+            if stream.device() == src_dev {
+                dst_dev
+            } else {
+                src_dev
+            }
+            .ordinal(),
+        ),
+        source,
+    };
+    p2p_sys::probe::require(p2p_sys::Library::Cudart).map_err(on)?;
     stream.device().bind_to_thread()?;
     // SAFETY: libcudart is loaded; both ranges lie in live allocations; the runtime uses the
     // primary contexts our Devices retain, so the stream is valid for it.
@@ -850,7 +862,7 @@ pub fn runtime_memcpy_peer(
             stream.cu_stream() as p2p_sys::cudart::cudaStream_t,
         )
     };
-    Ok(p2p_sys::check_cudart("cudaMemcpyPeerAsync", r)?)
+    p2p_sys::check_cudart("cudaMemcpyPeerAsync", r).map_err(on)
 }
 
 #[cfg(test)]

@@ -1,18 +1,19 @@
 //! Errors of `p2p-collective`.
+//!
+//! Flat, as each layer's are: this layer wraps only the one below it, the transport's error
+//! ([`Error::Transport`]), which in turn wraps the memory layer's, which wraps `p2p-sys`'s. A
+//! memory or configuration error met here converts into the transport's error first, so each
+//! failure has one place in the tree whatever layer it surfaced in; [`Error::sys`] reaches the
+//! failed FFI call under any of them.
 
 /// An error from a communicator or a collective.
 #[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// From the transport layer (kernel compilation and launch, CUDA calls).
+    /// From the layers below: the transport (connections, the rendezvous, `P2P_*` settings)
+    /// and, through it, memory (buffers, peer access, IPC handles, kernels) and CUDA calls.
     #[error(transparent)]
     Transport(#[from] p2p_transport::Error),
-    /// From the memory layer (buffers, peer access, IPC handles).
-    #[error(transparent)]
-    Mem(#[from] p2p_mem::Error),
-    /// A `P2P_*` setting could not be used.
-    #[error(transparent)]
-    Config(#[from] p2p_transport::config::ConfigError),
     /// A call's arguments are wrong; nothing was queued.
     #[error("{op} on rank {rank}: {what}")]
     InvalidArgument {
@@ -68,16 +69,13 @@ pub enum Error {
     },
     /// Another rank failed (its process died, it aborted, or its call failed) and this rank's
     /// call stopped because of it.
-    #[error("{op} on rank {rank}: rank {peer} failed: {why}; {}", if op == "init" { "no communicator was made" } else { "the communicator is now unusable: create a new one" })]
+    #[error("{op} on rank {}: rank {} failed: {}; {}", failure.rank, failure.peer, failure.why, if op == "init" { "no communicator was made" } else { "the communicator is now unusable: create a new one" })]
     PeerFailed {
         /// The collective that stopped.
         op: String,
-        /// This rank.
-        rank: usize,
-        /// The rank that failed.
-        peer: usize,
-        /// What happened to it.
-        why: String,
+        /// Which rank failed, what happened to it, and which rank saw it (the transport's one
+        /// description of a peer's failure).
+        failure: p2p_transport::PeerFailure,
     },
     /// Ranks made different calls (found in checking mode, `P2P_CHECK=1`).
     #[error("{op} on rank {rank}: rank {peer} made a different call: rank {rank} called {mine}, rank {peer} called {theirs}; the communicator is now unusable")]
@@ -122,7 +120,14 @@ impl Error {
     pub fn sys(&self) -> Option<&p2p_sys::Error> {
         match self {
             Error::Transport(e) => e.sys(),
-            Error::Mem(e) => e.sys(),
+            _ => None,
+        }
+    }
+
+    /// The memory layer's error under this one, if that is where it came from.
+    pub fn mem(&self) -> Option<&p2p_mem::Error> {
+        match self {
+            Error::Transport(p2p_transport::Error::Mem(e)) => Some(e),
             _ => None,
         }
     }
@@ -131,14 +136,10 @@ impl Error {
     /// [`Error::PeerFailed`] of `op`; any other error as it is.
     pub(crate) fn peer_failure_in(self, op: &str) -> Error {
         match self {
-            Error::Transport(p2p_transport::Error::PeerFailed { rank, peer, why }) => {
-                Error::PeerFailed {
-                    op: op.into(),
-                    rank,
-                    peer,
-                    why,
-                }
-            }
+            Error::Transport(p2p_transport::Error::PeerFailed(failure)) => Error::PeerFailed {
+                op: op.into(),
+                failure,
+            },
             e => e,
         }
     }
@@ -147,6 +148,21 @@ impl Error {
     /// came through.
     pub fn is_driver(&self, code: p2p_sys::cuda::CUresult) -> bool {
         self.sys().is_some_and(|e| e.is_driver(code))
+    }
+}
+
+/// A memory-layer error, through the transport's (the one layer this one wraps).
+impl From<p2p_mem::Error> for Error {
+    fn from(e: p2p_mem::Error) -> Error {
+        Error::Transport(e.into())
+    }
+}
+
+/// A `P2P_*` setting that could not be used, through the transport's error (which owns the
+/// settings' parsing).
+impl From<p2p_transport::config::ConfigError> for Error {
+    fn from(e: p2p_transport::config::ConfigError) -> Error {
+        Error::Transport(e.into())
     }
 }
 
@@ -161,7 +177,7 @@ mod tests {
     #[test]
     fn an_error_returned_from_main_reads_as_its_sentence() {
         // `fn main() -> Result<(), Box<dyn Error>>` prints `Error: {:?}`.
-        let e = Error::Mem(p2p_mem::Error::Sys(p2p_sys::Error::LibraryNotFound {
+        let e = Error::from(p2p_mem::Error::Sys(p2p_sys::Error::LibraryNotFound {
             library: "libcuda",
             searched: vec!["libcuda.so.1".into()],
         }));
@@ -190,10 +206,8 @@ mod tests {
             source: oom(),
         };
         let paths: Vec<Error> = vec![
-            Error::Mem(mem()),
-            Error::Mem(p2p_mem::Error::Sys(oom())),
-            Error::Transport(p2p_transport::Error::Mem(mem())),
-            Error::Transport(p2p_transport::Error::Sys(oom())),
+            Error::from(mem()),
+            Error::from(p2p_mem::Error::Sys(oom())),
             Error::Transport(p2p_transport::Error::Cuda {
                 device: 0,
                 peer: Some(1),
@@ -214,14 +228,16 @@ mod tests {
             );
         }
         // A death the group found in init is this layer's PeerFailed, worded for no communicator.
-        let dead = Error::Transport(p2p_transport::Error::PeerFailed {
-            rank: 0,
-            peer: 1,
-            why: "its process exited".into(),
-        })
+        let dead = Error::Transport(p2p_transport::Error::PeerFailed(
+            p2p_transport::PeerFailure {
+                rank: 0,
+                peer: 1,
+                why: "its process exited".into(),
+            },
+        ))
         .peer_failure_in("init");
         assert!(
-            matches!(dead, Error::PeerFailed { peer: 1, .. }),
+            matches!(&dead, Error::PeerFailed { failure, .. } if failure.peer == 1),
             "{dead:?}"
         );
         assert_eq!(

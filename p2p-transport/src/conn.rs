@@ -28,7 +28,7 @@ use p2p_mem::kernel::LaunchConfig;
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
 
 use crate::context::Transport;
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerFailure, Result};
 use crate::kernels::abi::{self, SrArgs, SrWaitArgs};
 use crate::kernels::SrKernels;
 use crate::mode::{Direction, Engine};
@@ -259,11 +259,11 @@ impl Side {
     fn peer_failed(&self) -> Option<Error> {
         match self.abort.reason() {
             Some((r, why)) if r != self.rank && self.abort.is_aborted() => {
-                Some(Error::PeerFailed {
+                Some(Error::PeerFailed(PeerFailure {
                     rank: self.rank,
                     peer: r,
                     why,
-                })
+                }))
             }
             _ => None,
         }

@@ -7,9 +7,6 @@ pub enum Error {
     /// From the memory layer (CUDA calls on a device, buffers, peer access).
     #[error(transparent)]
     Mem(#[from] p2p_mem::Error),
-    /// From the FFI layer (a missing library, a failed NVRTC call).
-    #[error(transparent)]
-    Sys(#[from] p2p_sys::Error),
     /// A CUDA call the transport made itself (a peer copy, a staged leg, a connection's chunk
     /// copy) failed.
     #[error("on GPU {device}{}: {source}", peer.map(|p| format!(" (to or from GPU {p})")).unwrap_or_default())]
@@ -90,15 +87,8 @@ pub enum Error {
     },
     /// Another rank of the job failed (its process died, it aborted, or a kernel of its
     /// failed); this rank stopped.
-    #[error("rank {rank}: rank {peer} failed: {why}")]
-    PeerFailed {
-        /// This rank.
-        rank: usize,
-        /// The rank that failed.
-        peer: usize,
-        /// What happened.
-        why: String,
-    },
+    #[error("{0}")]
+    PeerFailed(PeerFailure),
     /// An argument is outside what the call accepts; nothing was done.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -116,7 +106,7 @@ impl Error {
     /// here, in a memory error, or in the first failure of a lazily made resource.
     pub fn sys(&self) -> Option<&p2p_sys::Error> {
         match self {
-            Error::Sys(e) | Error::Cuda { source: e, .. } => Some(e),
+            Error::Cuda { source: e, .. } => Some(e),
             Error::Mem(e) => e.sys(),
             Error::Earlier { source, .. } => source.sys(),
             _ => None,
@@ -138,6 +128,19 @@ pub(crate) fn cuda(device: i32, peer: Option<i32>) -> impl Fn(p2p_sys::Error) ->
         peer,
         source,
     }
+}
+
+/// A peer's failure as a surviving rank learns it: the one description every layer reports
+/// (the transport's [`Error::PeerFailed`], and the collectives' with the call that stopped).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("rank {rank}: rank {peer} failed: {why}")]
+pub struct PeerFailure {
+    /// This rank (the survivor).
+    pub rank: usize,
+    /// The rank that failed.
+    pub peer: usize,
+    /// What happened to it.
+    pub why: String,
 }
 
 /// `Result` with [`Error`].

@@ -46,7 +46,7 @@ pub mod topo;
 mod util;
 
 pub use context::Transport;
-pub use error::{Error, Result};
+pub use error::{Error, PeerFailure, Result};
 /// For [`warn_user!`]: `tracing` as the macro's own crate sees it, so that it expands in crates
 /// that name `tracing` differently or not at all.
 #[doc(hidden)]

@@ -118,9 +118,11 @@ pub(crate) struct Kernels {
 pub(super) fn init_failure(group: &Group, rank: usize) -> Option<Error> {
     group.failure().map(|f| Error::PeerFailed {
         op: "init".into(),
-        rank,
-        peer: f.rank,
-        why: f.why,
+        failure: p2p_transport::PeerFailure {
+            rank,
+            peer: f.rank,
+            why: f.why,
+        },
     })
 }
 

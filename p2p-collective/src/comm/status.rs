@@ -83,9 +83,11 @@ impl Communicator {
             (c, Some((failed, why))) if c == F_ABORT as u64 && failed != self.rank => {
                 Error::PeerFailed {
                     op,
-                    rank: self.rank,
-                    peer: failed,
-                    why,
+                    failure: p2p_transport::PeerFailure {
+                        rank: self.rank,
+                        peer: failed,
+                        why,
+                    },
                 }
             }
             (c, _) => self.kernel_error(c, op, peer, block, &st),

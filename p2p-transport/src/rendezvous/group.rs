@@ -12,7 +12,7 @@ use p2p_mem::abort::AbortHandle;
 use p2p_mem::fdpass::{self, FdChannel, FdListener};
 use p2p_mem::wire::{self, Reader, Writer};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, PeerFailure, Result};
 
 use super::handshake::*;
 use super::*;
@@ -397,11 +397,11 @@ impl Group {
 
     /// The error for `failure` as seen by this rank.
     fn failed(&self, f: Failure) -> Error {
-        Error::PeerFailed {
+        Error::PeerFailed(PeerFailure {
             rank: self.shared.rank,
             peer: f.rank,
             why: f.why,
-        }
+        })
     }
 
     /// Reports a failure of this rank to every other rank (and to this rank's watched flags):
@@ -547,11 +547,11 @@ impl Group {
                     Err(why) => {
                         drop(st);
                         sh.fail(from, why.clone(), None);
-                        return Err(Error::PeerFailed {
+                        return Err(Error::PeerFailed(PeerFailure {
                             rank: sh.rank,
                             peer: from,
                             why,
-                        });
+                        }));
                     }
                 }
             }
