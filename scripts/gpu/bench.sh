@@ -29,8 +29,9 @@
 #                 ncclMemAlloc buffers, eager and graph) and a short `p2p-bench coll`
 #                 all-reduce. ~6 min on 2 GPUs.
 #   kernels       the shipped cubins (NVRTC 12.4) against NVRTC's own compile on the machine
-#                 (P2P_KERNELS=compile), ours only, 8 B - MAX_MIB MiB (default 64) by factor 8,
-#                 two rounds each, alternating. ~4 min to 64 MiB.
+#                 (P2P_KERNELS=compile), ours only, MIN_BYTES (default 8) - MAX_MIB MiB (default
+#                 64) by factor 8, ROUNDS rounds each (default 2), alternating, 200 s a run.
+#                 ~4 min to 64 MiB.
 #   ab NAME=BINARY... -- P2P-BENCH-ARGS...
 #                 A/B of p2p-bench binaries (built at other commits, carried, e.g. target/ab)
 #                 on one machine in one run: each binary ROUNDS times (default 2), the order
@@ -160,9 +161,9 @@ phase_kernels() {
   XDG_CACHE_HOME=$(mktemp -d)
   P2P_KERNELS=compile timeout 120 "$here/p2p-bench" kernels >"$res/compile-cache.log" 2>&1
   note "NVRTC compile into the cache: exit $?; $(head -n 1 "$res/compile-cache.log")"
-  for round in 1 2; do
+  for round in $(seq 1 "${ROUNDS:-2}"); do
     for mode in shipped compile; do
-      P2P_KERNELS=$mode timeout 200 "$here/p2p-bench" coll --no-nccl --max-mib "${MAX_MIB:-64}" --factor 8 \
+      P2P_KERNELS=$mode timeout 200 "$here/p2p-bench" coll --no-nccl --min-bytes "${MIN_BYTES:-8}" --max-mib "${MAX_MIB:-64}" --factor 8 \
         --samples 10 --out "$res/$mode-$round" >"$res/$mode-$round.md" 2>"$res/$mode-$round.err"
       note "coll $mode round $round: exit $?"
       pack
