@@ -30,9 +30,10 @@
 #   ll-floor [REPLAYS]  where a small all-reduce's time goes on 2 GPUs (perf-notes §28): the
 #               launch floor, the LL exchange floor and the real coll_f32_ll, per call under
 #               CUDA graph, with and without programmatic dependent launch
-#               (harness/ll_floor.cu; REPLAYS default 20). BASE=DIR also builds and runs DIR's
-#               coll_abi.h and coll.cu first (an A/B in one run; it needs run_ll's KIND/NR
-#               template parameters and the LL_PROBE marks). Needs nvcc, 2 GPUs. ~2 min.
+#               (harness/ll_floor.cu; REPLAYS default 20). BASE=DIR (another tree's
+#               p2p-collective/src/kernels) also builds and runs DIR's kernels first (an A/B
+#               in one run; it needs run_ll's KIND/NR template parameters and the LL_PROBE
+#               marks). Needs nvcc, 2 GPUs. ~2 min.
 #   p2p [VARIANT...]  the send/recv sweep (perf-notes §25): the real p2p_sendrecv built by nvcc
 #               from coll_abi.h (each VARIANT: LABEL then :NAME=VALUE pairs, each replacing a
 #               #define of coll_abi.h, e.g. noll:P2P_LL_BYTES=0; a bare LABEL is the header as
@@ -55,6 +56,20 @@ kernels=$root/p2p-collective/src/kernels
 arch() { echo "${ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d .)}"; }
 # work: the nvcc phases' sources and binaries, outside the results.
 workdir() { work=$here/build/$name; rm -rf "$work"; mkdir -p "$work"; }
+# coll_text DIR: the collective kernels after coll_abi.h, from the kernels folder DIR: its
+# coll.cu where the tree has one, else the parts of DIR/coll/ in the order in which
+# p2p_collective::comm::COLL concatenates them (DIR/../comm/mod.rs).
+coll_text() {
+  local dir=$1 part
+  local -a parts
+  if [ -f "$dir/coll.cu" ]; then cat "$dir/coll.cu"; return; fi
+  mapfile -t parts < <(grep -o 'kernels/coll/[A-Za-z0-9_]*\.cuh' "$dir/../comm/mod.rs" 2>/dev/null)
+  if [ ${#parts[@]} -eq 0 ]; then
+    echo "no $dir/coll.cu, and no parts of it named in $dir/../comm/mod.rs" >&2
+    return 1
+  fi
+  for part in "${parts[@]}"; do cat "$dir/${part#kernels/}"; done
+}
 
 phase_pipe() {
   local t bk sk
@@ -150,7 +165,7 @@ phase_ll-floor() {
       cat "$src/coll_abi.h"
       [ -n "$prelude" ] && cat "$prelude"
       # Only coll_f32's kernels (the others cost compile time).
-      sed -e '/^COLL_KERNEL(coll_/{/^COLL_KERNEL(coll_f32,/!d}' "$src/coll.cu"
+      coll_text "$src" | sed -e '/^COLL_KERNEL(coll_/{/^COLL_KERNEL(coll_f32,/!d}'
       cat "$harness/harness.cuh" "$harness/ll_floor.cu"
     } >"$work/$bin.cu"
     # shellcheck disable=SC2086 # no flags or one
@@ -198,7 +213,7 @@ phase_p2p() {
     for kv in "$@"; do edits+=(-e "s/^#define ${kv%%=*} .*/#define ${kv%%=*} (${kv#*=})/"); done
     {
       sed -E "${edits[@]}" "$kernels/coll_abi.h"
-      sed -e '/^COLL_KERNEL(coll_/d' "$kernels/coll.cu"
+      coll_text "$kernels" | sed -e '/^COLL_KERNEL(coll_/d'
       cat "$harness/harness.cuh" "$harness/p2p_sweep.cu"
     } >"$work/$label.cu"
     nvcc -O3 -std=c++17 -arch="sm_$arch" -o "$work/$label" "$work/$label.cu" >"$res/$label.build.log" 2>&1
