@@ -4,31 +4,31 @@
 # GPU: in one process their kernels run side by side, with one process each they time-slice).
 # This checks the kernels' protocols (flags, steps, LL lines, scratch regions, copy-engine
 # plans) at 2, 3 and 4 ranks, not the links: NVLink paths and performance need several GPUs.
-# Phases, each under the device tool's 10 minutes a command (carry target/bundle):
-#   one-gpu.sh tests   run.sh gpu1_ (the one-GPU tests), then the process-per-rank suite at
+#   bash target/bundle/one-gpu.sh PHASE [ARGS] [PHASE [ARGS]]...   (default: tests)
+# Carry target/bundle. Each phase's results: $OUT/one-gpu-PHASE[-ARG].tgz (summary.txt first),
+# packed after every step. Times on 1 x H100; a device command has 10 minutes.
+#   tests              run.sh gpu1_ (the one-GPU tests), then the process-per-rank suite at
 #                      2 ranks on the one GPU (counts P2PTEST_COUNTS, default 0,1,7,1023,65537).
-#   one-gpu.sh coll [W [BUDGET]]  the one-process suite at W ranks (default 2) on the one GPU,
-#                      each test on its own (60 s at most; the first 180 s, as it may compile
-#                      the kernels) with its time, for BUDGET seconds (default 480).
-#   one-gpu.sh diag W TEST...  the named one-process tests at W ranks with the library's
-#                      debug log (P2PTEST_LOG, default debug), 90 s each.
-#   one-gpu.sh procs [W]  the process-per-rank suite at W ranks (default 2).
-#   one-gpu.sh sharings   the process-per-rank matrix at 2 ranks with P2P_CUMEM=0 (legacy
-#                      IPC) and P2P_DISABLE=1 (host-staged).
-#   one-gpu.sh host    p2p-bench host at 2 and 4 ranks on the GPU, two rounds (BASE=path: A/B
-#                      against another build's p2p-bench; perf-notes §38).
-#   one-gpu.sh compile the time to a first communicator with an empty kernel cache (BASE=path:
+#                      ~4-5 min.
+#   coll [W [BUDGET]]  the one-process suite at W ranks (default 2) on the one GPU, each test
+#                      on its own (60 s at most; the first 180 s, as it may compile the
+#                      kernels) with its time, for BUDGET seconds (default 480).
+#   diag W TEST...     the named one-process tests at W ranks with the library's debug log
+#                      (P2PTEST_LOG, default debug), 90 s each. Takes every word after it.
+#   procs [W]          the process-per-rank suite at W ranks (default 2). ~1-3 min.
+#   sharings           the process-per-rank matrix at 2 ranks with P2P_CUMEM=0 (legacy IPC)
+#                      and P2P_DISABLE=1 (host-staged). ~1 min.
+#   host               p2p-bench host at 2 and 4 ranks on the GPU, two rounds (BASE=path: A/B
+#                      against another build's p2p-bench; perf-notes §38). ~2 min.
+#   compile            the time to a first communicator with an empty kernel cache (BASE=path:
 #                      another build's p2p-bench after this one's; ROUNDS), then with a warm one
-#                      (perf-notes §39).
-#   one-gpu.sh extra   the examples with 2 ranks on the one GPU (p2p-bench launch, torchrun
+#                      (perf-notes §39). ~1 min a round.
+#   extra              the examples with 2 ranks on the one GPU (p2p-bench launch, torchrun
 #                      with 2 and 4), and the fault-injection suite with 2 ranks
-#                      (FAULT_SECONDS, default 90).
-# Results: $OUT/one-gpu-PHASE.tgz (summary.txt first), packed after every step.
-phase=${1:-tests}
-BATCH=one-gpu-$phase${2:+-$2}
+#                      (FAULT_SECONDS, default 90). ~4 min.
 source "$(dirname "$0")/common.sh"
-finish() { note "${1:-done}"; pack; }
-if [ "$n" -lt 1 ]; then finish "one-gpu.sh: no GPU found"; exit 1; fi
+REST=diag
+if [ "$n" -lt 1 ]; then echo "one-gpu.sh: no GPU found" >&2; exit 1; fi
 # Ranks of one process on one GPU wait for each other's kernels: give every stream its own
 # hardware queue (CUDA's default of 8 lets two streams share one, and a kernel queued behind
 # a waiting one could not start until the time limit).
@@ -52,13 +52,13 @@ run_test() {
 # each_test EXE WORLD PER_TEST BUDGET TAG: every test of EXE on its own at WORLD ranks (each
 # ending at PER_TEST seconds), with its time, until BUDGET seconds have passed; one log each.
 each_test() {
-  local exe=$1 w=$2 per=$3 budget=$4 tag=$5 t0 t rc ok=0 bad=0 left=0 log
+  local exe=$1 w=$2 per=$3 budget=$4 tag=$5 t0 t s rc ok=0 bad=0 left=0 log
   t0=$(date +%s)
   mkdir -p "$res/$exe-w$w-$tag"
   for t in $("$here/tests/$exe" --list --include-ignored 2>/dev/null | sed -n 's/: test$//p'); do
     if [ $(( $(date +%s) - t0 )) -ge "$budget" ]; then left=$((left + 1)); continue; fi
     log=$res/$exe-w$w-$tag/$t.log
-    local s=$(date +%s)
+    s=$(date +%s)
     # The first test on a fresh machine compiles the kernels (NVRTC, about 70 s on an H100,
     # cached after): give it two more minutes.
     local limit=$per
@@ -77,98 +77,105 @@ each_test() {
   grep -A4 '^FAILED' "$res/$exe-w$w-$tag.txt" | head -n 20 | tee -a "$res/summary.txt"
   pack
 }
-case $phase in
-  tests)
-    nvidia-smi -L >"$res/nvidia-smi.txt" 2>&1
-    P2PTEST_SHARE_GPU= timeout 200 "$here/run.sh" gpu1_ >"$res/run-gpu1.log" 2>&1
-    note "run.sh gpu1_: $(tail -n 1 "$res/run-gpu1.log")"
-    grep -E 'FAILED|no test summary' "$res/run-gpu1.log" | head -n 10 | tee -a "$res/summary.txt"
-    cp -r "$here/bundle-logs" "$res/" 2>/dev/null
+phase_tests() {
+  nvidia-smi -L >"$res/nvidia-smi.txt" 2>&1
+  P2PTEST_SHARE_GPU='' timeout 200 "$here/run.sh" gpu1_ >"$res/run-gpu1.log" 2>&1
+  note "run.sh gpu1_: $(tail -n 1 "$res/run-gpu1.log")"
+  grep -E 'FAILED|no test summary' "$res/run-gpu1.log" | head -n 10 | tee -a "$res/summary.txt"
+  cp -r "$here/bundle-logs" "$res/" 2>/dev/null
+  pack
+  run_test p2p-collective--gpu_coll_procs 2 130 shared
+}
+
+phase_coll() {
+  each_test p2p-collective--gpu_coll "${1:-2}" 60 "${2:-480}" shared
+}
+
+phase_diag() {
+  # diag W TEST...: the named one-process tests at W ranks, with the library's debug log
+  # (P2PTEST_LOG, times from the start), 90 s each.
+  local w=${1:-2} t
+  shift
+  for t in "$@"; do
+    P2PTEST_LOG=${P2PTEST_LOG:-debug} P2PTEST_WORLD="$w" P2PTEST_COUNTS="$counts" timeout 90 \
+      "$here/tests/p2p-collective--gpu_coll" "$t" --exact --include-ignored --nocapture \
+      >"$res/$t.log" 2>&1
+    note "diag $t at $w ranks: exit $?: $(grep -E '^test result:' "$res/$t.log" | tail -n 1)"
     pack
-    run_test p2p-collective--gpu_coll_procs 2 130 shared
-    ;;
-  coll)
-    each_test p2p-collective--gpu_coll "${2:-2}" 60 "${3:-480}" shared
-    ;;
-  diag)
-    # one-gpu.sh diag W TEST...: the named one-process tests at W ranks, with the library's
-    # debug log (P2PTEST_LOG, times from the start), 90 s each.
-    w=${2:-2}
-    shift 2
-    for t in "$@"; do
-      P2PTEST_LOG=${P2PTEST_LOG:-debug} P2PTEST_WORLD="$w" P2PTEST_COUNTS="$counts" timeout 90 \
-        "$here/tests/p2p-collective--gpu_coll" "$t" --exact --include-ignored --nocapture \
-        >"$res/$t.log" 2>&1
-      note "diag $t at $w ranks: exit $?: $(grep -E '^test result:' "$res/$t.log" | tail -n 1)"
-      pack
+  done
+}
+
+phase_procs() {
+  run_test p2p-collective--gpu_coll_procs "${1:-2}" 200 shared
+}
+
+phase_sharings() {
+  local e
+  for e in P2P_CUMEM=0 P2P_DISABLE=1; do
+    run_test p2p-collective--gpu_coll_procs 2 60 "$e" "$e" -- gpu2_process_per_gpu_matrix
+  done
+}
+
+phase_extra() {
+  local w=2
+  timeout 100 "$here/p2p-bench" launch -n "$w" -- "$here/examples/torchrun_job" >"$res/torchrun_job-launch-$w.log" 2>&1
+  note "torchrun_job, p2p-bench launch -n $w: exit $?: $(grep -h wrong "$res/torchrun_job-launch-$w.log" | tail -n 1)"
+  timeout 100 "$here/p2p-bench" launch -n "$w" -- "$here/examples/moe_dispatch" >"$res/moe_dispatch-launch-$w.log" 2>&1
+  note "moe_dispatch, p2p-bench launch -n $w: exit $?: $(grep -h wrong "$res/moe_dispatch-launch-$w.log" | tail -n 1)"
+  if command -v torchrun >/dev/null 2>&1; then
+    for w in 2 4; do
+      timeout 100 torchrun --nproc_per_node="$w" --no-python "$here/examples/torchrun_job" >"$res/torchrun_job-torchrun-$w.log" 2>&1
+      note "torchrun_job, torchrun --nproc_per_node=$w: exit $?: $(grep -h wrong "$res/torchrun_job-torchrun-$w.log" | tail -n 1)"
     done
-    ;;
-  procs)
-    run_test p2p-collective--gpu_coll_procs "${2:-2}" 200 shared
-    ;;
-  sharings)
-    for e in P2P_CUMEM=0 P2P_DISABLE=1; do
-      run_test p2p-collective--gpu_coll_procs 2 60 "$e" "$e" -- gpu2_process_per_gpu_matrix
-    done
-    ;;
-  extra)
-    for w in 2; do
-      timeout 100 "$here/p2p-bench" launch -n "$w" -- "$here/examples/torchrun_job" >"$res/torchrun_job-launch-$w.log" 2>&1
-      note "torchrun_job, p2p-bench launch -n $w: exit $?: $(grep -h wrong "$res/torchrun_job-launch-$w.log" | tail -n 1)"
-      timeout 100 "$here/p2p-bench" launch -n "$w" -- "$here/examples/moe_dispatch" >"$res/moe_dispatch-launch-$w.log" 2>&1
-      note "moe_dispatch, p2p-bench launch -n $w: exit $?: $(grep -h wrong "$res/moe_dispatch-launch-$w.log" | tail -n 1)"
-    done
-    if command -v torchrun >/dev/null 2>&1; then
-      for w in 2 4; do
-        timeout 100 torchrun --nproc_per_node="$w" --no-python "$here/examples/torchrun_job" >"$res/torchrun_job-torchrun-$w.log" 2>&1
-        note "torchrun_job, torchrun --nproc_per_node=$w: exit $?: $(grep -h wrong "$res/torchrun_job-torchrun-$w.log" | tail -n 1)"
-      done
-    else
-      note "torchrun is not installed here: not run"
-    fi
-    pack
-    timeout 150 "$here/p2p-bench" faults -n 2 --seconds "${FAULT_SECONDS:-90}" --out "$res" >"$res/faults.log" 2>&1
-    note "faults -n 2 on one GPU: exit $?: $(tail -n 3 "$res/faults.log" | tr '\n' ' ')"
-    ;;
-  host)
-    # p2p-bench host (perf-notes §38): the host's cost of one call, split into the launch, the
-    # argument block and ours, with 2 and 4 ranks on the GPU, two rounds; with BASE=path (a
-    # p2p-bench of another tree, e.g. ../ab/p2p-bench-X) that build runs first in each round.
-    for round in 1 2; do
-      for w in 2 4; do
-        for b in ${BASE:-} "$here/p2p-bench"; do
-          if [ "$b" = "$here/p2p-bench" ]; then tag=new; else tag=base; fi
-          f=$res/host-w$w-$tag-r$round
-          timeout 150 "$b" host --share-gpu "$w" --samples "${HOST_SAMPLES:-50}" --json "$f.json" >"$f.md" 2>"$f.err"
-          note "host, $w ranks, $tag, round $round: exit $?: $(tail -n 1 "$f.md")"
-          pack
-        done
-      done
-    done
-    ;;
-  compile)
-    # The kernels' first compile (perf-notes §39): the time to a communicator (p2p-bench host
-    # at 2 ranks, 5 samples) with an empty kernel cache, this build then BASE's (a p2p-bench
-    # of another tree) if given, ROUNDS rounds (default 1); then this build with its cache warm.
-    # NVRTC 13's own cache (~/.nv/ComputeCache) stays off, or a repeat would not compile.
-    export CUDA_CACHE_DISABLE=1
-    for round in $(seq "${ROUNDS:-1}"); do
-      for b in "$here/p2p-bench" ${BASE:-}; do
+  else
+    note "torchrun is not installed here: not run"
+  fi
+  pack
+  timeout 150 "$here/p2p-bench" faults -n 2 --seconds "${FAULT_SECONDS:-90}" --out "$res" >"$res/faults.log" 2>&1
+  note "faults -n 2 on one GPU: exit $?: $(tail -n 3 "$res/faults.log" | tr '\n' ' ')"
+}
+
+phase_host() {
+  # p2p-bench host (perf-notes §38): the host's cost of one call, split into the launch, the
+  # argument block and ours, with 2 and 4 ranks on the GPU, two rounds; with BASE=path (a
+  # p2p-bench of another tree, e.g. ../ab/p2p-bench-X) that build runs first in each round.
+  local round w b tag f
+  for round in 1 2; do
+    for w in 2 4; do
+      for b in ${BASE:-} "$here/p2p-bench"; do
         if [ "$b" = "$here/p2p-bench" ]; then tag=new; else tag=base; fi
-        f=$res/compile-$tag-r$round cache=$(mktemp -d /tmp/tmp.p2p-compile.XXXXXX)
-        t0=$(date +%s.%N)
-        XDG_CACHE_HOME=$cache P2P_DEBUG=info P2P_DEBUG_SUBSYS=mem timeout 300 "$b" host --share-gpu 2 --samples 5 >"$f.md" 2>"$f.err"
-        rc=$?
-        [ "$tag" = new ] && warm=$cache
-        note "empty cache, $tag, round $round: exit $rc in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s; $(grep -o 'compiled in [0-9.]* s' "$f.err" | tr '\n' ' ')"
+        f=$res/host-w$w-$tag-r$round
+        timeout 150 "$b" host --share-gpu "$w" --samples "${HOST_SAMPLES:-50}" --json "$f.json" >"$f.md" 2>"$f.err"
+        note "host, $w ranks, $tag, round $round: exit $?: $(tail -n 1 "$f.md")"
         pack
       done
     done
-    t0=$(date +%s.%N)
-    XDG_CACHE_HOME=$warm P2P_DEBUG=debug P2P_DEBUG_SUBSYS=mem timeout 300 "$here/p2p-bench" host --share-gpu 2 --samples 5 >"$res/compile-warm.md" 2>"$res/compile-warm.err"
-    note "warm cache, new: exit $? in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s; $(grep -c 'kernel cache hit' "$res/compile-warm.err") cache hits, $(grep -c 'compiled in' "$res/compile-warm.err") compiles"
-    rm -rf "$warm" /tmp/tmp.p2p-compile.*
-    ;;
-  *) finish "one-gpu.sh: unknown phase $phase (tests, coll, diag, procs, sharings, extra, host, compile)"; exit 2 ;;
-esac
-finish
+  done
+}
+
+phase_compile() {
+  # The kernels' first compile (perf-notes §39): the time to a communicator (p2p-bench host
+  # at 2 ranks, 5 samples) with an empty kernel cache, this build then BASE's (a p2p-bench
+  # of another tree) if given, ROUNDS rounds (default 1); then this build with its cache warm.
+  # NVRTC 13's own cache (~/.nv/ComputeCache) stays off, or a repeat would not compile.
+  local round b tag f cache t0 rc warm=
+  export CUDA_CACHE_DISABLE=1
+  for round in $(seq "${ROUNDS:-1}"); do
+    for b in "$here/p2p-bench" ${BASE:-}; do
+      if [ "$b" = "$here/p2p-bench" ]; then tag=new; else tag=base; fi
+      f=$res/compile-$tag-r$round cache=$(mktemp -d /tmp/tmp.p2p-compile.XXXXXX)
+      t0=$(date +%s.%N)
+      XDG_CACHE_HOME=$cache P2P_DEBUG=info P2P_DEBUG_SUBSYS=mem timeout 300 "$b" host --share-gpu 2 --samples 5 >"$f.md" 2>"$f.err"
+      rc=$?
+      [ "$tag" = new ] && warm=$cache
+      note "empty cache, $tag, round $round: exit $rc in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s; $(grep -o 'compiled in [0-9.]* s' "$f.err" | tr '\n' ' ')"
+      pack
+    done
+  done
+  t0=$(date +%s.%N)
+  XDG_CACHE_HOME=$warm P2P_DEBUG=debug P2P_DEBUG_SUBSYS=mem timeout 300 "$here/p2p-bench" host --share-gpu 2 --samples 5 >"$res/compile-warm.md" 2>"$res/compile-warm.err"
+  note "warm cache, new: exit $? in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s; $(grep -c 'kernel cache hit' "$res/compile-warm.err") cache hits, $(grep -c 'compiled in' "$res/compile-warm.err") compiles"
+  rm -rf "$warm" /tmp/tmp.p2p-compile.*
+}
+
+run_phases tests "$@"

@@ -3,8 +3,10 @@
 //! - `cargo xtask bench [ARGS]`: builds the release `p2p-bench` and runs it (`list` by default).
 //! - `cargo xtask topo [ARGS]`, `cargo xtask doctor [ARGS]`: the same for `p2p-bench topo|doctor`.
 //! - `cargo xtask bundle`: builds every test executable and `p2p-bench` in release, stripped,
-//!   into `target/bundle` with `run.sh` (every test) and `coll-worlds.sh` (the collective
-//!   suites and benchmark at every world size), for a GPU machine that has no Rust toolchain.
+//!   into `target/bundle` with `run.sh` (every test), `coll-worlds.sh` (the collective
+//!   suites and benchmark at every world size) and the suites of `scripts/gpu` (tests.sh,
+//!   bench.sh, faults.sh, sweep.sh, one-gpu.sh, their nvcc harnesses), for a GPU machine that
+//!   has no Rust toolchain.
 //! - `cargo xtask bindgen`: regenerates p2p-sys's driver, NVRTC and checkpoint bindings from
 //!   pinned CUDA headers (module `bindgen`).
 //! - `cargo xtask kernels`: compiles every kernel for sm_80 and sm_90 into the archives the
@@ -220,27 +222,68 @@ fn bundle() -> Result<()> {
         std::fs::write(&script, text).map_err(|e| format!("writing {}: {e}", script.display()))?;
         make_executable(&script)?;
     }
-    // The batch scripts that produced the committed results (scripts/gpu), beside the tools.
-    for entry in std::fs::read_dir(root.join("scripts/gpu"))
-        .map_err(|e| format!("reading scripts/gpu: {e}"))?
-    {
-        let path = entry
-            .map_err(|e| format!("reading scripts/gpu: {e}"))?
-            .path();
-        if path.extension().is_some_and(|x| x == "sh") {
-            let to = out.join(path.file_name().unwrap_or_default());
-            copy(&path, &to)?;
-            make_executable(&to)?;
-        }
-    }
+    // The GPU machine's suites by purpose (scripts/gpu: tests.sh, bench.sh, faults.sh,
+    // sweep.sh, one-gpu.sh; README.md) and their nvcc harnesses, beside the tools.
+    let scripts = copy_scripts(&root.join("scripts/gpu"), &out)?;
+    eprintln!("xtask: bundled {scripts} scripts of scripts/gpu");
     eprintln!(
         "xtask: bundled p2p-bench and {count} test executables into {}",
         out.display()
     );
     eprintln!(
-        "xtask: on the GPU machine run `target/bundle/run.sh` (optionally a test-name filter)"
+        "xtask: on the GPU machine run `target/bundle/run.sh` (optionally a test-name filter), \
+         or the suites of target/bundle/README.md"
     );
     Ok(())
+}
+
+/// The folder of `scripts/gpu` that `copy_scripts` carries whole: the nvcc harnesses.
+const HARNESS: &str = "harness";
+
+/// Copies the scripts of `from` (scripts/gpu) into `to` (the bundle): every `*.sh`, made
+/// executable, `README.md`, and the files of `from/harness` into `to/harness`. Nothing else:
+/// the results and builds the scripts leave beside themselves when run from the repository
+/// stay out. Returns the number of scripts.
+fn copy_scripts(from: &Path, to: &Path) -> Result<usize> {
+    let read = |dir: &Path| -> Result<Vec<PathBuf>> {
+        let mut paths = Vec::new();
+        for entry in
+            std::fs::read_dir(dir).map_err(|e| format!("reading {}: {e}", dir.display()))?
+        {
+            paths.push(
+                entry
+                    .map_err(|e| format!("reading {}: {e}", dir.display()))?
+                    .path(),
+            );
+        }
+        Ok(paths)
+    };
+    let mut scripts = 0;
+    for path in read(from)? {
+        let Some(file) = path.file_name() else {
+            continue;
+        };
+        if path.is_dir() {
+            if file == HARNESS {
+                let dir = to.join(HARNESS);
+                std::fs::create_dir_all(&dir)
+                    .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+                for source in read(&path)? {
+                    if let (true, Some(name)) = (source.is_file(), source.file_name()) {
+                        copy(&source, &dir.join(name))?;
+                    }
+                }
+            }
+        } else if path.extension().is_some_and(|x| x == "sh") {
+            let script = to.join(file);
+            copy(&path, &script)?;
+            make_executable(&script)?;
+            scripts += 1;
+        } else if file == "README.md" {
+            copy(&path, &to.join(file))?;
+        }
+    }
+    Ok(scripts)
 }
 
 /// `path+file:///work/main/p2p-mem#p2p-mem@0.1.0` or `path+file:///x#0.1.0` -> the package name.
@@ -278,3 +321,85 @@ const EXAMPLES: [&str; 4] = [
 /// The collective suites and benchmark at every world size from 2 to the GPU count (for 4- and
 /// 8-GPU machines).
 const COLL_WORLDS: &str = include_str!("coll-worlds.sh");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A folder of its own under the system's temporary folder, removed when dropped.
+    struct Scratch(PathBuf);
+    impl Scratch {
+        fn new(name: &str) -> Scratch {
+            let dir = std::env::temp_dir().join(format!("xtask-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).expect("creating a scratch folder");
+            Scratch(dir)
+        }
+    }
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[test]
+    fn the_bundle_gets_the_scripts_their_readme_and_harnesses_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let scratch = Scratch::new("copy-scripts");
+        let (from, to) = (scratch.0.join("gpu"), scratch.0.join("bundle"));
+        for (path, text) in [
+            ("tests.sh", "#!/usr/bin/env bash\n"),
+            ("common.sh", "set -u\n"),
+            ("README.md", "# scripts\n"),
+            ("notes.txt", "not bundled\n"),
+            ("harness/harness.cuh", "// harness\n"),
+            ("harness/ll_floor.cu", "// floor\n"),
+            ("sweep-p2p/summary.txt", "a result left by a run\n"),
+            ("build/sweep-p2p/current.cu", "a build left by a run\n"),
+        ] {
+            let path = from.join(path);
+            std::fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir");
+            std::fs::write(&path, text).expect("write");
+        }
+        std::fs::create_dir_all(&to).expect("mkdir");
+
+        assert_eq!(copy_scripts(&from, &to), Ok(2));
+        let mut got: Vec<String> = Vec::new();
+        for dir in [to.clone(), to.join("harness")] {
+            for entry in std::fs::read_dir(&dir).expect("read") {
+                let path = entry.expect("entry").path();
+                if path.is_file() {
+                    let rel = path.strip_prefix(&to).expect("inside");
+                    got.push(rel.display().to_string());
+                }
+            }
+        }
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                "README.md",
+                "common.sh",
+                "harness/harness.cuh",
+                "harness/ll_floor.cu",
+                "tests.sh"
+            ]
+        );
+        let mode = std::fs::metadata(to.join("tests.sh"))
+            .expect("stat")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o755);
+        assert_eq!(
+            std::fs::read_to_string(to.join("harness/ll_floor.cu"))
+                .ok()
+                .as_deref(),
+            Some("// floor\n")
+        );
+
+        // A missing folder is an error that names it, not a panic.
+        let missing = scratch.0.join("none");
+        let err = copy_scripts(&missing, &to).expect_err("a missing folder");
+        assert!(err.contains("none"), "{err}");
+    }
+}

@@ -1,6 +1,6 @@
-// Shared by the nvcc harnesses of scripts/gpu (p2p_sweep.cu, ll_floor.cu): the includes, a CUDA
+// Shared by the nvcc harnesses here (p2p_sweep.cu, ll_floor.cu): the includes, a CUDA
 // call check, and two GPUs set up for each other (peer access both ways, a non-blocking stream
-// and two timing events each). The scripts put this after coll_abi.h and coll.cu.
+// and two timing events each). sweep.sh puts this after coll_abi.h and coll.cu.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>

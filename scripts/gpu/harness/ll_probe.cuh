@@ -1,5 +1,5 @@
 // Timing marks inside run_ll for ll_floor.cu (perf-notes §28), put in front of coll.cu by
-// ll-floor.sh for its probe build. Thread 0 of block 0 adds the globaltimer ns between marks
+// sweep.sh ll-floor for its probe build. Thread 0 of block 0 adds the globaltimer ns between marks
 // i-1 and i to ll_probe_sum[i] (marks: 0 entry, 1 prologue loads done, 2 stores issued, 3 the
 // peer's line seen, 4 output written, and in older code 5 counter written), the ns from the
 // previous call's last mark to this call's first to ll_probe_sum[6], and counts the calls in

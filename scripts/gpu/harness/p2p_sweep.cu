@@ -1,4 +1,4 @@
-// Host side of the send/recv sweep (perf-notes §25), appended by p2p-sweep.sh after coll_abi.h
+// Host side of the send/recv sweep (perf-notes §25), appended by sweep.sh p2p after coll_abi.h
 // (with the P2P_* constants of the variant) and coll.cu (without the collective kernels): the
 // real `p2p_sendrecv`, driven as `Communicator::send_recv` drives it for a 2-rank ring
 // exchange (channel 0 receives from the peer, channel 1 sends to it), in one process with peer

@@ -1,4 +1,4 @@
-// Where a small all-reduce's time goes on 2 GPUs (perf-notes §28): appended by ll-floor.sh after
+// Where a small all-reduce's time goes on 2 GPUs (perf-notes §28): appended by sweep.sh ll-floor
 // coll_abi.h and coll.cu (only coll_f32's kernels kept). Times, per call under CUDA graph (100
 // calls captured per graph on each GPU, both GPUs replaying at once, like nccl-tests -G 100):
 //   empty      a kernel that only does the PDL handshake (griddepcontrol): the launch floor

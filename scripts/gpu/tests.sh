@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# The correctness suites on a machine of 2+ GPUs (one GPU: one-gpu.sh), from the bundle:
+#   bash target/bundle/tests.sh PHASE [ARGS] [PHASE [ARGS]]...   (default: run)
+# Carry target/bundle. Each phase's results: $OUT/tests-PHASE[-ARG].tgz (summary.txt first),
+# packed after every step. Times are on 2-4 x H100/H200; a device command has 10 minutes.
+#   suites        both collective suites at every GPU (`gpu_coll` one process, `gpu_coll_procs`
+#                 one process per GPU; every test, counts P2PTEST_COUNTS, default
+#                 0,1,7,1023,65537,1000003; limits 300 s and 150 s), then the process-per-GPU
+#                 matrix with P2P_CUMEM=0 (legacy IPC) and P2P_DISABLE=1 (host-staged), 60 s
+#                 each. ~5-8 min at 4 ranks.
+#   world [W...]  both suites at each W ranks (default: every size from the GPU count down to
+#                 2; counts default 0,1,7,1023,65537; limits TEST_TIMEOUT, default 240 s, and
+#                 PROCS_TIMEOUT, 150 s; GPU_COLL_FILTER: test-name filters for `gpu_coll`).
+#                 ~1-3 min a size.
+#   sharings [W]  the process-per-GPU matrix at W ranks (default every GPU) with P2P_CUMEM=0
+#                 and P2P_DISABLE=1 (the peer layer's other sharings), 60 s each.
+#   examples      the example programs on every GPU: one process, `p2p-bench launch`, torchrun
+#                 (run.sh examples, 150 s).
+#   downstream    the downstream programs the bundle carries (.ci/downstream/cudarc-app against
+#                 cudarc's CUDA 12.4, 12.8 and 13.0 bindings, and candle-core 0.11's cudarc
+#                 features) on every GPU, cold (an empty kernel cache), twice each: init time,
+#                 and whether libnvrtc was ever loaded (the kernels ship compiled). ~1 min.
+#   sys           a cold start's compile as it was (p2p-bench kernels: NVRTC into an empty
+#                 cache), the doctor (driver version, shipped kernels), then p2p-sys's GPU tests
+#                 (every driver and NVRTC entry point resolves; the checkpoint API). ~1-2 min.
+#   candle        candle-core 0.11 itself beside p2p (candle tensors all-reduced by p2p), twice.
+#                 Needs downstream/p2p-downstream-candle-core in the bundle, from
+#                 `.ci/downstream/candle.sh build`. ~1 min.
+#   run [FILTER]  run.sh: every test executable and the examples (or those FILTER names),
+#                 with a summary of the failures; RUN_TIMEOUT (default 420 s). Takes every word
+#                 after it, so it comes last. ~5-7 min whole on 2 GPUs.
+# Example: `bash tests.sh downstream sys run` (a cold start, then everything).
+source "$(dirname "$0")/common.sh"
+REST=run
+
+# suite WORLD COUNTS LIMIT_GPU_COLL LIMIT_PROCS: both correctness suites at WORLD ranks.
+suite() {
+  local w=$1 counts=$2 exe limit log filter
+  for exe in p2p-collective--gpu_coll p2p-collective--gpu_coll_procs; do
+    limit=$3 filter=
+    if [ "$exe" = p2p-collective--gpu_coll_procs ]; then limit=$4; else filter=${GPU_COLL_FILTER:-}; fi
+    log=$res/$exe-w$w.log
+    # shellcheck disable=SC2086 # the filters are separate words
+    P2PTEST_WORLD=$w P2PTEST_COUNTS=${P2PTEST_COUNTS:-$counts} timeout "$limit" "$here/tests/$exe" $filter --include-ignored --test-threads=1 --nocapture >"$log" 2>&1
+    note "world $w $exe: exit $?: $(grep -E '^test result:' "$log" | tail -n 1)"
+    grep -E '^test .* FAILED|^WRONG|panicked' "$log" | head -n 5 | tee -a "$res/summary.txt"
+    pack
+  done
+}
+# sharings WORLD: the process-per-GPU matrix with legacy IPC and host-staged workspaces.
+sharings() {
+  local w=$1 env log
+  for env in P2P_CUMEM=0 P2P_DISABLE=1; do
+    log=$res/procs-matrix-$env-w$w.log
+    env "$env" P2PTEST_WORLD="$w" P2PTEST_COUNTS=0,1,7,1023,65537 timeout 60 \
+      "$here/tests/p2p-collective--gpu_coll_procs" gpu2_process_per_gpu_matrix --include-ignored --test-threads=1 --nocapture >"$log" 2>&1
+    note "world $w procs matrix $env: exit $?: $(grep -E '^test result:' "$log" | tail -n 1) ($(grep -m1 -o 'shared via [^,)]*' "$log"))"
+    pack
+  done
+}
+
+phase_suites() {
+  need 2 || exit 0
+  suite "$n" 0,1,7,1023,65537,1000003 300 150
+  sharings "$n"
+}
+
+phase_world() {
+  need 2 || exit 0
+  local w
+  local -a worlds=("$@")
+  [ ${#worlds[@]} -eq 0 ] && mapfile -t worlds < <(seq "$n" -1 2)
+  for w in "${worlds[@]}"; do
+    if [ "$w" -lt 2 ] || [ "$w" -gt "$n" ]; then note "world: W must be 2 to $n, not $w"; exit 2; fi
+  done
+  for w in "${worlds[@]}"; do
+    suite "$w" 0,1,7,1023,65537 "${TEST_TIMEOUT:-240}" "${PROCS_TIMEOUT:-150}"
+  done
+}
+
+phase_sharings() {
+  need 2 || exit 0
+  sharings "${1:-$n}"
+}
+
+phase_examples() {
+  timeout 150 "$here/run.sh" examples >"$res/examples.log" 2>&1
+  note "examples on $n GPUs: $(tail -n 1 "$res/examples.log")"
+  grep -E '^== example|FAILED|wrong' "$res/examples.log" | tee -a "$res/summary.txt"
+  cp -r "$here/bundle-logs" "$res/" 2>/dev/null
+}
+
+phase_downstream() {
+  local v round cache out
+  { nvidia-smi; ldconfig -p | grep -E 'libnvrtc|libcuda\.' ; } >"$res/machine.txt" 2>&1
+  note "GPUs: $n; driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n1)"
+  for v in cuda-12040 cuda-12080 cuda-13000 candle; do
+    for round in 1 2; do
+      cache=$(mktemp -d)
+      out=$(XDG_CACHE_HOME=$cache timeout 120 "$here/downstream/p2p-downstream-$v" 2>&1)
+      note "downstream $v round $round: exit $?: $(tail -n 1 <<<"$out")"
+      echo "$out" >"$res/downstream-$v-$round.log"
+      rm -rf "$cache"
+    done
+  done
+}
+
+phase_sys() {
+  local cache t
+  cache=$(mktemp -d)
+  XDG_CACHE_HOME=$cache timeout 180 "$here/p2p-bench" kernels >"$res/nvrtc-cold-compile.log" 2>&1
+  note "p2p-bench kernels into an empty cache (the compile a cold start paid before): exit $?: $(head -n 1 "$res/nvrtc-cold-compile.log")"
+  rm -rf "$cache"
+  timeout 120 "$here/p2p-bench" doctor >"$res/doctor.txt" 2>&1
+  note "doctor: exit $?; $(grep -E 'driver|kernels' "$res/doctor.txt" | head -n 4 | tr '\n' ' ')"
+  pack
+  for t in "$here"/tests/p2p-sys--gpu*; do
+    timeout 120 "$t" --include-ignored --test-threads=1 --nocapture >"$res/$(basename "$t").log" 2>&1
+    note "$(basename "$t"): exit $?; $(grep -E '^test result' "$res/$(basename "$t").log")"
+  done
+}
+
+phase_candle() {
+  local exe=$here/downstream/p2p-downstream-candle-core extra round out
+  if [ ! -x "$exe" ]; then note "candle: $exe missing (.ci/downstream/candle.sh build)"; exit 1; fi
+  ldd "$exe" >"$res/candle-ldd.txt" 2>&1
+  if grep -q "not found" "$res/candle-ldd.txt"; then
+    # The CUDA 13 libraries candle links, wherever this machine keeps them.
+    extra=$(find / -xdev \( -name 'libcublas.so.13' -o -name 'libcurand.so.10' -o -name 'libcudart.so.13' \) -print0 2>/dev/null | xargs -0 -r -n1 dirname | sort -u | tr '\n' ':')
+    export LD_LIBRARY_PATH="${extra}${LD_LIBRARY_PATH:-}"
+    ldd "$exe" >>"$res/candle-ldd.txt" 2>&1
+  fi
+  for round in 1 2; do
+    out=$(XDG_CACHE_HOME=$(mktemp -d) timeout 120 "$exe" 2>&1)
+    note "candle-core round $round: exit $?: $(tail -n 1 <<<"$out")"
+    echo "$out" >"$res/candle-core-$round.log"
+  done
+}
+
+phase_run() {
+  OUT='' timeout "${RUN_TIMEOUT:-420}" bash "$here/run.sh" "$@" >"$res/run.log" 2>&1
+  note "run.sh $*: exit $?; $(tail -n 1 "$res/run.log")"
+  grep -E '^test .* FAILED|panicked|^FAIL|no test summary' "$res/run.log" | head -n 20 | tee -a "$res/summary.txt"
+  cp -r "$here/bundle-logs" "$res/" 2>/dev/null
+}
+
+run_phases run "$@"
