@@ -90,7 +90,7 @@ impl Layout {
 /// with the receive from itself of the same position), then the sends to each peer. Within a
 /// channel the order of adding is kept: that is the order in which messages pair up with the
 /// peer's.
-fn layout(rank: usize, entries: &[Entry]) -> std::result::Result<Layout, String> {
+fn layout(rank: usize, entries: &[Entry]) -> std::result::Result<Layout, GroupError> {
     let own = |dir: Dir| {
         entries
             .iter()
@@ -99,28 +99,27 @@ fn layout(rank: usize, entries: &[Entry]) -> std::result::Result<Layout, String>
     };
     let (sent, received) = (own(Dir::Send), own(Dir::Recv));
     if sent.len() != received.len() {
-        return Err(format!(
-            "rank {rank} sends {} message(s) to itself and receives {} from itself in this group: \
-             each message to itself needs its receive in the same group",
-            sent.len(),
-            received.len()
-        ));
+        return Err(GroupError::SelfUnpaired {
+            rank,
+            sent: sent.len(),
+            received: received.len(),
+        });
     }
     let mut copies = Vec::new();
     for (k, (s, r)) in sent.iter().zip(&received).enumerate() {
         if s.bytes != r.bytes {
-            return Err(format!(
-                "message {k} that rank {rank} sends to itself has {} bytes; its receive takes {}",
-                s.bytes, r.bytes
-            ));
+            return Err(GroupError::SelfSizes {
+                message: k,
+                rank,
+                sent: s.bytes,
+                received: r.bytes,
+            });
         }
         if s.ptr == r.ptr || s.bytes == 0 {
             continue; // nothing to move
         }
         if s.ptr < r.ptr + r.bytes && r.ptr < s.ptr + s.bytes {
-            return Err(format!(
-                "message {k} that rank {rank} sends to itself overlaps its receive buffer"
-            ));
+            return Err(GroupError::SelfOverlap { message: k, rank });
         }
         copies.push(KernelOp {
             kind: P2P_COPY,
@@ -166,12 +165,7 @@ fn layout(rank: usize, entries: &[Entry]) -> std::result::Result<Layout, String>
         channel(&mut of(Dir::Send, p), &mut out);
     }
     if out.ops.len() > P2P_MAX_OPS {
-        return Err(format!(
-            "a group holds at most {P2P_MAX_OPS} operations (sends, receives, and each message to \
-             itself counted once); this one has {}: launch it as several groups, each holding \
-             both ends of the exchanges it starts",
-            out.ops.len()
-        ));
+        return Err(GroupError::TooManyOps(out.ops.len()));
     }
     Ok(out)
 }
@@ -185,24 +179,59 @@ fn fits(
     sms: usize,
     per_sm: usize,
     share: usize,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), GroupError> {
     let share = share.max(1);
     let resident = sms * per_sm / share;
     if receiving == 0 || receiving < resident {
         return Ok(());
     }
-    let of = if share > 1 {
-        format!("{sms} SMs x {per_sm}, shared by {share} ranks")
-    } else {
-        format!("{sms} SMs x {per_sm}")
-    };
-    Err(format!(
-        "this group receives from {} ranks: {receiving} receiving blocks ({P2P_BLOCKS} per rank), \
-         but GPU {gpu} runs at most {resident} of them at once ({of}); receive from at most {} \
-         other ranks per group",
-        receiving / P2P_BLOCKS,
-        peers_fitting(resident)
-    ))
+    Err(GroupError::TooManyReceivers {
+        receiving,
+        gpu,
+        resident,
+        of: if share > 1 {
+            format!("{sms} SMs x {per_sm}, shared by {share} ranks")
+        } else {
+            format!("{sms} SMs x {per_sm}")
+        },
+        fitting: peers_fitting(resident),
+    })
+}
+
+/// Why a group of sends and receives cannot launch as it is (checked before anything is
+/// queued; reported as the call's [`Error::InvalidArgument`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum GroupError {
+    /// The messages a rank sends itself and those it receives from itself do not pair up.
+    #[error("rank {rank} sends {sent} message(s) to itself and receives {received} from itself in this group: each message to itself needs its receive in the same group")]
+    SelfUnpaired {
+        rank: usize,
+        sent: usize,
+        received: usize,
+    },
+    /// A message to itself and its receive differ in size.
+    #[error("message {message} that rank {rank} sends to itself has {sent} bytes; its receive takes {received}")]
+    SelfSizes {
+        message: usize,
+        rank: usize,
+        sent: u64,
+        received: u64,
+    },
+    /// A message to itself overlaps the buffer it is received into.
+    #[error("message {message} that rank {rank} sends to itself overlaps its receive buffer")]
+    SelfOverlap { message: usize, rank: usize },
+    /// More operations than the kernel's channels hold.
+    #[error("a group holds at most {P2P_MAX_OPS} operations (sends, receives, and each message to itself counted once); this one has {0}: launch it as several groups, each holding both ends of the exchanges it starts")]
+    TooManyOps(usize),
+    /// More receiving blocks than the GPU runs at once, with room for a sender.
+    #[error("this group receives from {} ranks: {receiving} receiving blocks ({P2P_BLOCKS} per rank), but GPU {gpu} runs at most {resident} of them at once ({of}); receive from at most {fitting} other ranks per group", receiving / P2P_BLOCKS)]
+    TooManyReceivers {
+        receiving: usize,
+        gpu: i32,
+        resident: usize,
+        of: String,
+        fitting: usize,
+    },
 }
 
 /// How many peers a group may receive from when `resident` blocks run at once: every
@@ -399,10 +428,10 @@ impl<'a> P2pGroup<'a> {
     pub fn launch(self) -> Result<()> {
         let comm = self.comm;
         comm.ready_on(self.op, self.stream)?;
-        let bad = |what: String| Error::InvalidArgument {
+        let bad = |e: GroupError| Error::InvalidArgument {
             op: self.op,
             rank: comm.rank,
-            what,
+            what: e.to_string(),
         };
         let layout = layout(comm.rank, &self.entries).map_err(bad)?;
         fits(
@@ -637,19 +666,23 @@ mod tests {
     #[test]
     fn messages_to_itself_pair_in_order_and_must_match() {
         use Dir::{Recv, Send};
-        let lone = layout(1, &[e(Send, 1, 0x100, 8)]).expect_err("no receive");
+        let lone = layout(1, &[e(Send, 1, 0x100, 8)])
+            .expect_err("no receive")
+            .to_string();
         assert!(
             lone.contains("sends 1 message(s) to itself and receives 0"),
             "{lone}"
         );
-        let sizes =
-            layout(1, &[e(Send, 1, 0x100, 8), e(Recv, 1, 0x200, 4)]).expect_err("sizes differ");
+        let sizes = layout(1, &[e(Send, 1, 0x100, 8), e(Recv, 1, 0x200, 4)])
+            .expect_err("sizes differ")
+            .to_string();
         assert!(
             sizes.contains("has 8 bytes; its receive takes 4"),
             "{sizes}"
         );
-        let overlap =
-            layout(1, &[e(Send, 1, 0x100, 64), e(Recv, 1, 0x120, 64)]).expect_err("overlap");
+        let overlap = layout(1, &[e(Send, 1, 0x100, 64), e(Recv, 1, 0x120, 64)])
+            .expect_err("overlap")
+            .to_string();
         assert!(overlap.contains("overlaps"), "{overlap}");
         // The same buffer, or nothing to move: no copy at all.
         let same = layout(1, &[e(Send, 1, 0x100, 64), e(Recv, 1, 0x100, 64)]).expect("same");
@@ -663,7 +696,8 @@ mod tests {
                 e(Recv, 1, 0x400, 8),
             ],
         )
-        .expect_err("the first pair differs");
+        .expect_err("the first pair differs")
+        .to_string();
         assert!(two.contains("message 0"), "{two}");
     }
 
@@ -682,7 +716,7 @@ mod tests {
             .map(|k| e(Dir::Send, 1, 0x10 * k, 8))
             .collect();
         assert!(layout(0, &many[..P2P_MAX_OPS]).is_ok());
-        let err = layout(0, &many).expect_err("one too many");
+        let err = layout(0, &many).expect_err("one too many").to_string();
         assert!(err.contains("at most 32"), "{err}");
         many.clear();
         assert_eq!(layout(0, &many).expect("empty"), Layout::default());
@@ -693,7 +727,9 @@ mod tests {
         // H200: 132 SMs x 2: receiving from all 7 others of 8 ranks fits.
         assert!(fits(7 * P2P_BLOCKS, 0, 132, 2, 1).is_ok());
         // A100: 108 SMs x 2 = 216 blocks: 7 x 32 = 224 do not; 6 x 32 = 192 do.
-        let e = fits(7 * P2P_BLOCKS, 3, 108, 2, 1).expect_err("224 of 216");
+        let e = fits(7 * P2P_BLOCKS, 3, 108, 2, 1)
+            .expect_err("224 of 216")
+            .to_string();
         assert!(
             e.contains("GPU 3 runs at most 216") && e.contains("at most 6 other ranks"),
             "{e}"
@@ -707,7 +743,9 @@ mod tests {
     #[test]
     fn ranks_sharing_a_gpu_share_its_receiving_blocks() {
         // 4 ranks on one H100 (132 x 2 / 4 = 66 each): receiving from the 3 others needs 96.
-        let e = fits(3 * P2P_BLOCKS, 0, 132, 2, 4).expect_err("96 of 66");
+        let e = fits(3 * P2P_BLOCKS, 0, 132, 2, 4)
+            .expect_err("96 of 66")
+            .to_string();
         assert!(
             e.contains("at most 66")
                 && e.contains("shared by 4 ranks")

@@ -51,7 +51,7 @@ mod tuning;
 #[cfg(test)]
 mod validate_tests;
 
-pub use tuning::Tuning;
+pub use tuning::{Tuning, TuningError};
 
 /// What a kernel launch does; the numbers are the `Kind` enum of `coll_abi.h`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -183,42 +183,34 @@ impl Tuning {
     /// scratch) from 1 KiB to 64 MiB, `block_bytes` nonzero, `ll_max_bytes` at most
     /// [`LL_MAX_BYTES`], `pipe_sub_bytes` a nonzero multiple of 16, `ce_streams` 1 or 2, and a
     /// workspace for `world` ranks that fits a `usize`.
-    pub fn validate(&self, resident: u32, world: usize) -> Result<(), String> {
-        if self.max_blocks == 0 || self.max_blocks > MAX_BLOCKS.min(resident.max(1)) {
-            return Err(format!(
-                "max_blocks = {} must be 1 to {} (the kernel's limit {MAX_BLOCKS}, and the {resident} blocks this GPU holds at once)",
-                self.max_blocks,
-                MAX_BLOCKS.min(resident.max(1))
-            ));
+    pub fn validate(&self, resident: u32, world: usize) -> Result<(), TuningError> {
+        let most = MAX_BLOCKS.min(resident.max(1));
+        if self.max_blocks == 0 || self.max_blocks > most {
+            return Err(TuningError::MaxBlocks {
+                max_blocks: self.max_blocks,
+                most,
+                resident,
+            });
         }
         if !(1 << 10..=64 << 20).contains(&self.piece_bytes) || self.piece_bytes % 16 != 0 {
-            return Err(format!(
-                "piece_bytes = {} must be a multiple of 16 from 1 KiB to 64 MiB",
-                self.piece_bytes
-            ));
+            return Err(TuningError::PieceBytes(self.piece_bytes));
         }
         if self.block_bytes == 0 {
-            return Err("block_bytes must be nonzero".into());
+            return Err(TuningError::BlockBytes);
         }
         if self.pipe_sub_bytes == 0 || self.pipe_sub_bytes % 16 != 0 {
-            return Err(format!(
-                "pipe_sub_bytes = {} must be a nonzero multiple of 16",
-                self.pipe_sub_bytes
-            ));
+            return Err(TuningError::PipeSubBytes(self.pipe_sub_bytes));
         }
         if !(1..=2).contains(&self.ce_streams) {
-            return Err(format!("ce_streams = {} must be 1 or 2", self.ce_streams));
+            return Err(TuningError::CeStreams(self.ce_streams));
         }
         if self.ll_max_bytes > LL_MAX_BYTES {
-            return Err(format!(
-                "ll_max_bytes = {} is above LL_MAX_BYTES = {LL_MAX_BYTES}",
-                self.ll_max_bytes
-            ));
+            return Err(TuningError::LlMaxBytes(self.ll_max_bytes));
         }
         (self.max_blocks as usize)
             .checked_mul(self.piece_bytes)
             .and_then(|slot| slot.checked_mul(2 * world))
-            .ok_or_else(|| "the workspace size overflows".to_string())?;
+            .ok_or(TuningError::WorkspaceOverflow { world })?;
         Ok(())
     }
 
@@ -237,4 +229,41 @@ impl Tuning {
             self.ll_max_bytes.saturating_mul(2) / world
         }
     }
+}
+
+/// A [`Tuning`] value that would break the kernels ([`Tuning::validate`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TuningError {
+    /// `max_blocks` is zero, above the kernel's limit, or above what the GPU holds at once.
+    #[error("max_blocks = {max_blocks} must be 1 to {most} (the kernel's limit {MAX_BLOCKS}, and the {resident} blocks this GPU holds at once)")]
+    MaxBlocks {
+        /// The value given.
+        max_blocks: u32,
+        /// The most allowed here.
+        most: u32,
+        /// Blocks the GPU holds at once.
+        resident: u32,
+    },
+    /// `piece_bytes` is not a multiple of 16 from 1 KiB to 64 MiB.
+    #[error("piece_bytes = {0} must be a multiple of 16 from 1 KiB to 64 MiB")]
+    PieceBytes(usize),
+    /// `block_bytes` is zero.
+    #[error("block_bytes must be nonzero")]
+    BlockBytes,
+    /// `pipe_sub_bytes` is zero or not a multiple of 16.
+    #[error("pipe_sub_bytes = {0} must be a nonzero multiple of 16")]
+    PipeSubBytes(usize),
+    /// `ce_streams` is not 1 or 2.
+    #[error("ce_streams = {0} must be 1 or 2")]
+    CeStreams(usize),
+    /// `ll_max_bytes` is above [`LL_MAX_BYTES`].
+    #[error("ll_max_bytes = {0} is above LL_MAX_BYTES = {LL_MAX_BYTES}")]
+    LlMaxBytes(usize),
+    /// The workspace of `world` ranks would not fit a `usize`.
+    #[error("the workspace size for {world} ranks overflows")]
+    WorkspaceOverflow {
+        /// The world size asked for.
+        world: usize,
+    },
 }
