@@ -279,6 +279,31 @@ impl Device {
         }
     }
 
+    /// In a `Drop` of memory on this device, before it is freed, unmapped or unregistered:
+    /// waits for the device's queued work, up to [`DROP_WAIT`](crate::DROP_WAIT), and says
+    /// whether to go on. `false` when the GPU was still busy: logged as an error saying that
+    /// `what` (`bytes` long) is leaked, never pulled from under a running kernel. A failed wait
+    /// is logged and goes on (the device is then unusable anyway).
+    pub(crate) fn idle_before_free(&self, what: &str, bytes: usize) -> bool {
+        match self.synchronize_within(crate::DROP_WAIT) {
+            Ok(true) => true,
+            Ok(false) => {
+                tracing::error!(
+                    device = self.ordinal(),
+                    bytes,
+                    "GPU {} is still busy {:?} after {what} was dropped: leaking its {bytes} bytes (left mapped) rather than freeing them under a running kernel",
+                    self.ordinal(),
+                    crate::DROP_WAIT,
+                );
+                false
+            }
+            Err(e) => {
+                tracing::error!(device = self.ordinal(), "before freeing {what}: {e}");
+                true
+            }
+        }
+    }
+
     /// An event that completes once everything queued on this device's context (every stream)
     /// has finished (`cuCtxRecordEvent`); `None` where the driver lacks that entry point.
     fn record_queued_work(&self) -> Result<Option<crate::Event>> {

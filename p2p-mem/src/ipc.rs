@@ -18,7 +18,7 @@ use p2p_sys::{cu, cuda};
 use crate::device::{Device, Stream};
 use crate::error::{Error, OnDevice, Result};
 use crate::event::Event;
-use crate::memory::{DeviceMemory, DeviceMemoryMut};
+use crate::memory::DeviceMemory;
 use crate::wire::{self, DecodeError, HandleKind, Reader};
 
 /// A legacy CUDA IPC handle for a range of device memory, ready to send to another process.
@@ -238,23 +238,11 @@ impl Drop for IpcMapping {
         // Work queued on this device may still use the mapping: let it finish first, within a
         // deadline; past it, leave the mapping open (a leak) rather than pull it from under a
         // running kernel.
-        match self.device.synchronize_within(crate::DROP_WAIT) {
-            Ok(true) => {}
-            Ok(false) => {
-                tracing::error!(
-                    device = self.device.ordinal(),
-                    bytes = self.size,
-                    "GPU {} is still busy {:?} after an IPC mapping was dropped: leaving its {} bytes mapped rather than unmapping them under a running kernel",
-                    self.device.ordinal(),
-                    crate::DROP_WAIT,
-                    self.size
-                );
-                return;
-            }
-            Err(e) => tracing::error!(
-                device = self.device.ordinal(),
-                "before closing an IPC mapping: {e}"
-            ),
+        if !self
+            .device
+            .idle_before_free("an IPC mapping", self.size as usize)
+        {
+            return;
         }
         let _ = self.device.bind_to_thread();
         // SAFETY: `base` came from cuIpcOpenMemHandle and is closed exactly once.
@@ -282,22 +270,9 @@ impl ImportedBuffer {
     }
 }
 
-// SAFETY: the pointer and length describe memory this value owns or borrows for its
-// lifetime (see the type's constructor).
-unsafe impl DeviceMemory for ImportedBuffer {
-    fn device(&self) -> &Device {
-        &self.mapping.device
-    }
-    fn device_ptr(&self) -> cuda::CUdeviceptr {
-        self.ptr
-    }
-    fn byte_len(&self) -> usize {
-        self.len
-    }
-}
-// SAFETY: the pointer and length describe memory this value owns or borrows for its
-// lifetime (see the type's constructor).
-unsafe impl DeviceMemoryMut for ImportedBuffer {}
+// SAFETY: the pointer and length lie in the mapping this value holds (an `Arc`) for its
+// lifetime (see the constructors).
+crate::memory::device_memory!(ImportedBuffer, device: mapping.device, ptr: ptr, len: len);
 
 // SAFETY: the mapping is process-wide device memory usable from any thread.
 unsafe impl Send for IpcMapping {}

@@ -13,6 +13,31 @@ use p2p_sys::{cu, cuda};
 use crate::device::{as_bytes, as_bytes_mut, Device, DeviceCopy, Stream};
 use crate::error::{Error, OnDevice, Result};
 
+/// Implements [`DeviceMemory`] (device, address, length; the other methods their defaults) and
+/// [`DeviceMemoryMut`] for a type of this crate from three of its fields: the `device`, the
+/// `ptr` and the `len` paths after `self.`. The invocation is the `unsafe impl`: put a
+/// `// SAFETY:` line before it saying why those fields describe memory the value owns (or
+/// borrows for its lifetime) and may be written.
+macro_rules! device_memory {
+    ($ty:ty, device: $($dev:ident).+, ptr: $ptr:ident, len: $len:ident) => {
+        // SAFETY: the invoker's (see the macro's documentation and the invocation).
+        unsafe impl $crate::DeviceMemory for $ty {
+            fn device(&self) -> &$crate::Device {
+                &self.$($dev).+
+            }
+            fn device_ptr(&self) -> p2p_sys::cuda::CUdeviceptr {
+                self.$ptr
+            }
+            fn byte_len(&self) -> usize {
+                self.$len
+            }
+        }
+        // SAFETY: as above; the memory may be written through `&mut self`.
+        unsafe impl $crate::DeviceMemoryMut for $ty {}
+    };
+}
+pub(crate) use device_memory;
+
 /// A region of device memory that can be read: the common face of every buffer kind.
 ///
 /// # Synchronous copies and fills
@@ -673,23 +698,9 @@ impl ExternalMemory {
     }
 }
 
-// SAFETY: the pointer and length describe memory this value owns or borrows for its
-// lifetime (see the type's constructor).
-unsafe impl DeviceMemory for ExternalMemory {
-    fn device(&self) -> &Device {
-        &self.device
-    }
-    fn device_ptr(&self) -> cuda::CUdeviceptr {
-        self.ptr
-    }
-    fn byte_len(&self) -> usize {
-        self.bytes
-    }
-}
-
-// SAFETY: the pointer and length describe memory this value owns or borrows for its
-// lifetime (see the type's constructor).
-unsafe impl DeviceMemoryMut for ExternalMemory {}
+// SAFETY: the pointer and length describe memory the caller of `from_raw` vouched for, for this
+// value's lifetime (see the constructor).
+device_memory!(ExternalMemory, device: device, ptr: ptr, len: bytes);
 
 /// Page-locked host memory from `cuMemHostAlloc` (portable: usable with every context), zeroed
 /// at allocation and freed on `Drop`. Dereferences to `[T]`.

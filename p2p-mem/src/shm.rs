@@ -12,7 +12,6 @@ use p2p_sys::{cu, cuda};
 
 use crate::device::Device;
 use crate::error::{os, Error, OnDevice, Result};
-use crate::memory::{DeviceMemory, DeviceMemoryMut};
 
 /// The seals every shared memory file carries: its size cannot change.
 const SIZE_SEALS: rustix::fs::SealFlags =
@@ -132,37 +131,16 @@ impl HostShared {
     }
 }
 
-// SAFETY: the pointer and length describe memory this value owns or borrows for its
-// lifetime (see the type's constructor).
-unsafe impl DeviceMemory for HostShared {
-    fn device(&self) -> &Device {
-        &self.device
-    }
-    fn device_ptr(&self) -> cuda::CUdeviceptr {
-        self.device_ptr
-    }
-    fn byte_len(&self) -> usize {
-        self.len
-    }
-}
-// SAFETY: the pointer and length describe memory this value owns or borrows for its
-// lifetime (see the type's constructor).
-unsafe impl DeviceMemoryMut for HostShared {}
+// SAFETY: the device address and length describe the shared pages this value maps and
+// registers for its lifetime (see `map`).
+crate::memory::device_memory!(HostShared, device: device, ptr: device_ptr, len: len);
 
 impl Drop for HostShared {
     fn drop(&mut self) {
         let _ = self.device.bind_to_thread();
         // Work queued on the device may still use the pages: wait, within a deadline; past it,
         // leave them registered and mapped (a leak) rather than pull them from under a kernel.
-        if let Ok(false) = self.device.synchronize_within(crate::DROP_WAIT) {
-            tracing::error!(
-                device = self.device.ordinal(),
-                bytes = self.len,
-                "GPU {} is still busy {:?} after shared host memory was dropped: leaking its {} bytes (registered and mapped) rather than pulling them from under a running kernel",
-                self.device.ordinal(),
-                crate::DROP_WAIT,
-                self.len
-            );
+        if !self.device.idle_before_free("shared host memory", self.len) {
             return;
         }
         let _ = self.device.bind_to_thread();

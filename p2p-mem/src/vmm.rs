@@ -18,7 +18,6 @@ use p2p_sys::{cu, cuda};
 
 use crate::device::Device;
 use crate::error::{Error, OnDevice, Result};
-use crate::memory::{DeviceMemory, DeviceMemoryMut};
 use crate::wire::{self, DecodeError, HandleKind, Reader};
 
 /// Which shareable handle types an allocation is created with.
@@ -360,22 +359,9 @@ impl VmmBuffer {
     }
 }
 
-// SAFETY: the pointer and length describe memory this value owns or borrows for its
-// lifetime (see the type's constructor).
-unsafe impl DeviceMemory for VmmBuffer {
-    fn device(&self) -> &Device {
-        &self.device
-    }
-    fn device_ptr(&self) -> cuda::CUdeviceptr {
-        self.ptr
-    }
-    fn byte_len(&self) -> usize {
-        self.size
-    }
-}
-// SAFETY: the pointer and length describe memory this value owns or borrows for its
-// lifetime (see the type's constructor).
-unsafe impl DeviceMemoryMut for VmmBuffer {}
+// SAFETY: the address and size describe the range this value reserves and maps for its
+// lifetime (see the constructors).
+crate::memory::device_memory!(VmmBuffer, device: device, ptr: ptr, len: size);
 
 impl Drop for VmmBuffer {
     fn drop(&mut self) {
@@ -384,14 +370,7 @@ impl Drop for VmmBuffer {
         if self.mapped {
             // Unmapping does not wait for work still using the range: wait first, within a
             // deadline; past it, leak the whole allocation rather than unmap it under a kernel.
-            if let Ok(false) = self.device.synchronize_within(crate::DROP_WAIT) {
-                tracing::error!(
-                    device = ord,
-                    bytes = self.size,
-                    "GPU {ord} is still busy {:?} after a cuMem buffer was dropped: leaking its {} bytes rather than unmapping them under a running kernel",
-                    crate::DROP_WAIT,
-                    self.size
-                );
+            if !self.device.idle_before_free("a cuMem buffer", self.size) {
                 return;
             }
             let _ = self.device.bind_to_thread();
