@@ -1,4 +1,5 @@
-//! The NCCL-shaped calls: one method per collective, out of place and in place.
+//! The NCCL-shaped calls: one method per collective, out of place and in place, each pair
+//! declared once below by what it adds to the call (its reduction, its root, both or neither).
 
 use p2p_mem::{DeviceMemory, DeviceMemoryMut, Stream};
 
@@ -7,189 +8,83 @@ use crate::types::{DataType, Op, RedOp};
 
 use super::*;
 
-impl Communicator {
-    /// All-reduce `count` elements of `send` into `recv` on every rank.
-    pub fn all_reduce(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        redop: RedOp,
-        stream: &Stream,
-    ) -> Result<()> {
-        self.call(
-            &Call::new(Op::AllReduce, dtype, count).redop(redop),
-            send,
-            recv,
-            stream,
-        )
-    }
+/// Declares, for each collective, the out-of-place method (`send` into `recv`) and the in-place
+/// one (`buf`), both taking `count`, `dtype`, the collective's own arguments and the stream, and
+/// queuing the [`Call`] that `call` builds from `Call::new(op, dtype, count)`.
+macro_rules! collective_calls {
+    ($(
+        $(#[$doc:meta])* fn $name:ident;
+        $(#[$doc_in_place:meta])* fn $in_place:ident;
+        op: $op:expr, args: ($($arg:ident: $ty:ty),*), call: |$c:ident| $build:expr;
+    )+) => {
+        impl Communicator {
+            $(
+                $(#[$doc])*
+                #[allow(clippy::too_many_arguments)]
+                pub fn $name(
+                    &self,
+                    send: &impl DeviceMemory,
+                    recv: &mut impl DeviceMemoryMut,
+                    count: usize,
+                    dtype: DataType,
+                    $($arg: $ty,)*
+                    stream: &Stream,
+                ) -> Result<()> {
+                    let $c = Call::new($op, dtype, count);
+                    self.call(&$build, send, recv, stream)
+                }
 
+                $(#[$doc_in_place])*
+                pub fn $in_place(
+                    &self,
+                    buf: &mut impl DeviceMemoryMut,
+                    count: usize,
+                    dtype: DataType,
+                    $($arg: $ty,)*
+                    stream: &Stream,
+                ) -> Result<()> {
+                    let $c = Call::new($op, dtype, count);
+                    self.call_in_place(&$build, buf, stream)
+                }
+            )+
+        }
+    };
+}
+
+collective_calls! {
+    /// All-reduce `count` elements of `send` into `recv` on every rank.
+    fn all_reduce;
     /// All-reduce in place.
-    pub fn all_reduce_in_place(
-        &self,
-        buf: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        redop: RedOp,
-        stream: &Stream,
-    ) -> Result<()> {
-        self.call_in_place(
-            &Call::new(Op::AllReduce, dtype, count).redop(redop),
-            buf,
-            stream,
-        )
-    }
+    fn all_reduce_in_place;
+    op: Op::AllReduce, args: (redop: RedOp), call: |c| c.redop(redop);
 
     /// Broadcast `count` elements from `root`'s `send` into every rank's `recv`.
-    pub fn broadcast(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        root: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        self.call(
-            &Call::new(Op::Broadcast, dtype, count).root(root),
-            send,
-            recv,
-            stream,
-        )
-    }
-
+    fn broadcast;
     /// Broadcast in place: `root`'s `buf` into every rank's `buf`.
-    pub fn broadcast_in_place(
-        &self,
-        buf: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        root: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        self.call_in_place(
-            &Call::new(Op::Broadcast, dtype, count).root(root),
-            buf,
-            stream,
-        )
-    }
+    fn broadcast_in_place;
+    op: Op::Broadcast, args: (root: usize), call: |c| c.root(root);
 
     /// Reduce every rank's `send` into `root`'s `recv`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn reduce(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        redop: RedOp,
-        root: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        self.call(
-            &Call::new(Op::Reduce, dtype, count).redop(redop).root(root),
-            send,
-            recv,
-            stream,
-        )
-    }
-
+    fn reduce;
     /// Reduce in place into `root`'s `buf`.
-    pub fn reduce_in_place(
-        &self,
-        buf: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        redop: RedOp,
-        root: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        self.call_in_place(
-            &Call::new(Op::Reduce, dtype, count).redop(redop).root(root),
-            buf,
-            stream,
-        )
-    }
+    fn reduce_in_place;
+    op: Op::Reduce, args: (redop: RedOp, root: usize), call: |c| c.redop(redop).root(root);
 
     /// Gather every rank's `count` elements into every rank's `recv` (`world * count`), in rank order.
-    pub fn all_gather(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<()> {
-        self.call(&Call::new(Op::AllGather, dtype, count), send, recv, stream)
-    }
-
+    fn all_gather;
     /// All-gather in place: this rank's input is `buf[rank * count..][..count]`.
-    pub fn all_gather_in_place(
-        &self,
-        buf: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<()> {
-        self.call_in_place(&Call::new(Op::AllGather, dtype, count), buf, stream)
-    }
+    fn all_gather_in_place;
+    op: Op::AllGather, args: (), call: |c| c;
 
     /// Reduce every rank's `send` (`world * count`) and give rank r part r (`count`) in `recv`.
-    pub fn reduce_scatter(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        redop: RedOp,
-        stream: &Stream,
-    ) -> Result<()> {
-        self.call(
-            &Call::new(Op::ReduceScatter, dtype, count).redop(redop),
-            send,
-            recv,
-            stream,
-        )
-    }
-
+    fn reduce_scatter;
     /// Reduce-scatter in place: the result lands in `buf[rank * count..][..count]`.
-    pub fn reduce_scatter_in_place(
-        &self,
-        buf: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        redop: RedOp,
-        stream: &Stream,
-    ) -> Result<()> {
-        self.call_in_place(
-            &Call::new(Op::ReduceScatter, dtype, count).redop(redop),
-            buf,
-            stream,
-        )
-    }
+    fn reduce_scatter_in_place;
+    op: Op::ReduceScatter, args: (redop: RedOp), call: |c| c.redop(redop);
 
     /// Send part q (`count` elements) of `send` to rank q; receive rank p's part r into part p of `recv`.
-    pub fn all_to_all(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<()> {
-        self.call(&Call::new(Op::AllToAll, dtype, count), send, recv, stream)
-    }
-
+    fn all_to_all;
     /// All-to-all in place.
-    pub fn all_to_all_in_place(
-        &self,
-        buf: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<()> {
-        self.call_in_place(&Call::new(Op::AllToAll, dtype, count), buf, stream)
-    }
+    fn all_to_all_in_place;
+    op: Op::AllToAll, args: (), call: |c| c;
 }
