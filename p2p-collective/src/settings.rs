@@ -15,6 +15,11 @@ pub const MAX_TIMEOUT: Duration = p2p_transport::MAX_TIMEOUT;
 
 use p2p_transport::config::{invalid, parse_bool, parse_choice, ConfigError};
 
+/// This crate's `P2P_*` variables, for the transport's reader, which accepts them and leaves
+/// them to [`Settings`] (the one list: [`p2p_transport::config::SETTINGS`]).
+#[linkme::distributed_slice(p2p_transport::config::SETTINGS)]
+static COLLECTIVE_SETTINGS: &[&str] = &["P2P_ALGO", "P2P_CHECK", "P2P_TIMEOUT_MS"];
+
 /// An all-reduce algorithm forced with `P2P_ALGO`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Algorithm {
@@ -145,6 +150,25 @@ mod tests {
             read(&[("P2P_LEVEL", "NVL")]).expect("not ours"),
             Settings::default()
         );
+    }
+
+    #[test]
+    fn the_transport_reader_accepts_this_crates_variables_from_its_own_list() {
+        // The transport does not name them: this crate's slice entry is what it reads.
+        let vars = [
+            ("P2P_ALGO", "ring"),
+            ("P2P_CHECK", "1"),
+            ("P2P_TIMEOUT_MS", "250"),
+        ];
+        let cfg = p2p_transport::config::Config::from_vars(
+            vars.iter().map(|(k, v)| (k.to_string(), v.to_string())),
+        );
+        assert_eq!(cfg, Ok(p2p_transport::config::Config::default()));
+        for (name, _) in vars {
+            assert!(p2p_transport::config::variables().contains(&name), "{name}");
+        }
+        // A bad value is still refused, by this crate's reader.
+        assert!(read(&[("P2P_CHECK", "maybe")]).is_err());
     }
 
     #[test]

@@ -15,8 +15,9 @@
 //! | `P2P_DEBUG` | `off`, `error`, `warn`, `info`, `debug`, `trace` | `warn` | how much `tracing` output the tools print |
 //! | `P2P_DEBUG_SUBSYS` | comma list of `all`, `mem`, `topo`, `config`, `transport`, `doctor`, `coll` | `all` | which parts log at `P2P_DEBUG` level |
 //!
-//! The collectives' own settings (`P2P_ALGO`, `P2P_CHECK`, `P2P_TIMEOUT_MS`) belong to
-//! p2p-collective, which reads them; here they are accepted and left alone.
+//! Other crates' settings (p2p-collective's `P2P_ALGO`, `P2P_CHECK`, `P2P_TIMEOUT_MS`) belong to
+//! those crates, which read them and list them in [`SETTINGS`]; here they are accepted and left
+//! alone, and this crate does not name them.
 //!
 //! Nothing is silently ignored: a bad value is an error naming the variable, the value and what
 //! is accepted, and so is an unknown `P2P_*` variable (a typo such as `P2P_LEVLE` would otherwise
@@ -213,12 +214,21 @@ pub enum ConfigError {
 }
 p2p_sys::debug_as_display!(ConfigError);
 
-/// Every `P2P_*` variable: those `Config` reads, and the collectives' own (`P2P_ALGO`,
-/// `P2P_CHECK`, `P2P_TIMEOUT_MS`, read by p2p-collective) and the rendezvous's
-/// (`P2P_JOB_ID`, `P2P_JOB_SECRET`, `P2P_RENDEZVOUS_DIR`, `P2P_RENDEZVOUS_TIMEOUT_MS`, read by
+/// Every crate's `P2P_*` variables, one list per crate, gathered at link time: a crate adds its
+/// own with `#[linkme::distributed_slice(p2p_transport::config::SETTINGS)]` on a
+/// `static NAME: &[&str]`. The reader of [`Config`] accepts every name in it and reports any
+/// other `P2P_*` name as unknown, without one crate naming another's settings. A crate that is
+/// not linked into the program adds nothing (and nothing reads its variables).
+#[linkme::distributed_slice]
+pub static SETTINGS: [&'static [&'static str]];
+
+/// The transport's own variables (those [`Config`] reads), the rendezvous's (`P2P_JOB_ID`,
+/// `P2P_JOB_SECRET`, `P2P_RENDEZVOUS_DIR`, `P2P_RENDEZVOUS_TIMEOUT_MS`, read by
 /// [`crate::rendezvous`]; `P2P_LAUNCH_FD` and `P2P_LAUNCHER_PID`, set by a launcher for
-/// [`crate::launch`]), which it accepts and leaves alone.
-pub const VARIABLES: [&str; 20] = [
+/// [`crate::launch`]), and the kernel runtime's `P2P_KERNELS` (p2p-mem, below the transport:
+/// checked here so that a bad value is an error like any other setting's).
+#[linkme::distributed_slice(SETTINGS)]
+static TRANSPORT_SETTINGS: &[&str] = &[
     "P2P_DISABLE",
     "P2P_LEVEL",
     "P2P_READ",
@@ -227,9 +237,6 @@ pub const VARIABLES: [&str; 20] = [
     "P2P_CUMEM",
     "P2P_INTERMEDIATE",
     "P2P_MODE",
-    "P2P_ALGO",
-    "P2P_CHECK",
-    "P2P_TIMEOUT_MS",
     "P2P_JOB_ID",
     "P2P_JOB_SECRET",
     "P2P_RENDEZVOUS_DIR",
@@ -240,6 +247,14 @@ pub const VARIABLES: [&str; 20] = [
     "P2P_DEBUG_SUBSYS",
     "P2P_KERNELS",
 ];
+
+/// Every `P2P_*` variable a crate of this program reads ([`SETTINGS`]), in link order.
+pub fn variables() -> Vec<&'static str> {
+    SETTINGS
+        .iter()
+        .flat_map(|list| list.iter().copied())
+        .collect()
+}
 
 /// The error for `variable=value` where `accepted` says what would do.
 pub fn invalid(variable: &str, value: &str, accepted: &str) -> ConfigError {
@@ -356,8 +371,6 @@ impl Config {
                     ];
                     cfg.force_mode = parse_choice(&name, &value, &choices)?
                 }
-                // The collectives' settings: p2p-collective reads them (`Options::from_env`).
-                "P2P_ALGO" | "P2P_CHECK" | "P2P_TIMEOUT_MS" => {}
                 // The rendezvous's: `rendezvous::Rendezvous::from_env` reads them.
                 "P2P_JOB_ID"
                 | "P2P_JOB_SECRET"
@@ -384,8 +397,10 @@ impl Config {
                 "P2P_KERNELS" => {
                     parse_choice(&name, &value, &[("shipped", ()), ("compile", ())])?;
                 }
+                // Another crate's (p2p-collective's, ...): that crate reads it.
+                other if variables().contains(&other) => {}
                 _ => {
-                    let known = VARIABLES.join(", ");
+                    let known = variables().join(", ");
                     if strict {
                         return Err(ConfigError::Unknown {
                             variable: name,
@@ -507,9 +522,6 @@ mod tests {
             ("P2P_CUMEM", "0"),
             ("P2P_INTERMEDIATE", "off"),
             ("P2P_MODE", "host"),
-            ("P2P_ALGO", "Ring"),
-            ("P2P_CHECK", "1"),
-            ("P2P_TIMEOUT_MS", "250"),
             ("P2P_DEBUG", "debug"),
             ("P2P_DEBUG_SUBSYS", "mem, topo"),
         ])
@@ -573,6 +585,12 @@ mod tests {
         let e = cfg(&[("P2P_LEVLE", "NVL")]).expect_err("typo");
         assert!(matches!(&e, ConfigError::Unknown { variable, .. } if variable == "P2P_LEVLE"));
         assert!(e.to_string().contains("P2P_LEVEL"), "{e}");
+        // The collectives' variables are p2p-collective's to list: in a program without it
+        // (this test binary) nothing reads them, so they are unknown here like any other.
+        assert!(variables().contains(&"P2P_KERNELS") && variables().contains(&"P2P_JOB_ID"));
+        assert!(!variables().contains(&"P2P_ALGO"));
+        let e = cfg(&[("P2P_ALGO", "ring")]).expect_err("not linked");
+        assert!(matches!(&e, ConfigError::Unknown { variable, .. } if variable == "P2P_ALGO"));
     }
 
     #[test]
