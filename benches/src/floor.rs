@@ -1,7 +1,9 @@
 //! The launch floor: an empty kernel launched as the collectives launch theirs, for the
 //! benchmarks (tool code, so it lives here rather than in a library crate).
 
-use p2p_mem::kernel::{Function, KernelArgs, LaunchConfig, Module, Source};
+use p2p_mem::kernel::{Function, KernelArgs, LaunchConfig, Module};
+
+use crate::kernels::EMPTY;
 use p2p_mem::Device;
 
 /// 64-bit words in the argument block of `empty_args_kernel`: the collectives' block
@@ -19,33 +21,6 @@ struct EmptyArgs {
 // the one by-value parameter of `empty_args_kernel` (ARGS_WORDS the same in both texts).
 #[allow(unsafe_code)]
 unsafe impl KernelArgs for EmptyArgs {}
-
-/// The empty kernels of [`EmptyKernel`]: one with no parameters, one with an argument block
-/// the size of the collectives' (`ARGS_WORDS` must match the constant above).
-pub const EMPTY: Source = Source {
-    name: "empty.cu",
-    code: r#"
-#define ARGS_WORDS 46
-struct EmptyArgs { unsigned long long w[ARGS_WORDS]; };
-
-__device__ __forceinline__ void overlap() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-extern "C" __global__ void empty_kernel() { overlap(); }
-
-extern "C" __global__ void empty_args_kernel(EmptyArgs a) {
-    overlap();
-    // Never true for the zeroed block the host passes; keeps the parameter alive.
-    if (a.w[ARGS_WORDS - 1] == 1) asm volatile("trap;");
-}
-"#,
-    defines: &[],
-    shipped: crate::kernels::SHIPPED,
-};
 
 /// How [`EmptyKernel::launch_as`] launches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -20,19 +20,24 @@
 //! has run the copy.
 
 use p2p_mem::{Device, DeviceMemory, DeviceMemoryMut, Event, Stream};
-use p2p_sys::cu;
 
 use crate::context::Transport;
 use crate::error::{Error, Result};
 use crate::kernels::{self, abi};
 use crate::mode::{Direction, Engine, Mode, Route};
-use p2p_mem::kernel::{Function, LaunchConfig, Module};
+use p2p_mem::kernel::{LaunchConfig, Module};
 
-mod routes;
-mod staged;
+mod engine;
+pub(crate) mod routes;
+pub(crate) mod sm;
+pub(crate) mod staged;
 
-pub(crate) use routes::Routes;
-pub(crate) use staged::Pipelines;
+pub use engine::CE_CHUNK;
+pub use sm::{SmGrid, SM_BLOCKS_PER_SM, SM_THREADS};
+pub use staged::{STAGE_CHUNK, STAGE_SLOTS};
+
+use engine::copy_engine;
+use sm::CopyKernel;
 
 /// How one copy moves its bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -50,43 +55,6 @@ pub enum Path {
         /// The relaying GPU.
         via: i32,
     },
-}
-
-/// Copy-engine calls are split into chunks of this size, so a very long copy does not hold a
-/// copy engine against other streams for its whole length. Each chunk costs a little: 64 MiB
-/// chunks lost 1.5% at 256 MiB against one call (docs/perf-notes.md), so chunks are large.
-pub const CE_CHUNK: usize = 1 << 30;
-/// Chunk size of the staged pipelines (host and relay).
-pub const STAGE_CHUNK: usize = 4 << 20;
-/// Staging buffers per pipeline: four chunks in flight.
-pub const STAGE_SLOTS: usize = 4;
-/// Threads per block of the SM copy kernel.
-pub const SM_THREADS: u32 = 512;
-/// Blocks per SM of the SM copy kernel (the grid is capped by the data size).
-pub const SM_BLOCKS_PER_SM: u32 = 2;
-
-/// The SM copy kernel of one GPU (kept by the [`Transport`]).
-pub(crate) struct CopyKernel {
-    module: Module,
-    copy: Function<abi::CopyArgs>,
-}
-
-/// The launch shape of the SM copy kernel: blocks per SM (capped by the data) and threads per
-/// block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SmGrid {
-    /// Blocks per streaming multiprocessor.
-    pub blocks_per_sm: u32,
-    /// Threads per block (a multiple of 32, at most 1024).
-    pub threads: u32,
-}
-
-impl SmGrid {
-    /// The default shape.
-    pub const DEFAULT: SmGrid = SmGrid {
-        blocks_per_sm: SM_BLOCKS_PER_SM,
-        threads: SM_THREADS,
-    };
 }
 
 impl Transport {
@@ -296,36 +264,6 @@ impl Transport {
         }?;
         Ok(())
     }
-}
-
-/// `cuMemcpyPeerAsync` in [`CE_CHUNK`] pieces on `stream`.
-pub(super) fn copy_engine(
-    dst: u64,
-    dd: &Device,
-    src: u64,
-    sd: &Device,
-    bytes: usize,
-    stream: &Stream,
-) -> Result<()> {
-    stream.device().bind_to_thread()?;
-    let mut off = 0;
-    while off < bytes {
-        let len = CE_CHUNK.min(bytes - off);
-        // SAFETY: both ranges lie inside live allocations of `bytes` bytes; the contexts are retained.
-        unsafe {
-            cu!(cuMemcpyPeerAsync(
-                dst + off as u64,
-                dd.cu_context(),
-                src + off as u64,
-                sd.cu_context(),
-                len,
-                stream.cu_stream()
-            ))
-        }
-        .map_err(crate::error::cuda(sd.ordinal(), Some(dd.ordinal())))?;
-        off += len;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

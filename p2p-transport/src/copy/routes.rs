@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use crate::config::Config;
-use crate::context::Lazy;
+use crate::context::lazy::Lazy;
 use crate::error::{Error, Result};
 use crate::mode::{select, Direction, Endpoint, Engine, Mode, Route};
 use crate::topo::Topology;

@@ -11,9 +11,14 @@ use std::sync::{Arc, Mutex};
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, Event, PinnedHostBuffer, Stream};
 use p2p_sys::cu;
 
-use super::{copy_engine, STAGE_CHUNK, STAGE_SLOTS};
-use crate::context::PeerAccess;
+use super::engine::copy_engine;
+use crate::context::peers::PeerAccess;
 use crate::error::Result;
+
+/// Chunk size of the staged pipelines (host and relay).
+pub const STAGE_CHUNK: usize = 4 << 20;
+/// Staging buffers per pipeline: four chunks in flight.
+pub const STAGE_SLOTS: usize = 4;
 
 /// (source GPU, destination GPU, relay GPU or -1 for host-staged).
 type PipelineKey = (i32, i32, i32);

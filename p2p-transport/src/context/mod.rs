@@ -3,42 +3,22 @@
 //! shared by every thread. The data paths are its methods in [`crate::copy`]; connections
 //! ([`crate::conn`]) take their kernels from it.
 
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use p2p_mem::{Device, Stream};
 
 use crate::config::Config;
-use crate::copy::{CopyKernel, Pipelines, Routes, SmGrid};
+use crate::copy::routes::Routes;
+use crate::copy::sm::{CopyKernel, SmGrid};
+use crate::copy::staged::Pipelines;
 use crate::error::{Error, Result};
 use crate::kernels::SrKernels;
 
-/// A resource made at its first use and kept, or the error its first attempt met (kept whole
-/// and reported by every later use as [`Error::Earlier`]).
-pub(crate) struct Lazy<T> {
-    what: &'static str,
-    cell: OnceLock<std::result::Result<T, Arc<Error>>>,
-}
+pub(crate) mod lazy;
+pub(crate) mod peers;
 
-impl<T> Lazy<T> {
-    pub(crate) const fn new(what: &'static str) -> Lazy<T> {
-        Lazy {
-            what,
-            cell: OnceLock::new(),
-        }
-    }
-
-    /// The resource, made by `make` if this is its first use.
-    pub(crate) fn get(&self, make: impl FnOnce() -> Result<T>) -> Result<&T> {
-        self.cell
-            .get_or_init(|| make().map_err(Arc::new))
-            .as_ref()
-            .map_err(|e| Error::Earlier {
-                what: self.what,
-                source: e.clone(),
-            })
-    }
-}
+use lazy::Lazy;
+use peers::PeerAccess;
 
 /// What the transport keeps for one of its GPUs, each made at its first use.
 pub(crate) struct PerDevice {
@@ -59,31 +39,6 @@ impl PerDevice {
             sendrecv: Lazy::new("the send/recv kernels"),
             bridge: Lazy::new("a bridge stream"),
         }
-    }
-}
-
-/// The pairs of GPUs between which this process has enabled peer access.
-#[derive(Default)]
-pub(crate) struct PeerAccess {
-    enabled: Mutex<HashSet<(i32, i32)>>,
-}
-
-impl PeerAccess {
-    /// Enables `device` to access `peer`'s memory, once per pair.
-    pub(crate) fn ensure(&self, device: &Device, peer: &Device) -> Result<()> {
-        let key = (device.ordinal(), peer.ordinal());
-        let mut enabled = self.enabled.lock().unwrap_or_else(|p| p.into_inner());
-        if device != peer && !enabled.contains(&key) {
-            device.enable_peer_access(peer)?;
-            enabled.insert(key);
-        }
-        Ok(())
-    }
-
-    /// Enables peer access in both directions between `a` and `b`.
-    pub(crate) fn ensure_both(&self, a: &Device, b: &Device) -> Result<()> {
-        self.ensure(a, b)?;
-        self.ensure(b, a)
     }
 }
 
@@ -165,39 +120,5 @@ impl Transport {
     /// Enables peer access in both directions between `a` and `b`.
     pub fn ensure_peer_access_both(&self, a: &Device, b: &Device) -> Result<()> {
         self.peers.ensure_both(a, b)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_lazy_resource_is_made_once_and_keeps_its_first_error() {
-        let made = std::cell::Cell::new(0);
-        let ok: Lazy<u32> = Lazy::new("a number");
-        for _ in 0..3 {
-            let v = ok.get(|| {
-                made.set(made.get() + 1);
-                Ok(7)
-            });
-            assert_eq!(*v.expect("made"), 7);
-        }
-        assert_eq!(made.get(), 1);
-        let bad: Lazy<u32> = Lazy::new("the SM copy kernel");
-        let first = bad
-            .get(|| Err(Error::InvalidArgument("no NVRTC".into())))
-            .expect_err("fails")
-            .to_string();
-        // A later use does not try again: it reports the first error, whole, with what failed.
-        let later = bad
-            .get(|| unreachable!("made again"))
-            .expect_err("still fails");
-        assert!(matches!(later, Error::Earlier { .. }), "{later:?}");
-        assert!(
-            first.contains("the SM copy kernel") && first.contains("no NVRTC"),
-            "{first}"
-        );
-        assert_eq!(first, later.to_string());
     }
 }
