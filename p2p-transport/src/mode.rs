@@ -245,6 +245,17 @@ pub fn p2p_allowed(t: &Topology, cfg: &Config, a: usize, b: usize) -> Result<(),
     Ok(())
 }
 
+/// Why a pair cannot relay through a third GPU (a route's reason, or a forced mode's refusal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+enum NoRelay {
+    /// `P2P_INTERMEDIATE=0`.
+    #[error("P2P_INTERMEDIATE=0")]
+    Disabled,
+    /// No third GPU has P2P, as `p2p_allowed` allows it, to both.
+    #[error("no third GPU has usable P2P to both")]
+    NoneUsable,
+}
+
 /// Picks a route for every ordered pair of distinct ranks, and logs each.
 pub fn select(t: &Topology, ranks: &[Endpoint], cfg: &Config) -> Result<Vec<Route>, ModeError> {
     for r in ranks {
@@ -340,10 +351,10 @@ fn select_pair(
         });
     let via = || {
         if !cfg.intermediate {
-            return Err("P2P_INTERMEDIATE=0".to_string());
+            return Err(NoRelay::Disabled);
         }
         t.best_intermediate_where(a, b, |x, y| p2p_allowed(t, cfg, x, y).is_ok())
-            .ok_or_else(|| "no third GPU has usable P2P to both".to_string())
+            .ok_or(NoRelay::NoneUsable)
     };
     let relay_link = |c: usize| {
         format!(
@@ -387,7 +398,7 @@ fn select_pair(
             ))
         }
         Some(ForcedMode::Intermediate) => {
-            let c = via().map_err(|why| impossible("intermediate", why))?;
+            let c = via().map_err(|why| impossible("intermediate", why.to_string()))?;
             Ok(route(
                 Mode::Intermediate { via: c },
                 direction,
