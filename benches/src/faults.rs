@@ -377,7 +377,12 @@ fn stranger() -> i32 {
                                 attempts += 1;
                                 accepted += 1;
                             }
-                            Err(e) if e.contains("refused") || e.contains("prove") => attempts += 1,
+                            Err(e)
+                                if e.to_string().contains("refused")
+                                    || e.to_string().contains("prove") =>
+                            {
+                                attempts += 1
+                            }
                             Err(_) => {}
                         }
                     }

@@ -18,7 +18,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Config, ForcedMode, Switch};
+use crate::config::{Config, ForcedMode, PathLevel, Switch};
 use crate::topo::{Connection, Topology};
 
 /// Where one rank runs.
@@ -158,31 +158,102 @@ fn link_name(t: &Topology, a: usize, b: usize) -> String {
     }
 }
 
-/// Whether the configuration lets `a` and `b` use direct P2P, and if not, why.
+/// Why a pair of GPUs may not use direct P2P: what [`p2p_allowed`] refuses, and what a probed
+/// pair records ([`crate::peer::PairP2p::p2p`]). Mode selection turns it into a route's reason
+/// (host-staged or relayed) or, for a forced mode, into [`ModeError::Impossible`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NoP2p {
+    /// A GPU index past the topology's GPUs.
+    #[error("GPU {a} or GPU {b} is not in the topology ({gpus} GPUs)")]
+    NotInTopology {
+        /// The accessing GPU.
+        a: usize,
+        /// The accessed GPU.
+        b: usize,
+        /// GPUs in the topology.
+        gpus: usize,
+    },
+    /// `P2P_DISABLE=1` turns P2P off for every pair.
+    #[error("P2P_DISABLE=1")]
+    Disabled,
+    /// The topology records no direct P2P between the two; `why` is
+    /// [`Topology::direct_p2p`]'s reason (e.g. `cuDeviceCanAccessPeer = 0`).
+    #[error("{why}")]
+    NotPossible {
+        /// The accessing GPU.
+        a: usize,
+        /// The accessed GPU.
+        b: usize,
+        /// What the topology says.
+        why: String,
+    },
+    /// The path between the two is farther than `P2P_LEVEL` allows.
+    #[error("the path is {level}, beyond P2P_LEVEL={limit}")]
+    BeyondLevel {
+        /// The path's class.
+        level: PathLevel,
+        /// `P2P_LEVEL`.
+        limit: PathLevel,
+    },
+    /// The driver says `from` cannot map `to`'s memory (probed on the live GPUs).
+    #[error("cuDeviceCanAccessPeer says GPU {from} cannot map GPU {to}")]
+    CannotAccessPeer {
+        /// The GPU that would map (ordinal in the probing process).
+        from: i32,
+        /// The GPU whose memory would be mapped.
+        to: i32,
+    },
+    /// `P2P_LEVEL` is set and `from`'s peer is hidden from this process, so the path between
+    /// them cannot be checked.
+    #[error(
+        "P2P_LEVEL={level} is set and GPU {from}'s peer is not visible to this process \
+         (CUDA_VISIBLE_DEVICES), so the path between them cannot be checked"
+    )]
+    PeerNotVisible {
+        /// `P2P_LEVEL`.
+        level: PathLevel,
+        /// The GPU whose peer is hidden (ordinal in this process).
+        from: i32,
+    },
+}
+
 /// Whether `cfg` lets GPUs `a` and `b` (CUDA ordinals of `t`) use direct P2P: not disabled, possible
 /// as `t` records it, and the path no farther than `P2P_LEVEL`. Otherwise, why not.
-pub fn p2p_allowed(t: &Topology, cfg: &Config, a: usize, b: usize) -> Result<(), String> {
+pub fn p2p_allowed(t: &Topology, cfg: &Config, a: usize, b: usize) -> Result<(), NoP2p> {
     if a >= t.gpus.len() || b >= t.gpus.len() {
-        return Err(format!(
-            "GPU {a} or GPU {b} is not in the topology ({} GPUs)",
-            t.gpus.len()
-        ));
+        return Err(NoP2p::NotInTopology {
+            a,
+            b,
+            gpus: t.gpus.len(),
+        });
     }
     if cfg.p2p_disable {
-        return Err("P2P_DISABLE=1".into());
+        return Err(NoP2p::Disabled);
     }
     let (possible, why) = t.direct_p2p(a, b);
     if !possible {
-        return Err(why);
+        return Err(NoP2p::NotPossible { a, b, why });
     }
     let level = t.path(a, b).level;
     if level > cfg.p2p_level {
-        return Err(format!(
-            "the path is {level}, beyond P2P_LEVEL={}",
-            cfg.p2p_level
-        ));
+        return Err(NoP2p::BeyondLevel {
+            level,
+            limit: cfg.p2p_level,
+        });
     }
     Ok(())
+}
+
+/// Why a pair cannot relay through a third GPU (a route's reason, or a forced mode's refusal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+enum NoRelay {
+    /// `P2P_INTERMEDIATE=0`.
+    #[error("P2P_INTERMEDIATE=0")]
+    Disabled,
+    /// No third GPU has P2P, as `p2p_allowed` allows it, to both.
+    #[error("no third GPU has usable P2P to both")]
+    NoneUsable,
 }
 
 /// Picks a route for every ordered pair of distinct ranks, and logs each.
@@ -280,10 +351,10 @@ fn select_pair(
         });
     let via = || {
         if !cfg.intermediate {
-            return Err("P2P_INTERMEDIATE=0".to_string());
+            return Err(NoRelay::Disabled);
         }
         t.best_intermediate_where(a, b, |x, y| p2p_allowed(t, cfg, x, y).is_ok())
-            .ok_or_else(|| "no third GPU has usable P2P to both".to_string())
+            .ok_or(NoRelay::NoneUsable)
     };
     let relay_link = |c: usize| {
         format!(
@@ -301,7 +372,7 @@ fn select_pair(
                     "the ranks are in different processes: share memory with ipc or cumem".into(),
                 ));
             }
-            p2p.map_err(|why| impossible("direct", why))?;
+            p2p.map_err(|why| impossible("direct", why.to_string()))?;
             Ok(route(
                 Mode::DirectPointer,
                 direction,
@@ -310,7 +381,7 @@ fn select_pair(
             ))
         }
         Some(m @ (ForcedMode::Ipc | ForcedMode::CuMem)) => {
-            p2p.map_err(|why| impossible(forced_name(m), why))?;
+            p2p.map_err(|why| impossible(forced_name(m), why.to_string()))?;
             if m == ForcedMode::CuMem && !cumem_ok {
                 return Err(impossible("cumem", "cuMem POSIX-fd handles are disabled (P2P_CUMEM=0) or unsupported on these GPUs".into()));
             }
@@ -327,7 +398,7 @@ fn select_pair(
             ))
         }
         Some(ForcedMode::Intermediate) => {
-            let c = via().map_err(|why| impossible("intermediate", why))?;
+            let c = via().map_err(|why| impossible("intermediate", why.to_string()))?;
             Ok(route(
                 Mode::Intermediate { via: c },
                 direction,

@@ -34,6 +34,7 @@ use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut};
 
 use crate::config::{Config, ForcedMode, PathLevel};
 use crate::error::{Error, Result};
+use crate::mode::NoP2p;
 
 /// How one rank's memory reaches another rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -120,7 +121,7 @@ pub struct PairP2p {
     /// The GPU mapped (ordinal, or -1 where the probing process cannot see it).
     pub to: i32,
     /// `Ok` where `from` can map `to`'s memory; otherwise why not.
-    pub p2p: std::result::Result<(), String>,
+    pub p2p: std::result::Result<(), NoP2p>,
 }
 
 impl PairP2p {
@@ -133,11 +134,10 @@ impl PairP2p {
             p2p: if ok {
                 Ok(())
             } else {
-                Err(format!(
-                    "cuDeviceCanAccessPeer says GPU {} cannot map GPU {}",
-                    from.ordinal(),
-                    to.ordinal()
-                ))
+                Err(NoP2p::CannotAccessPeer {
+                    from: from.ordinal(),
+                    to: to.ordinal(),
+                })
             },
         })
     }
@@ -155,10 +155,10 @@ impl PairP2p {
             Some((to, false)) => PairP2p {
                 from: from.ordinal(),
                 to,
-                p2p: Err(format!(
-                    "cuDeviceCanAccessPeer says GPU {} cannot map GPU {to}",
-                    from.ordinal()
-                )),
+                p2p: Err(NoP2p::CannotAccessPeer {
+                    from: from.ordinal(),
+                    to,
+                }),
             },
             None => PairP2p {
                 from: from.ordinal(),
@@ -182,11 +182,10 @@ pub fn limit_to_level(cfg: &Config, pairs: &mut [PairP2p]) -> Result<()> {
     for p in pairs.iter_mut().filter(|p| p.p2p.is_ok()) {
         p.p2p = match (usize::try_from(p.from), usize::try_from(p.to)) {
             (Ok(a), Ok(b)) => crate::mode::p2p_allowed(&t, cfg, a, b),
-            _ => Err(format!(
-                "P2P_LEVEL={} is set and GPU {}'s peer is not visible to this process \
-                 (CUDA_VISIBLE_DEVICES), so the path between them cannot be checked",
-                cfg.p2p_level, p.from
-            )),
+            _ => Err(NoP2p::PeerNotVisible {
+                level: cfg.p2p_level,
+                from: p.from,
+            }),
         };
     }
     Ok(())
@@ -522,7 +521,11 @@ mod tests {
         PairP2p {
             from,
             to,
-            p2p: if ok { Ok(()) } else { Err("no".into()) },
+            p2p: if ok {
+                Ok(())
+            } else {
+                Err(NoP2p::CannotAccessPeer { from, to })
+            },
         }
     }
 
@@ -540,6 +543,30 @@ mod tests {
         let mut none = [pair(false)];
         limit_to_level(&nvl, &mut none).expect("nothing to check");
         assert!(none[0].p2p.is_err());
+    }
+
+    #[test]
+    fn a_pair_without_p2p_names_why_in_the_sharing_reason() {
+        let (s, why) = choose(
+            &Config::default(),
+            false,
+            &[pair(true), pair_of(1, 0, false)],
+        );
+        assert_eq!(s, Sharing::HostStaged);
+        assert_eq!(
+            why,
+            "no direct P2P from GPU 1 to GPU 0 (cuDeviceCanAccessPeer says GPU 1 cannot map GPU 0): \
+             every rank goes through host memory"
+        );
+        let hidden = NoP2p::PeerNotVisible {
+            level: PathLevel::Nvl,
+            from: 2,
+        };
+        assert_eq!(
+            hidden.to_string(),
+            "P2P_LEVEL=NVL is set and GPU 2's peer is not visible to this process \
+             (CUDA_VISIBLE_DEVICES), so the path between them cannot be checked"
+        );
     }
 
     #[test]

@@ -322,28 +322,75 @@ pub fn is_consumer_gpu(name: &str) -> bool {
         && !n.contains("rtx a")
 }
 
+/// Why text is not a topology this build reads ([`Topology::from_json`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TopologyError {
+    /// Not JSON, or JSON of another shape (the source says where: line and column).
+    #[error("not a p2p topology: {0}")]
+    Json(#[source] serde_json::Error),
+    /// Written in another format version: record it again with this build
+    /// (`p2p-bench topo --json`).
+    #[error("topology format {found} but this build reads {FORMAT}")]
+    Format {
+        /// The version in the text.
+        found: u32,
+    },
+    /// A GPU's `index` is not its position in `gpus`.
+    #[error("GPU at position {position} has index {index}")]
+    GpuIndex {
+        /// Its position in `gpus`.
+        position: usize,
+        /// The index it claims.
+        index: usize,
+    },
+    /// An NVLink leads to a GPU the topology does not have.
+    #[error("GPU {gpu} link {link} points at GPU {remote:?} of {gpus}")]
+    LinkOutOfRange {
+        /// The GPU the link belongs to.
+        gpu: usize,
+        /// The link's number.
+        link: u32,
+        /// Its far end.
+        remote: Remote,
+        /// GPUs in the topology.
+        gpus: usize,
+    },
+    /// A pair names a GPU the topology does not have, or one GPU twice.
+    #[error("pair {from} -> {to} is out of range for {gpus} GPUs")]
+    PairOutOfRange {
+        /// The accessing GPU.
+        from: usize,
+        /// The accessed GPU.
+        to: usize,
+        /// GPUs in the topology.
+        gpus: usize,
+    },
+}
+
 impl Topology {
     /// Parses JSON, checking the format version and that every index is in range.
-    pub fn from_json(text: &str) -> Result<Topology, String> {
-        let t: Topology =
-            serde_json::from_str(text).map_err(|e| format!("not a p2p topology: {e}"))?;
+    pub fn from_json(text: &str) -> Result<Topology, TopologyError> {
+        let t: Topology = serde_json::from_str(text).map_err(TopologyError::Json)?;
         if t.format != FORMAT {
-            return Err(format!(
-                "topology format {} but this build reads {FORMAT}",
-                t.format
-            ));
+            return Err(TopologyError::Format { found: t.format });
         }
         let n = t.gpus.len();
         for (i, g) in t.gpus.iter().enumerate() {
             if g.index != i {
-                return Err(format!("GPU at position {i} has index {}", g.index));
+                return Err(TopologyError::GpuIndex {
+                    position: i,
+                    index: g.index,
+                });
             }
             for l in &g.nvlinks {
                 if matches!(l.remote, Remote::Gpu(r) if r >= n) {
-                    return Err(format!(
-                        "GPU {i} link {} points at GPU {:?} of {n}",
-                        l.link, l.remote
-                    ));
+                    return Err(TopologyError::LinkOutOfRange {
+                        gpu: i,
+                        link: l.link,
+                        remote: l.remote,
+                        gpus: n,
+                    });
                 }
             }
         }
@@ -352,10 +399,11 @@ impl Topology {
             .iter()
             .find(|p| p.from >= n || p.to >= n || p.from == p.to)
         {
-            return Err(format!(
-                "pair {} -> {} is out of range for {n} GPUs",
-                p.from, p.to
-            ));
+            return Err(TopologyError::PairOutOfRange {
+                from: p.from,
+                to: p.to,
+                gpus: n,
+            });
         }
         Ok(t)
     }

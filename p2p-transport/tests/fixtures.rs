@@ -2,6 +2,7 @@
 
 use p2p_transport::topo::{
     render_matrix, render_p2p_matrix, render_paths, Connection, P2pMatrix, PathLevel, Topology,
+    TopologyError,
 };
 
 fn load(name: &str) -> Topology {
@@ -13,7 +14,9 @@ fn load(name: &str) -> Topology {
     let t = Topology::from_json(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
     // Every fixture survives a round trip unchanged.
     assert_eq!(
-        Topology::from_json(&t.to_json()).as_ref(),
+        Topology::from_json(&t.to_json())
+            .map_err(|e| e.to_string())
+            .as_ref(),
         Ok(&t),
         "{name} round trip"
     );
@@ -213,19 +216,52 @@ fn malformed_topologies_are_rejected() {
     let t = load("single-h100.json");
     let mut bad = t.clone();
     bad.format = 99;
-    assert!(Topology::from_json(&bad.to_json()).is_err_and(|e| e.contains("format 99")));
+    let e = Topology::from_json(&bad.to_json()).expect_err("format 99");
+    assert!(matches!(e, TopologyError::Format { found: 99 }), "{e:?}");
+    assert!(e.to_string().contains("format 99"), "{e}");
     let mut bad = t.clone();
     bad.gpus[0].index = 3;
-    assert!(Topology::from_json(&bad.to_json()).is_err());
+    let e = Topology::from_json(&bad.to_json()).expect_err("index 3");
     assert!(
-        Topology::from_json("{\"format\": 1}").is_err_and(|e| e.starts_with("not a p2p topology"))
+        matches!(
+            e,
+            TopologyError::GpuIndex {
+                position: 0,
+                index: 3
+            }
+        ),
+        "{e:?}"
     );
+    assert_eq!(e.to_string(), "GPU at position 0 has index 3");
+    let e = Topology::from_json("{\"format\": 1}").expect_err("not a topology");
+    assert!(matches!(e, TopologyError::Json(_)), "{e:?}");
+    assert!(e.to_string().starts_with("not a p2p topology"), "{e}");
     let mut ring = load("ring-4gpu-nvlink.json");
     ring.gpus.truncate(2);
+    let e = Topology::from_json(&ring.to_json()).expect_err("links to GPUs that are not there");
     assert!(
-        Topology::from_json(&ring.to_json()).is_err(),
-        "links to GPUs that are not there"
+        matches!(
+            e,
+            TopologyError::LinkOutOfRange {
+                remote: p2p_transport::topo::Remote::Gpu(2..),
+                gpus: 2,
+                ..
+            }
+        ),
+        "{e:?}"
     );
+    assert!(e.to_string().contains("points at GPU Gpu("), "{e}");
+    let mut ring = load("ring-4gpu-nvlink.json");
+    for g in &mut ring.gpus {
+        g.nvlinks.clear();
+    }
+    ring.gpus.truncate(2);
+    let e = Topology::from_json(&ring.to_json()).expect_err("pairs of GPUs that are not there");
+    assert!(
+        matches!(e, TopologyError::PairOutOfRange { gpus: 2, .. }),
+        "{e:?}"
+    );
+    assert!(e.to_string().ends_with("is out of range for 2 GPUs"), "{e}");
 }
 
 #[test]

@@ -293,7 +293,7 @@ fn connection_options_follow_the_route() {
 /// being disabled, and GPUs outside the topology, each refused with its reason.
 #[test]
 fn p2p_allowed_applies_the_level_and_refuses_unknown_gpus() {
-    use p2p_transport::mode::p2p_allowed;
+    use p2p_transport::mode::{p2p_allowed, NoP2p};
     let t = load("h200x2-nv18.json");
     assert_eq!(p2p_allowed(&t, &Config::default(), 0, 1), Ok(()));
     assert_eq!(
@@ -301,9 +301,39 @@ fn p2p_allowed_applies_the_level_and_refuses_unknown_gpus() {
         Ok(())
     );
     let loc = p2p_allowed(&t, &with(|c| c.p2p_level = PathLevel::Loc), 0, 1).expect_err("LOC");
-    assert!(loc.contains("beyond P2P_LEVEL=LOC"), "{loc}");
+    assert!(
+        matches!(
+            loc,
+            NoP2p::BeyondLevel {
+                level: PathLevel::Nvl,
+                limit: PathLevel::Loc
+            }
+        ),
+        "{loc:?}"
+    );
+    assert!(loc.to_string().contains("beyond P2P_LEVEL=LOC"), "{loc}");
     let off = p2p_allowed(&t, &with(|c| c.p2p_disable = true), 0, 1).expect_err("disabled");
-    assert!(off.contains("P2P_DISABLE=1"), "{off}");
+    assert_eq!(off, NoP2p::Disabled);
+    assert!(off.to_string().contains("P2P_DISABLE=1"), "{off}");
     let unknown = p2p_allowed(&t, &Config::default(), 0, 5).expect_err("GPU 5");
-    assert!(unknown.contains("not in the topology"), "{unknown}");
+    assert_eq!(
+        unknown,
+        NoP2p::NotInTopology {
+            a: 0,
+            b: 5,
+            gpus: 2
+        }
+    );
+    assert!(
+        unknown.to_string().contains("not in the topology"),
+        "{unknown}"
+    );
+    // What the topology says of a pair without P2P, in its own words.
+    let consumer = load("consumer-2gpu-no-p2p.json");
+    let no = p2p_allowed(&consumer, &Config::default(), 0, 1).expect_err("no P2P");
+    assert!(
+        matches!(no, NoP2p::NotPossible { a: 0, b: 1, ref why } if why.contains("consumer GPUs")),
+        "{no:?}"
+    );
+    assert_eq!(no.to_string(), consumer.direct_p2p(0, 1).1);
 }

@@ -974,7 +974,7 @@ fn topo_cmd(json: bool, load: Option<PathBuf>) -> ExitCode {
     let t = match load {
         Some(path) => match std::fs::read_to_string(&path)
             .map_err(|e| e.to_string())
-            .and_then(|s| Topology::from_json(&s))
+            .and_then(|s| Topology::from_json(&s).map_err(|e| e.to_string()))
         {
             Ok(t) => t,
             Err(e) => {

@@ -65,6 +65,42 @@ pub fn write(compiler: &str, images: &[Image<'_>]) -> Vec<u8> {
     out
 }
 
+/// Why a shipped-kernel archive does not decode. Offsets count from the start of the
+/// decompressed archive (its magic included).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ArchiveError {
+    /// The bytes do not start a zstd frame.
+    #[error("not zstd: {0}")]
+    NotZstd(#[source] std::io::Error),
+    /// The zstd stream does not decompress (corrupt or cut).
+    #[error("cannot decompress: {0}")]
+    Decompress(#[source] std::io::Error),
+    /// The decompressed bytes do not start with `P2PKERN1`.
+    #[error("not a p2p kernel archive (bad magic)")]
+    BadMagic,
+    /// A field runs past the end of the archive: it was cut, or made by another format.
+    #[error("cut short at byte {at}: {field} needs {needed} bytes, {left} left")]
+    CutShort {
+        /// Where the field starts.
+        at: usize,
+        /// Which field, e.g. `an image's bytes`.
+        field: &'static str,
+        /// The bytes it needs.
+        needed: usize,
+        /// The bytes left from `at`.
+        left: usize,
+    },
+    /// A name in the archive is not UTF-8.
+    #[error("a name is not UTF-8 ({field} at byte {at})")]
+    NotUtf8 {
+        /// Where the name starts.
+        at: usize,
+        /// Which name, e.g. `an image's target`.
+        field: &'static str,
+    },
+}
+
 /// An archive, decoded.
 #[derive(Debug, Default)]
 pub struct Archive {
@@ -74,45 +110,87 @@ pub struct Archive {
     images: HashMap<(String, u64), Vec<u8>>,
 }
 
+/// Reads an archive's fields in order, knowing where it is (for [`ArchiveError`]).
+struct Fields<'a> {
+    raw: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Fields<'a> {
+    /// What is left from here.
+    fn rest(&self) -> &'a [u8] {
+        self.raw.get(self.at..).unwrap_or_default()
+    }
+
+    /// The error for the `field` of `needed` bytes that does not fit what is left.
+    fn cut(&self, field: &'static str, needed: usize) -> ArchiveError {
+        ArchiveError::CutShort {
+            at: self.at,
+            field,
+            needed,
+            left: self.rest().len(),
+        }
+    }
+
+    /// The next `n` bytes, the `field`.
+    fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], ArchiveError> {
+        let head = self.rest().get(..n).ok_or_else(|| self.cut(field, n))?;
+        self.at += n;
+        Ok(head)
+    }
+
+    /// The next `N` bytes, as an array.
+    fn array<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], ArchiveError> {
+        let head = *self
+            .rest()
+            .first_chunk::<N>()
+            .ok_or_else(|| self.cut(field, N))?;
+        self.at += N;
+        Ok(head)
+    }
+
+    /// A u16 length, then that many bytes of UTF-8: the `field`.
+    fn text(&mut self, field: &'static str) -> Result<String, ArchiveError> {
+        let n = u16::from_le_bytes(self.array(field)?);
+        let at = self.at;
+        let bytes = self.take(n.into(), field)?;
+        String::from_utf8(bytes.to_vec()).map_err(|_| ArchiveError::NotUtf8 { at, field })
+    }
+}
+
 impl Archive {
     /// Decodes a zstd-compressed archive; `None` for an empty slice (a crate that ships none).
-    pub fn decode(compressed: &[u8]) -> Result<Option<Archive>, String> {
+    pub fn decode(compressed: &[u8]) -> Result<Option<Archive>, ArchiveError> {
         if compressed.is_empty() {
             return Ok(None);
         }
         let mut raw = Vec::new();
         let mut decoder = ruzstd::streaming_decoder::StreamingDecoder::new(compressed)
-            .map_err(|e| format!("not zstd: {e}"))?;
-        std::io::Read::read_to_end(&mut decoder, &mut raw)
-            .map_err(|e| format!("cannot decompress: {e}"))?;
+            .map_err(|e| ArchiveError::NotZstd(std::io::Error::other(e)))?;
+        std::io::Read::read_to_end(&mut decoder, &mut raw).map_err(ArchiveError::Decompress)?;
         Archive::parse(&raw).map(Some)
     }
 
-    fn parse(raw: &[u8]) -> Result<Archive, String> {
-        let mut at = raw
-            .strip_prefix(MAGIC)
-            .ok_or("not a p2p kernel archive (bad magic)")?;
-        let mut take = |n: usize| -> Result<&[u8], String> {
-            if at.len() < n {
-                return Err("cut short".into());
-            }
-            let (head, rest) = at.split_at(n);
-            at = rest;
-            Ok(head)
+    fn parse(raw: &[u8]) -> Result<Archive, ArchiveError> {
+        if !raw.starts_with(MAGIC) {
+            return Err(ArchiveError::BadMagic);
+        }
+        let mut f = Fields {
+            raw,
+            at: MAGIC.len(),
         };
-        let mut archive = Archive::default();
-        let text = |b: &[u8]| String::from_utf8(b.to_vec()).map_err(|_| "a name is not UTF-8");
-        let n = u16::from_le_bytes(take(2)?.try_into().map_err(|_| "cut")?);
-        archive.compiler = text(take(n.into())?)?;
-        let count = u32::from_le_bytes(take(4)?.try_into().map_err(|_| "cut")?);
+        let mut archive = Archive {
+            compiler: f.text("the compiler's name")?,
+            ..Archive::default()
+        };
+        let count = u32::from_le_bytes(f.array("the image count")?);
         for _ in 0..count {
-            let n = u16::from_le_bytes(take(2)?.try_into().map_err(|_| "cut")?);
-            let _label = take(n.into())?;
-            let n = u16::from_le_bytes(take(2)?.try_into().map_err(|_| "cut")?);
-            let arch = text(take(n.into())?)?;
-            let key = u64::from_le_bytes(take(8)?.try_into().map_err(|_| "cut")?);
-            let n = u32::from_le_bytes(take(4)?.try_into().map_err(|_| "cut")?);
-            let cubin = take(n as usize)?.to_vec();
+            let n = u16::from_le_bytes(f.array("an image's label")?);
+            let _label = f.take(n.into(), "an image's label")?;
+            let arch = f.text("an image's target")?;
+            let key = u64::from_le_bytes(f.array("an image's key")?);
+            let n = u32::from_le_bytes(f.array("an image's bytes")?);
+            let cubin = f.take(n as usize, "an image's bytes")?.to_vec();
             archive.images.insert((arch, key), cubin);
         }
         Ok(archive)
@@ -189,7 +267,7 @@ pub fn available(sources: &[Source], arch: &str) -> bool {
 /// crate's test that keeps its archive fresh.
 pub fn check(sources: &[Source]) -> Vec<String> {
     let mut wrong = Vec::new();
-    let mut decoded: HashMap<usize, Result<Option<Archive>, String>> = HashMap::new();
+    let mut decoded: HashMap<usize, Result<Option<Archive>, ArchiveError>> = HashMap::new();
     for source in sources {
         let archive = decoded
             .entry(source.shipped.as_ptr() as usize)
@@ -265,6 +343,61 @@ mod tests {
         assert!(Archive::parse(b"P2PKERN0").is_err());
         assert!(matches!(Archive::decode(&[]), Ok(None)));
         assert!(Archive::decode(b"not zstd").is_err());
+    }
+
+    #[test]
+    fn a_broken_archive_says_where_and_what() {
+        let raw = write(
+            "NVRTC 12.4",
+            &[Image {
+                source: &A,
+                arch: "sm_80",
+                cubin: b"one",
+            }],
+        );
+        // The last image's bytes lack one: they start 3 bytes before the end.
+        let e = Archive::parse(&raw[..raw.len() - 1]).expect_err("cut");
+        assert!(
+            matches!(
+                e,
+                ArchiveError::CutShort {
+                    field: "an image's bytes",
+                    needed: 3,
+                    left: 2,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let at = raw.len() - 3;
+        assert_eq!(
+            e.to_string(),
+            format!("cut short at byte {at}: an image's bytes needs 3 bytes, 2 left")
+        );
+        let e = Archive::parse(b"P2PKERN0").expect_err("magic");
+        assert!(matches!(e, ArchiveError::BadMagic), "{e:?}");
+        assert_eq!(e.to_string(), "not a p2p kernel archive (bad magic)");
+        // The compiler's name: 2 bytes of length, then bytes that are not UTF-8.
+        let mut bad = MAGIC.to_vec();
+        bad.extend([2, 0, 0xff, 0xfe]);
+        let e = Archive::parse(&bad).expect_err("UTF-8");
+        assert!(
+            matches!(
+                e,
+                ArchiveError::NotUtf8 {
+                    at: 10,
+                    field: "the compiler's name"
+                }
+            ),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "a name is not UTF-8 (the compiler's name at byte 10)"
+        );
+        let e = Archive::decode(b"not zstd").expect_err("zstd");
+        assert!(matches!(e, ArchiveError::NotZstd(_)), "{e:?}");
+        assert!(e.to_string().starts_with("not zstd: "), "{e}");
     }
 
     #[test]

@@ -28,6 +28,46 @@ pub struct Failure {
     pub detected: Instant,
 }
 
+/// What a rank sent during an all-gather that breaks the protocol: the failure of that rank,
+/// reported to every rank in these words.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum GatherError {
+    /// A message of another kind than the all-gather's (or a table from a rank other than 0).
+    #[error("rank {from} sent message kind {kind} during an all-gather")]
+    UnexpectedKind {
+        /// The sender.
+        from: usize,
+        /// The kind it sent.
+        kind: u16,
+    },
+    /// A rank's contribution does not have the message's fields.
+    #[error("a malformed all-gather message")]
+    MalformedMessage,
+    /// Rank 0's table does not have the table's fields.
+    #[error("a malformed all-gather table")]
+    MalformedTable,
+    /// A rank contributed to another all-gather than rank 0's (or twice to this one).
+    #[error(
+        "rank {from} is at all-gather #{theirs}, rank 0 at #{ours}: the ranks made different calls"
+    )]
+    OutOfStep {
+        /// The sender.
+        from: usize,
+        /// Its all-gather number.
+        theirs: u32,
+        /// Rank 0's.
+        ours: u32,
+    },
+    /// Rank 0 answered another all-gather than this rank's.
+    #[error("rank 0 answered all-gather #{theirs}, this rank is at #{ours}")]
+    TableOutOfStep {
+        /// Rank 0's all-gather number.
+        theirs: u32,
+        /// This rank's.
+        ours: u32,
+    },
+}
+
 pub(super) struct State {
     pub(super) failure: Option<Failure>,
     /// Messages for the caller: (from rank, kind, payload).
@@ -165,7 +205,7 @@ impl Group {
                 ))
             })?;
             tracing::debug!(rank, "rendezvous at {}", path.display());
-            let (tx, rx) = mpsc::channel::<std::result::Result<Joined, String>>();
+            let (tx, rx) = mpsc::channel::<std::result::Result<Joined, HandshakeError>>();
             let mut pending = 0usize;
             let mut joined = 1;
             while joined < rv.world {
@@ -274,7 +314,7 @@ impl Group {
                     .saturating_duration_since(Instant::now())
                     .max(Duration::from_millis(1));
                 let attempt = FdChannel::connect_within(&path, left)
-                    .map_err(|e| (true, e.to_string()))
+                    .map_err(|e| (true, HandshakeError::Link(e)))
                     .and_then(|link| client_handshake(link, &key, rank, rv.world));
                 match attempt {
                     Ok(link) => break link,
@@ -300,21 +340,19 @@ impl Group {
             // verdict a little past this rank's.
             let until = deadline + VERDICT_GRACE;
             let ready = expect_hearing_launcher(&link, READY, 4 * MAX_WORLD, until, news).map_err(|why| {
-                if let Some(ended) = why.strip_prefix("launcher: ") {
-                    return fail(ended.to_string());
-                }
-                fail(match why.strip_prefix("refused: ") {
-                    Some(why) => {
+                fail(match why {
+                    HandshakeError::Launcher(ended) => format!("{ended}, before every rank joined"),
+                    HandshakeError::Refused { why } => {
                         format!(
                             "waiting for every rank to join: rank 0 stopped the rendezvous: {why}"
                         )
                     }
                     // Rank 0 is alive (its socket is open) but gave no verdict.
-                    None if why.starts_with("nothing arrived") => format!(
+                    HandshakeError::Silent { .. } => format!(
                         "waiting for every rank to join: rank 0 gave no word (all joined, or who did not) within {:?} of this rank's start: it is still waiting (did it start more than {VERDICT_GRACE:?} after this rank, or with a longer P2P_RENDEZVOUS_TIMEOUT_MS?) or is stuck",
                         rv.timeout + VERDICT_GRACE
                     ),
-                    None => format!("waiting for every rank to join: rank 0 failed or left: {why}"),
+                    why => format!("waiting for every rank to join: rank 0 failed or left: {why}"),
                 })
             })?;
             let mut r = Reader::new(&ready);
@@ -443,16 +481,18 @@ impl Group {
             all[0] = Some(mine.to_vec());
             let waited = self.wait(deadline, seq, |from, kind, p| {
                 if kind != GATHER {
-                    return Err(format!("rank {from} sent message kind {kind} during an all-gather"));
+                    return Err(GatherError::UnexpectedKind { from, kind });
                 }
                 let mut r = Reader::new(p);
-                let s = r.u32().ok_or("a malformed all-gather message")?;
-                let blob = r.blob(limit).ok_or("a malformed all-gather message")?;
-                r.end().ok_or("a malformed all-gather message")?;
+                let s = r.u32().ok_or(GatherError::MalformedMessage)?;
+                let blob = r.blob(limit).ok_or(GatherError::MalformedMessage)?;
+                r.end().ok_or(GatherError::MalformedMessage)?;
                 if s != seq || all[from].is_some() {
-                    return Err(format!(
-                        "rank {from} is at all-gather #{s}, rank 0 at #{seq}: the ranks made different calls"
-                    ));
+                    return Err(GatherError::OutOfStep {
+                        from,
+                        theirs: s,
+                        ours: seq,
+                    });
                 }
                 all[from] = Some(blob.to_vec());
                 Ok(all.iter().all(Option::is_some))
@@ -493,26 +533,21 @@ impl Group {
             let world = sh.world;
             self.wait(deadline, seq, |from, kind, p| {
                 if kind != TABLE || from != 0 {
-                    return Err(format!(
-                        "rank {from} sent message kind {kind} during an all-gather"
-                    ));
+                    return Err(GatherError::UnexpectedKind { from, kind });
                 }
                 let mut r = Reader::new(p);
-                let s = r.u32().ok_or("a malformed all-gather table")?;
+                let s = r.u32().ok_or(GatherError::MalformedTable)?;
                 if s != seq {
-                    return Err(format!(
-                        "rank 0 answered all-gather #{s}, this rank is at #{seq}"
-                    ));
+                    return Err(GatherError::TableOutOfStep {
+                        theirs: s,
+                        ours: seq,
+                    });
                 }
                 let mut all = Vec::with_capacity(world);
                 for _ in 0..world {
-                    all.push(
-                        r.blob(limit)
-                            .ok_or("a malformed all-gather table")?
-                            .to_vec(),
-                    );
+                    all.push(r.blob(limit).ok_or(GatherError::MalformedTable)?.to_vec());
                 }
-                r.end().ok_or("a malformed all-gather table")?;
+                r.end().ok_or(GatherError::MalformedTable)?;
                 table = Some(all);
                 Ok(true)
             })?;
@@ -532,7 +567,7 @@ impl Group {
         &self,
         deadline: Instant,
         seq: u32,
-        mut take: impl FnMut(usize, u16, &[u8]) -> std::result::Result<bool, String>,
+        mut take: impl FnMut(usize, u16, &[u8]) -> std::result::Result<bool, GatherError>,
     ) -> Result<()> {
         let sh = &self.shared;
         let mut st = sh.lock();
@@ -546,6 +581,7 @@ impl Group {
                     Ok(false) => {}
                     Err(why) => {
                         drop(st);
+                        let why = why.to_string();
                         sh.fail(from, why.clone(), None);
                         return Err(Error::PeerFailed(PeerFailure {
                             rank: sh.rank,

@@ -51,34 +51,106 @@ pub(super) fn stop_rendezvous<'a>(
     why
 }
 
-/// Receives one message of `kind` within `timeout`; anything else is an error in words.
+/// Why one connection of the rendezvous failed its handshake, or a rank's wait for rank 0's
+/// word: what [`testing::try_join`](super::testing::try_join) returns, and what the
+/// rendezvous's errors ([`Error::Rendezvous`](crate::Error::Rendezvous)) and rank 0's log
+/// lines say after their context.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum HandshakeError {
+    /// The connection failed: connecting, sending, receiving, or the peer's credentials.
+    #[error(transparent)]
+    Link(#[from] p2p_mem::Error),
+    /// The peer said nothing within the time limit.
+    #[error("nothing arrived within {waited:?}")]
+    Silent {
+        /// How long this side waited.
+        waited: Duration,
+    },
+    /// The bytes are not a framed message.
+    #[error(transparent)]
+    Malformed(#[from] wire::DecodeError),
+    /// A message longer than its kind allows.
+    #[error("a {len}-byte message of kind {kind} (at most {max})")]
+    TooLong {
+        /// The payload's length.
+        len: usize,
+        /// The message kind.
+        kind: u16,
+        /// The most that kind may carry.
+        max: usize,
+    },
+    /// The other side refused, saying why (rank 0 stopping the rendezvous, or refusing a
+    /// process that does not hold the job's key).
+    #[error("refused: {why}")]
+    Refused {
+        /// The other side's reason, as it sent it.
+        why: String,
+    },
+    /// A message of another kind than the protocol's next step.
+    #[error("expected message kind {expected}, got {got}")]
+    UnexpectedKind {
+        /// The kind the protocol expects now.
+        expected: u16,
+        /// The kind that came.
+        got: u16,
+    },
+    /// The launcher reported a rank ended while this rank waited for the others.
+    #[error("launcher: {0}, before every rank joined")]
+    Launcher(crate::launch::Ended),
+    /// This process could not make a random challenge.
+    #[error("the OS random source failed: {0}")]
+    Random(#[source] std::io::Error),
+    /// A connecting process's hello does not have the hello's fields.
+    #[error("a malformed hello")]
+    MalformedHello,
+    /// A connecting process could not prove it holds the job's key.
+    #[error("process {pid} claiming rank {rank} failed authentication")]
+    Unauthenticated {
+        /// Its process id (from the kernel).
+        pid: u32,
+        /// The rank it claimed.
+        rank: u32,
+    },
+    /// Rank 0's welcome does not have the welcome's fields.
+    #[error("a malformed welcome")]
+    MalformedWelcome,
+    /// The listener could not prove it holds the job's key.
+    #[error("the listener could not prove it holds the job's key: not rank 0 of this job")]
+    NotRank0,
+}
+
+/// Receives one message of `kind` within `timeout`; anything else is an error.
 pub(super) fn expect(
     link: &FdChannel,
     kind: u16,
     max: usize,
     timeout: Duration,
-) -> std::result::Result<Vec<u8>, String> {
+) -> std::result::Result<Vec<u8>, HandshakeError> {
     let bytes = link
-        .recv_msg_within(timeout)
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("nothing arrived within {timeout:?}"))?;
+        .recv_msg_within(timeout)?
+        .ok_or(HandshakeError::Silent { waited: timeout })?;
     // A refusal carries its reason, so it may be longer than the message expected.
-    let (k, p) = wire::decode_message(&bytes, max.max(1024)).map_err(|e| e.to_string())?;
+    let (k, p) = wire::decode_message(&bytes, max.max(1024))?;
     if k != REFUSED && p.len() > max {
-        return Err(format!(
-            "a {}-byte message of kind {k} (at most {max})",
-            p.len()
-        ));
+        return Err(HandshakeError::TooLong {
+            len: p.len(),
+            kind: k,
+            max,
+        });
     }
     if k == REFUSED {
         let why = Reader::new(p)
             .text(1024)
             .unwrap_or("(unreadable reason)")
             .to_string();
-        return Err(format!("refused: {why}"));
+        return Err(HandshakeError::Refused { why });
     }
     if k != kind {
-        return Err(format!("expected message kind {kind}, got {k}"));
+        return Err(HandshakeError::UnexpectedKind {
+            expected: kind,
+            got: k,
+        });
     }
     Ok(p.to_vec())
 }
@@ -91,15 +163,15 @@ pub(super) fn expect_hearing_launcher(
     max: usize,
     until: Instant,
     news: impl Fn() -> Option<crate::launch::Ended>,
-) -> std::result::Result<Vec<u8>, String> {
+) -> std::result::Result<Vec<u8>, HandshakeError> {
     loop {
         let left = until.saturating_duration_since(Instant::now());
         match expect(link, kind, max, left.clamp(TICK, 4 * TICK)) {
-            Err(why) if why.starts_with("nothing arrived") && !left.is_zero() => {}
+            Err(HandshakeError::Silent { .. }) if !left.is_zero() => {}
             other => return other,
         }
         if let Some(ended) = news() {
-            return Err(format!("launcher: {ended}, before every rank joined"));
+            return Err(HandshakeError::Launcher(ended));
         }
     }
 }
@@ -111,9 +183,9 @@ pub(super) fn client_handshake(
     key: &[u8; 32],
     rank: usize,
     world: usize,
-) -> std::result::Result<FdChannel, (bool, String)> {
+) -> std::result::Result<FdChannel, (bool, HandshakeError)> {
     let nonce_s = expect(&link, CHALLENGE, 32, HANDSHAKE_TIMEOUT).map_err(|w| (true, w))?;
-    let nonce_c = random::<32>().map_err(|e| (false, e.to_string()))?;
+    let nonce_c = random::<32>().map_err(|e| (false, HandshakeError::Random(e)))?;
     let (rb, wb) = ((rank as u32).to_le_bytes(), (world as u32).to_le_bytes());
     let proof = mac(key, b"hello", &[&nonce_s, &nonce_c, &rb, &wb]);
     let hello = Writer::new()
@@ -122,17 +194,14 @@ pub(super) fn client_handshake(
         .bytes(&nonce_c)
         .bytes(&proof)
         .finish();
-    send(&link, HELLO, &hello).map_err(|e| (false, e.to_string()))?;
+    send(&link, HELLO, &hello).map_err(|e| (false, e.into()))?;
     let welcome = expect(&link, WELCOME, 32, HANDSHAKE_TIMEOUT).map_err(|w| (false, w))?;
     let theirs: [u8; 32] = welcome
         .as_slice()
         .try_into()
-        .map_err(|_| (false, "a malformed welcome".to_string()))?;
+        .map_err(|_| (false, HandshakeError::MalformedWelcome))?;
     if !mac_ok(key, b"welcome", &[&nonce_c, &nonce_s, &rb, &wb], &theirs) {
-        return Err((
-            false,
-            "the listener could not prove it holds the job's key: not rank 0 of this job".into(),
-        ));
+        return Err((false, HandshakeError::NotRank0));
     }
     Ok(link)
 }
@@ -149,13 +218,13 @@ pub(super) struct Joined {
 pub(super) fn serve_handshake(
     mut link: FdChannel,
     key: [u8; 32],
-) -> std::result::Result<Joined, String> {
+) -> std::result::Result<Joined, HandshakeError> {
     link.set_timeout(HANDSHAKE_TIMEOUT);
     let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
     let left = || deadline.saturating_duration_since(Instant::now());
-    let (pid, _) = link.peer_cred().map_err(|e| e.to_string())?;
-    let nonce_s = random::<32>().map_err(|e| e.to_string())?;
-    send(&link, CHALLENGE, &nonce_s).map_err(|e| e.to_string())?;
+    let (pid, _) = link.peer_cred()?;
+    let nonce_s = random::<32>().map_err(HandshakeError::Random)?;
+    send(&link, CHALLENGE, &nonce_s)?;
     let hello = expect(&link, HELLO, 128, left())?;
     let mut r = Reader::new(&hello);
     let fields = (|| {
@@ -166,7 +235,7 @@ pub(super) fn serve_handshake(
         r.end()?;
         Some((rank, world, nonce_c, got))
     })();
-    let (rank, world, nonce_c, got) = fields.ok_or("a malformed hello")?;
+    let (rank, world, nonce_c, got) = fields.ok_or(HandshakeError::MalformedHello)?;
     let (rb, wb) = (rank.to_le_bytes(), world.to_le_bytes());
     if !mac_ok(&key, b"hello", &[&nonce_s, &nonce_c, &rb, &wb], &got) {
         let _ = send(
@@ -176,12 +245,10 @@ pub(super) fn serve_handshake(
                 .text("authentication failed: this process does not hold the job's key (another job, or a different P2P_JOB_SECRET)")
                 .finish(),
         );
-        return Err(format!(
-            "process {pid} claiming rank {rank} failed authentication"
-        ));
+        return Err(HandshakeError::Unauthenticated { pid, rank });
     }
     let proof = mac(&key, b"welcome", &[&nonce_c, &nonce_s, &rb, &wb]);
-    send(&link, WELCOME, &proof).map_err(|e| e.to_string())?;
+    send(&link, WELCOME, &proof)?;
     Ok(Joined {
         rank: rank as usize,
         world: world as usize,

@@ -36,16 +36,21 @@ impl Secret {
 
     /// A fresh random secret as text (64 hex digits), for a launcher to hand to its ranks.
     pub fn generate_text() -> Result<String> {
-        let bytes = random::<32>()?;
+        let bytes = random::<32>().map_err(|e| Error::Rendezvous {
+            rank: None,
+            why: format!("the OS random source failed: {e}"),
+        })?;
         Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
     }
 }
 
-pub(super) fn random<const N: usize>() -> Result<[u8; N]> {
+/// `N` bytes from the OS's random source; its failure as an `io::Error` (the OS's error where
+/// there is one, so that it is described).
+pub(super) fn random<const N: usize>() -> std::io::Result<[u8; N]> {
     let mut b = [0u8; N];
-    getrandom::fill(&mut b).map_err(|e| Error::Rendezvous {
-        rank: None,
-        why: format!("the OS random source failed: {e}"),
+    getrandom::fill(&mut b).map_err(|e| match e.raw_os_error() {
+        Some(code) => std::io::Error::from_raw_os_error(code),
+        None => std::io::Error::other(e.to_string()),
     })?;
     Ok(b)
 }

@@ -52,6 +52,7 @@ pub mod testing;
 mod tests;
 
 pub use group::{Failure, Group};
+pub use handshake::HandshakeError;
 use handshake::*;
 use identity::*;
 pub use identity::{Rendezvous, Secret};

@@ -16,13 +16,14 @@ pub fn try_join(
     key_of: &Rendezvous,
     claim_rank: u32,
     timeout: Duration,
-) -> std::result::Result<FdChannel, String> {
+) -> std::result::Result<FdChannel, HandshakeError> {
     let link = connect_raw(&rv.socket_path(), timeout)?;
     client_handshake(link, &key_of.key(), claim_rank as usize, rv.world).map_err(|(_, w)| w)
 }
 
-/// Connects to `path` and returns the raw channel (to send junk, or nothing).
-pub fn connect_raw(path: &Path, timeout: Duration) -> std::result::Result<FdChannel, String> {
+/// Connects to `path` and returns the raw channel (to send junk, or nothing); the last
+/// attempt's error once `timeout` has passed.
+pub fn connect_raw(path: &Path, timeout: Duration) -> p2p_mem::Result<FdChannel> {
     let deadline = Instant::now() + timeout.min(crate::MAX_TIMEOUT);
     loop {
         let left = deadline
@@ -30,15 +31,15 @@ pub fn connect_raw(path: &Path, timeout: Duration) -> std::result::Result<FdChan
             .max(Duration::from_millis(1));
         match FdChannel::connect_within(path, left) {
             Ok(l) => return Ok(l),
-            Err(e) if Instant::now() > deadline => return Err(e.to_string()),
+            Err(e) if Instant::now() > deadline => return Err(e),
             Err(_) => std::thread::sleep(Duration::from_millis(5)),
         }
     }
 }
 
 /// Sends `bytes` as one raw message.
-pub fn send_raw(link: &FdChannel, bytes: &[u8]) -> std::result::Result<(), String> {
-    link.send_msg(bytes).map_err(|e| e.to_string())
+pub fn send_raw(link: &FdChannel, bytes: &[u8]) -> p2p_mem::Result<()> {
+    link.send_msg(bytes)
 }
 
 /// A well-formed message of `kind` with `payload`.

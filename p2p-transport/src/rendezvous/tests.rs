@@ -266,7 +266,9 @@ fn strangers_are_refused_and_never_delay_the_real_ranks() {
     };
     let t = Duration::from_secs(5);
     for key in [&other_secret, &no_secret, &other_job] {
-        let e = try_join(&real, key, 1, t).expect_err("a stranger must be refused");
+        let e = try_join(&real, key, 1, t)
+            .expect_err("a stranger must be refused")
+            .to_string();
         assert!(e.contains("authentication failed"), "{e}");
     }
     // Silent clients, junk and early hang-ups, all at once.
@@ -589,4 +591,124 @@ fn a_shared_directory_owned_by_someone_else_or_open_is_refused() {
     let e = Group::join(&r).expect_err("must refuse").to_string();
     assert!(e.contains("not a private directory"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A connected pair of channels in a private directory of its own.
+fn channel_pair(
+    name: &str,
+) -> (
+    p2p_mem::fdpass::PrivateDir,
+    p2p_mem::fdpass::FdChannel,
+    p2p_mem::fdpass::FdChannel,
+) {
+    use p2p_mem::fdpass::{FdChannel, FdListener, PrivateDir};
+    let dir = PrivateDir::new(name).expect("dir");
+    let listener = FdListener::bind(&dir.path().join("s")).expect("bind");
+    let a = FdChannel::connect(listener.path()).expect("connect");
+    let b = listener.accept(Duration::from_secs(5)).expect("accept");
+    (dir, a, b)
+}
+
+#[test]
+fn each_way_a_handshake_message_is_wrong_has_its_reason() {
+    let (_dir, a, b) = channel_pair("rv-expect");
+    let t = Duration::from_millis(20);
+    let e = expect(&b, HELLO, 32, t).expect_err("silent");
+    assert!(
+        matches!(e, HandshakeError::Silent { waited } if waited == t),
+        "{e:?}"
+    );
+    assert_eq!(e.to_string(), "nothing arrived within 20ms");
+    send_raw(&a, &message(HELLO, &[0; 33])).expect("send");
+    let e = expect(&b, HELLO, 32, t).expect_err("too long");
+    assert!(
+        matches!(
+            e,
+            HandshakeError::TooLong {
+                len: 33,
+                kind: HELLO,
+                max: 32
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(e.to_string(), "a 33-byte message of kind 2 (at most 32)");
+    send_raw(&a, &message(WELCOME, &[0; 32])).expect("send");
+    let e = expect(&b, HELLO, 32, t).expect_err("another kind");
+    assert!(
+        matches!(
+            e,
+            HandshakeError::UnexpectedKind {
+                expected: HELLO,
+                got: WELCOME
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(e.to_string(), "expected message kind 2, got 3");
+    send_raw(
+        &a,
+        &message(REFUSED, &Writer::new().text("go away").finish()),
+    )
+    .expect("send");
+    let e = expect(&b, HELLO, 32, t).expect_err("refused");
+    assert!(
+        matches!(e, HandshakeError::Refused { ref why } if why == "go away"),
+        "{e:?}"
+    );
+    assert_eq!(e.to_string(), "refused: go away");
+    send_raw(&a, b"junk that is not a message").expect("send");
+    let e = expect(&b, HELLO, 32, t).expect_err("junk");
+    assert!(matches!(e, HandshakeError::Malformed(_)), "{e:?}");
+    // A rank the launcher reports ended ends the wait at once, naming it.
+    let ended = crate::launch::Ended {
+        rank: 1,
+        pid: 7,
+        how: "signal: 9".into(),
+    };
+    let until = Instant::now() + Duration::from_secs(5);
+    let e = expect_hearing_launcher(&b, READY, 32, until, || Some(ended.clone()))
+        .expect_err("launcher");
+    assert!(
+        matches!(e, HandshakeError::Launcher(ref x) if *x == ended),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "launcher: rank 1 (pid 7) ended (signal: 9), as the launcher reports, before every rank joined"
+    );
+    drop(a);
+    let e = expect(&b, HELLO, 32, t).expect_err("closed");
+    assert!(matches!(e, HandshakeError::Link(_)), "{e:?}");
+}
+
+#[test]
+fn all_gather_protocol_errors_read_as_before() {
+    use super::group::GatherError;
+    let cases = [
+        (
+            GatherError::UnexpectedKind { from: 2, kind: 13 },
+            "rank 2 sent message kind 13 during an all-gather",
+        ),
+        (
+            GatherError::MalformedMessage,
+            "a malformed all-gather message",
+        ),
+        (GatherError::MalformedTable, "a malformed all-gather table"),
+        (
+            GatherError::OutOfStep {
+                from: 1,
+                theirs: 4,
+                ours: 5,
+            },
+            "rank 1 is at all-gather #4, rank 0 at #5: the ranks made different calls",
+        ),
+        (
+            GatherError::TableOutOfStep { theirs: 6, ours: 5 },
+            "rank 0 answered all-gather #6, this rank is at #5",
+        ),
+    ];
+    for (e, words) in cases {
+        assert_eq!(e.to_string(), words);
+    }
 }

@@ -23,13 +23,24 @@ const MAX_LINKS: u32 = 18;
 /// PCI device ids of NVSwitch chips (V100, A100 and H100 generations).
 const NVSWITCH_DEVICE_IDS: [u32; 5] = [0x1ac0, 0x1ac1, 0x1ac2, 0x1af1, 0x22a3];
 
+/// Why NVML could not be opened (the topology then goes without NVLinks and NVML status).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NvmlUnavailable {
+    /// No NVML library was found or loaded (the probe's error says where it looked).
+    #[error(transparent)]
+    Library(p2p_sys::Error),
+    /// The library loaded, but `nvmlInit` failed.
+    #[error("nvmlInit failed: {0}")]
+    Init(#[source] NvmlError),
+}
+
 /// Loads NVML through the same probe as the CUDA libraries.
-pub(crate) fn open_nvml() -> Result<Nvml, String> {
-    let name = p2p_sys::probe::require(Library::Nvml).map_err(|e| e.to_string())?;
+pub(crate) fn open_nvml() -> Result<Nvml, NvmlUnavailable> {
+    let name = p2p_sys::probe::require(Library::Nvml).map_err(NvmlUnavailable::Library)?;
     Nvml::builder()
         .lib_path(OsStr::new(name))
         .init()
-        .map_err(|e| format!("nvmlInit failed: {e}"))
+        .map_err(NvmlUnavailable::Init)
 }
 
 /// Reads the machine's topology. CUDA must work; NVML and sysfs fill in what they can.
@@ -262,4 +273,23 @@ fn count_numa_nodes() -> usize {
                 .count()
         })
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nvml_unavailable_says_which_step_failed() {
+        let e = NvmlUnavailable::Init(NvmlError::DriverNotLoaded);
+        assert!(e.to_string().starts_with("nvmlInit failed: "), "{e}");
+        let missing = p2p_sys::Error::LibraryNotFound {
+            library: "libnvidia-ml",
+            searched: vec!["libnvidia-ml.so.1".into()],
+        };
+        let e = NvmlUnavailable::Library(missing.clone());
+        assert!(matches!(e, NvmlUnavailable::Library(_)), "{e:?}");
+        // The probe's own words, unchanged.
+        assert_eq!(e.to_string(), missing.to_string());
+    }
 }
