@@ -7,11 +7,13 @@
 //!   choice logged with its reason.
 //! - [`copy`]: the data paths within a process (copy engine, SM write and read, host-staged,
 //!   relay) and [`Transport::copy_peer`], which follows mode selection.
-//! - [`conn`]: send / recv between ranks through slot buffers, in one process or between
-//!   processes (legacy IPC, cuMem fds, fabric handles), with no hangs.
+//! - `conn` (only with the `conn` feature, for p2p's tools and tests): the transport's own
+//!   send / recv channel through slot buffers, in one process or between two (legacy IPC,
+//!   cuMem fds, fabric handles), with no hangs. Applications send and receive through
+//!   `p2p-collective`'s communicators, the one public send/recv.
 //! - [`peer`]: one way to reach a peer's memory (plain pointer, legacy IPC, cuMem fd, fabric,
-//!   host-staged), chosen from the configuration and each pair's P2P; used by [`conn`] and by
-//!   `p2p-collective`'s communicators.
+//!   host-staged), chosen from the configuration and each pair's P2P; used by the
+//!   communicators of `p2p-collective` (and by `conn`).
 //! - [`kernels`]: the CUDA C++ sources, shipped compiled for sm_80 and sm_90 (else compiled by
 //!   NVRTC for the device's architecture at first use).
 //!
@@ -33,6 +35,7 @@
 //! ```
 
 pub mod config;
+#[cfg(feature = "conn")]
 pub mod conn;
 pub mod context;
 pub mod copy;
@@ -54,7 +57,7 @@ pub use tracing as __tracing;
 pub use util::{hostname, utc_from_unix, utc_now};
 
 /// The longest time limit any wait of the transport accepts, and of the layers above (one day):
-/// a connection's [`conn::ConnOptions::timeout`], a [`rendezvous::Rendezvous`]'s `timeout`
+/// a connection's `timeout` (feature `conn`), a [`rendezvous::Rendezvous`]'s `timeout`
 /// (`P2P_RENDEZVOUS_TIMEOUT_MS`). Longer ones are refused: the deadline computed from one could
 /// overflow the clock's arithmetic, on the host or in a kernel.
 pub const MAX_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(86_400);

@@ -1,5 +1,5 @@
 //! One way to reach a peer's memory, for everything above the memory layer: the connections
-//! of [`crate::conn`], and the workspaces of `p2p-collective`'s communicators.
+//! of the `conn` feature's connections, and the workspaces of `p2p-collective`'s communicators.
 //!
 //! - [`limit_to_level`] refuses P2P on pairs farther apart than `P2P_LEVEL`.
 //! - [`choose`] picks the [`Sharing`] for a group of ranks from the configuration (`P2P_MODE`,

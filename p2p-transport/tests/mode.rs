@@ -251,6 +251,7 @@ fn consumer_gpus_go_host_staged_and_single_gpus_copy_locally() {
 }
 
 #[test]
+#[cfg(feature = "conn")]
 fn every_route_between_processes_has_a_connection_but_relays() {
     use p2p_transport::conn::Sharing;
     // The consumer pair has no P2P: one process per GPU gets host-staged, which a connection carries.
@@ -267,6 +268,7 @@ fn every_route_between_processes_has_a_connection_but_relays() {
 }
 
 #[test]
+#[cfg(feature = "conn")]
 fn connection_options_follow_the_route() {
     use p2p_transport::conn::ConnOptions;
     let t = load("h200x2-nv18.json");

@@ -1,9 +1,11 @@
 //! The transport's per-process context, [`Transport`]: what one process keeps to move data
 //! between its GPUs and to connect to other processes, each part made at its first use and
-//! shared by every thread. The data paths are its methods in [`crate::copy`]; connections
-//! ([`crate::conn`]) take their kernels from it.
+//! shared by every thread. The data paths are its methods in [`crate::copy`]; the connections of
+//! the `conn` feature take their kernels from it.
 
-use std::sync::{Arc, Mutex};
+#[cfg(feature = "conn")]
+use std::sync::Arc;
+use std::sync::Mutex;
 
 use p2p_mem::{Device, Stream};
 
@@ -12,6 +14,7 @@ use crate::copy::routes::Routes;
 use crate::copy::sm::{CopyKernel, SmGrid};
 use crate::copy::staged::Pipelines;
 use crate::error::{Error, Result};
+#[cfg(feature = "conn")]
 use crate::kernels::SrKernels;
 
 pub(crate) mod lazy;
@@ -26,6 +29,7 @@ pub(crate) struct PerDevice {
     /// The SM copy kernel.
     pub(crate) copy: Lazy<CopyKernel>,
     /// The send/recv kernels of the connections.
+    #[cfg(feature = "conn")]
     pub(crate) sendrecv: Lazy<Arc<SrKernels>>,
     /// The stream a copy that must run on this GPU is bridged to from another GPU's stream.
     pub(crate) bridge: Lazy<Stream>,
@@ -36,6 +40,7 @@ impl PerDevice {
         PerDevice {
             device,
             copy: Lazy::new("the SM copy kernel"),
+            #[cfg(feature = "conn")]
             sendrecv: Lazy::new("the send/recv kernels"),
             bridge: Lazy::new("a bridge stream"),
         }
@@ -105,6 +110,7 @@ impl Transport {
     }
 
     /// The send/recv kernels of `device`, compiled on first use.
+    #[cfg(feature = "conn")]
     pub(crate) fn sendrecv_kernels(&self, device: &Device) -> Result<Arc<SrKernels>> {
         self.slot(device)?
             .sendrecv

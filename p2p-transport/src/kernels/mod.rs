@@ -8,7 +8,9 @@
 //! compile fails CI without a GPU (`tests/kernels.rs`), and a unit test fails while the shipped
 //! cubins are older than the sources.
 
-use p2p_mem::kernel::{Function, Module, Source};
+use p2p_mem::kernel::Source;
+#[cfg(feature = "conn")]
+use p2p_mem::kernel::{Function, Module};
 
 /// The SM data path: `p2p_copy_bytes`, 16-byte vectors with a byte tail.
 pub const COPY: Source = Source {
@@ -40,7 +42,8 @@ pub(crate) mod abi {
 /// Every kernel source in the crate (CI compiles each for sm_80 and sm_90).
 pub const SOURCES: [Source; 2] = [COPY, SENDRECV];
 
-/// The compiled send/recv kernels of one device.
+/// The compiled send/recv kernels of one device (the `conn` feature's connections).
+#[cfg(feature = "conn")]
 pub(crate) struct SrKernels {
     pub(crate) module: Module,
     pub(crate) send: Function<abi::SrArgs>,
@@ -48,6 +51,7 @@ pub(crate) struct SrKernels {
     pub(crate) wait: Function<abi::SrWaitArgs>,
 }
 
+#[cfg(feature = "conn")]
 impl SrKernels {
     pub(crate) fn build(device: &p2p_mem::Device) -> p2p_mem::Result<SrKernels> {
         let module = Module::build(device, &SENDRECV)?;
