@@ -47,7 +47,7 @@ pub mod graph;
 pub mod ipc;
 pub mod kernel;
 mod memory;
-mod peer;
+mod peer_access;
 pub mod shm;
 pub mod vmm;
 mod wait;
@@ -61,7 +61,7 @@ pub use memory::{
     check_stream, copy_async, memset_async, write_u64_async, DeviceBuffer, DeviceMemory,
     DeviceMemoryMut, DeviceView, DeviceViewMut, ElementType, ExternalMemory, PinnedHostBuffer,
 };
-pub use peer::{check_peer_mappable, P2pAttributes};
+pub use peer_access::{check_peer_mappable, P2pAttributes};
 
 /// How far past a wait's own time limit a host wait on a stream of ours goes
 /// ([`Stream::synchronize_within`]): our kernels end by their time limit, an aborted one within
