@@ -468,11 +468,7 @@ impl Stream {
         self.device.bind_to_thread()?;
         // SAFETY: the stream is alive.
         let r = unsafe { cuda::cuStreamQuery(self.raw) };
-        if r == cuda::CUresult::CUDA_ERROR_NOT_READY {
-            return Ok(false);
-        }
-        p2p_sys::check_cu("cuStreamQuery", r).on(self.device.ordinal())?;
-        Ok(true)
+        crate::wait::query_done("cuStreamQuery", r, self.device.ordinal())
     }
 }
 

@@ -96,11 +96,7 @@ impl Event {
         self.device.bind_to_thread()?;
         // SAFETY: the event is alive.
         let r = unsafe { cuda::cuEventQuery(self.raw) };
-        if r == cuda::CUresult::CUDA_ERROR_NOT_READY {
-            return Ok(false);
-        }
-        p2p_sys::check_cu("cuEventQuery", r).on(self.device.ordinal())?;
-        Ok(true)
+        crate::wait::query_done("cuEventQuery", r, self.device.ordinal())
     }
 
     /// Milliseconds between `self` and a later `end`, both recorded and complete, both made

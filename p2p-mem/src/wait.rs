@@ -7,7 +7,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::error::Result;
+use p2p_sys::cuda::CUresult;
+
+use crate::error::{OnDevice, Result};
 
 /// How long the loop spins before it starts sleeping: a short wait then costs no more than
 /// the driver's own blocking wait would.
@@ -15,6 +17,17 @@ const SPIN: Duration = Duration::from_micros(100);
 /// The first and the longest sleep between two polls.
 const FIRST_PAUSE: Duration = Duration::from_micros(20);
 const LONGEST_PAUSE: Duration = Duration::from_millis(1);
+
+/// What a CUDA query (`call`: `cuStreamQuery`, `cuEventQuery`) that returned `r` on `device`
+/// says: `Ok(false)` while the work still runs (`CUDA_ERROR_NOT_READY`), `Ok(true)` once it has
+/// finished, and the error of a fault (of the queried work or of the call).
+pub(crate) fn query_done(call: &'static str, r: CUresult, device: i32) -> Result<bool> {
+    if r == CUresult::CUDA_ERROR_NOT_READY {
+        return Ok(false);
+    }
+    p2p_sys::check_cu(call, r).on(device)?;
+    Ok(true)
+}
 
 /// Calls `done` until it answers `true` (`Ok(true)`) or `limit` has passed (`Ok(false)`, after
 /// one last call at or past the deadline). Spins for the first 100 µs, then sleeps between
@@ -43,6 +56,15 @@ pub(crate) fn poll_within(limit: Duration, mut done: impl FnMut() -> Result<bool
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_query_is_running_done_or_the_fault() {
+        assert!(!query_done("cuStreamQuery", CUresult::CUDA_ERROR_NOT_READY, 0).expect("runs"));
+        assert!(query_done("cuEventQuery", CUresult::CUDA_SUCCESS, 0).expect("done"));
+        let e = query_done("cuStreamQuery", CUresult::CUDA_ERROR_ILLEGAL_ADDRESS, 3)
+            .expect_err("a fault");
+        assert!(e.to_string().contains("GPU 3"), "{e}");
+    }
     use crate::Error;
 
     #[test]
