@@ -123,6 +123,45 @@ impl Registration {
     }
 }
 
+/// What a rank asks for in `split`: which split of the parent this is (every rank counts its
+/// own), its color (`None`: left out) and its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SplitRequest {
+    /// The parent's split count when this rank called.
+    pub seq: u64,
+    /// The child this rank joins, or none.
+    pub color: Option<u32>,
+    /// Where this rank goes among the child's ranks (by key, then by parent rank).
+    pub key: i32,
+}
+
+impl SplitRequest {
+    pub fn encode(&self) -> Vec<u8> {
+        wire::Writer::new()
+            .u64(self.seq)
+            .u16(u16::from(self.color.is_some()))
+            .u32(self.color.unwrap_or(0))
+            .u32(self.key as u32)
+            .finish()
+    }
+
+    /// `None` for anything but an encoded request.
+    pub fn decode(b: &[u8]) -> Option<SplitRequest> {
+        let mut rd = wire::Reader::new(b);
+        let seq = rd.u64()?;
+        let has = rd.u16()?;
+        let color = rd.u32()?;
+        let key = rd.u32()? as i32;
+        rd.end()?;
+        let color = match (has, color) {
+            (0, 0) => None,
+            (1, c) => Some(c),
+            _ => return None,
+        };
+        Some(SplitRequest { seq, color, key })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,6 +229,20 @@ mod tests {
             Registration::decode(&wire::Writer::new().u16(2).finish()),
             None
         );
+        for s in [
+            SplitRequest {
+                seq: 3,
+                color: Some(7),
+                key: -2,
+            },
+            SplitRequest {
+                seq: 0,
+                color: None,
+                key: 5,
+            },
+        ] {
+            assert_eq!(SplitRequest::decode(&s.encode()), Some(s));
+        }
     }
 
     #[test]
@@ -227,6 +280,21 @@ mod tests {
         assert!(
             ok > 2_000 && refused > 10_000,
             "registrations: {ok} / {refused}"
+        );
+        let request = SplitRequest {
+            seq: 1,
+            color: Some(2),
+            key: 9,
+        };
+        let (ok, refused) = fuzz(
+            &request.encode(),
+            SplitRequest::decode,
+            SplitRequest::encode,
+            |_| true,
+        );
+        assert!(
+            ok > 2_000 && refused > 10_000,
+            "split requests: {ok} / {refused}"
         );
     }
 }

@@ -1,6 +1,7 @@
 //! Making communicators: in one process for several GPUs, or one process per GPU through the
 //! rendezvous; and the checks and logs of init.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -155,6 +156,8 @@ impl Communicator {
                 share,
                 kernels: loaded[r].clone(),
                 group: None,
+                rendezvous: None,
+                splits: AtomicU64::new(0),
                 windows: RwLock::new(Vec::new()),
                 window_calls: WindowCalls::new(d)?,
                 side: SideStream::new(d)?,
@@ -415,6 +418,8 @@ impl Communicator {
             share,
             kernels,
             group: Some(group),
+            rendezvous: Some(rv.clone()),
+            splits: AtomicU64::new(0),
             windows: RwLock::new(Vec::new()),
             window_calls,
             side,

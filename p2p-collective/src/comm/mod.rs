@@ -15,6 +15,7 @@
 //! streams with events). Two calls on the same communicator running at once would share step
 //! counters.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -32,7 +33,7 @@ use p2p_transport::peer::{LocalRegion, PeerRegion, Sharing};
 use crate::error::{Error, Result};
 use crate::plan::{self, Access, Plan, Tuning, MAX_RANKS};
 use crate::types::{DataType, Op, RedOp};
-use p2p_transport::rendezvous::Group;
+use p2p_transport::rendezvous::{Group, Rendezvous};
 
 /// The collective kernels (`coll_f32` ... `coll_u8`, each in seven families) and the send/recv
 /// kernel (`p2p_sendrecv`), in one program: `coll.cu`, one translation unit made of the
@@ -193,6 +194,7 @@ mod enqueue;
 mod init;
 mod kernel_set;
 mod register;
+mod split;
 mod status;
 #[cfg(test)]
 mod tests;
@@ -226,6 +228,11 @@ pub struct Communicator {
     pub(crate) kernels: Arc<Kernels>,
     /// The other processes of the job (process-per-GPU communicators): exchanges and liveness.
     group: Option<Group>,
+    /// How this rank joined (process-per-GPU communicators): what a split derives its child's
+    /// rendezvous from.
+    rendezvous: Option<Rendezvous>,
+    /// Splits made so far: every rank splits in the same order, so the count names the split.
+    splits: AtomicU64,
     /// Registered buffers (symmetric windows): calls on them read and write peers directly.
     windows: RwLock<Vec<Window>>,
     /// Where the last call that used a window ends: what [`deregister`](Self::deregister)

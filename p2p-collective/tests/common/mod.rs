@@ -621,3 +621,43 @@ pub fn run_p2p_group_matrix(locals: &mut [Local], counts: &[usize]) -> Summary {
     }
     s
 }
+
+/// The ranks of the process-per-GPU tests: `P2PTEST_WORLD`, else 2.
+pub fn world() -> usize {
+    std::env::var("P2PTEST_WORLD")
+        .ok()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(2)
+}
+
+/// In the launcher: start `world()` copies of this test. In a rank: run the matrix.
+pub fn launch_or_run(test: &str, body: impl FnOnce()) {
+    if std::env::var_os("RANK").is_some() {
+        body();
+        return;
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    let args: Vec<String> = [
+        test,
+        "--exact",
+        "--include-ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let outcome =
+        p2p_collective::launch::launch(world(), &exe.to_string_lossy(), &args).expect("launch");
+    assert!(outcome.status.success(), "a rank failed: {outcome:?}");
+}
+
+/// As [`launch_or_run`], the rank's body given its communicator (from the environment) and
+/// its rank.
+pub fn launch_or_run_comm(test: &str, body: impl FnOnce(Communicator, usize)) {
+    launch_or_run(test, || {
+        let comm = Communicator::from_env().expect("from_env");
+        let rank = comm.rank();
+        body(comm, rank)
+    })
+}
