@@ -29,6 +29,31 @@ fn an_unknown_setting_is_a_warning_as_in_the_library() {
     );
 }
 
+/// The collectives' settings reach the transport's reader from p2p-collective's own list (a
+/// link-time slice): in a real program linked with it they are known, not typos.
+#[test]
+fn the_collectives_settings_are_known_in_a_linked_program() {
+    let (code, _, err) = p2p_bench(
+        &["topo", "--load", "/nonexistent.json"],
+        &[
+            ("P2P_ALGO", "ring"),
+            ("P2P_CHECK", "1"),
+            ("P2P_TIMEOUT_MS", "5000"),
+        ],
+    );
+    assert_eq!(code, 1, "{err}");
+    assert!(!err.contains("not a p2p setting"), "{err}");
+    // And the list the warnings name holds them.
+    let (_, _, err) = p2p_bench(
+        &["topo", "--load", "/nonexistent.json"],
+        &[("P2P_LEVLE", "NVL")],
+    );
+    assert!(
+        err.contains("P2P_ALGO") && err.contains("P2P_TIMEOUT_MS"),
+        "{err}"
+    );
+}
+
 #[test]
 fn faults_without_a_gpu_refuses_at_once_and_writes_no_report() {
     let dir = std::env::temp_dir().join(format!("p2p-faults-{}", std::process::id()));

@@ -94,7 +94,12 @@ impl Settings {
         vars: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Settings, ConfigError> {
         let mut s = Settings::default();
-        for (name, value) in vars {
+        // Only this crate's own names (the list the transport's reader accepts them from; read
+        // here, so the list is linked into every program that reads these settings).
+        for (name, value) in vars
+            .into_iter()
+            .filter(|(n, _)| COLLECTIVE_SETTINGS.contains(&n.as_str()))
+        {
             match name.as_str() {
                 "P2P_ALGO" => s.algorithm = parse_choice(&name, &value, &Algorithm::NAMES)?,
                 "P2P_CHECK" => s.check = parse_bool(&name, &value)?,
