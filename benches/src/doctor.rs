@@ -421,17 +421,13 @@ pub fn check_driver(version: i32) -> Finding {
         p2p_sys::version_text(version),
         p2p_sys::version_text(p2p_sys::MIN_DRIVER_VERSION)
     );
-    if version >= p2p_sys::MIN_DRIVER_VERSION {
-        finding("driver", "system", Status::Ok, evidence, "")
+    let (status, fix) = if version >= p2p_sys::MIN_DRIVER_VERSION {
+        (Status::Ok, "")
     } else {
-        finding(
-            "driver",
-            "system",
-            Status::Fail,
-            evidence,
-            "update the NVIDIA driver to 550 or newer (CUDA 12.4+)",
-        )
-    }
+        let fix = "update the NVIDIA driver to 550 or newer (CUDA 12.4+)";
+        (Status::Fail, fix)
+    };
+    finding("driver", "system", status, evidence, fix)
 }
 
 /// Fabric handles need an IMEX channel; within one host POSIX fds do the same job.
