@@ -113,49 +113,30 @@ impl Report {
 /// Compute capability: P2P needs 6.0 (Pascal) or newer.
 pub fn check_compute_capability(gpu: &topo::Gpu) -> Finding {
     let [major, minor] = gpu.compute_capability;
-    let scope = format!("GPU{}", gpu.index);
-    if major < 6 {
-        finding(
-            "compute-capability",
-            &scope,
-            Status::Fail,
-            format!("{} is sm_{major}{minor}; P2P needs 6.0 or newer", gpu.name),
-            "use Pascal (sm_60) or newer GPUs for P2P",
-        )
+    let sm = format!("{} is sm_{major}{minor}", gpu.name);
+    let (status, evidence, fix) = if major < 6 {
+        let fix = "use Pascal (sm_60) or newer GPUs for P2P";
+        (Status::Fail, format!("{sm}; P2P needs 6.0 or newer"), fix)
     } else {
-        finding(
-            "compute-capability",
-            &scope,
-            Status::Ok,
-            format!("{} is sm_{major}{minor}", gpu.name),
-            "",
-        )
-    }
+        (Status::Ok, sm, "")
+    };
+    let scope = format!("GPU{}", gpu.index);
+    finding("compute-capability", &scope, status, evidence, fix)
 }
 
 /// Consumer GPUs usually have P2P disabled by the driver.
 pub fn check_consumer(gpu: &topo::Gpu) -> Finding {
-    let scope = format!("GPU{}", gpu.index);
-    if topo::is_consumer_gpu(&gpu.name) {
-        finding(
-            "consumer-gpu",
-            &scope,
-            Status::Warn,
-            format!(
-                "{} is a consumer GPU: NVIDIA's driver usually disables P2P on these",
-                gpu.name
-            ),
-            "use data-center or workstation GPUs for P2P, or expect host-staged copies",
-        )
+    let name = &gpu.name;
+    let (status, evidence, fix) = if topo::is_consumer_gpu(name) {
+        let why =
+            format!("{name} is a consumer GPU: NVIDIA's driver usually disables P2P on these");
+        let fix = "use data-center or workstation GPUs for P2P, or expect host-staged copies";
+        (Status::Warn, why, fix)
     } else {
-        finding(
-            "consumer-gpu",
-            &scope,
-            Status::Ok,
-            format!("{} is not a consumer GPU", gpu.name),
-            "",
-        )
-    }
+        (Status::Ok, format!("{name} is not a consumer GPU"), "")
+    };
+    let scope = format!("GPU{}", gpu.index);
+    finding("consumer-gpu", &scope, status, evidence, fix)
 }
 
 /// What an NVML P2P status code means.
@@ -440,17 +421,13 @@ pub fn check_driver(version: i32) -> Finding {
         p2p_sys::version_text(version),
         p2p_sys::version_text(p2p_sys::MIN_DRIVER_VERSION)
     );
-    if version >= p2p_sys::MIN_DRIVER_VERSION {
-        finding("driver", "system", Status::Ok, evidence, "")
+    let (status, fix) = if version >= p2p_sys::MIN_DRIVER_VERSION {
+        (Status::Ok, "")
     } else {
-        finding(
-            "driver",
-            "system",
-            Status::Fail,
-            evidence,
-            "update the NVIDIA driver to 550 or newer (CUDA 12.4+)",
-        )
-    }
+        let fix = "update the NVIDIA driver to 550 or newer (CUDA 12.4+)";
+        (Status::Fail, fix)
+    };
+    finding("driver", "system", status, evidence, fix)
 }
 
 /// Fabric handles need an IMEX channel; within one host POSIX fds do the same job.
@@ -894,6 +871,52 @@ fn write_and_read(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_per_gpu_checks_pass_or_say_what_to_do() {
+        let gpu = |name: &str, major: i32| -> topo::Gpu {
+            serde_json::from_value(serde_json::json!({
+                "index": 1, "name": name, "uuid": "GPU-1", "pci_bus_id": "0000:02:00.0",
+                "compute_capability": [major, 0], "sm_count": 132, "memory_mib": 81_559,
+            }))
+            .expect("a GPU")
+        };
+        let f = |check, status, evidence: &str, fix: &str| {
+            finding(check, "GPU1", status, evidence, fix)
+        };
+        let (h100, kepler) = (gpu("NVIDIA H100", 9), gpu("NVIDIA GeForce GTX 780", 3));
+        assert_eq!(
+            check_compute_capability(&h100),
+            f("compute-capability", Status::Ok, "NVIDIA H100 is sm_90", "")
+        );
+        assert_eq!(
+            check_compute_capability(&kepler),
+            f(
+                "compute-capability",
+                Status::Fail,
+                "NVIDIA GeForce GTX 780 is sm_30; P2P needs 6.0 or newer",
+                "use Pascal (sm_60) or newer GPUs for P2P"
+            )
+        );
+        assert_eq!(
+            check_consumer(&h100),
+            f(
+                "consumer-gpu",
+                Status::Ok,
+                "NVIDIA H100 is not a consumer GPU",
+                ""
+            )
+        );
+        assert_eq!(
+            check_consumer(&kepler),
+            f(
+                "consumer-gpu",
+                Status::Warn,
+                "NVIDIA GeForce GTX 780 is a consumer GPU: NVIDIA's driver usually disables P2P on these",
+                "use data-center or workstation GPUs for P2P, or expect host-staged copies"
+            )
+        );
+    }
 
     #[test]
     fn acs_is_found_in_the_extended_capability_list() {

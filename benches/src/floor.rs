@@ -44,12 +44,10 @@ impl EmptyKernel {
     /// Compiles (cached) and loads the kernel on `device`.
     pub fn load(device: &Device) -> p2p_mem::Result<EmptyKernel> {
         let module = Module::build(device, &EMPTY)?;
-        let function = module.function("empty_kernel")?;
-        let with_args = module.function("empty_args_kernel")?;
         Ok(EmptyKernel {
+            function: module.function("empty_kernel")?,
+            with_args: module.function("empty_args_kernel")?,
             module,
-            function,
-            with_args,
         })
     }
 

@@ -465,13 +465,7 @@ impl NcclGroup {
         bufs: &[Bufs],
         streams: &[p2p_sys::cuda::CUstream],
     ) -> Result<(), String> {
-        self.usable()?;
-        let _inside = Inside::enter(&self.inside);
-        // SAFETY: plain call; it only opens a group.
-        check_nccl("ncclGroupStart", unsafe { nccl::ncclGroupStart() })
-            .map_err(|e| e.to_string())?;
-        let mut result = Ok(());
-        for (r, comm) in self.comms.iter().enumerate() {
+        self.in_group(|r, comm| {
             let size = dt.size() as u64;
             let (send, recv) = match (in_place, op) {
                 (false, _) => (bufs[r].send, bufs[r].recv),
@@ -490,10 +484,10 @@ impl NcclGroup {
             let rc = unsafe {
                 match op {
                     Op::AllReduce => {
-                        nccl::ncclAllReduce(s, d, count, dtype(dt), redop(red), *comm, stream)
+                        nccl::ncclAllReduce(s, d, count, dtype(dt), redop(red), comm, stream)
                     }
                     Op::Broadcast => {
-                        nccl::ncclBroadcast(s, d, count, dtype(dt), root as i32, *comm, stream)
+                        nccl::ncclBroadcast(s, d, count, dtype(dt), root as i32, comm, stream)
                     }
                     Op::Reduce => nccl::ncclReduce(
                         s,
@@ -502,18 +496,37 @@ impl NcclGroup {
                         dtype(dt),
                         redop(red),
                         root as i32,
-                        *comm,
+                        comm,
                         stream,
                     ),
-                    Op::AllGather => nccl::ncclAllGather(s, d, count, dtype(dt), *comm, stream),
+                    Op::AllGather => nccl::ncclAllGather(s, d, count, dtype(dt), comm, stream),
                     Op::ReduceScatter => {
-                        nccl::ncclReduceScatter(s, d, count, dtype(dt), redop(red), *comm, stream)
+                        nccl::ncclReduceScatter(s, d, count, dtype(dt), redop(red), comm, stream)
                     }
-                    Op::AllToAll => nccl::ncclAlltoAll(s, d, count, dtype(dt), *comm, stream),
+                    Op::AllToAll => nccl::ncclAlltoAll(s, d, count, dtype(dt), comm, stream),
                 }
             };
+            check_nccl(op.name(), rc).map_err(|e| e.to_string())
+        })
+    }
+
+    /// Queues, in one NCCL group, what `queue(r, comm)` queues on each rank `r` (its
+    /// communicator `comm`): every rank's, also after an error, and the group is closed also
+    /// then (as NCCL requires). The first error, if any.
+    fn in_group(
+        &self,
+        mut queue: impl FnMut(usize, nccl::ncclComm_t) -> Result<(), String>,
+    ) -> Result<(), String> {
+        self.usable()?;
+        let _inside = Inside::enter(&self.inside);
+        // SAFETY: plain call; it only opens a group.
+        check_nccl("ncclGroupStart", unsafe { nccl::ncclGroupStart() })
+            .map_err(|e| e.to_string())?;
+        let mut result = Ok(());
+        for (r, &comm) in self.comms.iter().enumerate() {
+            let queued = queue(r, comm);
             if result.is_ok() {
-                result = check_nccl(op.name(), rc).map_err(|e| e.to_string());
+                result = queued;
             }
         }
         // SAFETY: closes the group opened above (also after an error, as NCCL requires).
@@ -534,17 +547,12 @@ impl NcclGroup {
         streams: &[p2p_sys::cuda::CUstream],
         ops: &[Vec<(bool, usize, usize)>],
     ) -> Result<(), String> {
-        self.usable()?;
-        let _inside = Inside::enter(&self.inside);
-        // SAFETY: plain call; it only opens a group.
-        check_nccl("ncclGroupStart", unsafe { nccl::ncclGroupStart() })
-            .map_err(|e| e.to_string())?;
-        let mut result = Ok(());
-        for (r, comm) in self.comms.iter().enumerate() {
+        self.in_group(|r, comm| {
             let stream = streams[r] as nccl::cudaStream_t;
+            let mut result = Ok(());
             for &(send, peer, part) in ops.get(r).into_iter().flatten() {
                 let off = (part * bytes) as u64;
-                let (u8s, peer, comm) = (nccl::ncclDataType_t::ncclUint8, peer as i32, *comm);
+                let (u8s, peer) = (nccl::ncclDataType_t::ncclUint8, peer as i32);
                 // SAFETY: rank r's buffers on its GPU hold every part the pattern uses (the
                 // benchmark sizes them for the largest message times the parts); the stream is
                 // rank r's.
@@ -562,11 +570,8 @@ impl NcclGroup {
                     result = check_nccl(what, rc).map_err(|e| e.to_string());
                 }
             }
-        }
-        // SAFETY: closes the group opened above (also after an error, as NCCL requires).
-        let end =
-            check_nccl("ncclGroupEnd", unsafe { nccl::ncclGroupEnd() }).map_err(|e| e.to_string());
-        result.and(end)
+            result
+        })
     }
 }
 

@@ -149,16 +149,22 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    #[test]
-    fn a_step_past_its_limit_fires_once_and_says_which() {
+    /// A watchdog armed for the step `what` with `limit`, and the flag its abort sets.
+    fn armed(what: &str, limit: Duration) -> (Watchdog, Arc<AtomicBool>) {
         let wd = Watchdog::start();
         let aborted = Arc::new(AtomicBool::new(false));
         let a = aborted.clone();
         wd.arm(
-            "NCCL plain broadcast 2 MiB",
-            Duration::from_millis(20),
+            what,
+            limit,
             Box::new(move || a.store(true, Ordering::SeqCst)),
         );
+        (wd, aborted)
+    }
+
+    #[test]
+    fn a_step_past_its_limit_fires_once_and_says_which() {
+        let (wd, aborted) = armed("NCCL plain broadcast 2 MiB", Duration::from_millis(20));
         let until = Instant::now() + Duration::from_secs(5);
         while !wd.fired() && Instant::now() < until {
             std::thread::sleep(Duration::from_millis(5));
@@ -172,14 +178,7 @@ mod tests {
 
     #[test]
     fn a_step_disarmed_in_time_never_runs_its_abort() {
-        let wd = Watchdog::start();
-        let aborted = Arc::new(AtomicBool::new(false));
-        let a = aborted.clone();
-        wd.arm(
-            "ours all-reduce 8 B",
-            Duration::from_millis(50),
-            Box::new(move || a.store(true, Ordering::SeqCst)),
-        );
+        let (wd, aborted) = armed("ours all-reduce 8 B", Duration::from_millis(50));
         assert_eq!(wd.disarm(), None);
         std::thread::sleep(Duration::from_millis(120));
         assert!(!aborted.load(Ordering::SeqCst));

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use p2p_collective::Communicator;
 use p2p_mem::{Device, Stream};
 
@@ -49,6 +49,53 @@ pub fn world(n: usize) -> Result<World, BoxError> {
         streams,
         comms,
     })
+}
+
+impl World {
+    /// How many GPUs (ranks) it has.
+    pub fn size(&self) -> usize {
+        self.comms.len()
+    }
+
+    /// Waits until every rank's stream has run what the communicators queued on it.
+    pub fn synchronize(&self) -> Result<(), BoxError> {
+        for (comm, stream) in self.comms.iter().zip(&self.streams) {
+            comm.synchronize(stream)?;
+        }
+        Ok(())
+    }
+
+    /// Reads every rank's slices back through cudarc, on the rank's own stream, and counts the
+    /// elements that differ from what they should hold: `want(k, i)` at element `i` of slice
+    /// `k` (of `slices[rank]`); `what(rank, k)` names the slice in the messages ([`count_wrong`]).
+    pub fn count_wrong_in(
+        &self,
+        slices: &[Vec<CudaSlice<f32>>],
+        what: impl Fn(usize, usize) -> String,
+        want: impl Fn(usize, usize) -> f32,
+    ) -> Result<usize, BoxError> {
+        let mut wrong = 0;
+        for (r, s) in self.cu_streams.iter().enumerate() {
+            for (k, slice) in slices[r].iter().enumerate() {
+                let got: Vec<f32> = s.clone_dtoh(slice)?;
+                wrong += count_wrong(&what(r, k), &got, |i| want(k, i));
+            }
+        }
+        Ok(wrong)
+    }
+}
+
+/// Runs `body` on the [`World`] of the GPUs to use ([`gpus`]) as [`run`] does, and exits with
+/// status 1 too where `body` counted wrong elements (it returns how many).
+pub fn run_world(name: &str, body: impl FnOnce(&World) -> Result<usize, BoxError>) {
+    run(name, || {
+        let world = world(gpus()?)?;
+        let wrong = body(&world)?;
+        if wrong > 0 {
+            return Err(format!("{wrong} wrong elements").into());
+        }
+        Ok(())
+    });
 }
 
 /// The error type of the examples' `main`s.

@@ -80,6 +80,14 @@ fn run(cmd: &mut Command) -> Result<()> {
     }
 }
 
+/// `cargo build --release --package PACKAGE TARGETS..` in the workspace `root`.
+fn build_release(root: &Path, package: &str, targets: &[&str]) -> Result<()> {
+    run(Command::new(cargo())
+        .current_dir(root)
+        .args(["build", "--release", "--package", package])
+        .args(targets))
+}
+
 fn bench(args: &[String]) -> Result<()> {
     let mut cmd = Command::new(cargo());
     cmd.current_dir(root()).args([
@@ -110,14 +118,7 @@ fn bundle() -> Result<()> {
     std::fs::create_dir_all(out.join("tests"))
         .map_err(|e| format!("creating {}: {e}", out.display()))?;
 
-    run(Command::new(cargo()).current_dir(&root).args([
-        "build",
-        "--release",
-        "--package",
-        "p2p-benches",
-        "--bin",
-        "p2p-bench",
-    ]))?;
+    build_release(&root, "p2p-benches", &["--bin", "p2p-bench"])?;
     copy(
         &root.join("target/release/p2p-bench"),
         &out.join("p2p-bench"),
@@ -126,13 +127,7 @@ fn bundle() -> Result<()> {
     // The example programs (examples/src/bin), which run.sh runs after the tests.
     std::fs::create_dir_all(out.join("examples"))
         .map_err(|e| format!("creating {}: {e}", out.display()))?;
-    run(Command::new(cargo()).current_dir(&root).args([
-        "build",
-        "--release",
-        "--package",
-        "p2p-examples",
-        "--bins",
-    ]))?;
+    build_release(&root, "p2p-examples", &["--bins"])?;
     for example in EXAMPLES {
         copy(
             &root.join("target/release").join(example),

@@ -699,18 +699,44 @@ fn write_results(
     Ok(stem)
 }
 
-fn coll_cmd(out: PathBuf, opts: &p2p_benches::coll::Options) -> ExitCode {
-    let results = match p2p_benches::coll::run(opts) {
+/// Takes the results of benchmark `name` (`p2p-bench NAME`), prints its report (`render`) and
+/// writes them with it (and the plot `svg` draws, if any) into `out` ([`write_results`]), saying
+/// where; `None` once an error, of the run or the writing, is printed.
+fn report_and_write<E: std::fmt::Display>(
+    out: &std::path::Path,
+    name: &str,
+    results: Result<serde_json::Value, E>,
+    render: fn(&serde_json::Value) -> String,
+    svg: Option<fn(&serde_json::Value) -> String>,
+) -> Option<serde_json::Value> {
+    let results = match results {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("p2p-bench coll: {e}");
-            return ExitCode::FAILURE;
+            eprintln!("p2p-bench {name}: {e}");
+            return None;
         }
     };
-    let report = p2p_benches::coll::render(&results);
+    let report = render(&results);
     println!("{report}");
-    let svg = p2p_benches::coll::svg(&results);
-    let written = write_results(&out, "coll", &results, &report, Some(&svg));
+    let svg = svg.map(|svg| svg(&results));
+    match write_results(out, name, &results, &report, svg.as_deref()) {
+        Ok(stem) if svg.is_some() => eprintln!("wrote {}.json, .md and .svg", stem.display()),
+        Ok(stem) => eprintln!("wrote {}.json and .md", stem.display()),
+        Err(e) => {
+            eprintln!("p2p-bench {name}: {e}");
+            return None;
+        }
+    }
+    Some(results)
+}
+
+fn coll_cmd(out: PathBuf, opts: &p2p_benches::coll::Options) -> ExitCode {
+    use p2p_benches::coll;
+    let results = coll::run(opts);
+    let Some(results) = report_and_write(&out, "coll", results, coll::render, Some(coll::svg))
+    else {
+        return ExitCode::FAILURE;
+    };
     let wrong: u64 = results["rows"]
         .as_array()
         .into_iter()
@@ -719,13 +745,6 @@ fn coll_cmd(out: PathBuf, opts: &p2p_benches::coll::Options) -> ExitCode {
             ["out_of_place", "in_place"].map(|p| r["ours"][p]["wrong"].as_u64().unwrap_or(0))
         })
         .sum();
-    match written {
-        Ok(stem) => eprintln!("wrote {}.json, .md and .svg", stem.display()),
-        Err(e) => {
-            eprintln!("p2p-bench coll: {e}");
-            return ExitCode::FAILURE;
-        }
-    }
     if wrong > 0 {
         eprintln!("p2p-bench coll: {wrong} wrong elements in our results: see the #wrong columns");
         return ExitCode::FAILURE;
@@ -1024,25 +1043,10 @@ fn p2p_cmd(out: PathBuf, matrix_mib: usize, max_mib: usize, samples: usize) -> E
         max_bytes: max_mib << 20,
         samples: samples.max(1),
     };
-    let results = match p2p_benches::p2p::run(&opts) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("p2p-bench p2p: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let report = p2p_benches::p2p::render(&results);
-    println!("{report}");
-    let written = write_results(&out, "p2p", &results, &report, None);
-    match written {
-        Ok(stem) => {
-            eprintln!("wrote {}.json and .md", stem.display());
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("p2p-bench p2p: {e}");
-            ExitCode::FAILURE
-        }
+    let results = p2p_benches::p2p::run(&opts);
+    match report_and_write(&out, "p2p", results, p2p_benches::p2p::render, None) {
+        Some(_) => ExitCode::SUCCESS,
+        None => ExitCode::FAILURE,
     }
 }
 

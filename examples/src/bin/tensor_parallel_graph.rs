@@ -9,7 +9,7 @@
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::CudaSlice;
 use p2p_collective::{DataType, RedOp};
-use p2p_examples::{count_wrong, gpus, run, sum, value, world, BoxError, World};
+use p2p_examples::{run_world, sum, value, BoxError, World};
 use p2p_mem::cudarc_interop::view_mut;
 
 /// Activations per layer: batch 4 x hidden 1024 f32 (16 KiB).
@@ -20,20 +20,16 @@ const LAYERS: usize = 8;
 const TOKENS: usize = 50;
 
 fn main() {
-    run("tensor_parallel_graph", forward);
+    run_world("tensor_parallel_graph", forward);
 }
 
-fn forward() -> Result<(), BoxError> {
-    let n = gpus()?;
-    let World {
-        cu_streams,
-        streams,
-        comms,
-        ..
-    } = world(n)?;
+/// Captures the forward pass and replays it for every token; how many elements were wrong.
+fn forward(w: &World) -> Result<usize, BoxError> {
+    let n = w.size();
 
     // One activation buffer per layer and rank, allocated once: the graph keeps their addresses.
-    let mut acts: Vec<Vec<CudaSlice<f32>>> = cu_streams
+    let mut acts: Vec<Vec<CudaSlice<f32>>> = w
+        .cu_streams
         .iter()
         .map(|s| {
             (0..LAYERS)
@@ -53,12 +49,12 @@ fn forward() -> Result<(), BoxError> {
         for (r, layers) in acts.iter_mut().enumerate() {
             let v: Vec<_> = layers
                 .iter_mut()
-                .map(|a| view_mut(&streams[r], a))
+                .map(|a| view_mut(&w.streams[r], a))
                 .collect::<Result<_, _>>()?;
             views.push(v);
         }
-        for (r, comm) in comms.iter().enumerate() {
-            cu_streams[r]
+        for (r, comm) in w.comms.iter().enumerate() {
+            w.cu_streams[r]
                 .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
             for v in views[r].iter_mut() {
                 let captured = comm.all_reduce_in_place(
@@ -66,15 +62,15 @@ fn forward() -> Result<(), BoxError> {
                     ACTIVATIONS,
                     DataType::F32,
                     RedOp::Sum,
-                    &streams[r],
+                    &w.streams[r],
                 );
                 if let Err(e) = captured {
                     // End the capture so the stream is usable, then report the error.
-                    let _ = cu_streams[r].end_capture(CUgraphInstantiate_flags(0));
+                    let _ = w.cu_streams[r].end_capture(CUgraphInstantiate_flags(0));
                     return Err(e.into());
                 }
             }
-            let graph = cu_streams[r]
+            let graph = w.cu_streams[r]
                 .end_capture(CUgraphInstantiate_flags(0))?
                 .ok_or("the capture recorded nothing")?;
             graphs.push(graph);
@@ -84,7 +80,7 @@ fn forward() -> Result<(), BoxError> {
     let mut wrong = 0;
     for token in 0..TOKENS {
         // New activations for this token, written by the trainer on its stream.
-        for (r, s) in cu_streams.iter().enumerate() {
+        for (r, s) in w.cu_streams.iter().enumerate() {
             for (l, a) in acts[r].iter_mut().enumerate() {
                 let host: Vec<f32> = (0..ACTIVATIONS).map(|i| value(r, i + l, token)).collect();
                 s.memcpy_htod(&host, a)?;
@@ -93,23 +89,15 @@ fn forward() -> Result<(), BoxError> {
         for g in &graphs {
             g.launch()?;
         }
-        for (r, comm) in comms.iter().enumerate() {
-            comm.synchronize(&streams[r])?;
-        }
-        for (r, s) in cu_streams.iter().enumerate() {
-            for (l, a) in acts[r].iter().enumerate() {
-                let got: Vec<f32> = s.clone_dtoh(a)?;
-                wrong += count_wrong(&format!("token {token} rank {r} layer {l}"), &got, |i| {
-                    sum(n, i + l, token)
-                });
-            }
-        }
+        w.synchronize()?;
+        wrong += w.count_wrong_in(
+            &acts,
+            |r, l| format!("token {token} rank {r} layer {l}"),
+            |l, i| sum(n, i + l, token),
+        )?;
     }
     println!(
         "tensor_parallel_graph: {n} GPU(s), {TOKENS} replays of a graph of {LAYERS} all-reduces of {ACTIVATIONS} f32, captured on cudarc streams: {wrong} wrong"
     );
-    if wrong > 0 {
-        return Err(format!("{wrong} wrong elements").into());
-    }
-    Ok(())
+    Ok(wrong)
 }

@@ -61,6 +61,18 @@ pub struct Source {
 }
 
 impl Source {
+    /// The source `name` of text `code`, compiled with no macros, its cubins shipped in
+    /// `shipped` (empty for none): for a crate's kernel constants,
+    /// `const K: Source = Source::new("k.cu", include_str!("k.cu"), SHIPPED);`.
+    pub const fn new(name: &'static str, code: &'static str, shipped: &'static [u8]) -> Source {
+        Source {
+            name,
+            code,
+            defines: &[],
+            shipped,
+        }
+    }
+
     /// The name, with the macros if any: `coll.cu [COLL_PART=0]`.
     fn label(&self) -> String {
         if self.defines.is_empty() {

@@ -13,20 +13,18 @@ use p2p_mem::kernel::Source;
 use p2p_mem::kernel::{Function, Module};
 
 /// The SM data path: `p2p_copy_bytes`, 16-byte vectors with a byte tail.
-pub const COPY: Source = Source {
-    name: "copy.cu",
-    code: concat!(include_str!("transport_abi.h"), include_str!("copy.cu")),
-    defines: &[],
-    shipped: SHIPPED,
-};
+pub const COPY: Source = Source::new(
+    "copy.cu",
+    concat!(include_str!("transport_abi.h"), include_str!("copy.cu")),
+    SHIPPED,
+);
 
 /// Send/recv through slot buffers with ready/freed flags: `p2p_send`, `p2p_recv`.
-pub const SENDRECV: Source = Source {
-    name: "sendrecv.cu",
-    code: concat!(include_str!("transport_abi.h"), include_str!("sendrecv.cu")),
-    defines: &[],
-    shipped: SHIPPED,
-};
+pub const SENDRECV: Source = Source::new(
+    "sendrecv.cu",
+    concat!(include_str!("transport_abi.h"), include_str!("sendrecv.cu")),
+    SHIPPED,
+);
 
 /// The transport's kernels compiled for sm_80 and sm_90 (`cargo xtask kernels`; see
 /// `p2p_mem::kernel::shipped`).
