@@ -210,3 +210,19 @@ impl Drop for Held {
         self.release();
     }
 }
+
+/// Fails (naming the stale ones and the command that rebuilds them) unless the shipped cubins
+/// of `sources` are those of their current text: every crate's unit test of its kernel archive.
+pub fn assert_shipped_current(sources: &[p2p_mem::kernel::Source]) {
+    let t = Instant::now();
+    let wrong = p2p_mem::kernel::shipped::check(sources);
+    assert!(
+        wrong.is_empty(),
+        "run `cargo xtask kernels` (the kernels changed since their cubins were shipped): {wrong:?}"
+    );
+    eprintln!(
+        "checked the shipped cubins of {} sources in {:?}",
+        sources.len(),
+        t.elapsed()
+    );
+}

@@ -53,10 +53,6 @@ pub fn probe_pattern(i: u64, seed: u32) -> [u32; 4] {
 mod shipped_tests {
     #[test]
     fn the_shipped_cubins_are_those_of_the_sources() {
-        let wrong = p2p_mem::kernel::shipped::check(&super::SOURCES);
-        assert!(
-            wrong.is_empty(),
-            "run `cargo xtask kernels` (the kernels changed since their cubins were shipped): {wrong:?}"
-        );
+        p2p_testkit::assert_shipped_current(&super::SOURCES);
     }
 }

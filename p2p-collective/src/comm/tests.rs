@@ -7,13 +7,7 @@ use p2p_transport::config::Config;
 
 #[test]
 fn the_shipped_cubins_are_those_of_the_sources() {
-    let t = std::time::Instant::now();
-    let wrong = p2p_mem::kernel::shipped::check(&super::COLL_PARTS);
-    assert!(
-        wrong.is_empty(),
-        "run `cargo xtask kernels` (the kernels changed since their cubins were shipped): {wrong:?}"
-    );
-    eprintln!("checked the shipped archive in {:?}", t.elapsed());
+    p2p_testkit::assert_shipped_current(&super::COLL_PARTS);
 }
 
 /// The `_shift` kernels run only all-gather, all-to-all and reduce-scatter through the

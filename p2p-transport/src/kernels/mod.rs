@@ -69,10 +69,6 @@ impl SrKernels {
 mod tests {
     #[test]
     fn the_shipped_cubins_are_those_of_the_sources() {
-        let wrong = p2p_mem::kernel::shipped::check(&super::SOURCES);
-        assert!(
-            wrong.is_empty(),
-            "run `cargo xtask kernels` (the kernels changed since their cubins were shipped): {wrong:?}"
-        );
+        p2p_testkit::assert_shipped_current(&super::SOURCES);
     }
 }
