@@ -3,10 +3,11 @@
 //! changes per run, and running one role of a test in a second process (the test executable
 //! re-runs itself with `P2PTEST_ROLE` set).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+use p2p_mem::fdpass::{FdChannel, FdListener, PrivateDir};
 use p2p_mem::Device;
 
 /// The first `n` devices, or a panic that says how many the test needs: a GPU test that finds
@@ -26,6 +27,12 @@ pub fn all_gpus(n: usize) -> Vec<Device> {
         all.len()
     );
     all
+}
+
+/// Asserts that `text` contains `words`, showing `text` when it does not.
+#[track_caller]
+pub fn assert_contains(text: &str, words: &str) {
+    assert!(text.contains(words), "{text}");
 }
 
 /// A reproducible stream of pseudo-random numbers (xorshift64*), different for every seed: for
@@ -129,6 +136,37 @@ pub fn spawn_role(test_name: &str, role: &str, socket: &Path, env: &[(&str, Stri
         cmd.env(k, v);
     }
     cmd.spawn().expect("spawning the child process")
+}
+
+/// Runs test `test_name` of this executable in a new process as [`spawn_role`] does, listening
+/// for it in `dir`, and accepts its connection within `limit`: the listener (to keep while the
+/// child runs), the child, and the channel to it.
+pub fn spawn_connected(
+    test_name: &str,
+    role: &str,
+    dir: &PrivateDir,
+    env: &[(&str, String)],
+    limit: Duration,
+) -> (FdListener, Child, FdChannel) {
+    let listener = FdListener::bind(&dir.path().join("s")).expect("bind");
+    let child = spawn_role(test_name, role, listener.path(), env);
+    let chan = listener.accept(limit).expect("accept");
+    (listener, child, chan)
+}
+
+/// In a child started by [`spawn_connected`]: its channel to the parent.
+pub fn parent_channel() -> FdChannel {
+    FdChannel::connect(&PathBuf::from(child_env("P2PTEST_SOCKET"))).expect("connect")
+}
+
+/// The seed a child was given (`P2PTEST_SEED`).
+pub fn child_seed() -> u64 {
+    child_env("P2PTEST_SEED").parse().expect("seed")
+}
+
+/// The GPU a child was given (`P2PTEST_GPU`).
+pub fn child_gpu() -> Device {
+    Device::new(child_env("P2PTEST_GPU").parse().expect("gpu")).expect("device")
 }
 
 /// Waits for a child, killing it after `limit`; panics unless it exited successfully.
