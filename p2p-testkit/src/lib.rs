@@ -8,7 +8,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use p2p_mem::fdpass::{FdChannel, FdListener, PrivateDir};
-use p2p_mem::Device;
+use p2p_mem::{Device, DeviceCopy, DeviceMemory, Stream};
 
 /// The first `n` devices, or a panic that says how many the test needs: a GPU test that finds
 /// no GPU must fail, never pass vacuously.
@@ -33,6 +33,14 @@ pub fn all_gpus(n: usize) -> Vec<Device> {
 #[track_caller]
 pub fn assert_contains(text: &str, words: &str) {
     assert!(text.contains(words), "{text}");
+}
+
+/// Whether every element of `buf`, read back as `T`s, is `value`.
+pub fn holds_only<T: DeviceCopy + Default + PartialEq>(buf: &impl DeviceMemory, value: T) -> bool {
+    buf.to_host_vec::<T>()
+        .expect("read")
+        .iter()
+        .all(|&v| v == value)
 }
 
 /// A reproducible stream of pseudo-random numbers (xorshift64*), different for every seed: for
@@ -198,7 +206,7 @@ pub struct Held {
 
 impl Held {
     /// Launches the held kernel on `stream`; panics (a test helper) if it cannot.
-    pub fn on(stream: &p2p_mem::Stream) -> Held {
+    pub fn on(stream: &Stream) -> Held {
         use p2p_mem::kernel::{LaunchConfig, Module, Source};
         const HOLD: Source = Source {
             name: "hold.cu",
@@ -237,9 +245,26 @@ impl Held {
         }
     }
 
+    /// A new stream of `d` and the held kernel on it.
+    pub fn on_new_stream(d: &Device) -> (Stream, Held) {
+        let stream = Stream::new(d).expect("stream");
+        let held = Held::on(&stream);
+        (stream, held)
+    }
+
     /// Lets the kernel end.
     pub fn release(&self) {
         self.flag.abort();
+    }
+
+    /// Lets the kernel end and waits for `stream`, the one it was held on, to drain: within 10 s,
+    /// or a panic.
+    #[track_caller]
+    pub fn release_and_wait(&self, stream: &Stream) {
+        self.release();
+        assert!(stream
+            .synchronize_within(Duration::from_secs(10))
+            .expect("the held kernel ended"));
     }
 }
 
