@@ -630,6 +630,12 @@ mod tests {
         }
     }
 
+    /// `layout` refuses `entries` on `rank` (`what`: the fault), saying `words`.
+    fn assert_refused(rank: usize, entries: &[Entry], what: &str, words: &str) {
+        let e = layout(rank, entries).expect_err(what).to_string();
+        assert!(e.contains(words), "{e}");
+    }
+
     #[test]
     fn receives_come_first_then_copies_then_sends_each_peer_in_adding_order() {
         use Dir::{Recv, Send};
@@ -666,39 +672,35 @@ mod tests {
     #[test]
     fn messages_to_itself_pair_in_order_and_must_match() {
         use Dir::{Recv, Send};
-        let lone = layout(1, &[e(Send, 1, 0x100, 8)])
-            .expect_err("no receive")
-            .to_string();
-        assert!(
-            lone.contains("sends 1 message(s) to itself and receives 0"),
-            "{lone}"
-        );
-        let sizes = layout(1, &[e(Send, 1, 0x100, 8), e(Recv, 1, 0x200, 4)])
-            .expect_err("sizes differ")
-            .to_string();
-        assert!(
-            sizes.contains("has 8 bytes; its receive takes 4"),
-            "{sizes}"
-        );
-        let overlap = layout(1, &[e(Send, 1, 0x100, 64), e(Recv, 1, 0x120, 64)])
-            .expect_err("overlap")
-            .to_string();
-        assert!(overlap.contains("overlaps"), "{overlap}");
+        for (entries, what, words) in [
+            (
+                vec![e(Send, 1, 0x100, 8)],
+                "no receive",
+                "sends 1 message(s) to itself and receives 0",
+            ),
+            (
+                vec![e(Send, 1, 0x100, 8), e(Recv, 1, 0x200, 4)],
+                "sizes differ",
+                "has 8 bytes; its receive takes 4",
+            ),
+            (
+                vec![e(Send, 1, 0x100, 64), e(Recv, 1, 0x120, 64)],
+                "overlap",
+                "overlaps",
+            ),
+        ] {
+            assert_refused(1, &entries, what, words);
+        }
         // The same buffer, or nothing to move: no copy at all.
         let same = layout(1, &[e(Send, 1, 0x100, 64), e(Recv, 1, 0x100, 64)]).expect("same");
         assert!(same.ops.is_empty() && same.channels.is_empty());
-        let two = layout(
-            1,
-            &[
-                e(Recv, 1, 0x300, 8),
-                e(Send, 1, 0x100, 16),
-                e(Send, 1, 0x200, 8),
-                e(Recv, 1, 0x400, 8),
-            ],
-        )
-        .expect_err("the first pair differs")
-        .to_string();
-        assert!(two.contains("message 0"), "{two}");
+        let two = [
+            e(Recv, 1, 0x300, 8),
+            e(Send, 1, 0x100, 16),
+            e(Send, 1, 0x200, 8),
+            e(Recv, 1, 0x400, 8),
+        ];
+        assert_refused(1, &two, "the first pair differs", "message 0");
     }
 
     #[test]
@@ -716,8 +718,7 @@ mod tests {
             .map(|k| e(Dir::Send, 1, 0x10 * k, 8))
             .collect();
         assert!(layout(0, &many[..P2P_MAX_OPS]).is_ok());
-        let err = layout(0, &many).expect_err("one too many").to_string();
-        assert!(err.contains("at most 32"), "{err}");
+        assert_refused(0, &many, "one too many", "at most 32");
         many.clear();
         assert_eq!(layout(0, &many).expect("empty"), Layout::default());
     }

@@ -9,7 +9,7 @@ use common::{counts, gpus, run_case, run_matrix, Local};
 use p2p_collective::{
     Access, Algorithm, Call, Communicator, DataType, Error, Op, Options, RedOp, Registration,
 };
-use p2p_mem::{DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
+use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Graph, GraphExec, Stream};
 use p2p_testkit::Held;
 use p2p_transport::config::Config;
 use p2p_transport::peer::Sharing;
@@ -26,13 +26,70 @@ fn env_options() -> Options {
     Options::from_env().expect("the P2P_* settings")
 }
 
-fn locals(options: Options, max_count: usize) -> Vec<Local> {
+/// The GPUs of the world and a communicator on each, with `options`.
+fn world_comms(options: Options) -> (Vec<Device>, Vec<Communicator>) {
     let devices = gpus(world());
-    Communicator::init_all_with(&devices, options)
-        .expect("init_all")
+    let comms = Communicator::init_all_with(&devices, options).expect("init_all");
+    (devices, comms)
+}
+
+fn locals(options: Options, max_count: usize) -> Vec<Local> {
+    let (_devices, comms) = world_comms(options);
+    comms
         .into_iter()
         .map(|c| Local::new(c, max_count))
         .collect()
+}
+
+/// Communicators on the first two of `devices`, with the short time limit.
+fn short_pair(devices: &[Device]) -> Vec<Communicator> {
+    Communicator::init_all_with(&devices[..2], short_timeout()).expect("init_all")
+}
+
+/// A new stream on each of `devices`.
+fn new_streams(devices: &[Device]) -> Vec<Stream> {
+    devices
+        .iter()
+        .map(|d| Stream::new(d).expect("stream"))
+        .collect()
+}
+
+/// References to `bufs` as device memory, for `register_all`.
+fn as_memory<T: DeviceMemory>(bufs: &[T]) -> Vec<&dyn DeviceMemory> {
+    bufs.iter().map(|b| b as &dyn DeviceMemory).collect()
+}
+
+/// The work that `record` queues on `stream`, captured into a CUDA graph.
+fn capture(stream: &Stream, record: impl FnOnce()) -> Graph {
+    stream.begin_capture().expect("begin capture");
+    record();
+    stream.end_capture().expect("end capture")
+}
+
+/// Launches every rank's graph on its stream.
+///
+/// # Safety
+/// What the graphs use is alive until their work has run.
+unsafe fn launch_all(streams: &[Stream], graphs: &[GraphExec]) {
+    for (g, s) in graphs.iter().zip(streams) {
+        // SAFETY: forwarded from the caller.
+        unsafe { g.launch(s) }.expect("replay");
+    }
+}
+
+/// Waits for every rank's stream.
+fn synchronize_all(comms: &[Communicator], streams: &[Stream]) {
+    for (c, s) in comms.iter().zip(streams) {
+        c.synchronize(s).expect("sync");
+    }
+}
+
+/// A wait with a time limit gave up at `limit` (not a second later), `took` after it began.
+fn gave_up_at(limit: Duration, took: Duration) {
+    assert!(
+        took >= limit && took < limit + Duration::from_secs(1),
+        "gave up after {took:?}, the limit is {limit:?}"
+    );
 }
 
 fn matrix(ops: &[Op], options: Options) {
@@ -92,10 +149,7 @@ fn gpu2_synchronize_gives_up_at_its_limit_on_a_stream_held_by_other_work() {
     let took = t.elapsed();
     assert!(matches!(e, Error::NotDrained { .. }), "{e:?}");
     assert!(e.to_string().contains("Nothing was stopped"), "{e}");
-    assert!(
-        took >= limit && took < limit + Duration::from_secs(1),
-        "gave up after {took:?}, the limit is {limit:?}"
-    );
+    gave_up_at(limit, took);
     // The kernel ends about 2 s later; the communicator was not aborted.
     l.comm.synchronize(&l.stream).expect("drained, and usable");
     l.comm.check().expect("no call failed");
@@ -103,9 +157,14 @@ fn gpu2_synchronize_gives_up_at_its_limit_on_a_stream_held_by_other_work() {
 
 /// Two ranks with a 200 ms time limit and the all-gather that runs on their registered outputs
 /// (16 MiB a rank: on two ranks the direct kernel runs from 32 MiB of parts together,
-/// `Tuning::direct_min_bytes` twice), asserted to be a plan on the window; `None` where the
+/// `Tuning::direct_min_bytes` twice), asserted to be a plan on the window; then their outputs
+/// registered, and the limit of `synchronize` (time limit + `SYNC_GRACE`). `None` where the
 /// pair is host-staged (nothing can be registered).
-fn window_call(timeout: Duration) -> Option<(Vec<Local>, Call)> {
+///
+/// # Safety
+/// The caller deregisters the outputs before the `Local`s drop.
+unsafe fn window_call() -> Option<(Vec<Local>, Call, Vec<Registration>, Duration)> {
+    let timeout = Duration::from_millis(200);
     let options = Options {
         timeout,
         ..env_options()
@@ -127,7 +186,10 @@ fn window_call(timeout: Duration) -> Option<(Vec<Local>, Call)> {
         kind.is_direct() || kind.is_ce(),
         "{kind:?} does not use the window"
     );
-    Some((ls, call))
+    // SAFETY: forwarded from the caller.
+    let regs = unsafe { register_outputs(&ls) };
+    let limit = timeout + p2p_collective::comm::SYNC_GRACE;
+    Some((ls, call, regs, limit))
 }
 
 /// `deregister` waits for this rank's calls on registered buffers, not for the whole GPU (it
@@ -138,20 +200,12 @@ fn window_call(timeout: Duration) -> Option<(Vec<Local>, Call)> {
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_deregister_waits_for_the_calls_on_the_window_alone_and_at_most_its_limit() {
-    let timeout = Duration::from_millis(200);
-    let Some((mut ls, call)) = window_call(timeout) else {
+    // SAFETY: the outputs live in `ls`, and are deregistered below before it drops.
+    let Some((mut ls, call, regs, limit)) = (unsafe { window_call() }) else {
         return;
     };
-    let register = |ls: &[Local]| {
-        let bufs: Vec<&dyn DeviceMemory> =
-            ls.iter().map(|l| &l.output as &dyn DeviceMemory).collect();
-        // SAFETY: the outputs live in `ls`, and are deregistered below before it drops.
-        unsafe { register_locals(ls, &bufs) }
-    };
-    let limit = timeout + p2p_collective::comm::SYNC_GRACE;
 
     // A call on the window, queued behind a held kernel on every rank's stream.
-    let regs = register(&ls);
     let holds: Vec<Held> = ls.iter().map(|l| Held::on(&l.stream)).collect();
     for l in ls.iter_mut() {
         l.comm
@@ -166,10 +220,7 @@ fn gpu2_deregister_waits_for_the_calls_on_the_window_alone_and_at_most_its_limit
     let took = t.elapsed();
     assert!(matches!(e, Error::StillInUse { .. }), "{e:?}");
     assert!(e.to_string().contains("stays registered"), "{e}");
-    assert!(
-        took >= limit && took < limit + Duration::from_secs(1),
-        "gave up after {took:?}, the limit is {limit:?}"
-    );
+    gave_up_at(limit, took);
     holds.iter().for_each(Held::release);
     for l in &ls {
         l.comm.synchronize(&l.stream).expect("the call ran");
@@ -182,7 +233,8 @@ fn gpu2_deregister_waits_for_the_calls_on_the_window_alone_and_at_most_its_limit
     drop(holds);
 
     // Other work on the GPU, on a stream of its own: not waited for.
-    let regs = register(&ls);
+    // SAFETY: the outputs live in `ls`, and are deregistered below before it drops.
+    let regs = unsafe { register_outputs(&ls) };
     for l in ls.iter_mut() {
         l.comm
             .call(&call, &l.input, &mut l.output, &l.stream)
@@ -191,8 +243,7 @@ fn gpu2_deregister_waits_for_the_calls_on_the_window_alone_and_at_most_its_limit
     for l in &ls {
         l.comm.synchronize(&l.stream).expect("the call ran");
     }
-    let other = Stream::new(ls[0].comm.device()).expect("stream");
-    let held = Held::on(&other);
+    let (other, held) = Held::on_new_stream(ls[0].comm.device());
     let t = Instant::now();
     for (l, reg) in ls.iter().zip(&regs) {
         l.comm.deregister(*reg).expect("deregistered");
@@ -202,10 +253,7 @@ fn gpu2_deregister_waits_for_the_calls_on_the_window_alone_and_at_most_its_limit
         "deregister waited {:?} for a kernel that is not the communicator's",
         t.elapsed()
     );
-    held.release();
-    assert!(other
-        .synchronize_within(Duration::from_secs(10))
-        .expect("the held kernel ended"));
+    held.release_and_wait(&other);
 }
 
 /// Once a call on registered buffers was captured into a CUDA graph (whose replays nothing
@@ -215,34 +263,26 @@ fn gpu2_deregister_waits_for_the_calls_on_the_window_alone_and_at_most_its_limit
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_after_a_call_on_the_window_was_captured_deregister_waits_for_the_whole_gpu() {
-    let timeout = Duration::from_millis(200);
-    let Some((mut ls, call)) = window_call(timeout) else {
+    // SAFETY: the outputs live in `ls`, and are deregistered below before it drops.
+    let Some((mut ls, call, regs, limit)) = (unsafe { window_call() }) else {
         return;
     };
-    let bufs: Vec<&dyn DeviceMemory> = ls.iter().map(|l| &l.output as &dyn DeviceMemory).collect();
-    // SAFETY: the outputs live in `ls`, and are deregistered below before it drops.
-    let regs = unsafe { register_locals(&ls, &bufs) };
     // Captured on rank 0 only, and never launched: nothing runs.
     {
         let l = &mut ls[0];
-        l.stream.begin_capture().expect("capture");
-        l.comm
-            .call(&call, &l.input, &mut l.output, &l.stream)
-            .expect("captured");
-        drop(l.stream.end_capture().expect("the graph"));
+        drop(capture(&l.stream, || {
+            l.comm
+                .call(&call, &l.input, &mut l.output, &l.stream)
+                .expect("captured");
+        }));
     }
-    let other = Stream::new(ls[0].comm.device()).expect("stream");
-    let held = Held::on(&other);
-    let limit = timeout + p2p_collective::comm::SYNC_GRACE;
+    let (_other, held) = Held::on_new_stream(ls[0].comm.device());
     let t = Instant::now();
     let e = ls[0].comm.deregister(regs[0]).expect_err("the GPU is busy");
     let took = t.elapsed();
     assert!(matches!(e, Error::StillInUse { .. }), "{e:?}");
     assert!(e.to_string().contains("graph"), "{e}");
-    assert!(
-        took >= limit && took < limit + Duration::from_secs(1),
-        "gave up after {took:?}, the limit is {limit:?}"
-    );
+    gave_up_at(limit, took);
     held.release();
     for (l, reg) in ls.iter().zip(&regs) {
         l.comm
@@ -276,10 +316,7 @@ fn gpu2_check_waits_for_the_legacy_stream_at_most_its_grace() {
         took >= grace && took < grace + Duration::from_secs(1),
         "gave up after {took:?}, the grace is {grace:?}"
     );
-    held.release();
-    assert!(legacy
-        .synchronize_within(Duration::from_secs(10))
-        .expect("the held kernel ended"));
+    held.release_and_wait(&legacy);
     l.comm.check().expect("nothing failed");
 }
 
@@ -434,13 +471,10 @@ fn gpu2_ranks_on_their_own_threads_back_to_back() {
 
 /// A stream and an input and output buffer of `len` f32 on each of `devices`.
 fn streams_and_buffers(
-    devices: &[p2p_mem::Device],
+    devices: &[Device],
     len: usize,
 ) -> (Vec<Stream>, Vec<DeviceBuffer<f32>>, Vec<DeviceBuffer<f32>>) {
-    let streams = devices
-        .iter()
-        .map(|d| Stream::new(d).expect("stream"))
-        .collect();
+    let streams = new_streams(devices);
     let buffers = |what| {
         devices
             .iter()
@@ -496,8 +530,7 @@ fn copy_engine_options(streams: usize) -> Options {
 /// in place (the copy engines' paths when `options` lets them); else out of place on plain
 /// buffers.
 fn graph_replay_with_changing_inputs(options: Options, ce: bool) {
-    let devices = gpus(world());
-    let comms = Communicator::init_all_with(&devices, options).expect("init_all");
+    let (devices, comms) = world_comms(options);
     let n = comms.len();
     let count = 70_001;
     let (streams, mut ins, mut outs) = streams_and_buffers(&devices, count);
@@ -509,13 +542,7 @@ fn graph_replay_with_changing_inputs(options: Options, ce: bool) {
     let regs = if ce {
         let refs: Vec<&Communicator> = comms.iter().collect();
         let mut regs = Vec::new();
-        for bufs in [
-            gathered
-                .iter()
-                .map(|g| g as &dyn DeviceMemory)
-                .collect::<Vec<_>>(),
-            outs.iter().map(|o| o as &dyn DeviceMemory).collect(),
-        ] {
+        for bufs in [as_memory(&gathered), as_memory(&outs)] {
             // SAFETY: `gathered` and `outs` outlive the registrations, dropped below first.
             regs.extend(unsafe { Communicator::register_all(&refs, &bufs) }.expect("register_all"));
         }
@@ -548,41 +575,38 @@ fn graph_replay_with_changing_inputs(options: Options, ce: bool) {
     // Capture: all-reduce, then all-gather of the same input, twice each, per rank.
     let mut graphs = Vec::new();
     for r in 0..n {
-        streams[r].begin_capture().expect("begin capture");
-        for _ in 0..2 {
-            comms[r]
-                .all_reduce(
-                    &ins[r],
-                    &mut outs[r],
-                    count,
-                    DataType::F32,
-                    RedOp::Sum,
-                    &streams[r],
-                )
-                .expect("capture all_reduce");
-            if ce {
-                let part = gathered[r].device_ptr() + (r * count * 4) as u64;
-                // SAFETY: part r of `gathered[r]` and `ins[r]` are `count` floats each, on
-                // this stream's GPU, alive until the end of the test; the graph orders the copy
-                // before the all-gather that reads it.
-                unsafe { p2p_mem::copy_async(part, ins[r].device_ptr(), count * 4, &streams[r]) }
+        let graph = capture(&streams[r], || {
+            for _ in 0..2 {
+                comms[r]
+                    .all_reduce(
+                        &ins[r],
+                        &mut outs[r],
+                        count,
+                        DataType::F32,
+                        RedOp::Sum,
+                        &streams[r],
+                    )
+                    .expect("capture all_reduce");
+                if ce {
+                    let part = gathered[r].device_ptr() + (r * count * 4) as u64;
+                    // SAFETY: part r of `gathered[r]` and `ins[r]` are `count` floats each, on
+                    // this stream's GPU, alive until the end of the test; the graph orders the copy
+                    // before the all-gather that reads it.
+                    unsafe {
+                        p2p_mem::copy_async(part, ins[r].device_ptr(), count * 4, &streams[r])
+                    }
                     .expect("capture the input copy");
-                comms[r]
-                    .all_gather_in_place(&mut gathered[r], count, DataType::F32, &streams[r])
-                    .expect("capture all_gather in place");
-            } else {
-                comms[r]
-                    .all_gather(&ins[r], &mut gathered[r], count, DataType::F32, &streams[r])
-                    .expect("capture all_gather");
+                    comms[r]
+                        .all_gather_in_place(&mut gathered[r], count, DataType::F32, &streams[r])
+                        .expect("capture all_gather in place");
+                } else {
+                    comms[r]
+                        .all_gather(&ins[r], &mut gathered[r], count, DataType::F32, &streams[r])
+                        .expect("capture all_gather");
+                }
             }
-        }
-        graphs.push(
-            streams[r]
-                .end_capture()
-                .expect("end capture")
-                .instantiate()
-                .expect("instantiate"),
-        );
+        });
+        graphs.push(graph.instantiate().expect("instantiate"));
     }
     for replay in 0..20u32 {
         for r in 0..n {
@@ -593,11 +617,9 @@ fn graph_replay_with_changing_inputs(options: Options, ce: bool) {
             outs[r].memset_u8(0xff).expect("poison");
             gathered[r].memset_u8(0xff).expect("poison");
         }
-        for r in 0..n {
-            // SAFETY: the captured calls use `comms`, `ins`, `outs` and `gathered`, all alive
-            // until the end of the test, and synchronised below before the host touches them.
-            unsafe { graphs[r].launch(&streams[r]) }.expect("replay");
-        }
+        // SAFETY: the captured calls use `comms`, `ins`, `outs` and `gathered`, all alive
+        // until the end of the test, and synchronised below before the host touches them.
+        unsafe { launch_all(&streams, &graphs) };
         for r in 0..n {
             comms[r].synchronize(&streams[r]).expect("sync");
             let out = outs[r].to_host_vec::<f32>().expect("read");
@@ -639,7 +661,7 @@ fn short_timeout() -> Options {
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_a_missing_peer_times_out_with_an_error_and_poisons_the_communicator() {
     let devices = gpus(2);
-    let comms = Communicator::init_all_with(&devices[..2], short_timeout()).expect("init_all");
+    let comms = short_pair(&devices);
     let stream = Stream::new(&devices[0]).expect("stream");
     let mut buf = DeviceBuffer::<f32>::zeroed(&devices[0], 4096).expect("buf");
     let t = Instant::now();
@@ -699,16 +721,15 @@ fn gpu2_a_missing_peer_in_a_copy_engine_call_is_named() {
         let refs: Vec<&Communicator> = comms.iter().collect();
         if !comms[0].sharing().is_p2p() {
             // Host-staged (P2P_DISABLE=1): registration is refused, so no copy-engine plan.
-            let b: Vec<&dyn DeviceMemory> = ins.iter().map(|b| b as &dyn DeviceMemory).collect();
             // SAFETY: nothing is registered (the call fails); the buffers outlive it anyway.
-            let e = unsafe { Communicator::register_all(&refs, &b) }.expect_err("host-staged");
+            let e = unsafe { Communicator::register_all(&refs, &as_memory(&ins)) }
+                .expect_err("host-staged");
             assert!(e.to_string().contains("no P2P"), "{e}");
             return;
         }
         for bufs in [&ins, &outs] {
-            let b: Vec<&dyn DeviceMemory> = bufs.iter().map(|b| b as &dyn DeviceMemory).collect();
             // SAFETY: the buffers outlive the communicators (declared before them).
-            unsafe { Communicator::register_all(&refs, &b) }.expect("register_all");
+            unsafe { Communicator::register_all(&refs, &as_memory(bufs)) }.expect("register_all");
         }
         let count = if op == Op::AllToAll { N / 2 } else { N };
         let call = Call::new(op, DataType::F32, count);
@@ -728,9 +749,8 @@ fn gpu2_a_missing_peer_in_a_copy_engine_call_is_named() {
     }
 }
 
-/// `e` says that `op` on rank 0 timed out waiting for rank 1, `took` after the call began.
-fn assert_rank0_timed_out_on_rank1(e: &Error, op: &str, took: Duration) {
-    eprintln!("{e} (after {took:?})");
+/// `e` is rank 0's stall waiting for rank 1.
+fn assert_rank0_stalled_on_rank1(e: &Error) {
     assert!(
         matches!(
             e,
@@ -742,6 +762,12 @@ fn assert_rank0_timed_out_on_rank1(e: &Error, op: &str, took: Duration) {
         ),
         "{e:?}"
     );
+}
+
+/// `e` says that `op` on rank 0 timed out waiting for rank 1, `took` after the call began.
+fn assert_rank0_timed_out_on_rank1(e: &Error, op: &str, took: Duration) {
+    eprintln!("{e} (after {took:?})");
+    assert_rank0_stalled_on_rank1(e);
     let text = e.to_string();
     assert!(
         text.starts_with(op) && text.contains("timed out"),
@@ -792,10 +818,7 @@ fn gpu2_checking_mode_names_mismatched_calls() {
         ..short_timeout()
     };
     let comms = Communicator::init_all_with(&devices[..2], options).expect("init_all");
-    let streams: Vec<Stream> = devices[..2]
-        .iter()
-        .map(|d| Stream::new(d).expect("stream"))
-        .collect();
+    let streams = new_streams(&devices[..2]);
     let mut bufs: Vec<DeviceBuffer<f32>> = devices[..2]
         .iter()
         .map(|d| DeviceBuffer::zeroed(d, 1024).expect("buf"))
@@ -928,10 +951,7 @@ fn gpu2_rounding_inputs_give_bitwise_identical_results_on_every_rank() {
             ..env_options()
         };
         let comms = Communicator::init_all_with(&devices, options).expect("init_all");
-        let streams: Vec<Stream> = devices
-            .iter()
-            .map(|d| Stream::new(d).expect("stream"))
-            .collect();
+        let streams = new_streams(&devices);
         for dtype in [DataType::F32, DataType::F16, DataType::BF16] {
             let host: Vec<Vec<u8>> = (0..n)
                 .map(|r| {
@@ -1094,10 +1114,7 @@ fn back_to_back(name: &str, options: Options, sizes: &[usize], in_place: impl Fn
     let calls = sizes.len();
     let value = |call: usize, rank: usize, i: usize| ((call * 7 + rank * 13 + i) % 97) as f32;
     let comms = Communicator::init_all_with(&devices, options).expect("init_all");
-    let streams: Vec<Stream> = devices
-        .iter()
-        .map(|d| Stream::new(d).expect("stream"))
-        .collect();
+    let streams = new_streams(&devices);
     let mut ins = Vec::new();
     let mut outs = Vec::new();
     for (c, &size) in sizes.iter().enumerate() {
@@ -1126,9 +1143,7 @@ fn back_to_back(name: &str, options: Options, sizes: &[usize], in_place: impl Fn
             result.expect("all_reduce");
         }
     }
-    for r in 0..n {
-        comms[r].synchronize(&streams[r]).expect("sync");
-    }
+    synchronize_all(&comms, &streams);
     let elapsed = start.elapsed();
     let mut wrong = 0usize;
     let mut first = String::new();
@@ -1164,8 +1179,7 @@ fn back_to_back(name: &str, options: Options, sizes: &[usize], in_place: impl Fn
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_collective_kernels_keep_two_blocks_per_sm() {
-    let devices = gpus(world());
-    let comms = Communicator::init_all_with(&devices, env_options()).expect("init_all");
+    let (devices, comms) = world_comms(env_options());
     let sms = devices[0].sm_count() as u32;
     // Ranks sharing a GPU (P2PTEST_SHARE_GPU=1) split its blocks.
     let share = comms[0].ranks_per_gpu() as u32;
@@ -1300,13 +1314,7 @@ fn registered_matrix(
     let max = counts.iter().copied().max().unwrap_or(1);
     let mut ls = locals(options, max);
     if !ls[0].comm.sharing().is_p2p() {
-        // Host-staged (P2P_DISABLE=1): registration is refused, saying why.
-        let bufs: Vec<&dyn DeviceMemory> =
-            ls.iter().map(|l| &l.input as &dyn DeviceMemory).collect();
-        let comms: Vec<&Communicator> = ls.iter().map(|l| &l.comm).collect();
-        // SAFETY: nothing is registered (the call fails); the buffers outlive it anyway.
-        let e = unsafe { Communicator::register_all(&comms, &bufs) }.expect_err("host-staged");
-        assert!(e.to_string().contains("no P2P"), "{e}");
+        assert_registration_refused(&ls);
         return;
     }
     let regs: Vec<_> = [0, 1]
@@ -1354,6 +1362,25 @@ fn registered_matrix(
     s.assert_exact("registered");
 }
 
+/// `register_all` of the outputs of `ls`.
+///
+/// # Safety
+/// As `Communicator::register_all`.
+unsafe fn register_outputs(ls: &[Local]) -> Vec<Registration> {
+    let bufs: Vec<&dyn DeviceMemory> = ls.iter().map(|l| &l.output as &dyn DeviceMemory).collect();
+    // SAFETY: forwarded from the caller.
+    unsafe { register_locals(ls, &bufs) }
+}
+
+/// Host-staged (`P2P_DISABLE=1`): `register_all` of the inputs of `ls` is refused, saying why.
+fn assert_registration_refused(ls: &[Local]) {
+    let bufs: Vec<&dyn DeviceMemory> = ls.iter().map(|l| &l.input as &dyn DeviceMemory).collect();
+    let comms: Vec<&Communicator> = ls.iter().map(|l| &l.comm).collect();
+    // SAFETY: nothing is registered (the call fails); the buffers outlive it anyway.
+    let e = unsafe { Communicator::register_all(&comms, &bufs) }.expect_err("host-staged");
+    assert!(e.to_string().contains("no P2P"), "{e}");
+}
+
 /// `register_all` over the communicators inside `Local`s.
 ///
 /// # Safety
@@ -1370,16 +1397,15 @@ unsafe fn register_locals(ls: &[Local], bufs: &[&dyn DeviceMemory]) -> Vec<Regis
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_registration_refuses_what_it_cannot_map() {
-    let devices = gpus(world());
     // Registration needs P2P: this test is about its checks, so not from the environment.
-    let comms = Communicator::init_all_with(&devices, Options::default()).expect("init_all");
+    let (devices, comms) = world_comms(Options::default());
     let n = devices.len();
     let bufs: Vec<DeviceBuffer<u8>> = devices
         .iter()
         .enumerate()
         .map(|(r, d)| DeviceBuffer::new(d, 4096 + if r == 1 { 16 } else { 0 }).expect("buffer"))
         .collect();
-    let refs: Vec<&dyn DeviceMemory> = bufs.iter().map(|b| b as &dyn DeviceMemory).collect();
+    let refs = as_memory(&bufs);
     // SAFETY: every buffer outlives the communicators' use of it (each attempt is refused or
     // deregistered below).
     let e = unsafe { Communicator::register_all(&comms, &refs) }.expect_err("sizes differ");
@@ -1388,7 +1414,7 @@ fn gpu2_registration_refuses_what_it_cannot_map() {
         .iter()
         .map(|d| DeviceBuffer::new(d, 4096).expect("buffer"))
         .collect();
-    let mut swapped: Vec<&dyn DeviceMemory> = same.iter().map(|b| b as &dyn DeviceMemory).collect();
+    let mut swapped = as_memory(&same);
     swapped.swap(0, 1);
     // Ranks sharing one GPU (P2PTEST_SHARE_GPU=1): every buffer is on the right GPU.
     if devices[0] != devices[1] {
@@ -1396,7 +1422,7 @@ fn gpu2_registration_refuses_what_it_cannot_map() {
         let e = unsafe { Communicator::register_all(&comms, &swapped) }.expect_err("wrong GPU");
         assert!(e.to_string().contains("is on GPU"), "{e}");
     }
-    let ok: Vec<&dyn DeviceMemory> = same.iter().map(|b| b as &dyn DeviceMemory).collect();
+    let ok = as_memory(&same);
     // SAFETY: `same` outlives the registration (deregistered below).
     let regs = unsafe { Communicator::register_all(&comms, &ok) }.expect("register");
     assert_eq!(regs.len(), n);
@@ -1404,7 +1430,7 @@ fn gpu2_registration_refuses_what_it_cannot_map() {
         .iter()
         .map(|b| b.slice(1024..2048).expect("view"))
         .collect();
-    let halves: Vec<&dyn DeviceMemory> = halves.iter().map(|h| h as &dyn DeviceMemory).collect();
+    let halves = as_memory(&halves);
     // SAFETY: refused before anything is mapped.
     let e = unsafe { Communicator::register_all(&comms, &halves) }.expect_err("overlap");
     assert!(e.to_string().contains("overlap"), "{e}");
@@ -1415,7 +1441,7 @@ fn gpu2_registration_refuses_what_it_cannot_map() {
         .iter()
         .map(|d| DeviceBuffer::new(d, 4096).expect("buffer"))
         .collect();
-    let other_refs: Vec<&dyn DeviceMemory> = other.iter().map(|b| b as &dyn DeviceMemory).collect();
+    let other_refs = as_memory(&other);
     // SAFETY: `other` outlives the registration (deregistered below).
     let regs2 = unsafe { Communicator::register_all(&comms2, &other_refs) }.expect("register");
     let e = comms2[0]
@@ -1460,13 +1486,13 @@ fn gpu2_back_to_back_calls_under_graph_never_stall() {
             assert_eq!(wrong, 0, "{op} root {root}: {detail}");
             let mut graphs = Vec::new();
             for l in ls.iter_mut() {
-                l.stream.begin_capture().expect("begin capture");
-                for _ in 0..100 {
-                    l.comm
-                        .call(&call, &l.input, &mut l.output, &l.stream)
-                        .expect("capture");
-                }
-                graphs.push(l.stream.end_capture().expect("end capture"));
+                graphs.push(capture(&l.stream, || {
+                    for _ in 0..100 {
+                        l.comm
+                            .call(&call, &l.input, &mut l.output, &l.stream)
+                            .expect("capture");
+                    }
+                }));
             }
             let execs: Vec<_> = graphs
                 .into_iter()
@@ -1510,8 +1536,7 @@ fn gpu2_back_to_back_calls_under_graph_never_stall() {
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_sharing_follows_the_configuration() {
-    let devices = gpus(world());
-    let p2p = Communicator::init_all_with(&devices, Options::default()).expect("init_all");
+    let (devices, p2p) = world_comms(Options::default());
     assert_eq!(p2p[0].sharing(), Sharing::Pointer);
     drop(p2p);
     let host = Options {
@@ -1529,11 +1554,7 @@ fn gpu2_sharing_follows_the_configuration() {
         .collect();
     assert!(ls.iter().all(|l| l.comm.sharing() == Sharing::HostStaged));
     run_matrix(&mut ls, &Op::ALL, &counts).assert_exact("host-staged");
-    let bufs: Vec<&dyn DeviceMemory> = ls.iter().map(|l| &l.input as &dyn DeviceMemory).collect();
-    let comms: Vec<&Communicator> = ls.iter().map(|l| &l.comm).collect();
-    // SAFETY: nothing is registered (the call fails); the buffers outlive it anyway.
-    let e = unsafe { Communicator::register_all(&comms, &bufs) }.expect_err("host-staged");
-    assert!(e.to_string().contains("no P2P"), "{e}");
+    assert_registration_refused(&ls);
 }
 
 /// Send/recv like the collectives: every type, every count (rings of each lane wrapped), a ring
@@ -1577,11 +1598,9 @@ unsafe fn replay_and_check(
             ins[r].copy_from_host(&input(k, r)).expect("input");
             outs[r].memset_u8(0xff).expect("poison");
         }
-        for r in 0..n {
-            // SAFETY: the caller's contract: what the graph uses is alive, and synchronised
-            // below before the host touches it again.
-            unsafe { graphs[r].launch(&streams[r]) }.expect("replay");
-        }
+        // SAFETY: the caller's contract: what the graphs use is alive, and synchronised
+        // below before the host touches it again.
+        unsafe { launch_all(streams, graphs) };
         for r in 0..n {
             comms[r].synchronize(&streams[r]).expect("sync");
             let got = outs[r].to_host_vec::<f32>().expect("read");
@@ -1597,8 +1616,7 @@ unsafe fn replay_and_check(
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_group_all_to_all_under_graph_and_refused_groups() {
-    let devices = gpus(world());
-    let comms = Communicator::init_all_with(&devices, env_options()).expect("init_all");
+    let (devices, comms) = world_comms(env_options());
     let n = comms.len();
     // f32 per pair: over 4 MiB, so every lane wraps its two slots within one replay and the
     // senders wait for the receivers inside the graph.
@@ -1630,22 +1648,17 @@ fn gpu2_group_all_to_all_under_graph_and_refused_groups() {
         let send_parts: Vec<_> = (0..n)
             .map(|p| ins[r].slice(p * part..(p + 1) * part).expect("in"))
             .collect();
-        streams[r].begin_capture().expect("begin capture");
-        let mut g = comms[r].group(&streams[r]);
-        for (p, v) in recv_parts.iter_mut().enumerate() {
-            g.recv(v, part, DataType::F32, p).expect("recv");
-        }
-        for (p, v) in send_parts.iter().enumerate() {
-            g.send(v, part, DataType::F32, p).expect("send");
-        }
-        g.launch().expect("capture the group");
-        graphs.push(
-            streams[r]
-                .end_capture()
-                .expect("end capture")
-                .instantiate()
-                .expect("instantiate"),
-        );
+        let graph = capture(&streams[r], || {
+            let mut g = comms[r].group(&streams[r]);
+            for (p, v) in recv_parts.iter_mut().enumerate() {
+                g.recv(v, part, DataType::F32, p).expect("recv");
+            }
+            for (p, v) in send_parts.iter().enumerate() {
+                g.send(v, part, DataType::F32, p).expect("send");
+            }
+            g.launch().expect("capture the group");
+        });
+        graphs.push(graph.instantiate().expect("instantiate"));
     }
     // Rank r's part for rank p in replay k.
     let value =
@@ -1702,7 +1715,7 @@ fn gpu2_group_all_to_all_under_graph_and_refused_groups() {
     // the small message where it expects the large) or by message number (lane 1 meets the
     // large message's second chunk where it expects the first message), whichever lane sees it
     // first.
-    let comms = Communicator::init_all_with(&devices[..2], short_timeout()).expect("init_all");
+    let comms = short_pair(&devices);
     let small = DeviceBuffer::<f32>::zeroed(&devices[0], 1 << 14).expect("buf");
     let large = DeviceBuffer::<f32>::zeroed(&devices[0], 1 << 15).expect("buf");
     let mut small_in = DeviceBuffer::<f32>::zeroed(&devices[1], 1 << 14).expect("buf");
@@ -1728,32 +1741,26 @@ fn gpu2_group_all_to_all_under_graph_and_refused_groups() {
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_send_recv_graph_replay() {
-    let devices = gpus(world());
-    let comms = Communicator::init_all_with(&devices, env_options()).expect("init_all");
+    let (devices, comms) = world_comms(env_options());
     let n = comms.len();
     let count = 1_500_001; // 6 MB of f32: every lane wraps its ring
     let (streams, mut ins, mut outs) = streams_and_buffers(&devices, count);
     let mut graphs = Vec::new();
     for r in 0..n {
-        streams[r].begin_capture().expect("begin capture");
-        comms[r]
-            .send_recv(
-                &ins[r],
-                (r + 1) % n,
-                &mut outs[r],
-                (r + n - 1) % n,
-                count,
-                DataType::F32,
-                &streams[r],
-            )
-            .expect("capture send_recv");
-        graphs.push(
-            streams[r]
-                .end_capture()
-                .expect("end capture")
-                .instantiate()
-                .expect("instantiate"),
-        );
+        let graph = capture(&streams[r], || {
+            comms[r]
+                .send_recv(
+                    &ins[r],
+                    (r + 1) % n,
+                    &mut outs[r],
+                    (r + n - 1) % n,
+                    count,
+                    DataType::F32,
+                    &streams[r],
+                )
+                .expect("capture send_recv");
+        });
+        graphs.push(graph.instantiate().expect("instantiate"));
     }
     let value = |replay: usize, r: usize, i: usize| ((i * 3 + replay * 17 + r * 5) % 1000) as f32;
     // SAFETY: the captured calls use `comms`, `ins` and `outs`, which outlive the replays.
@@ -1770,19 +1777,50 @@ fn gpu2_send_recv_graph_replay() {
     // beside NCCL is not built yet.
     let t = Instant::now();
     for _ in 0..50 {
-        for r in 0..n {
-            // SAFETY: the captured calls use `comms`, `ins` and `outs`, alive until the end of the
-            // test and synchronised below.
-            unsafe { graphs[r].launch(&streams[r]) }.expect("replay");
-        }
+        // SAFETY: the captured calls use `comms`, `ins` and `outs`, alive until the end of the
+        // test and synchronised below.
+        unsafe { launch_all(&streams, &graphs) };
     }
-    for r in 0..n {
-        comms[r].synchronize(&streams[r]).expect("sync");
-    }
+    synchronize_all(&comms, &streams);
     let per = t.elapsed() / 50;
     eprintln!(
         "10 replays of a send_recv ring of {count} f32 on {n} ranks: 0 wrong; then {per:?} per exchange, {:.1} GB/s per direction",
         (count * 4) as f64 / per.as_secs_f64() / 1e9
+    );
+}
+
+/// Queues rank 0's send of `sent` f32 of `src` to rank 1 and rank 1's receive of `wanted` f32
+/// into `dst`, each on its rank's stream.
+fn send_0_to_1(
+    comms: &[Communicator],
+    streams: [&Stream; 2],
+    (src, sent): (&DeviceBuffer<f32>, usize),
+    (dst, wanted): (&mut DeviceBuffer<f32>, usize),
+) {
+    comms[0]
+        .send(src, sent, DataType::F32, 1, streams[0])
+        .expect("send");
+    comms[1]
+        .recv(dst, wanted, DataType::F32, 0, streams[1])
+        .expect("recv");
+}
+
+/// Rank 1's wait on `stream` fails (`what`: why it must) with a mismatch with rank 0 that names
+/// the receive of `wanted` bytes and the send of `sent` bytes.
+fn assert_sizes_mismatch(
+    comm: &Communicator,
+    stream: &Stream,
+    what: &str,
+    wanted: usize,
+    sent: usize,
+) {
+    let e = comm.synchronize(stream).expect_err(what);
+    eprintln!("{e}");
+    assert!(matches!(e, Error::Mismatch { peer: 0, .. }), "{e:?}");
+    assert!(
+        e.to_string().contains(&format!("recv of {wanted} bytes"))
+            && e.to_string().contains(&format!("send of {sent} bytes")),
+        "{e}"
     );
 }
 
@@ -1795,7 +1833,7 @@ fn gpu2_send_recv_errors_are_named() {
     let devices = gpus(2);
     let stream0 = Stream::new(&devices[0]).expect("stream");
     let stream1 = Stream::new(&devices[1]).expect("stream");
-    let comms = Communicator::init_all_with(&devices[..2], short_timeout()).expect("init_all");
+    let comms = short_pair(&devices);
     let mut a = DeviceBuffer::<f32>::zeroed(&devices[0], 1000).expect("buf");
     let mut b = DeviceBuffer::<f32>::zeroed(&devices[1], 1000).expect("buf");
     // Bad arguments.
@@ -1827,29 +1865,14 @@ fn gpu2_send_recv_errors_are_named() {
         eprintln!("{e}");
         assert!(matches!(e, Error::InvalidArgument { .. }), "{e:?}");
     }
+    let streams = [&stream0, &stream1];
     // Zero counts still pair up: an empty message travels, so both sides agree.
-    comms[0]
-        .send(&a, 0, DataType::F32, 1, &stream0)
-        .expect("send 0");
-    comms[1]
-        .recv(&mut b, 0, DataType::F32, 0, &stream1)
-        .expect("recv 0");
+    send_0_to_1(&comms, streams, (&a, 0), (&mut b, 0));
     comms[0].synchronize(&stream0).expect("send 0");
     comms[1].synchronize(&stream1).expect("recv 0");
     // A count of 0 against 100 is a mismatch, not a silent shift of later messages.
-    comms[0]
-        .send(&a, 0, DataType::F32, 1, &stream0)
-        .expect("send");
-    comms[1]
-        .recv(&mut b, 100, DataType::F32, 0, &stream1)
-        .expect("recv");
-    let e = comms[1].synchronize(&stream1).expect_err("0 against 100");
-    eprintln!("{e}");
-    assert!(matches!(e, Error::Mismatch { peer: 0, .. }), "{e:?}");
-    assert!(
-        e.to_string().contains("recv of 400 bytes") && e.to_string().contains("send of 0 bytes"),
-        "{e}"
-    );
+    send_0_to_1(&comms, streams, (&a, 0), (&mut b, 100));
+    assert_sizes_mismatch(&comms[1], &stream1, "0 against 100", 400, 0);
     let again = comms[1]
         .recv(&mut b, 200, DataType::F32, 0, &stream1)
         .expect_err("unusable");
@@ -1859,26 +1882,19 @@ fn gpu2_send_recv_errors_are_named() {
     // A sender larger than the inbox whose receiver expects less: the receiver names the sizes
     // and the sender, waiting for slots that are never freed, stops at once instead of at its
     // time limit.
-    let comms = Communicator::init_all_with(&devices[..2], short_timeout()).expect("init_all");
+    let comms = short_pair(&devices);
     // Twice the inbox, in f32 elements.
     let big_count = 2 * p2p_collective::p2p::INBOX_BYTES / 4;
     let big = DeviceBuffer::<f32>::zeroed(&devices[0], big_count).expect("buf");
     let mut half = DeviceBuffer::<f32>::zeroed(&devices[1], big_count / 2).expect("buf");
-    comms[0]
-        .send(&big, big_count, DataType::F32, 1, &stream0)
-        .expect("send");
-    comms[1]
-        .recv(&mut half, big_count / 2, DataType::F32, 0, &stream1)
-        .expect("recv");
-    let e = comms[1].synchronize(&stream1).expect_err("mismatch");
-    eprintln!("{e}");
-    assert!(matches!(e, Error::Mismatch { peer: 0, .. }), "{e:?}");
-    let (sent, wanted) = (big_count * 4, big_count * 2);
-    assert!(
-        e.to_string().contains(&format!("recv of {wanted} bytes"))
-            && e.to_string().contains(&format!("send of {sent} bytes")),
-        "{e}"
+    send_0_to_1(
+        &comms,
+        streams,
+        (&big, big_count),
+        (&mut half, big_count / 2),
     );
+    let (sent, wanted) = (big_count * 4, big_count * 2);
+    assert_sizes_mismatch(&comms[1], &stream1, "mismatch", wanted, sent);
     let e = comms[0]
         .synchronize(&stream0)
         .expect_err("the sender is stopped");
@@ -1893,46 +1909,22 @@ fn gpu2_send_recv_errors_are_named() {
     drop(comms);
     // A small receive (its chunks travel as LL lines) against a large send (copied chunks):
     // the header of the first chunk names both sizes, whatever path each side takes.
-    let comms = Communicator::init_all_with(&devices[..2], short_timeout()).expect("init_all");
+    let comms = short_pair(&devices);
     let large = DeviceBuffer::<f32>::zeroed(&devices[0], 1 << 20).expect("buf");
     let mut small = DeviceBuffer::<f32>::zeroed(&devices[1], 1000).expect("buf");
-    comms[0]
-        .send(&large, 1 << 20, DataType::F32, 1, &stream0)
-        .expect("send");
-    comms[1]
-        .recv(&mut small, 1000, DataType::F32, 0, &stream1)
-        .expect("recv");
-    let e = comms[1]
-        .synchronize(&stream1)
-        .expect_err("LL against copied");
-    eprintln!("{e}");
-    assert!(matches!(e, Error::Mismatch { peer: 0, .. }), "{e:?}");
-    assert!(
-        e.to_string().contains("recv of 4000 bytes")
-            && e.to_string().contains("send of 4194304 bytes"),
-        "{e}"
-    );
+    send_0_to_1(&comms, streams, (&large, 1 << 20), (&mut small, 1000));
+    assert_sizes_mismatch(&comms[1], &stream1, "LL against copied", 4000, 4194304);
     let _ = comms[0].synchronize(&stream0);
     drop(comms);
     // A receive that nobody answers.
-    let comms = Communicator::init_all_with(&devices[..2], short_timeout()).expect("init_all");
+    let comms = short_pair(&devices);
     let t = Instant::now();
     comms[0]
         .recv(&mut a, 1000, DataType::F32, 1, &stream0)
         .expect("recv");
     let e = comms[0].synchronize(&stream0).expect_err("must time out");
     eprintln!("{e} (after {:?})", t.elapsed());
-    assert!(
-        matches!(
-            e,
-            Error::Stalled {
-                peer: 1,
-                rank: 0,
-                ..
-            }
-        ),
-        "{e:?}"
-    );
+    assert_rank0_stalled_on_rank1(&e);
     assert!(
         e.to_string().contains("recv") && e.to_string().contains("timed out"),
         "{e}"

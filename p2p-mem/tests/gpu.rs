@@ -3,7 +3,7 @@
 //! that finds too few GPUs fails; it never passes vacuously.
 
 use std::os::fd::AsFd;
-use std::path::PathBuf;
+use std::process::Child;
 use std::time::Duration;
 
 use p2p_mem::fdpass::{FdChannel, FdListener, PrivateDir};
@@ -13,7 +13,8 @@ use p2p_mem::{
     Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Error, PinnedHostBuffer, Stream,
 };
 use p2p_testkit::{
-    child_env, fresh_seed, gpus, join, random_u32, random_u8, role, spawn_role, Held,
+    child_gpu, child_seed, fresh_seed, gpus, holds_only, join, parent_channel, random_u32,
+    random_u8, role, spawn_connected, Held,
 };
 
 const CHILD_LIMIT: Duration = Duration::from_secs(120);
@@ -107,25 +108,15 @@ fn gpu1_alloc_copy_memset_round_trips() {
 
     // memset, sync and on a stream.
     buf.memset_u8(0xab).expect("memset");
-    assert!(buf
-        .to_host_vec::<u32>()
-        .expect("read")
-        .iter()
-        .all(|&v| v == 0xabab_abab));
+    assert!(holds_only::<u32>(&buf, 0xabab_abab));
     let stream = Stream::new(d).expect("stream");
     buf.memset_u8_async(0x11, &stream).expect("memset async");
     stream.synchronize().expect("sync");
-    assert!(buf
-        .to_host_vec::<u32>()
-        .expect("read")
-        .iter()
-        .all(|&v| v == 0x1111_1111));
-    assert!(DeviceBuffer::<u32>::zeroed(d, 77)
-        .expect("zeroed")
-        .to_host_vec::<u32>()
-        .expect("read")
-        .iter()
-        .all(|&v| v == 0));
+    assert!(holds_only::<u32>(&buf, 0x1111_1111));
+    assert!(holds_only::<u32>(
+        &DeviceBuffer::<u32>::zeroed(d, 77).expect("zeroed"),
+        0
+    ));
 
     // Empty buffers are fine and allocate nothing.
     let empty = DeviceBuffer::<f64>::new(d, 0).expect("empty");
@@ -281,6 +272,27 @@ fn gpu1_fabric_handles_work_or_say_why_not() {
     }
 }
 
+/// Starts `test` again in a child process as `{tag}-child`, with `seed` and the GPU
+/// `child_gpu`, in a private folder named `tag`, and accepts its connection (every wait on it
+/// limited to `IO_LIMIT`): the folder and the listener, to keep while the child runs, the
+/// child, and the channel to it.
+fn start_child(
+    test: &str,
+    tag: &str,
+    seed: u64,
+    child_gpu: i32,
+) -> (PrivateDir, FdListener, Child, FdChannel) {
+    let dir = PrivateDir::new(tag).expect("dir");
+    let env = [
+        ("P2PTEST_SEED", seed.to_string()),
+        ("P2PTEST_GPU", child_gpu.to_string()),
+    ];
+    let role = format!("{tag}-child");
+    let (listener, child, mut chan) = spawn_connected(test, &role, &dir, &env, IO_LIMIT);
+    chan.set_timeout(IO_LIMIT);
+    (dir, listener, child, chan)
+}
+
 /// The body of a two-process test: the child (started by the parent with `role` set) runs
 /// `child`; otherwise this is the parent, which needs `n_gpus` and runs `parent`.
 fn two_processes(role_name: &str, child: fn(), n_gpus: usize, parent: impl FnOnce()) {
@@ -314,19 +326,7 @@ fn ipc_parent(test: &str, child_gpu: i32) {
         .expect("importing in the exporter must be refused");
     assert!(matches!(err, Error::ImportInExporter { .. }), "{err}");
 
-    let dir = PrivateDir::new("ipc").expect("dir");
-    let listener = FdListener::bind(&dir.path().join("s")).expect("bind");
-    let child = spawn_role(
-        test,
-        "ipc-child",
-        listener.path(),
-        &[
-            ("P2PTEST_SEED", seed.to_string()),
-            ("P2PTEST_GPU", child_gpu.to_string()),
-        ],
-    );
-    let mut chan = listener.accept(IO_LIMIT).expect("accept");
-    chan.set_timeout(IO_LIMIT);
+    let (_dir, _listener, child, chan) = start_child(test, "ipc", seed, child_gpu);
     chan.send_msg(&handle.to_bytes()).expect("send the handle");
     assert_eq!(chan.recv_msg().expect("reply"), b"written");
     let expect = random_u32(seed ^ 0xc41d, n);
@@ -351,9 +351,9 @@ fn ipc_parent(test: &str, child_gpu: i32) {
 }
 
 fn ipc_child() {
-    let seed: u64 = child_env("P2PTEST_SEED").parse().expect("seed");
-    let d = Device::new(child_env("P2PTEST_GPU").parse().expect("gpu")).expect("device");
-    let chan = FdChannel::connect(&PathBuf::from(child_env("P2PTEST_SOCKET"))).expect("connect");
+    let seed = child_seed();
+    let d = child_gpu();
+    let chan = parent_channel();
     let bytes = chan.recv_msg().expect("handle");
     let handle = IpcMemHandle::from_bytes(&bytes).expect("decode");
     let n = (1 << 20) + 3;
@@ -394,11 +394,7 @@ fn ipc_child() {
     ev.wait_on(&stream).expect("wait on the event");
     stream.synchronize().expect("sync");
     assert!(
-        imported
-            .to_host_vec::<u32>()
-            .expect("read")
-            .iter()
-            .all(|&v| v == 0x5c5c_5c5c),
+        holds_only::<u32>(&imported, 0x5c5c_5c5c),
         "ordered after the exporter's fill"
     );
     chan.send_msg(b"event-ok").expect("reply");
@@ -436,19 +432,7 @@ fn vmm_parent(test: &str, child_gpu: i32) {
         desc
     );
 
-    let dir = PrivateDir::new("vmm").expect("dir");
-    let listener = FdListener::bind(&dir.path().join("s")).expect("bind");
-    let child = spawn_role(
-        test,
-        "vmm-child",
-        listener.path(),
-        &[
-            ("P2PTEST_SEED", seed.to_string()),
-            ("P2PTEST_GPU", child_gpu.to_string()),
-        ],
-    );
-    let mut chan = listener.accept(IO_LIMIT).expect("accept");
-    chan.set_timeout(IO_LIMIT);
+    let (_dir, _listener, child, chan) = start_child(test, "vmm", seed, child_gpu);
     chan.send_fd(&desc.to_bytes(), fd.as_fd())
         .expect("send the fd");
     drop(fd);
@@ -462,9 +446,9 @@ fn vmm_parent(test: &str, child_gpu: i32) {
 }
 
 fn vmm_child() {
-    let seed: u64 = child_env("P2PTEST_SEED").parse().expect("seed");
-    let d = Device::new(child_env("P2PTEST_GPU").parse().expect("gpu")).expect("device");
-    let chan = FdChannel::connect(&PathBuf::from(child_env("P2PTEST_SOCKET"))).expect("connect");
+    let seed = child_seed();
+    let d = child_gpu();
+    let chan = parent_channel();
     let (header, fd) = chan.recv_fd().expect("fd");
     let desc = VmmHandle::from_bytes(&header).expect("decode");
     let mut v = VmmBuffer::import_fd(&d, &desc, fd.as_fd(), &[]).expect("import the fd");
@@ -608,20 +592,12 @@ fn gpu1_borrowed_streams_and_external_memory() {
             .expect("memset on the borrowed stream");
         borrowed.synchronize().expect("sync");
     }
-    assert!(buf
-        .to_host_vec::<u8>()
-        .expect("download")
-        .iter()
-        .all(|&b| b == 0x5a));
+    assert!(holds_only::<u8>(&buf, 0x5a));
     // The owner's stream still works after the borrow was dropped.
     buf.memset_u8_async(0xa5, &owner)
         .expect("memset on the owner");
     owner.synchronize().expect("sync");
-    assert!(buf
-        .to_host_vec::<u8>()
-        .expect("download")
-        .iter()
-        .all(|&b| b == 0xa5));
+    assert!(holds_only::<u8>(&buf, 0xa5));
 }
 
 /// cudarc's own context, stream and pool-allocated slices used directly (feature `cudarc`): the
@@ -659,11 +635,7 @@ fn gpu1_cudarc_slices_and_streams_in_place() {
         let e = v.memset_u8_async(0x22, &other).expect_err("another stream");
         assert!(e.to_string().contains("bound to stream"), "{e}");
         // A host read through the view waits for the stream's queued memset.
-        assert!(v
-            .to_host_vec::<u32>()
-            .expect("read")
-            .iter()
-            .all(|&x| x == 0x1111_1111));
+        assert!(holds_only::<u32>(&v, 0x1111_1111));
     }
     let back: Vec<u32> = cu.clone_dtoh(&slice).expect("download");
     assert!(back.iter().all(|&x| x == 0x1111_1111), "{:?}", &back[..4]);
@@ -784,8 +756,7 @@ fn gave_up_at(limit: Duration, took: Duration, what: &str) {
 #[ignore = "needs a GPU"]
 fn gpu1_waits_with_a_deadline_give_up_at_it_and_leave_no_thread_behind() {
     let d = &gpus(1)[0];
-    let stream = Stream::new(d).expect("stream");
-    let held = Held::on(&stream);
+    let (stream, held) = Held::on_new_stream(d);
     let event = p2p_mem::Event::new(d).expect("event");
     event.record(&stream).expect("record");
     let limit = Duration::from_millis(300);
@@ -833,8 +804,7 @@ fn gpu1_a_synchronous_copy_waits_for_the_work_before_it_at_most_its_limit() {
     let buf = DeviceBuffer::from_host(d, &data).expect("upload");
 
     // Work on a non-blocking stream: not waited for.
-    let stream = Stream::new(d).expect("stream");
-    let held = Held::on(&stream);
+    let (stream, held) = Held::on_new_stream(d);
     let t = std::time::Instant::now();
     assert_eq!(buf.to_host_vec::<u32>().expect("read"), data);
     assert!(
@@ -842,10 +812,7 @@ fn gpu1_a_synchronous_copy_waits_for_the_work_before_it_at_most_its_limit() {
         "waited {:?} for a kernel on a non-blocking stream",
         t.elapsed()
     );
-    held.release();
-    assert!(stream
-        .synchronize_within(Duration::from_secs(10))
-        .expect("wait"));
+    held.release_and_wait(&stream);
 
     // Work on the legacy default stream: waited for, at most the limit.
     // SAFETY: the null handle is the legacy default stream of `d`'s primary context, alive as
@@ -877,8 +844,7 @@ fn gpu1_a_synchronous_copy_waits_for_the_work_before_it_at_most_its_limit() {
 #[ignore = "needs a GPU"]
 fn gpu1_an_ipc_event_wait_gives_up_at_its_limit() {
     let d = &gpus(1)[0];
-    let stream = Stream::new(d).expect("stream");
-    let held = Held::on(&stream);
+    let (stream, held) = Held::on_new_stream(d);
     let event = IpcEvent::new(d).expect("event");
     event.record(&stream).expect("record");
     let limit = Duration::from_millis(300);

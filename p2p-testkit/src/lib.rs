@@ -3,11 +3,12 @@
 //! changes per run, and running one role of a test in a second process (the test executable
 //! re-runs itself with `P2PTEST_ROLE` set).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use p2p_mem::Device;
+use p2p_mem::fdpass::{FdChannel, FdListener, PrivateDir};
+use p2p_mem::{Device, DeviceCopy, DeviceMemory, Stream};
 
 /// The first `n` devices, or a panic that says how many the test needs: a GPU test that finds
 /// no GPU must fail, never pass vacuously.
@@ -26,6 +27,20 @@ pub fn all_gpus(n: usize) -> Vec<Device> {
         all.len()
     );
     all
+}
+
+/// Asserts that `text` contains `words`, showing `text` when it does not.
+#[track_caller]
+pub fn assert_contains(text: &str, words: &str) {
+    assert!(text.contains(words), "{text}");
+}
+
+/// Whether every element of `buf`, read back as `T`s, is `value`.
+pub fn holds_only<T: DeviceCopy + Default + PartialEq>(buf: &impl DeviceMemory, value: T) -> bool {
+    buf.to_host_vec::<T>()
+        .expect("read")
+        .iter()
+        .all(|&v| v == value)
 }
 
 /// A reproducible stream of pseudo-random numbers (xorshift64*), different for every seed: for
@@ -131,6 +146,37 @@ pub fn spawn_role(test_name: &str, role: &str, socket: &Path, env: &[(&str, Stri
     cmd.spawn().expect("spawning the child process")
 }
 
+/// Runs test `test_name` of this executable in a new process as [`spawn_role`] does, listening
+/// for it in `dir`, and accepts its connection within `limit`: the listener (to keep while the
+/// child runs), the child, and the channel to it.
+pub fn spawn_connected(
+    test_name: &str,
+    role: &str,
+    dir: &PrivateDir,
+    env: &[(&str, String)],
+    limit: Duration,
+) -> (FdListener, Child, FdChannel) {
+    let listener = FdListener::bind(&dir.path().join("s")).expect("bind");
+    let child = spawn_role(test_name, role, listener.path(), env);
+    let chan = listener.accept(limit).expect("accept");
+    (listener, child, chan)
+}
+
+/// In a child started by [`spawn_connected`]: its channel to the parent.
+pub fn parent_channel() -> FdChannel {
+    FdChannel::connect(&PathBuf::from(child_env("P2PTEST_SOCKET"))).expect("connect")
+}
+
+/// The seed a child was given (`P2PTEST_SEED`).
+pub fn child_seed() -> u64 {
+    child_env("P2PTEST_SEED").parse().expect("seed")
+}
+
+/// The GPU a child was given (`P2PTEST_GPU`).
+pub fn child_gpu() -> Device {
+    Device::new(child_env("P2PTEST_GPU").parse().expect("gpu")).expect("device")
+}
+
 /// Waits for a child, killing it after `limit`; panics unless it exited successfully.
 pub fn join(mut child: Child, limit: Duration) {
     let start = Instant::now();
@@ -160,7 +206,7 @@ pub struct Held {
 
 impl Held {
     /// Launches the held kernel on `stream`; panics (a test helper) if it cannot.
-    pub fn on(stream: &p2p_mem::Stream) -> Held {
+    pub fn on(stream: &Stream) -> Held {
         use p2p_mem::kernel::{LaunchConfig, Module, Source};
         const HOLD: Source = Source {
             name: "hold.cu",
@@ -199,9 +245,26 @@ impl Held {
         }
     }
 
+    /// A new stream of `d` and the held kernel on it.
+    pub fn on_new_stream(d: &Device) -> (Stream, Held) {
+        let stream = Stream::new(d).expect("stream");
+        let held = Held::on(&stream);
+        (stream, held)
+    }
+
     /// Lets the kernel end.
     pub fn release(&self) {
         self.flag.abort();
+    }
+
+    /// Lets the kernel end and waits for `stream`, the one it was held on, to drain: within 10 s,
+    /// or a panic.
+    #[track_caller]
+    pub fn release_and_wait(&self, stream: &Stream) {
+        self.release();
+        assert!(stream
+            .synchronize_within(Duration::from_secs(10))
+            .expect("the held kernel ended"));
     }
 }
 

@@ -3,8 +3,8 @@
 //! GPU, `gpu2_*` two with P2P. Two-process tests re-run this executable with P2PTEST_ROLE set.
 
 use p2p_testkit::{
-    all_gpus as gpus, child_env as env, fresh_seed as seed, random_u8 as random_bytes, role,
-    spawn_role,
+    all_gpus as gpus, child_env as env, child_gpu, child_seed, fresh_seed as seed, parent_channel,
+    random_u8 as random_bytes, role, spawn_connected,
 };
 
 use std::path::PathBuf;
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use p2p_mem::fdpass::{FdChannel, FdListener, PrivateDir};
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
 use p2p_transport::conn::{
-    connect_in_process, connect_receiver, connect_sender, ConnOptions, Sharing,
+    connect_in_process, connect_receiver, connect_sender, ConnOptions, RecvConn, Sharing,
 };
 use p2p_transport::mode::{Direction, Engine};
 use p2p_transport::rendezvous::{Group, Rendezvous};
@@ -23,7 +23,16 @@ use p2p_transport::Transport;
 
 const SIZES: [usize; 4] = [1, 4095, (1 << 20) + 3, 256 << 20];
 
-/// Sends every size from `a` to `b` in one process, checking each message.
+/// How long a parent waits for its child process to connect.
+const ACCEPT_LIMIT: Duration = Duration::from_secs(60);
+
+/// At least `n` GPUs (every one there is) and a transport over them.
+fn transport(n: usize) -> (Vec<Device>, Transport) {
+    let g = gpus(n);
+    let t = Transport::new(g.clone());
+    (g, t)
+}
+
 /// The copy-engine shape: fewer, larger chunks, since each costs a wait and a flag write.
 fn ce_options() -> ConnOptions {
     ConnOptions {
@@ -54,6 +63,7 @@ fn all_options() -> [ConnOptions; 4] {
     ["sm", "ce", "sm-read", "ce-read"].map(options_for)
 }
 
+/// Sends every size from `a` to `b` in one process, checking each message.
 fn in_process(t: &Transport, a: &Device, b: &Device, opts: ConnOptions) {
     let (mut tx, mut rx) =
         connect_in_process(t, a, b, (a.ordinal() as usize, b.ordinal() as usize), opts)
@@ -84,36 +94,50 @@ fn in_process(t: &Transport, a: &Device, b: &Device, opts: ConnOptions) {
     }
 }
 
+/// [`in_process`] with every engine in both directions, on each pair of GPUs (indices into the
+/// first `n` or more) in turn.
+fn in_process_with_every_option(n: usize, pairs: &[(usize, usize)]) {
+    let (g, t) = transport(n);
+    for opts in all_options() {
+        for &(a, b) in pairs {
+            in_process(&t, &g[a], &g[b], opts);
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn gpu2_send_recv_in_process_odd_sizes_both_ways() {
-    let g = gpus(2);
-    let t = Transport::new(g.clone());
-    for opts in all_options() {
-        in_process(&t, &g[0], &g[1], opts);
-        in_process(&t, &g[1], &g[0], opts);
-    }
+    in_process_with_every_option(2, &[(0, 1), (1, 0)]);
 }
 
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu1_send_recv_on_one_gpu() {
-    let g = gpus(1);
-    let t = Transport::new(g.clone());
-    for opts in all_options() {
-        in_process(&t, &g[0], &g[0], opts);
+    in_process_with_every_option(1, &[(0, 0)]);
+}
+
+/// `base` with a time limit of 300 ms, which [`assert_times_out`] expects.
+fn within_300ms(base: ConnOptions) -> ConnOptions {
+    ConnOptions {
+        timeout: Duration::from_millis(300),
+        ..base
     }
+}
+
+/// The receives queued on `rx` end in the 300 ms time-out (nobody sends), less than `limit`
+/// after `t0` (`why`: why it must be that soon).
+fn assert_times_out(rx: &mut RecvConn, s: &Stream, t0: Instant, limit: Duration, why: &str) {
+    let e = rx.wait(s).expect_err("nobody sends");
+    assert!(e.to_string().contains("timed out after 300ms"), "{e}");
+    assert!(t0.elapsed() < limit, "took {:?}: {why}", t0.elapsed());
 }
 
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu1_a_missing_peer_times_out_and_abort_stops_a_wait() {
-    let g = gpus(1);
-    let t = Transport::new(g.clone());
-    let opts = ConnOptions {
-        timeout: Duration::from_millis(300),
-        ..ConnOptions::default()
-    };
+    let (g, t) = transport(1);
+    let opts = within_300ms(ConnOptions::default());
     let (_tx, mut rx) = connect_in_process(&t, &g[0], &g[0], (0, 1), opts).expect("connect");
     let s = Stream::new(&g[0]).expect("stream");
     let mut dst = DeviceBuffer::<u8>::new(&g[0], 1000).expect("alloc");
@@ -149,13 +173,8 @@ fn gpu1_a_missing_peer_times_out_and_abort_stops_a_wait() {
     for _ in 0..5 {
         rx.recv(&mut dst, &s).expect("queue recv");
     }
-    let e = rx.wait(&s).expect_err("nobody sends");
-    assert!(e.to_string().contains("timed out after 300ms"), "{e}");
-    assert!(
-        t0.elapsed() < Duration::from_millis(1000),
-        "took {:?}: the queued receives must drain after the first failure",
-        t0.elapsed()
-    );
+    let why = "the queued receives must drain after the first failure";
+    assert_times_out(&mut rx, &s, t0, Duration::from_millis(1000), why);
 
     // Abort from another thread: a 30 s wait ends at once.
     let (_tx, mut rx) =
@@ -189,23 +208,16 @@ fn sharing_from(s: &str) -> Sharing {
 
 /// Parent: rank 0 on GPU 0 sends every size; the child, rank 1 on `child_gpu`, receives and checks.
 fn sender_parent(test: &str, sharing: &str, child_gpu: i32, engine: &str) {
-    let g = gpus(child_gpu as usize + 1);
-    let t = Transport::new(g.clone());
+    let (g, t) = transport(child_gpu as usize + 1);
     let dir = PrivateDir::new("conn").expect("dir");
-    let listener = FdListener::bind(&dir.path().join("s")).expect("bind");
     let s = seed();
-    let mut child = spawn_role(
-        test,
-        "receiver",
-        listener.path(),
-        &[
-            ("P2PTEST_SEED", s.to_string()),
-            ("P2PTEST_GPU", child_gpu.to_string()),
-            ("P2PTEST_SHARING", sharing.into()),
-            ("P2PTEST_ENGINE", engine.into()),
-        ],
-    );
-    let chan = listener.accept(Duration::from_secs(60)).expect("accept");
+    let env = [
+        ("P2PTEST_SEED", s.to_string()),
+        ("P2PTEST_GPU", child_gpu.to_string()),
+        ("P2PTEST_SHARING", sharing.into()),
+        ("P2PTEST_ENGINE", engine.into()),
+    ];
+    let (_listener, mut child, chan) = spawn_connected(test, "receiver", &dir, &env, ACCEPT_LIMIT);
     let mut tx = connect_sender(
         &t,
         &g[0],
@@ -230,10 +242,10 @@ fn sender_parent(test: &str, sharing: &str, child_gpu: i32, engine: &str) {
 }
 
 fn receiver_child() {
-    let s: u64 = env("P2PTEST_SEED").parse().expect("seed");
-    let d = Device::new(env("P2PTEST_GPU").parse().expect("gpu")).expect("device");
+    let s = child_seed();
+    let d = child_gpu();
     let t = Transport::new(vec![d.clone()]);
-    let chan = FdChannel::connect(&PathBuf::from(env("P2PTEST_SOCKET"))).expect("connect");
+    let chan = parent_channel();
     let mut rx = connect_receiver(
         &t,
         &d,
@@ -424,25 +436,16 @@ fn gpu1_fabric_sharing_connects_or_is_refused_cleanly() {
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu1_copy_engine_connection_times_out_too() {
-    let g = gpus(1);
-    let t = Transport::new(g.clone());
-    let opts = ConnOptions {
-        timeout: Duration::from_millis(300),
-        ..ce_options()
-    };
+    let (g, t) = transport(1);
+    let opts = within_300ms(ce_options());
     let (_tx, mut rx) = connect_in_process(&t, &g[0], &g[0], (0, 1), opts).expect("connect");
     let s = Stream::new(&g[0]).expect("stream");
     // Three chunks: the first wait times out, the later ones see the failure and return at once.
     let mut dst = DeviceBuffer::<u8>::new(&g[0], (8 << 20) + 1).expect("alloc");
     let t0 = Instant::now();
     rx.recv(&mut dst, &s).expect("queue recv");
-    let e = rx.wait(&s).expect_err("nobody sends");
-    assert!(e.to_string().contains("timed out after 300ms"), "{e}");
-    assert!(
-        t0.elapsed() < Duration::from_secs(5),
-        "took {:?}: later waits must not each time out",
-        t0.elapsed()
-    );
+    let why = "later waits must not each time out";
+    assert_times_out(&mut rx, &s, t0, Duration::from_secs(5), why);
 }
 
 /// A peer process killed while this rank waits on a connection between processes: the job's
@@ -455,21 +458,14 @@ fn gpu1_a_killed_peer_ends_a_watched_connection_wait() {
     if role().as_deref() == Some("doomed") {
         return doomed_sender();
     }
-    let g = gpus(1);
-    let t = Transport::new(g.clone());
+    let (g, t) = transport(1);
     let dir = PrivateDir::new("conn-live").expect("dir");
-    let listener = FdListener::bind(&dir.path().join("s")).expect("bind");
     let job = format!("conn-liveness-{}", std::process::id());
-    let mut child = spawn_role(
-        TEST,
-        "doomed",
-        listener.path(),
-        &[
-            ("P2PTEST_JOB", job.clone()),
-            ("P2PTEST_DIR", dir.path().display().to_string()),
-        ],
-    );
-    let chan = listener.accept(Duration::from_secs(60)).expect("accept");
+    let env = [
+        ("P2PTEST_JOB", job.clone()),
+        ("P2PTEST_DIR", dir.path().display().to_string()),
+    ];
+    let (_listener, mut child, chan) = spawn_connected(TEST, "doomed", &dir, &env, ACCEPT_LIMIT);
     let mut rx = connect_receiver(
         &t,
         &g[0],
@@ -513,7 +509,7 @@ fn gpu1_a_killed_peer_ends_a_watched_connection_wait() {
 fn doomed_sender() {
     let d = Device::new(0).expect("device");
     let t = Transport::new(vec![d.clone()]);
-    let chan = FdChannel::connect(&PathBuf::from(env("P2PTEST_SOCKET"))).expect("connect");
+    let chan = parent_channel();
     let _tx = connect_sender(
         &t,
         &d,

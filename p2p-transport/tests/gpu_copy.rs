@@ -12,6 +12,13 @@ use p2p_transport::Transport;
 /// Odd sizes from the issue: 1 B, 4095 B, 1 MiB + 3, 256 MiB.
 const SIZES: [usize; 4] = [1, 4095, (1 << 20) + 3, 256 << 20];
 
+/// At least `n` GPUs (every one there is) and a transport over them.
+fn transport(n: usize) -> (Vec<Device>, Transport) {
+    let g = gpus(n);
+    let t = Transport::new(g.clone());
+    (g, t)
+}
+
 /// Copies `n` random bytes from `src_dev` to `dst_dev` by `path` at the given byte offsets into
 /// the buffers (to test unaligned pointers), with the destination poisoned first; checks every
 /// byte, and that the bytes around the destination range are untouched.
@@ -69,8 +76,7 @@ fn check(
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn gpu2_every_path_moves_odd_sizes_both_ways() {
-    let g = gpus(2);
-    let t = Transport::new(g.clone());
+    let (g, t) = transport(2);
     let s = seed();
     for (a, b) in [(0, 1), (1, 0)] {
         // The relay runs through the destination GPU itself: with two GPUs there is no third one,
@@ -94,8 +100,7 @@ fn gpu2_every_path_moves_odd_sizes_both_ways() {
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu1_paths_within_one_gpu() {
-    let g = gpus(1);
-    let t = Transport::new(g.clone());
+    let (g, t) = transport(1);
     let s = seed();
     for path in [
         Path::CopyEngine,
@@ -113,8 +118,7 @@ fn gpu1_paths_within_one_gpu() {
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu1_sm_paths_demand_the_right_stream_and_sizes() {
-    let g = gpus(1);
-    let t = Transport::new(g.clone());
+    let (g, t) = transport(1);
     let src = DeviceBuffer::<u8>::zeroed(&g[0], 16).expect("alloc");
     let mut dst = DeviceBuffer::<u8>::zeroed(&g[0], 8).expect("alloc");
     let stream = Stream::new(&g[0]).expect("stream");
@@ -134,8 +138,7 @@ fn gpu1_sm_paths_demand_the_right_stream_and_sizes() {
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn gpu2_sm_write_needs_the_source_stream() {
-    let g = gpus(2);
-    let t = Transport::new(g.clone());
+    let (g, t) = transport(2);
     let src = DeviceBuffer::<u8>::zeroed(&g[0], 64).expect("alloc");
     let mut dst = DeviceBuffer::<u8>::zeroed(&g[1], 64).expect("alloc");
     let wrong = Stream::new(&g[1]).expect("stream");
@@ -235,8 +238,7 @@ fn gpu2_copy_peer_follows_mode_selection_from_either_stream() {
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu1_copy_peer_on_one_gpu_is_a_local_copy() {
-    let g = gpus(1);
-    let t = Transport::new(g.clone());
+    let (g, t) = transport(1);
     let data = random_bytes(seed(), 4095);
     let src = DeviceBuffer::from_host(&g[0], &data).expect("upload");
     let mut dst = DeviceBuffer::<u8>::zeroed(&g[0], 4095).expect("alloc");

@@ -1,5 +1,6 @@
 //! Mode selection on every topology fixture and every configuration override. Runs in CI.
 
+use p2p_testkit::assert_contains;
 use p2p_transport::config::{Config, ForcedMode, PathLevel, Switch};
 use p2p_transport::mode::{
     one_process, process_per_gpu, select, Direction, Endpoint, Engine, Mode, ModeError, Route,
@@ -24,6 +25,11 @@ fn with(f: impl FnOnce(&mut Config)) -> Config {
     let mut c = Config::default();
     f(&mut c);
     c
+}
+
+/// The configuration that forces `mode` (`P2P_MODE`).
+fn forced(mode: ForcedMode) -> Config {
+    with(|c| c.force_mode = Some(mode))
 }
 
 #[test]
@@ -82,36 +88,18 @@ fn overrides_change_each_dimension() {
 #[test]
 fn forced_modes_work_or_fail_clearly() {
     let t = load("h200x2-nv18.json");
-    let r = select(
-        &t,
-        &one_process(2),
-        &with(|c| c.force_mode = Some(ForcedMode::HostStaged)),
-    )
-    .expect("routes");
+    let r = select(&t, &one_process(2), &forced(ForcedMode::HostStaged)).expect("routes");
     assert_eq!(
         r[0].to_string(),
         "0[0] -> 1[1] via host-staged (pinned double buffer) (NVLink x18)"
     );
-    let r = select(
-        &t,
-        &one_process(2),
-        &with(|c| c.force_mode = Some(ForcedMode::Ipc)),
-    )
-    .expect("routes");
+    let r = select(&t, &one_process(2), &forced(ForcedMode::Ipc)).expect("routes");
     assert_eq!(r[0].mode, Mode::LegacyIpc);
-    let e = select(
-        &t,
-        &process_per_gpu(2),
-        &with(|c| c.force_mode = Some(ForcedMode::Direct)),
-    )
-    .expect_err("direct across processes");
+    let e = select(&t, &process_per_gpu(2), &forced(ForcedMode::Direct))
+        .expect_err("direct across processes");
     assert!(e.to_string().starts_with("P2P_MODE=direct is impossible for rank 0 (GPU 0) -> rank 1 (GPU 1): the ranks are in different processes"), "{e}");
-    let e = select(
-        &t,
-        &one_process(2),
-        &with(|c| c.force_mode = Some(ForcedMode::Intermediate)),
-    )
-    .expect_err("no third GPU");
+    let e =
+        select(&t, &one_process(2), &forced(ForcedMode::Intermediate)).expect_err("no third GPU");
     assert!(
         e.to_string()
             .contains("no third GPU has usable P2P to both"),
@@ -180,11 +168,7 @@ fn a100_pcie_writes_within_a_socket_and_stages_across() {
     let r = select(&t, &one_process(4), &with(|c| c.p2p_level = PathLevel::Nvl)).expect("routes");
     let x = route(&r, 0, 1);
     assert_eq!(x.mode, Mode::HostStaged);
-    assert!(
-        x.reason.contains("the path is PIX, beyond P2P_LEVEL=NVL"),
-        "{}",
-        x.reason
-    );
+    assert_contains(&x.reason, "the path is PIX, beyond P2P_LEVEL=NVL");
 }
 
 #[test]
@@ -212,12 +196,7 @@ fn consumer_gpus_go_host_staged_and_single_gpus_copy_locally() {
     let r = select(&t, &one_process(2), &Config::default()).expect("routes");
     assert_eq!(r[0].mode, Mode::HostStaged);
     assert!(r[0].reason.contains("consumer GPUs"), "{}", r[0].reason);
-    let e = select(
-        &t,
-        &one_process(2),
-        &with(|c| c.force_mode = Some(ForcedMode::Direct)),
-    )
-    .expect_err("no P2P");
+    let e = select(&t, &one_process(2), &forced(ForcedMode::Direct)).expect_err("no P2P");
     assert!(e.to_string().contains("cuDeviceCanAccessPeer = 0"), "{e}");
 
     let t = load("single-h100.json");

@@ -1,10 +1,19 @@
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use p2p_mem::fdpass::FdChannel;
 use p2p_mem::wire::Writer;
 
 use super::testing::*;
 use super::*;
 use crate::error::Result;
+
+/// `assert!(matches!(value, pattern))`, showing the value (`Debug`) when it does not match.
+macro_rules! assert_matches {
+    ($value:expr, $($pattern:tt)+) => {
+        assert!(matches!($value, $($pattern)+), "{:?}", $value)
+    };
+}
 
 /// A rendezvous in a test directory of its own.
 fn rv(name: &str, rank: usize, world: usize) -> Rendezvous {
@@ -17,10 +26,89 @@ fn rv(name: &str, rank: usize, world: usize) -> Rendezvous {
     }
 }
 
-fn join_all(name: &'static str, world: usize) -> Vec<std::thread::JoinHandle<Result<Group>>> {
-    (0..world)
-        .map(|r| std::thread::spawn(move || Group::join(&rv(name, r, world))))
-        .collect()
+/// [`rv`] with a time limit of `timeout`.
+fn rv_within(name: &str, rank: usize, world: usize, timeout: Duration) -> Rendezvous {
+    Rendezvous {
+        timeout,
+        ..rv(name, rank, world)
+    }
+}
+
+/// Rank `rank` of the `world`-rank job `name` joins on a thread of its own.
+fn spawn_join(name: &'static str, rank: usize, world: usize) -> JoinHandle<Result<Group>> {
+    std::thread::spawn(move || Group::join(&rv(name, rank, world)))
+}
+
+fn join_all(name: &'static str, world: usize) -> Vec<JoinHandle<Result<Group>>> {
+    (0..world).map(|r| spawn_join(name, r, world)).collect()
+}
+
+/// The group that the join on thread `h` made (`what`: who joins).
+fn joined(h: JoinHandle<Result<Group>>, what: &str) -> Group {
+    h.join().expect("thread").expect(what)
+}
+
+/// The error that the join on thread `h` ended with, as text (`what`: why it must fail).
+fn join_error_on(h: JoinHandle<Result<Group>>, what: &str) -> String {
+    h.join().expect("thread").expect_err(what).to_string()
+}
+
+/// Why joining as `r` fails, as text (`what`: why it must).
+fn join_error(r: &Rendezvous, what: &str) -> String {
+    Group::join(r).expect_err(what).to_string()
+}
+
+/// The join on thread `h` fails (`what`: why it must), saying `words`.
+fn assert_join_fails(h: JoinHandle<Result<Group>>, what: &str, words: &str) {
+    let e = join_error_on(h, what);
+    assert!(e.contains(words), "{e}");
+}
+
+/// Rank `rank` of the `world`-rank job `name` joins by hand (no group), as a process that
+/// holds the job's key: its link to rank 0 (`what`: that it joins).
+fn join_by_hand(name: &str, rank: usize, world: usize, what: &str) -> FdChannel {
+    let r = rv(name, rank, world);
+    try_join(&r, &r, rank as u32, Duration::from_secs(5)).expect(what)
+}
+
+/// Rank 0 of the `world`-rank job `name` joins on a thread; rank `left` joins by hand and leaves
+/// before rank 0 tells it that all joined. Rank 0's thread, 100 ms later.
+fn rank_0_and_a_rank_that_left(
+    name: &'static str,
+    world: usize,
+    left: usize,
+) -> JoinHandle<Result<Group>> {
+    let g0 = spawn_join(name, 0, world);
+    drop(join_by_hand(
+        name,
+        left,
+        world,
+        &format!("rank {left} joins"),
+    ));
+    std::thread::sleep(Duration::from_millis(100));
+    g0
+}
+
+/// The failure that `g` records within 2 s of `since` (polled every millisecond; `what`: who
+/// must learn of it).
+fn failure_since(g: &Group, since: Instant, what: &str) -> Failure {
+    while g.failure().is_none() && since.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    g.failure().expect(what)
+}
+
+/// The real rank `real` (rank 1) and rank 0, joining on thread `r0`, both join within `limit`.
+fn real_ranks_join(
+    real: &Rendezvous,
+    r0: JoinHandle<Result<Group>>,
+    limit: Duration,
+) -> (Group, Group) {
+    let start = Instant::now();
+    let g1 = Group::join(real).expect("the real rank joins");
+    let g0 = joined(r0, "rank 0 joins");
+    assert!(start.elapsed() < limit, "{:?}", start.elapsed());
+    (g0, g1)
 }
 
 #[test]
@@ -54,36 +142,23 @@ fn ranks_exchange_blobs_in_rank_order_and_part_cleanly() {
 
 #[test]
 fn a_missing_rank_is_named_after_the_time_limit() {
-    let r = Rendezvous {
-        timeout: Duration::from_millis(300),
-        ..rv("missing", 0, 3)
-    };
-    let e = Group::join(&r).expect_err("must time out").to_string();
+    let r = rv_within("missing", 0, 3, Duration::from_millis(300));
+    let e = join_error(&r, "must time out");
     assert!(e.contains("ranks [1, 2] did not join"), "{e}");
 }
 
 /// Ranks 1 and 2 of a 4-rank job `name` join with time limit `limit`, each on a thread.
-fn ranks_1_and_2(
-    name: &'static str,
-    limit: Duration,
-) -> Vec<std::thread::JoinHandle<Result<Group>>> {
+fn ranks_1_and_2(name: &'static str, limit: Duration) -> Vec<JoinHandle<Result<Group>>> {
     (1..3)
-        .map(|r| {
-            std::thread::spawn(move || {
-                Group::join(&Rendezvous {
-                    timeout: limit,
-                    ..rv(name, r, 4)
-                })
-            })
-        })
+        .map(|r| std::thread::spawn(move || Group::join(&rv_within(name, r, 4, limit))))
         .collect()
 }
 
 /// Rank 0 gave up for want of rank 3 (`e0`), and ranks 1 and 2 heard why from it.
-fn all_heard_rank_3_is_missing(e0: &str, others: Vec<std::thread::JoinHandle<Result<Group>>>) {
+fn all_heard_rank_3_is_missing(e0: &str, others: Vec<JoinHandle<Result<Group>>>) {
     assert!(e0.contains("ranks [3] did not join"), "{e0}");
     for (r, g) in (1..3).zip(others) {
-        let e = g.join().expect("t").expect_err("stopped").to_string();
+        let e = join_error_on(g, "stopped");
         assert!(
             e.contains("rank 0 stopped the rendezvous: ranks [3] did not join"),
             "rank {r}: {e}"
@@ -99,10 +174,7 @@ fn a_squatter_on_the_rendezvous_path_costs_each_rank_its_limit_not_a_hang() {
     use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
     let name = "squatted";
     let limit = Duration::from_millis(500);
-    let rank = |r| Rendezvous {
-        timeout: limit,
-        ..rv(name, r, 2)
-    };
+    let rank = |r| rv_within(name, r, 2, limit);
     let path = rank(0).socket_path();
     let dir = path.parent().expect("a directory").to_path_buf();
     p2p_mem::fdpass::user_private_dir(&dir).expect("the rendezvous directory");
@@ -153,15 +225,12 @@ fn a_squatter_on_the_rendezvous_path_costs_each_rank_its_limit_not_a_hang() {
 fn the_ranks_that_joined_learn_which_rank_did_not() {
     let name = "missing-told";
     // Rank 0 gives up after 400 ms; ranks 1 and 2 would wait 5 s on their own.
-    let r0 = Rendezvous {
-        timeout: Duration::from_millis(400),
-        ..rv(name, 0, 4)
-    };
+    let r0 = rv_within(name, 0, 4, Duration::from_millis(400));
     let g0 = std::thread::spawn(move || Group::join(&r0));
     let t = Instant::now();
     let others = ranks_1_and_2(name, Duration::from_secs(5));
-    let e0 = g0.join().expect("t").expect_err("rank 3 never came");
-    all_heard_rank_3_is_missing(&e0.to_string(), others);
+    let e0 = join_error_on(g0, "rank 3 never came");
+    all_heard_rank_3_is_missing(&e0, others);
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
 }
 
@@ -174,82 +243,59 @@ fn ranks_started_before_rank_0_still_hear_who_did_not_join() {
     // with "nothing arrived".
     let others = ranks_1_and_2(name, limit);
     std::thread::sleep(Duration::from_millis(250));
-    let r0 = Rendezvous {
-        timeout: limit,
-        ..rv(name, 0, 4)
-    };
-    let e0 = Group::join(&r0).expect_err("rank 3 never came");
-    all_heard_rank_3_is_missing(&e0.to_string(), others);
+    let r0 = rv_within(name, 0, 4, limit);
+    let e0 = join_error(&r0, "rank 3 never came");
+    all_heard_rank_3_is_missing(&e0, others);
 }
 
 #[test]
 fn two_processes_with_one_rank_both_hear_why() {
     let name = "same-rank";
     let world = 3;
-    let g0 = std::thread::spawn(move || Group::join(&rv(name, 0, world)));
-    let first = std::thread::spawn(move || Group::join(&rv(name, 1, world)));
+    let g0 = spawn_join(name, 0, world);
+    let first = spawn_join(name, 1, world);
     std::thread::sleep(Duration::from_millis(200));
     // A second process claims rank 1: rank 0 stops, and tells both why (the second one
     // too, though it never joined).
-    let e = Group::join(&rv(name, 1, world))
-        .expect_err("rank 1 is taken")
-        .to_string();
+    let e = join_error(&rv(name, 1, world), "rank 1 is taken");
     assert!(
         e.contains("rank 0 stopped the rendezvous") && e.contains("claims rank 1"),
         "{e}"
     );
-    let e = first.join().expect("t").expect_err("stopped").to_string();
-    assert!(e.contains("claims rank 1, which is taken"), "{e}");
-    let e0 = g0.join().expect("t").expect_err("stopped").to_string();
-    assert!(e0.contains("do two processes have the same RANK?"), "{e0}");
+    assert_join_fails(first, "stopped", "claims rank 1, which is taken");
+    assert_join_fails(g0, "stopped", "do two processes have the same RANK?");
 }
 
 #[test]
 fn a_rank_told_before_one_that_left_learns_which() {
     let name = "left-later";
-    let world = 3;
-    let g0 = std::thread::spawn(move || Group::join(&rv(name, 0, world)));
-    // Rank 2 joins by hand and leaves; rank 1 joins after it. Rank 0 tells rank 1 that
+    // Rank 2 of 3 joins by hand and leaves; rank 1 joins after it. Rank 0 tells rank 1 that
     // all joined, fails to tell rank 2, and reports rank 2 to rank 1.
-    let r2 = rv(name, 2, world);
-    drop(try_join(&r2, &r2, 2, Duration::from_secs(5)).expect("rank 2 joins"));
-    std::thread::sleep(Duration::from_millis(100));
-    let g1 = Group::join(&rv(name, 1, world)).expect("rank 1 was told that all joined");
-    let start = Instant::now();
-    while g1.failure().is_none() && start.elapsed() < Duration::from_secs(2) {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let f = g1.failure().expect("rank 1 learns");
+    let g0 = rank_0_and_a_rank_that_left(name, 3, 2);
+    let g1 = Group::join(&rv(name, 1, 3)).expect("rank 1 was told that all joined");
+    let f = failure_since(&g1, Instant::now(), "rank 1 learns");
     assert_eq!(f.rank, 2);
     assert!(f.why.contains("left after joining"), "{}", f.why);
-    let e0 = g0.join().expect("t").expect_err("rank 2 left").to_string();
-    assert!(e0.contains("telling rank 2 that all joined"), "{e0}");
+    assert_join_fails(g0, "rank 2 left", "telling rank 2 that all joined");
 }
 
 #[test]
 fn a_rank_that_leaves_after_joining_is_named_to_the_others() {
     let name = "left";
-    let world = 3;
-    let g0 = std::thread::spawn(move || Group::join(&rv(name, 0, world)));
-    // Rank 1 joins by hand and leaves before rank 0 tells it that all joined.
-    let r1 = rv(name, 1, world);
-    drop(try_join(&r1, &r1, 1, Duration::from_secs(5)).expect("rank 1 joins"));
-    std::thread::sleep(Duration::from_millis(100));
-    let e2 = Group::join(&rv(name, 2, world))
-        .expect_err("rank 1 left")
-        .to_string();
+    // Rank 1 of 3 joins by hand and leaves before rank 0 tells it that all joined.
+    let g0 = rank_0_and_a_rank_that_left(name, 3, 1);
+    let e2 = join_error(&rv(name, 2, 3), "rank 1 left");
     assert!(
         e2.contains("rank 0 stopped the rendezvous: rank 1") && e2.contains("left after joining"),
         "{e2}"
     );
-    let e0 = g0.join().expect("t").expect_err("rank 1 left").to_string();
-    assert!(e0.contains("telling rank 1 that all joined"), "{e0}");
+    assert_join_fails(g0, "rank 1 left", "telling rank 1 that all joined");
 }
 
 #[test]
 fn strangers_are_refused_and_never_delay_the_real_ranks() {
     let name = "strangers";
-    let r0 = std::thread::spawn(move || Group::join(&rv(name, 0, 2)));
+    let r0 = spawn_join(name, 0, 2);
     let real = rv(name, 1, 2);
     // Another job's secret, the right one but no secret at all, and another job's identity.
     let other_secret = Rendezvous {
@@ -285,14 +331,7 @@ fn strangers_are_refused_and_never_delay_the_real_ranks() {
         let _ = send_raw(&l, junk);
     }
     drop(connect_raw(&path, t));
-    let start = Instant::now();
-    let g1 = Group::join(&real).expect("the real rank joins");
-    let g0 = r0.join().expect("thread").expect("rank 0 joins");
-    assert!(
-        start.elapsed() < Duration::from_secs(1),
-        "{:?}",
-        start.elapsed()
-    );
+    let (g0, g1) = real_ranks_join(&real, r0, Duration::from_secs(1));
     let other = std::thread::spawn(move || g1.all_gather(b"y").map(|a| a.len()));
     assert_eq!(g0.all_gather(b"x").expect("gather").len(), 2);
     assert_eq!(other.join().expect("thread").expect("gather"), 2);
@@ -302,7 +341,7 @@ fn strangers_are_refused_and_never_delay_the_real_ranks() {
 #[test]
 fn random_and_mutated_handshakes_never_get_in_or_stop_the_real_ranks() {
     let name = "fuzz";
-    let r0 = std::thread::spawn(move || Group::join(&rv(name, 0, 2)));
+    let r0 = spawn_join(name, 0, 2);
     let real = rv(name, 1, 2);
     let path = real.socket_path();
     let t = Duration::from_secs(5);
@@ -334,14 +373,7 @@ fn random_and_mutated_handshakes_never_get_in_or_stop_the_real_ranks() {
         }
         let _ = send_raw(&l, &bytes);
     }
-    let start = Instant::now();
-    let g1 = Group::join(&real).expect("the real rank joins");
-    let g0 = r0.join().expect("thread").expect("rank 0 joins");
-    assert!(
-        start.elapsed() < Duration::from_secs(2),
-        "{:?}",
-        start.elapsed()
-    );
+    let (g0, g1) = real_ranks_join(&real, r0, Duration::from_secs(2));
     let other = std::thread::spawn(move || g1.barrier().map(|()| g1.failure().is_none()));
     g0.barrier().expect("barrier");
     assert!(other.join().expect("thread").expect("barrier"));
@@ -358,9 +390,7 @@ fn a_fake_rank0_cannot_feed_a_rank() {
     let r = real.clone();
     let fake = std::thread::spawn(move || fake_rank0(&r, &impostor, 1, Duration::from_secs(5)));
     std::thread::sleep(Duration::from_millis(50));
-    let e = Group::join(&real)
-        .expect_err("must refuse the impostor")
-        .to_string();
+    let e = join_error(&real, "must refuse the impostor");
     // The impostor's welcome cannot carry a valid proof, or it refuses the hello.
     assert!(
         e.contains("could not prove") || e.contains("authentication failed"),
@@ -373,15 +403,10 @@ fn a_fake_rank0_cannot_feed_a_rank() {
 fn a_dead_peer_is_found_at_once_and_reported_to_every_rank() {
     let name = "dead";
     let world = 3;
-    let g0 = std::thread::spawn(move || Group::join(&rv(name, 0, world)));
-    let g1 = std::thread::spawn(move || Group::join(&rv(name, 1, world)));
+    let [g0, g1] = [0, 1].map(|rank| spawn_join(name, rank, world));
     // Rank 2 joins by hand and then "dies": its socket closes without a goodbye.
-    let r2 = rv(name, 2, world);
-    let link = try_join(&r2, &r2, 2, Duration::from_secs(5)).expect("rank 2 joins");
-    let (g0, g1) = (
-        g0.join().expect("t").expect("rank 0"),
-        g1.join().expect("t").expect("rank 1"),
-    );
+    let link = join_by_hand(name, 2, world, "rank 2 joins");
+    let (g0, g1) = (joined(g0, "rank 0"), joined(g1, "rank 1"));
     let died = Instant::now();
     drop(link);
     // Rank 1 learns through rank 0; its exchange fails at once, naming rank 2.
@@ -402,17 +427,11 @@ fn a_dead_peer_is_found_at_once_and_reported_to_every_rank() {
 #[test]
 fn an_abort_on_one_rank_reaches_every_rank() {
     let handles = join_all("abort", 3);
-    let groups: Vec<Group> = handles
-        .into_iter()
-        .map(|h| h.join().expect("thread").expect("join"))
-        .collect();
+    let groups: Vec<Group> = handles.into_iter().map(|h| joined(h, "join")).collect();
     groups[2].abort("the user gave up");
     let start = Instant::now();
     for g in &groups {
-        while g.failure().is_none() && start.elapsed() < Duration::from_secs(2) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        let f = g.failure().expect("every rank learns");
+        let f = failure_since(g, start, "every rank learns");
         assert_eq!(f.rank, 2);
         assert!(f.why.contains("the user gave up"), "{}", f.why);
     }
@@ -422,21 +441,16 @@ fn an_abort_on_one_rank_reaches_every_rank() {
 #[test]
 fn a_forged_failure_or_unknown_message_after_the_rendezvous_stops_the_group() {
     let name = "forged";
-    let g0 = std::thread::spawn(move || Group::join(&rv(name, 0, 2)));
-    let r1 = rv(name, 1, 2);
-    let link = try_join(&r1, &r1, 1, Duration::from_secs(5)).expect("join");
-    let g0 = g0.join().expect("t").expect("rank 0");
+    let g0 = spawn_join(name, 0, 2);
+    let link = join_by_hand(name, 1, 2, "join");
+    let g0 = joined(g0, "rank 0");
     // A failure report that names a rank out of range is itself the sender's failure.
     send_raw(
         &link,
         &message(FAIL, &Writer::new().u32(77).text("x").finish()),
     )
     .expect("send");
-    let start = Instant::now();
-    while g0.failure().is_none() && start.elapsed() < Duration::from_secs(2) {
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let f = g0.failure().expect("stopped");
+    let f = failure_since(&g0, Instant::now(), "stopped");
     assert_eq!(f.rank, 1);
     assert!(f.why.contains("malformed"), "{}", f.why);
 }
@@ -457,7 +471,7 @@ fn the_largest_blobs_of_a_large_group_fit_one_table() {
     assert!(limit < MAX_BLOB, "{limit}");
     let groups: Vec<Group> = join_all("wide", world)
         .into_iter()
-        .map(|h| h.join().expect("thread").expect("join"))
+        .map(|h| joined(h, "join"))
         .collect();
     // One byte too many: refused at once, on that rank, before anything is sent.
     let start = Instant::now();
@@ -484,12 +498,9 @@ fn the_largest_blobs_of_a_large_group_fit_one_table() {
 #[test]
 fn a_time_limit_past_a_day_or_of_zero_is_refused_not_a_panic() {
     for timeout in [Duration::MAX, crate::MAX_TIMEOUT * 2, Duration::ZERO] {
-        let r = Rendezvous {
-            timeout,
-            ..rv("limits", 0, 1)
-        };
-        let e = Group::join(&r).expect_err("an unusable time limit");
-        assert!(e.to_string().contains("one day"), "{e}");
+        let r = rv_within("limits", 0, 1, timeout);
+        let e = join_error(&r, "an unusable time limit");
+        assert!(e.contains("one day"), "{e}");
     }
 }
 
@@ -523,57 +534,55 @@ fn only_torchruns_random_run_id_counts_as_a_random_part_of_the_job() {
 
 #[test]
 fn the_environment_names_the_job_and_is_checked() {
-    let vars = |v: &'static [(&'static str, &'static str)]| {
-        move |k: &str| v.iter().find(|(n, _)| *n == k).map(|(_, x)| x.to_string())
+    /// The environment `env` (`NAME=value`, separated by spaces), as `from_vars` reads it.
+    fn vars(env: &str) -> impl Fn(&str) -> Option<String> + '_ {
+        move |k| {
+            env.split(' ')
+                .find_map(|v| v.strip_prefix(k)?.strip_prefix('='))
+                .map(str::to_string)
+        }
+    }
+    let torchrun = |restart| {
+        Rendezvous::from_vars(vars(&format!(
+            "RANK=1 WORLD_SIZE=2 MASTER_PORT=29500 TORCHELASTIC_RUN_ID=abc \
+             TORCHELASTIC_RESTART_COUNT={restart}"
+        )))
+        .expect("valid")
     };
-    let r = Rendezvous::from_vars(vars(&[
-        ("RANK", "1"),
-        ("WORLD_SIZE", "2"),
-        ("MASTER_PORT", "29500"),
-        ("TORCHELASTIC_RUN_ID", "abc"),
-        ("TORCHELASTIC_RESTART_COUNT", "0"),
-    ]))
-    .expect("valid");
+    let r = torchrun(0);
     assert_eq!((r.rank, r.world, r.local_rank), (1, 2, 1));
-    let restarted = Rendezvous::from_vars(vars(&[
-        ("RANK", "1"),
-        ("WORLD_SIZE", "2"),
-        ("MASTER_PORT", "29500"),
-        ("TORCHELASTIC_RUN_ID", "abc"),
-        ("TORCHELASTIC_RESTART_COUNT", "1"),
-    ]))
-    .expect("valid");
+    let restarted = torchrun(1);
     assert_ne!(r.socket_path(), restarted.socket_path());
     assert!(r.secret.is_none());
-    let e = Rendezvous::from_vars(vars(&[("RANK", "0"), ("WORLD_SIZE", "2")]))
-        .expect_err("no job identity");
-    assert!(e.to_string().contains("P2P_JOB_ID nor MASTER_PORT"), "{e}");
-    let e = Rendezvous::from_vars(vars(&[
-        ("RANK", "0"),
-        ("WORLD_SIZE", "4"),
-        ("LOCAL_WORLD_SIZE", "2"),
-        ("P2P_JOB_ID", "j"),
-    ]))
-    .expect_err("two hosts");
-    assert!(e.to_string().contains("span one host"), "{e}");
-    let e = Rendezvous::from_vars(vars(&[
-        ("RANK", "0"),
-        ("WORLD_SIZE", "2"),
-        ("P2P_JOB_ID", "j"),
-        ("P2P_JOB_SECRET", "short"),
-    ]))
-    .expect_err("short secret");
-    assert!(e.to_string().contains("at least 16"), "{e}");
-    let e = Rendezvous::from_vars(vars(&[("RANK", "2"), ("WORLD_SIZE", "2")]))
-        .expect_err("rank too big");
-    assert!(e.to_string().contains("not below WORLD_SIZE"), "{e}");
+    for (env, what, words) in [
+        (
+            "RANK=0 WORLD_SIZE=2",
+            "no job identity",
+            "P2P_JOB_ID nor MASTER_PORT",
+        ),
+        (
+            "RANK=0 WORLD_SIZE=4 LOCAL_WORLD_SIZE=2 P2P_JOB_ID=j",
+            "two hosts",
+            "span one host",
+        ),
+        (
+            "RANK=0 WORLD_SIZE=2 P2P_JOB_ID=j P2P_JOB_SECRET=short",
+            "short secret",
+            "at least 16",
+        ),
+        (
+            "RANK=2 WORLD_SIZE=2",
+            "rank too big",
+            "not below WORLD_SIZE",
+        ),
+    ] {
+        let e = Rendezvous::from_vars(vars(env)).expect_err(what);
+        assert!(e.to_string().contains(words), "{e}");
+    }
     // The secret never shows in debug output.
-    let with = Rendezvous::from_vars(vars(&[
-        ("RANK", "0"),
-        ("WORLD_SIZE", "2"),
-        ("P2P_JOB_ID", "j"),
-        ("P2P_JOB_SECRET", "0123456789abcdef-secret"),
-    ]))
+    let with = Rendezvous::from_vars(vars(
+        "RANK=0 WORLD_SIZE=2 P2P_JOB_ID=j P2P_JOB_SECRET=0123456789abcdef-secret",
+    ))
     .expect("valid");
     assert!(!format!("{with:?}").contains("0123456789abcdef"));
 }
@@ -588,7 +597,7 @@ fn a_shared_directory_owned_by_someone_else_or_open_is_refused() {
         dir: Some(dir.clone()),
         ..rv("open", 0, 2)
     };
-    let e = Group::join(&r).expect_err("must refuse").to_string();
+    let e = join_error(&r, "must refuse");
     assert!(e.contains("not a private directory"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -613,53 +622,39 @@ fn channel_pair(
 fn each_way_a_handshake_message_is_wrong_has_its_reason() {
     let (_dir, a, b) = channel_pair("rv-expect");
     let t = Duration::from_millis(20);
+    // What `b` makes of `bytes` from `a` when it expects a hello (`what`: why it is wrong).
+    let answer = |bytes: &[u8], what: &str| {
+        send_raw(&a, bytes).expect("send");
+        expect(&b, HELLO, 32, t).expect_err(what)
+    };
     let e = expect(&b, HELLO, 32, t).expect_err("silent");
-    assert!(
-        matches!(e, HandshakeError::Silent { waited } if waited == t),
-        "{e:?}"
-    );
+    assert_matches!(e, HandshakeError::Silent { waited } if waited == t);
     assert_eq!(e.to_string(), "nothing arrived within 20ms");
-    send_raw(&a, &message(HELLO, &[0; 33])).expect("send");
-    let e = expect(&b, HELLO, 32, t).expect_err("too long");
-    assert!(
-        matches!(
-            e,
-            HandshakeError::TooLong {
-                len: 33,
-                kind: HELLO,
-                max: 32
-            }
-        ),
-        "{e:?}"
+    let e = answer(&message(HELLO, &[0; 33]), "too long");
+    assert_matches!(
+        e,
+        HandshakeError::TooLong {
+            len: 33,
+            kind: HELLO,
+            max: 32
+        }
     );
     assert_eq!(e.to_string(), "a 33-byte message of kind 2 (at most 32)");
-    send_raw(&a, &message(WELCOME, &[0; 32])).expect("send");
-    let e = expect(&b, HELLO, 32, t).expect_err("another kind");
-    assert!(
-        matches!(
-            e,
-            HandshakeError::UnexpectedKind {
-                expected: HELLO,
-                got: WELCOME
-            }
-        ),
-        "{e:?}"
+    let e = answer(&message(WELCOME, &[0; 32]), "another kind");
+    assert_matches!(
+        e,
+        HandshakeError::UnexpectedKind {
+            expected: HELLO,
+            got: WELCOME
+        }
     );
     assert_eq!(e.to_string(), "expected message kind 2, got 3");
-    send_raw(
-        &a,
-        &message(REFUSED, &Writer::new().text("go away").finish()),
-    )
-    .expect("send");
-    let e = expect(&b, HELLO, 32, t).expect_err("refused");
-    assert!(
-        matches!(e, HandshakeError::Refused { ref why } if why == "go away"),
-        "{e:?}"
-    );
+    let go_away = Writer::new().text("go away").finish();
+    let e = answer(&message(REFUSED, &go_away), "refused");
+    assert_matches!(e, HandshakeError::Refused { ref why } if why == "go away");
     assert_eq!(e.to_string(), "refused: go away");
-    send_raw(&a, b"junk that is not a message").expect("send");
-    let e = expect(&b, HELLO, 32, t).expect_err("junk");
-    assert!(matches!(e, HandshakeError::Malformed(_)), "{e:?}");
+    let e = answer(b"junk that is not a message", "junk");
+    assert_matches!(e, HandshakeError::Malformed(_));
     // A rank the launcher reports ended ends the wait at once, naming it.
     let ended = crate::launch::Ended {
         rank: 1,
@@ -669,17 +664,14 @@ fn each_way_a_handshake_message_is_wrong_has_its_reason() {
     let until = Instant::now() + Duration::from_secs(5);
     let e = expect_hearing_launcher(&b, READY, 32, until, || Some(ended.clone()))
         .expect_err("launcher");
-    assert!(
-        matches!(e, HandshakeError::Launcher(ref x) if *x == ended),
-        "{e:?}"
-    );
+    assert_matches!(e, HandshakeError::Launcher(ref x) if *x == ended);
     assert_eq!(
         e.to_string(),
         "launcher: rank 1 (pid 7) ended (signal: 9), as the launcher reports, before every rank joined"
     );
     drop(a);
     let e = expect(&b, HELLO, 32, t).expect_err("closed");
-    assert!(matches!(e, HandshakeError::Link(_)), "{e:?}");
+    assert_matches!(e, HandshakeError::Link(_));
 }
 
 #[test]
