@@ -24,18 +24,24 @@ pub(super) struct Placement {
     pub world: usize,
 }
 
-/// Where parent rank `me` lands, given every rank's `(color, key)` in parent-rank order: the
-/// ranks of `me`'s color ordered by key, then by parent rank. `None` when `me` gives no color.
-pub(super) fn placement(requests: &[(Option<u32>, i32)], me: usize) -> Option<Placement> {
-    let color = requests.get(me)?.0?;
-    let mut members: Vec<(i32, usize)> = requests
+/// The parent ranks that gave `color`, in the child's rank order: by key, then by parent rank.
+fn members(requests: &[(Option<u32>, i32)], color: u32) -> Vec<usize> {
+    let mut m: Vec<(i32, usize)> = requests
         .iter()
         .enumerate()
         .filter(|(_, (c, _))| *c == Some(color))
         .map(|(r, (_, key))| (*key, r))
         .collect();
-    members.sort_unstable();
-    let rank = members.iter().position(|&(_, r)| r == me)?;
+    m.sort_unstable();
+    m.into_iter().map(|(_, r)| r).collect()
+}
+
+/// Where parent rank `me` lands, given every rank's `(color, key)` in parent-rank order (see
+/// [`members`]). `None` when `me` gives no color.
+pub(super) fn placement(requests: &[(Option<u32>, i32)], me: usize) -> Option<Placement> {
+    let color = requests.get(me)?.0?;
+    let members = members(requests, color);
+    let rank = members.iter().position(|&r| r == me)?;
     Some(Placement {
         color,
         rank,
@@ -43,7 +49,7 @@ pub(super) fn placement(requests: &[(Option<u32>, i32)], me: usize) -> Option<Pl
     })
 }
 
-/// The parent ranks of each color, in the child's rank order (see [`placement`]), colors in
+/// The parent ranks of each color, in the child's rank order (see [`members`]), colors in
 /// increasing order.
 pub(super) fn children(requests: &[(Option<u32>, i32)]) -> Vec<(u32, Vec<usize>)> {
     let mut colors: Vec<u32> = requests.iter().filter_map(|(c, _)| *c).collect();
@@ -51,16 +57,7 @@ pub(super) fn children(requests: &[(Option<u32>, i32)]) -> Vec<(u32, Vec<usize>)
     colors.dedup();
     colors
         .into_iter()
-        .map(|color| {
-            let mut members: Vec<(i32, usize)> = requests
-                .iter()
-                .enumerate()
-                .filter(|(_, (c, _))| *c == Some(color))
-                .map(|(r, (_, key))| (*key, r))
-                .collect();
-            members.sort_unstable();
-            (color, members.into_iter().map(|(_, r)| r).collect())
-        })
+        .map(|color| (color, members(requests, color)))
         .collect()
 }
 
