@@ -26,7 +26,8 @@ export PATH="$cuda/nvidia/cu13/bin:$PATH" CUDA_HOME="$cuda/nvidia/cu13" CUDA_ROO
 if [ "$mode" = build ]; then
   cargo build --release --quiet --manifest-path "$here/candle-app/Cargo.toml" --target-dir "$target"
   mkdir -p "$2"
-  cp "$target/release/p2p-downstream-candle" "$2/"
+  # Under its own name: check.sh writes p2p-downstream-candle (cudarc's candle feature) there.
+  cp "$target/release/p2p-downstream-candle" "$2/p2p-downstream-candle-core"
 else
   cargo check --quiet --manifest-path "$here/candle-app/Cargo.toml" --target-dir "$target"
 fi

@@ -112,11 +112,28 @@ nccl_tests() {
 nccl_tests_build() {
   nccl_build=
   if [ -d "$root/.nccl-tests" ] && [ ! -x "$nt/all_reduce_perf" ]; then
-    (nice -n 19 taskset -c "$(( $(nproc) / 2 ))-$(( $(nproc) - 1 ))" bash "$root/.nccl-tests/build.sh" >"$res/nccl-tests-build.log" 2>&1) &
+    # A session of its own (setsid execs the rest in place), so that nccl_tests_wait can stop
+    # the whole build, make and compilers included, by its process group.
+    setsid nice -n 19 taskset -c "$(( $(nproc) / 2 ))-$(( $(nproc) - 1 ))" bash "$root/.nccl-tests/build.sh" >"$res/nccl-tests-build.log" 2>&1 &
     nccl_build=$!
   fi
 }
-nccl_tests_wait() { [ -n "${nccl_build:-}" ] && { wait "$nccl_build"; note "nccl-tests build: exit $?"; }; }
+# Waits for the background nccl-tests build, at most NCCL_BUILD_WAIT seconds (default 420): past
+# that the build is killed and the phase goes on without nccl-tests.
+nccl_tests_wait() {
+  [ -n "${nccl_build:-}" ] || return 0
+  local waited=0
+  while kill -0 "$nccl_build" 2>/dev/null && [ "$waited" -lt "${NCCL_BUILD_WAIT:-420}" ]; do
+    sleep 1
+    waited=$((waited + 1))
+  done
+  if kill -0 "$nccl_build" 2>/dev/null; then
+    kill -- "-$nccl_build" 2>/dev/null
+    note "nccl-tests build: still running after ${NCCL_BUILD_WAIT:-420} s, killed"
+  fi
+  wait "$nccl_build"
+  note "nccl-tests build: exit $?"
+}
 # coll_ab TAG "FLAGS" ARGS...: RUNS (default 2) rounds of `p2p-bench coll ARGS`, each round once
 # with FLAGS (split on spaces) into $res/coll-TAG-rN and once with the defaults into
 # $res/coll-TAG-defaults-rN: a before and after in one session. Each run ends at COLL_TIMEOUT

@@ -169,7 +169,7 @@ phase_ll-floor() {
       cat "$harness/harness.cuh" "$harness/ll_floor.cu"
     } >"$work/$bin.cu"
     # shellcheck disable=SC2086 # no flags or one
-    nvcc -O3 -std=c++17 -arch="sm_$arch" $flags -o "$work/$bin" "$work/$bin.cu" >"$res/$bin.build.log" 2>&1
+    timeout 300 nvcc -O3 -std=c++17 -arch="sm_$arch" $flags -o "$work/$bin" "$work/$bin.cu" >"$res/$bin.build.log" 2>&1
   }
   # Two builds: as the library's (no marks) and with ll_probe.cuh's timing marks in run_ll.
   names="ll_floor ll_probe"
@@ -216,7 +216,7 @@ phase_p2p() {
       coll_text "$kernels" | sed -e '/^COLL_KERNEL(coll_/d'
       cat "$harness/harness.cuh" "$harness/p2p_sweep.cu"
     } >"$work/$label.cu"
-    nvcc -O3 -std=c++17 -arch="sm_$arch" -o "$work/$label" "$work/$label.cu" >"$res/$label.build.log" 2>&1
+    timeout 300 nvcc -O3 -std=c++17 -arch="sm_$arch" -o "$work/$label" "$work/$label.cu" >"$res/$label.build.log" 2>&1
   }
   t0=$(date +%s)
   for v in "${variants[@]}"; do
@@ -247,8 +247,8 @@ phase_launch-cost() {
   need 1 || exit 0
   arch=$(arch)
   workdir
-  if ! { nvcc -arch="sm_$arch" -cubin -DKERNELS -o "$work/launch_cost.cubin" "$harness/launch_cost.cu" &&
-    nvcc -O2 -std=c++17 -o "$work/launch_cost" "$harness/launch_cost.cu" -lcuda; } >"$res/build.log" 2>&1; then
+  if ! { timeout 300 nvcc -arch="sm_$arch" -cubin -DKERNELS -o "$work/launch_cost.cubin" "$harness/launch_cost.cu" &&
+    timeout 300 nvcc -O2 -std=c++17 -o "$work/launch_cost" "$harness/launch_cost.cu" -lcuda; } >"$res/build.log" 2>&1; then
     note "build failed: $(tail -n 5 "$res/build.log")"
     exit 1
   fi

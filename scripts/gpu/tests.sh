@@ -126,7 +126,7 @@ phase_candle() {
   ldd "$exe" >"$res/candle-ldd.txt" 2>&1
   if grep -q "not found" "$res/candle-ldd.txt"; then
     # The CUDA 13 libraries candle links, wherever this machine keeps them.
-    extra=$(find / -xdev \( -name 'libcublas.so.13' -o -name 'libcurand.so.10' -o -name 'libcudart.so.13' \) -print0 2>/dev/null | xargs -0 -r -n1 dirname | sort -u | tr '\n' ':')
+    extra=$(timeout 60 find / -xdev \( -name 'libcublas.so.13' -o -name 'libcurand.so.10' -o -name 'libcudart.so.13' \) -print0 2>/dev/null | xargs -0 -r -n1 dirname | sort -u | tr '\n' ':')
     export LD_LIBRARY_PATH="${extra}${LD_LIBRARY_PATH:-}"
     ldd "$exe" >>"$res/candle-ldd.txt" 2>&1
   fi
