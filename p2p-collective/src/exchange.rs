@@ -136,8 +136,13 @@ pub(crate) struct SplitRequest {
 }
 
 impl SplitRequest {
+    /// The first word of every split request: no other exchange starts with it, so a rank that
+    /// made another call at this point is told apart from a malformed request.
+    pub const TAG: u16 = 0x5350;
+
     pub fn encode(&self) -> Vec<u8> {
         wire::Writer::new()
+            .u16(Self::TAG)
             .u64(self.seq)
             .u16(u16::from(self.color.is_some()))
             .u32(self.color.unwrap_or(0))
@@ -148,6 +153,9 @@ impl SplitRequest {
     /// `None` for anything but an encoded request.
     pub fn decode(b: &[u8]) -> Option<SplitRequest> {
         let mut rd = wire::Reader::new(b);
+        if rd.u16()? != Self::TAG {
+            return None;
+        }
         let seq = rd.u64()?;
         let has = rd.u16()?;
         let color = rd.u32()?;
@@ -242,7 +250,11 @@ mod tests {
             },
         ] {
             assert_eq!(SplitRequest::decode(&s.encode()), Some(s));
+            // A registration is not a split request, nor the other way round.
+            assert_eq!(Registration::decode(&s.encode()), None);
         }
+        let refused = Registration::Refused("pool memory".into()).encode();
+        assert_eq!(SplitRequest::decode(&refused), None);
     }
 
     #[test]

@@ -7,15 +7,46 @@
 
 mod common;
 
-use common::{counts, gpus, launch_or_run_comm, run_matrix, world, Local};
+use common::{gpus, launch_or_run_comm, run_matrix, world, Local};
 use p2p_collective::{Communicator, Op};
+
+/// The counts of these tests: `P2PTEST_COUNTS`, else up to 65537 (every layout runs the whole
+/// matrix, and a rank left out of a child waits in its next parent call for the others' child
+/// matrix: at the suites' default counts, up to 64 Mi, that would pass the parent's time limit).
+fn counts() -> Vec<usize> {
+    match std::env::var("P2PTEST_COUNTS") {
+        Ok(_) => common::counts(),
+        Err(_) => vec![0, 1, 7, 1023, 65537],
+    }
+}
+
+/// The layout whose child outlives its parent: a child of every rank (in reverse order), so
+/// that it has peers at every world size.
+const KEPT: &str = "one child in reverse order";
 
 /// Every parent rank's `(color, key)`.
 type Layout = Vec<(Option<u32>, i32)>;
 
 /// The layouts for `world` ranks, each with its name.
 fn layouts(world: usize) -> Vec<(&'static str, Layout)> {
-    let mut l = vec![
+    let mut l = Vec::new();
+    if world >= 4 {
+        // First: the rank left out goes on to the next split's exchange (its rendezvous limit,
+        // 60 s), not to a parent call, while the others run their child's matrix.
+        l.push((
+            "all but the last rank",
+            (0..world)
+                .map(|r| ((r + 1 < world).then_some(0), r as i32))
+                .collect(),
+        ));
+        l.push((
+            "pairs",
+            (0..world)
+                .map(|r| (Some((r / 2) as u32), r as i32))
+                .collect(),
+        ));
+    }
+    l.extend([
         (
             "every rank alone",
             (0..world).map(|r| (Some(r as u32), 0)).collect(),
@@ -30,21 +61,7 @@ fn layouts(world: usize) -> Vec<(&'static str, Layout)> {
                 .map(|r| (Some((r % 2) as u32), r as i32))
                 .collect(),
         ),
-    ];
-    if world >= 4 {
-        l.push((
-            "pairs",
-            (0..world)
-                .map(|r| (Some((r / 2) as u32), r as i32))
-                .collect(),
-        ));
-        l.push((
-            "all but the last rank",
-            (0..world)
-                .map(|r| ((r + 1 < world).then_some(0), r as i32))
-                .collect(),
-        ));
-    }
+    ]);
     l
 }
 
@@ -99,7 +116,7 @@ fn gpu2_split_all_makes_children_over_any_subset() {
             let mut ls: Vec<Local> = members.into_iter().map(|c| Local::new(c, max)).collect();
             run_matrix(&mut ls, &Op::ALL, &counts)
                 .assert_exact(&format!("{name}: child of color {color}"));
-            if name == "even and odd ranks" && kept.is_none() {
+            if name == KEPT && kept.is_none() {
                 kept = Some(ls);
             }
         }
@@ -130,7 +147,7 @@ fn gpu2_process_per_gpu_split() {
                     let mut ls = vec![Local::new(child, max)];
                     run_matrix(&mut ls, &Op::ALL, &counts)
                         .assert_exact(&format!("rank {rank}: {name}: child rank {r} of {size}"));
-                    if name == "even and odd ranks" {
+                    if name == KEPT {
                         kept = Some(ls);
                     }
                 }
@@ -147,10 +164,23 @@ fn gpu2_process_per_gpu_split() {
         run_matrix(&mut parent, &Op::ALL, &counts)
             .assert_exact(&format!("rank {rank}: the parent after its splits"));
         drop(parent);
-        let mut kept = kept.expect("every rank has a color in the even/odd layout");
+        let mut kept = kept.expect("every rank is in the kept layout's child");
         run_matrix(&mut kept, &Op::ALL, &counts)
             .assert_exact(&format!("rank {rank}: a child after its parent's drop"));
     });
+}
+
+/// A communicator of one rank (what a split gives a rank alone), in one process: no suite runs
+/// one elsewhere, so a failure here is told apart from a split's.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu1_a_one_rank_communicator_runs_the_matrix() {
+    let devices = gpus(1);
+    let comms = Communicator::init_all(&devices).expect("init_all of one GPU");
+    let counts = counts();
+    let max = counts.iter().copied().max().unwrap_or(1);
+    let mut ls: Vec<Local> = comms.into_iter().map(|c| Local::new(c, max)).collect();
+    run_matrix(&mut ls, &Op::ALL, &counts).assert_exact("one rank");
 }
 
 #[test]

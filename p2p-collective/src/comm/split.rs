@@ -77,8 +77,11 @@ impl Communicator {
     /// A child is a communicator of its own, made as one made for its GPUs alone (its own
     /// workspaces, rendezvous group and liveness; the parent's options): its collectives run as
     /// on such a communicator. This communicator stays usable, and the two may be dropped in
-    /// either order. Returns when every rank of the child has joined it, or fails as
-    /// [`init`](Self::init) fails (naming a rank that died).
+    /// either order, once the calls queued on the one dropped are synchronized: a `Drop` waits
+    /// for its GPU's work (the other's calls included) up to its limit, so a rank that drops one
+    /// while its peers still wait in calls of the other would wait for them that long. Returns
+    /// when every rank of the child has joined it, or fails as [`init`](Self::init) fails (a
+    /// rank that died is named by its rank in this communicator).
     ///
     /// For communicators of one process ([`init_all`](Self::init_all)), use
     /// [`split_all`](Self::split_all).
@@ -119,8 +122,11 @@ impl Communicator {
         };
         let mut requests = Vec::with_capacity(all.len());
         for (r, b) in all.iter().enumerate() {
-            let theirs = SplitRequest::decode(b)
-                .ok_or_else(|| fail(format!("rank {r} sent a malformed split request")))?;
+            let theirs = SplitRequest::decode(b).ok_or_else(|| {
+                fail(format!(
+                    "rank {r} sent no split request at this point: every rank calls split together (in the same order as register and the other calls every rank makes)"
+                ))
+            })?;
             if theirs.seq != seq {
                 return Err(fail(format!(
                     "rank {r} made its split number {}, this rank its number {seq}: every rank must call split the same number of times, in the same order",
@@ -157,9 +163,25 @@ impl Communicator {
             at.rank,
             at.world
         );
+        // A death found while the child is made names ranks of the child: said in this
+        // communicator's ranks, as the caller knows them.
+        let parent_ranks = members(&requests, at.color);
         Communicator::init(&self.device, &child, self.options.clone())
             .map(Some)
-            .map_err(|e| e.peer_failure_in("split"))
+            .map_err(|e| match e.peer_failure_in("split") {
+                Error::PeerFailed { failure, .. } => Error::PeerFailed {
+                    op: "split".into(),
+                    failure: p2p_transport::PeerFailure {
+                        rank: self.rank,
+                        peer: parent_ranks
+                            .get(failure.peer)
+                            .copied()
+                            .unwrap_or(failure.peer),
+                        why: failure.why,
+                    },
+                },
+                e => e,
+            })
     }
 
     /// Splits communicators of one process ([`init_all`](Self::init_all)) at once: `how[r]` is
