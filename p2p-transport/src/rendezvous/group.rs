@@ -318,7 +318,14 @@ impl Group {
                     .and_then(|link| client_handshake(link, &key, rank, rv.world));
                 match attempt {
                     Ok(link) => break link,
-                    Err((false, why)) => return Err(fail(format!("handshake with rank 0: {why}"))),
+                    Err((false, why)) => {
+                        // A closed socket mid-handshake may be rank 0 leaving because the
+                        // launcher told it a rank ended: that rank is the cause to report.
+                        return Err(fail(match news_within(news) {
+                            Some(ended) => format!("{ended}, before every rank joined"),
+                            None => format!("handshake with rank 0: {why}"),
+                        }));
+                    }
                     Err((true, why)) if Instant::now() > deadline => {
                         return Err(fail(format!(
                             "rank 0 did not answer at {} within {:?}: {why}",

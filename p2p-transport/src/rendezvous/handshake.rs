@@ -168,11 +168,43 @@ pub(super) fn expect_hearing_launcher(
         let left = until.saturating_duration_since(Instant::now());
         match expect(link, kind, max, left.clamp(TICK, 4 * TICK)) {
             Err(HandshakeError::Silent { .. }) if !left.is_zero() => {}
-            other => return other,
+            // The other side is gone. If a launcher says a rank ended, that is the cause (the
+            // other side may have left because it heard it first), so it is what this rank
+            // reports; the news may arrive a moment after the socket closed.
+            Err(e) => {
+                return Err(match news_within(&news) {
+                    Some(ended) => HandshakeError::Launcher(ended),
+                    None => e,
+                })
+            }
+            ok => return ok,
         }
         if let Some(ended) = news() {
             return Err(HandshakeError::Launcher(ended));
         }
+    }
+}
+
+/// How long a rank whose peer's socket closed listens for its launcher's word on which rank
+/// ended, before it reports the closed socket itself (the failure path only).
+const NEWS_GRACE: Duration = Duration::from_millis(200);
+
+/// After a peer's socket closed: the rank the launcher says ended, if it says so within
+/// [`NEWS_GRACE`] (that rank's end is the cause; the peer may have left because it heard it
+/// first). `None` after the grace where the launcher said nothing (or nothing launched the
+/// job).
+pub(super) fn news_within(
+    news: impl Fn() -> Option<crate::launch::Ended>,
+) -> Option<crate::launch::Ended> {
+    let heard_by = Instant::now() + NEWS_GRACE;
+    loop {
+        if let Some(ended) = news() {
+            return Some(ended);
+        }
+        if Instant::now() >= heard_by {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 
