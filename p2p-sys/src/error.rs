@@ -4,7 +4,7 @@
 //! symbolic name and the library's own message, plus a hint for the codes users hit most.
 
 use crate::probe::{self, Library};
-use crate::{cuda, nvrtc};
+use crate::{cuda, nccl_rt, nvrtc};
 #[cfg(feature = "tools")]
 use crate::{cudart, nccl};
 
@@ -280,6 +280,31 @@ pub fn check_nvrtc(call: &'static str, result: nvrtc::nvrtcResult) -> Result<(),
     })
 }
 
+/// Turns a result of the NCCL that p2p loads at run time ([`crate::nccl_rt`]) into `Ok(())` or
+/// [`Error::Call`] naming `call` (or [`Error::MissingEntryPoints`] where the loaded NCCL lacks
+/// `call`).
+pub fn check_nccl_rt(call: &'static str, result: nccl_rt::ncclResult_t) -> Result<(), Error> {
+    if result == nccl_rt::ncclResult_t::ncclSuccess {
+        return Ok(());
+    }
+    let loaded = probe::is_loaded(Library::Nccl);
+    if loaded && nccl_rt::ENTRY_POINTS.contains(&call) && !nccl_rt::has(call) {
+        return Err(missing(Library::Nccl, call));
+    }
+    // SAFETY: libnccl is loaded (probed); the returned string is static (null if the library
+    // lacks the function).
+    let message = loaded.then(|| owned(unsafe { nccl_rt::ncclGetErrorString(result) }));
+    Err(Error::Call {
+        api: Api::Nccl,
+        call,
+        code: i64::from(result.0),
+        name: result
+            .name()
+            .map_or_else(|| format!("ncclResult_t {}", result.0), str::to_string),
+        message: message.flatten().unwrap_or_else(|| NOT_LOADED.into()),
+    })
+}
+
 /// Turns an NCCL result into `Ok(())` or [`Error::Call`] naming `call` (feature `tools`).
 #[cfg(feature = "tools")]
 pub fn check_nccl(call: &'static str, result: nccl::ncclResult_t) -> Result<(), Error> {
@@ -304,6 +329,30 @@ pub fn check_nccl(call: &'static str, result: nccl::ncclResult_t) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_nccl_failure_names_the_call_and_the_code_loaded_or_not() {
+        assert_eq!(
+            check_nccl_rt("ncclAllReduce", nccl_rt::ncclResult_t::ncclSuccess),
+            Ok(())
+        );
+        let e = check_nccl_rt(
+            "ncclCommInitRankConfig",
+            nccl_rt::ncclResult_t::ncclRemoteError,
+        )
+        .expect_err("an error");
+        assert!(
+            matches!(&e, Error::Call { api: Api::Nccl, code: 6, name, .. } if name == "ncclRemoteError"),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string()
+                .starts_with("ncclCommInitRankConfig failed: ncclRemoteError"),
+            "{e}"
+        );
+        let newer = check_nccl_rt("ncclSend", nccl_rt::ncclResult_t(77)).expect_err("an error");
+        assert!(newer.to_string().contains("ncclResult_t 77"), "{newer}");
+    }
 
     #[test]
     fn success_is_ok_for_every_api() {

@@ -40,6 +40,7 @@ pub mod checkpoint;
 pub mod ctx_event;
 pub mod cuda;
 mod error;
+pub mod nccl_rt;
 pub mod nvml;
 pub mod nvrtc;
 pub mod probe;
@@ -49,7 +50,7 @@ mod table;
 pub use cudarc::nccl::sys as nccl;
 #[cfg(feature = "tools")]
 pub use cudarc::runtime::sys as cudart;
-pub use error::{check_cu, check_nvrtc, Api, Error};
+pub use error::{check_cu, check_nccl_rt, check_nvrtc, Api, Error};
 #[cfg(feature = "tools")]
 pub use error::{check_cudart, check_nccl};
 pub use probe::Library;

@@ -89,6 +89,19 @@ pub enum Error {
     /// failed); this rank stopped.
     #[error("{0}")]
     PeerFailed(PeerFailure),
+    /// An NCCL communicator between hosts ([`crate::nccl`]) failed or passed its time limit,
+    /// and was aborted.
+    #[error("NCCL {op} on rank {rank} (GPU {device}): {why}; the NCCL communicator was aborted")]
+    NcclFailed {
+        /// The NCCL call.
+        op: &'static str,
+        /// This rank in the NCCL communicator.
+        rank: usize,
+        /// This rank's GPU.
+        device: i32,
+        /// What happened.
+        why: String,
+    },
     /// An argument is outside what the call accepts; nothing was done.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

@@ -43,6 +43,7 @@ mod error;
 pub mod kernels;
 pub mod launch;
 pub mod mode;
+pub mod nccl;
 pub mod peer;
 pub mod rendezvous;
 pub mod topo;

@@ -22,6 +22,33 @@ const CUDA_12_WHEELS: [&str; 2] = [
 /// checkpoint API (CUDA 12.8+) and `cuCtxRecordEvent` (not in 12.4's headers).
 const CUDA_13_WHEEL: &str = "nvidia-cuda-runtime==13.0.96";
 
+/// NCCL's headers: 2.18, whose API (unique ids, init by rank with a non-blocking config, abort,
+/// asynchronous errors, the collectives, send/recv, groups) every later NCCL keeps.
+const NCCL_WHEEL: &str = "nvidia-nccl-cu12==2.18.3";
+
+/// The NCCL entry points a communicator across hosts calls.
+const NCCL: &[&str] = &[
+    "ncclAllGather",
+    "ncclAllReduce",
+    "ncclBroadcast",
+    "ncclCommAbort",
+    "ncclCommCount",
+    "ncclCommDestroy",
+    "ncclCommFinalize",
+    "ncclCommGetAsyncError",
+    "ncclCommInitRankConfig",
+    "ncclCommUserRank",
+    "ncclGetErrorString",
+    "ncclGetUniqueId",
+    "ncclGetVersion",
+    "ncclGroupEnd",
+    "ncclGroupStart",
+    "ncclRecv",
+    "ncclReduce",
+    "ncclReduceScatter",
+    "ncclSend",
+];
+
 /// The driver entry points p2p calls, by the versioned names `cuda.h` maps them to.
 const DRIVER: &[&str] = &[
     "cuCtxDisablePeerAccess",
@@ -146,9 +173,13 @@ struct Module {
     missing: &'static str,
     /// Lines placed before bindgen's output.
     prelude: &'static str,
+    /// Stand-ins for headers the header includes but whose parts the bindings do not use
+    /// (file name, text), in a folder searched first; and macros defined for the compile.
+    stand_ins: &'static [(&'static str, &'static str)],
+    defines: &'static [&'static str],
 }
 
-const MODULES: [Module; 4] = [
+const MODULES: [Module; 5] = [
     Module {
         dest: "p2p-sys/src/cuda.rs",
         title: "The CUDA driver API (`libcuda`): the types and entry points p2p uses",
@@ -170,6 +201,8 @@ const MODULES: [Module; 4] = [
         result: "CUresult",
         missing: "CUresult::CUDA_ERROR_NOT_FOUND",
         prelude: "",
+        stand_ins: &[],
+        defines: &[],
     },
     Module {
         dest: "p2p-sys/src/nvrtc.rs",
@@ -182,6 +215,8 @@ const MODULES: [Module; 4] = [
         result: "nvrtcResult",
         missing: "nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR",
         prelude: "",
+        stand_ins: &[],
+        defines: &[],
     },
     Module {
         dest: "p2p-sys/src/checkpoint.rs",
@@ -209,6 +244,8 @@ const MODULES: [Module; 4] = [
         result: "CUresult",
         missing: "CUresult::CUDA_ERROR_NOT_FOUND",
         prelude: "#[allow(unused_imports)]\nuse crate::cuda::{CUresult, cudaError_enum};\n",
+        stand_ins: &[],
+        defines: &[],
     },
     Module {
         dest: "p2p-sys/src/ctx_event.rs",
@@ -225,6 +262,43 @@ const MODULES: [Module; 4] = [
         result: "CUresult",
         missing: "CUresult::CUDA_ERROR_NOT_FOUND",
         prelude: "#[allow(unused_imports)]\nuse crate::cuda::{CUcontext, CUevent, CUresult, cudaError_enum};\n",
+        stand_ins: &[],
+        defines: &[],
+    },
+    Module {
+        dest: "p2p-sys/src/nccl_rt.rs",
+        title: "NCCL (`libnccl.so.2`), loaded at run time: the entry points a communicator across hosts uses",
+        wheel: NCCL_WHEEL,
+        header: "nvidia/nccl/include/nccl.h",
+        functions: NCCL,
+        // Its own types; a CUDA stream is the driver module's (the runtime's `cudaStream_t` is the
+        // same pointer).
+        extra: &[
+            "--allowlist-type",
+            "ncclComm.*|ncclUniqueId|ncclResult_t|ncclDataType_t|ncclRedOp_t|ncclConfig.*",
+            "--allowlist-var",
+            "NCCL_UNIQUE_ID_BYTES|NCCL_SPLIT_NOCOLOR",
+            "--blocklist-type",
+            "cudaStream_t|CUstream_st",
+            "--newtype-enum",
+            "ncclResult_t",
+            "--newtype-enum",
+            "ncclDataType_t",
+            "--newtype-enum",
+            "ncclRedOp_t",
+        ],
+        library: "Nccl",
+        result: "ncclResult_t",
+        missing: "ncclResult_t::ncclSystemError",
+        prelude: "/// The CUDA runtime's stream: the driver's `CUstream`.\npub type cudaStream_t = crate::cuda::CUstream;\n",
+        // nccl.h includes the CUDA runtime's headers (which need nvcc's own) for `cudaStream_t`
+        // and the bf16 type's presence only.
+        stand_ins: &[
+            ("cuda_runtime.h", "#include <stddef.h>\ntypedef struct CUstream_st *cudaStream_t;\n"),
+            ("cuda_fp16.h", ""),
+            ("cuda_bf16.h", ""),
+        ],
+        defines: &["__CUDA_BF16_TYPES_EXIST__"],
     },
 ];
 
@@ -247,6 +321,20 @@ pub fn bindgen(root: &Path) -> Result<()> {
             .args(["--rust-target", "1.85", "--rust-edition", "2021"])
             .arg("--")
             .arg(format!("-I{}", include.display()));
+        if !module.stand_ins.is_empty() {
+            let dir = work.join(format!("stand-ins-{}", module.library));
+            std::fs::create_dir_all(&dir)
+                .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+            for (name, text) in module.stand_ins {
+                let file = dir.join(name);
+                std::fs::write(&file, text)
+                    .map_err(|e| format!("writing {}: {e}", file.display()))?;
+            }
+            cmd.arg(format!("-I{}", dir.display()));
+        }
+        for d in module.defines {
+            cmd.arg(format!("-D{d}"));
+        }
         eprintln!("xtask: running {cmd:?}");
         let output = cmd.output().map_err(|e| {
             format!("could not start bindgen (cargo install bindgen-cli; apt-get install libclang-dev): {e}")

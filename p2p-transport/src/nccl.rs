@@ -1,0 +1,576 @@
+//! NCCL between hosts: a communicator over ranks that may live on other hosts, through the NCCL
+//! that p2p loads at run time ([`p2p_sys::nccl_rt`], NCCL 2.18 or later). It is the inter-host
+//! half of the communicators across hosts (issue 39; see `docs/architecture.md`): built and
+//! unit-tested, not yet run on a GPU.
+//!
+//! Every NCCL communicator here is made non-blocking (`ncclConfig_t::blocking = 0`), so no call
+//! waits inside NCCL: init and every collective are polled (`ncclCommGetAsyncError`) up to the
+//! communicator's time limit, and a communicator past it, or failed, is aborted
+//! (`ncclCommAbort`) and reports which call and why. Without libnccl every call is an error
+//! naming the library, never a panic.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use p2p_mem::{Device, DeviceMemory, DeviceMemoryMut, Stream};
+use p2p_sys::nccl_rt::{self as nccl, ncclDataType_t, ncclRedOp_t, ncclResult_t};
+use p2p_sys::Library;
+
+use crate::error::{Error, Result};
+
+/// The bytes of an NCCL unique id (`NCCL_UNIQUE_ID_BYTES`).
+pub const UNIQUE_ID_BYTES: usize = nccl::NCCL_UNIQUE_ID_BYTES as usize;
+
+/// An NCCL communicator's identity: made by one rank ([`UniqueId::new`]) and given to every
+/// other (its bytes travel however the job's ranks meet). Whoever holds it can join, so it
+/// travels only over channels the job trusts.
+#[derive(Clone)]
+pub struct UniqueId(nccl::ncclUniqueId);
+
+impl std::fmt::Debug for UniqueId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never printed: it admits to the communicator.
+        f.write_str("UniqueId(..)")
+    }
+}
+
+impl UniqueId {
+    /// A new id (`ncclGetUniqueId`, which also sets up NCCL's bootstrap listener).
+    pub fn new() -> Result<UniqueId> {
+        loaded(-1)?;
+        let mut id = nccl::ncclUniqueId {
+            internal: [0; UNIQUE_ID_BYTES],
+        };
+        // SAFETY: libnccl is loaded; `id` is an out-parameter of the declared type.
+        let r = unsafe { nccl::ncclGetUniqueId(&mut id) };
+        p2p_sys::check_nccl_rt("ncclGetUniqueId", r).map_err(on(-1))?;
+        Ok(UniqueId(id))
+    }
+
+    /// The id's bytes.
+    pub fn to_bytes(&self) -> [u8; UNIQUE_ID_BYTES] {
+        self.0.internal.map(|c| c as u8)
+    }
+
+    /// The id from its bytes (`None` unless exactly [`UNIQUE_ID_BYTES`] long).
+    pub fn from_bytes(bytes: &[u8]) -> Option<UniqueId> {
+        let b: [u8; UNIQUE_ID_BYTES] = bytes.try_into().ok()?;
+        Some(UniqueId(nccl::ncclUniqueId {
+            internal: b.map(|x| x as std::ffi::c_char),
+        }))
+    }
+}
+
+/// One rank's NCCL communicator on one GPU. Freed on `Drop` (finalized within its time limit,
+/// else aborted).
+pub struct NcclComm {
+    raw: nccl::ncclComm_t,
+    device: Device,
+    rank: usize,
+    world: usize,
+    timeout: Duration,
+    /// Set once `ncclCommAbort` has freed the communicator: nothing may use or free it again.
+    aborted: AtomicBool,
+}
+
+// SAFETY: an NCCL communicator may be used from any thread, one call at a time; every method
+// takes `&self` only for calls NCCL allows to race (none here mutate the handle) and the handle
+// is freed once, in `Drop`.
+unsafe impl Send for NcclComm {}
+
+impl std::fmt::Debug for NcclComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NcclComm")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("device", &self.device.ordinal())
+            .finish()
+    }
+}
+
+impl NcclComm {
+    /// Joins the NCCL communicator `id` of `world` ranks as rank `rank` on `device`, waiting at
+    /// most `timeout` for every rank to join (then aborting it and failing).
+    pub fn init(
+        device: &Device,
+        id: &UniqueId,
+        world: usize,
+        rank: usize,
+        timeout: Duration,
+    ) -> Result<NcclComm> {
+        let comm = Self::start(device, id, world, rank, timeout)?;
+        comm.wait("init")?;
+        Ok(comm)
+    }
+
+    /// The NCCL communicator of `devices`, all in this process (rank r on `devices[r]`).
+    pub fn init_all(devices: &[Device], timeout: Duration) -> Result<Vec<NcclComm>> {
+        let id = UniqueId::new()?;
+        let world = devices.len();
+        // Several ranks of one process join inside one group; each init returns at once (the
+        // communicators are non-blocking) and is waited for afterwards.
+        // SAFETY: libnccl is loaded (UniqueId::new checked); no arguments.
+        p2p_sys::check_nccl_rt("ncclGroupStart", unsafe { nccl::ncclGroupStart() })
+            .map_err(on(-1))?;
+        let started: Vec<Result<NcclComm>> = devices
+            .iter()
+            .enumerate()
+            .map(|(r, d)| Self::start(d, &id, world, r, timeout))
+            .collect();
+        // SAFETY: as above; closes the group opened above.
+        let end = unsafe { nccl::ncclGroupEnd() };
+        let comms = started.into_iter().collect::<Result<Vec<_>>>()?;
+        if end != ncclResult_t::ncclInProgress {
+            p2p_sys::check_nccl_rt("ncclGroupEnd", end).map_err(on(-1))?;
+        }
+        for c in &comms {
+            c.wait("init")?;
+        }
+        Ok(comms)
+    }
+
+    /// `ncclCommInitRankConfig`, non-blocking: returns before the other ranks have joined.
+    fn start(
+        device: &Device,
+        id: &UniqueId,
+        world: usize,
+        rank: usize,
+        timeout: Duration,
+    ) -> Result<NcclComm> {
+        let ord = device.ordinal();
+        loaded(ord)?;
+        if world == 0 || rank >= world || world > i32::MAX as usize {
+            return Err(Error::InvalidArgument(format!(
+                "NCCL rank {rank} of {world}: the rank must be below a world of at least one"
+            )));
+        }
+        device.bind_to_thread()?;
+        let mut config = non_blocking_config();
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: libnccl is loaded; `raw` and `config` are valid for the call (NCCL copies the
+        // config); this device's context is current, which NCCL binds the communicator to.
+        let r = unsafe {
+            nccl::ncclCommInitRankConfig(&mut raw, world as i32, id.0, rank as i32, &mut config)
+        };
+        if r != ncclResult_t::ncclInProgress {
+            p2p_sys::check_nccl_rt("ncclCommInitRankConfig", r).map_err(on(ord))?;
+        }
+        if raw.is_null() {
+            return Err(Error::InvalidArgument(format!(
+                "ncclCommInitRankConfig gave no communicator on GPU {ord}"
+            )));
+        }
+        Ok(NcclComm {
+            raw,
+            device: device.clone(),
+            rank,
+            world,
+            timeout,
+            aborted: AtomicBool::new(false),
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// How many ranks.
+    pub fn world(&self) -> usize {
+        self.world
+    }
+
+    /// The communicator's asynchronous state: `Ok(true)` ready, `Ok(false)` an operation still
+    /// in progress, or the failure (`ncclCommGetAsyncError`).
+    fn ready(&self, op: &'static str) -> Result<bool> {
+        if self.aborted.load(Ordering::SeqCst) {
+            return Err(self.failed(op, "the communicator was aborted earlier".into()));
+        }
+        let mut state = ncclResult_t::ncclSuccess;
+        // SAFETY: the communicator is alive; `state` is an out-parameter.
+        let r = unsafe { nccl::ncclCommGetAsyncError(self.raw, &mut state) };
+        p2p_sys::check_nccl_rt("ncclCommGetAsyncError", r).map_err(on(self.device.ordinal()))?;
+        if state == ncclResult_t::ncclInProgress {
+            return Ok(false);
+        }
+        p2p_sys::check_nccl_rt(op, state).map_err(|e| self.failed(op, e.to_string()))?;
+        Ok(true)
+    }
+
+    /// Polls until the communicator's operations in progress have finished being issued, at
+    /// most its time limit; past it, or on a failure, aborts it.
+    fn wait(&self, op: &'static str) -> Result<()> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            match self.ready(op) {
+                Ok(true) => return Ok(()),
+                Ok(false) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_micros(200))
+                }
+                Ok(false) => {
+                    self.abort();
+                    return Err(self.failed(
+                        op,
+                        format!(
+                            "still in progress after {:?} (are all ranks alive and calling it?)",
+                            self.timeout
+                        ),
+                    ));
+                }
+                Err(e) => {
+                    self.abort();
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Aborts the communicator (once): its operations stop, its resources are freed, and later
+    /// calls fail.
+    pub fn abort(&self) {
+        if self.aborted.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // SAFETY: the communicator is alive and aborted once (the flag above); nothing uses
+        // the handle after (every use checks the flag first).
+        let r = unsafe { nccl::ncclCommAbort(self.raw) };
+        if let Err(e) = p2p_sys::check_nccl_rt("ncclCommAbort", r) {
+            tracing::error!(rank = self.rank, "aborting an NCCL communicator: {e}");
+        }
+    }
+
+    /// Whether the communicator has failed since its last call (`ncclCommGetAsyncError`).
+    pub fn check(&self) -> Result<()> {
+        self.ready("a queued operation").map(|_| ())
+    }
+
+    fn failed(&self, op: &'static str, why: String) -> Error {
+        Error::NcclFailed {
+            op,
+            rank: self.rank,
+            device: self.device.ordinal(),
+            why,
+        }
+    }
+
+    /// Checks that `mem` holds `count` elements of `dtype` on this communicator's GPU.
+    fn fits(
+        &self,
+        op: &'static str,
+        what: &str,
+        mem: &impl DeviceMemory,
+        count: usize,
+        dtype: ncclDataType_t,
+    ) -> Result<()> {
+        let bytes = count.checked_mul(element_bytes(dtype)?).ok_or_else(|| {
+            Error::InvalidArgument(format!("NCCL {op}: {count} elements overflow"))
+        })?;
+        if mem.device() != &self.device || mem.byte_len() < bytes {
+            return Err(Error::InvalidArgument(format!(
+                "NCCL {op}: the {what} buffer ({} bytes on GPU {}) must hold {bytes} bytes on GPU {}",
+                mem.byte_len(),
+                mem.device().ordinal(),
+                self.device.ordinal()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Issues one operation (its result may be `ncclInProgress`: then waited for).
+    fn issue(
+        &self,
+        op: &'static str,
+        stream: &Stream,
+        call: impl FnOnce() -> ncclResult_t,
+    ) -> Result<()> {
+        if self.aborted.load(Ordering::SeqCst) {
+            return Err(self.failed(op, "the communicator was aborted earlier".into()));
+        }
+        if stream.device() != &self.device {
+            return Err(Error::InvalidArgument(format!(
+                "NCCL {op}: the stream is on GPU {}, the communicator's GPU is {}",
+                stream.device().ordinal(),
+                self.device.ordinal()
+            )));
+        }
+        self.device.bind_to_thread()?;
+        match call() {
+            r if r == ncclResult_t::ncclInProgress => self.wait(op),
+            r => p2p_sys::check_nccl_rt(op, r).map_err(|e| self.failed(op, e.to_string())),
+        }
+    }
+
+    /// All-reduce `count` elements of `send` into `recv` on `stream` (`ncclAllReduce`).
+    pub fn all_reduce(
+        &self,
+        send: &impl DeviceMemory,
+        recv: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: ncclDataType_t,
+        op: ncclRedOp_t,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.fits("ncclAllReduce", "send", send, count, dtype)?;
+        self.fits("ncclAllReduce", "recv", recv, count, dtype)?;
+        let (s, r) = (send.device_ptr(), recv.device_ptr());
+        self.issue("ncclAllReduce", stream, || {
+            // SAFETY: both buffers hold `count` elements on this GPU (checked above) and stay
+            // allocated while the stream runs (the DeviceMemory contract); the stream is on
+            // this GPU (checked in issue).
+            unsafe {
+                nccl::ncclAllReduce(
+                    s as _,
+                    r as _,
+                    count,
+                    dtype,
+                    op,
+                    self.raw,
+                    stream.cu_stream(),
+                )
+            }
+        })
+    }
+
+    /// Gathers every rank's `count` elements into `recv` (`world * count`), in rank order
+    /// (`ncclAllGather`).
+    pub fn all_gather(
+        &self,
+        send: &impl DeviceMemory,
+        recv: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: ncclDataType_t,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.fits("ncclAllGather", "send", send, count, dtype)?;
+        self.fits(
+            "ncclAllGather",
+            "recv",
+            recv,
+            count.saturating_mul(self.world),
+            dtype,
+        )?;
+        let (s, r) = (send.device_ptr(), recv.device_ptr());
+        self.issue("ncclAllGather", stream, || {
+            // SAFETY: as in all_reduce, `recv` holding `world * count` elements.
+            unsafe {
+                nccl::ncclAllGather(s as _, r as _, count, dtype, self.raw, stream.cu_stream())
+            }
+        })
+    }
+
+    /// Reduces every rank's `send` (`world * count`) and gives rank r part r (`count`) in
+    /// `recv` (`ncclReduceScatter`).
+    pub fn reduce_scatter(
+        &self,
+        send: &impl DeviceMemory,
+        recv: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: ncclDataType_t,
+        op: ncclRedOp_t,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.fits(
+            "ncclReduceScatter",
+            "send",
+            send,
+            count.saturating_mul(self.world),
+            dtype,
+        )?;
+        self.fits("ncclReduceScatter", "recv", recv, count, dtype)?;
+        let (s, r) = (send.device_ptr(), recv.device_ptr());
+        self.issue("ncclReduceScatter", stream, || {
+            // SAFETY: as in all_reduce, `send` holding `world * count` elements.
+            unsafe {
+                nccl::ncclReduceScatter(
+                    s as _,
+                    r as _,
+                    count,
+                    dtype,
+                    op,
+                    self.raw,
+                    stream.cu_stream(),
+                )
+            }
+        })
+    }
+
+    /// Broadcasts `count` elements from `root`'s `send` into every rank's `recv`
+    /// (`ncclBroadcast`).
+    pub fn broadcast(
+        &self,
+        send: &impl DeviceMemory,
+        recv: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: ncclDataType_t,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        if root >= self.world {
+            return Err(Error::InvalidArgument(format!(
+                "NCCL broadcast: root {root} is not one of the {} ranks",
+                self.world
+            )));
+        }
+        self.fits("ncclBroadcast", "send", send, count, dtype)?;
+        self.fits("ncclBroadcast", "recv", recv, count, dtype)?;
+        let (s, r) = (send.device_ptr(), recv.device_ptr());
+        self.issue("ncclBroadcast", stream, || {
+            // SAFETY: as in all_reduce; `root` is a rank of the communicator.
+            unsafe {
+                nccl::ncclBroadcast(
+                    s as _,
+                    r as _,
+                    count,
+                    dtype,
+                    root as i32,
+                    self.raw,
+                    stream.cu_stream(),
+                )
+            }
+        })
+    }
+}
+
+/// Issues the NCCL calls `calls` makes (on `comms`, ranks of this process) as one group
+/// (`ncclGroupStart` / `ncclGroupEnd`), as NCCL needs when one thread drives several ranks,
+/// then waits, within each communicator's time limit, until every one has issued its part.
+pub fn group<R>(comms: &[NcclComm], calls: impl FnOnce() -> Result<R>) -> Result<R> {
+    loaded(-1)?;
+    // SAFETY: libnccl is loaded; paired with the end below whatever `calls` returns.
+    p2p_sys::check_nccl_rt("ncclGroupStart", unsafe { nccl::ncclGroupStart() }).map_err(on(-1))?;
+    let out = calls();
+    // SAFETY: closes the group opened above.
+    let end = unsafe { nccl::ncclGroupEnd() };
+    let out = out?;
+    if end != ncclResult_t::ncclInProgress {
+        p2p_sys::check_nccl_rt("ncclGroupEnd", end).map_err(on(-1))?;
+    }
+    for c in comms {
+        c.wait("a group")?;
+    }
+    Ok(out)
+}
+
+impl Drop for NcclComm {
+    fn drop(&mut self) {
+        if self.aborted.load(Ordering::SeqCst) {
+            return; // ncclCommAbort freed it
+        }
+        let _ = self.device.bind_to_thread();
+        // Finalize (flushes the communicator's work) within its time limit, then destroy; a
+        // failure or a finalize past the limit aborts instead (in `wait`, or here).
+        // SAFETY: the communicator is alive and finalized once.
+        let r = unsafe { nccl::ncclCommFinalize(self.raw) };
+        let started = r == ncclResult_t::ncclInProgress
+            || p2p_sys::check_nccl_rt("ncclCommFinalize", r).is_ok();
+        if !(started && self.wait("ncclCommFinalize").is_ok()) {
+            self.abort(); // at most once: a no-op where `wait` aborted already
+            return;
+        }
+        // SAFETY: finalized above, destroyed once, never aborted.
+        let r = unsafe { nccl::ncclCommDestroy(self.raw) };
+        if let Err(e) = p2p_sys::check_nccl_rt("ncclCommDestroy", r) {
+            tracing::error!(rank = self.rank, "freeing an NCCL communicator: {e}");
+        }
+    }
+}
+
+/// A non-blocking configuration (what `NCCL_CONFIG_INITIALIZER` makes, with `blocking = 0`).
+fn non_blocking_config() -> nccl::ncclConfig_t {
+    const UNDEF: i32 = i32::MIN;
+    nccl::ncclConfig_t {
+        size: std::mem::size_of::<nccl::ncclConfig_t>(),
+        magic: 0xcafe_beef,
+        // NCCL_VERSION(2, 18, 3) of the headers these bindings come from.
+        version: 2 * 10_000 + 18 * 100 + 3,
+        blocking: 0,
+        cgaClusterSize: UNDEF,
+        minCTAs: UNDEF,
+        maxCTAs: UNDEF,
+        netName: std::ptr::null(),
+        splitShare: UNDEF,
+    }
+}
+
+/// Bytes of one element of `dtype`.
+fn element_bytes(dtype: ncclDataType_t) -> Result<usize> {
+    Ok(match dtype.0 {
+        0 | 1 => 1,
+        6 | 9 => 2,
+        2 | 3 | 7 => 4,
+        4 | 5 | 8 => 8,
+        other => {
+            return Err(Error::InvalidArgument(format!(
+                "NCCL data type {other} is not one p2p knows"
+            )))
+        }
+    })
+}
+
+/// libnccl, loaded or the reason it is not (on GPU `device`, -1 for none).
+fn loaded(device: i32) -> Result<()> {
+    p2p_sys::probe::require(Library::Nccl)
+        .map(|_| ())
+        .map_err(on(device))
+}
+
+/// An NCCL call's failure as the transport's error on GPU `device` (-1: none yet).
+fn on(device: i32) -> impl Fn(p2p_sys::Error) -> Error {
+    move |source| Error::Cuda {
+        device,
+        peer: None,
+        source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_id_round_trips_through_its_bytes_and_only_its_length_is_accepted() {
+        let bytes: Vec<u8> = (0..UNIQUE_ID_BYTES).map(|i| (i * 7) as u8).collect();
+        let id = UniqueId::from_bytes(&bytes).expect("128 bytes");
+        assert_eq!(id.to_bytes().to_vec(), bytes);
+        assert!(UniqueId::from_bytes(&bytes[1..]).is_none());
+        assert_eq!(format!("{id:?}"), "UniqueId(..)");
+    }
+
+    #[test]
+    fn the_config_is_nccls_initializer_but_non_blocking() {
+        let c = non_blocking_config();
+        assert_eq!(c.size, std::mem::size_of::<nccl::ncclConfig_t>());
+        assert_eq!((c.magic, c.version, c.blocking), (0xcafe_beef, 21803, 0));
+        assert_eq!(
+            (c.cgaClusterSize, c.minCTAs, c.maxCTAs, c.splitShare),
+            (i32::MIN, i32::MIN, i32::MIN, i32::MIN)
+        );
+    }
+
+    #[test]
+    fn element_sizes_follow_ncclx_types() {
+        use ncclDataType_t as T;
+        for (t, b) in [
+            (T::ncclInt8, 1),
+            (T::ncclUint8, 1),
+            (T::ncclFloat16, 2),
+            (T::ncclBfloat16, 2),
+            (T::ncclInt32, 4),
+            (T::ncclFloat32, 4),
+            (T::ncclInt64, 8),
+            (T::ncclFloat64, 8),
+        ] {
+            assert_eq!(element_bytes(t).expect("known"), b, "{t:?}");
+        }
+        assert!(element_bytes(T(42)).is_err());
+    }
+
+    #[test]
+    fn without_libnccl_an_id_is_an_error_naming_the_library() {
+        if p2p_sys::probe::require(Library::Nccl).is_ok() {
+            return; // a machine with NCCL: the GPU tests cover it
+        }
+        let e = UniqueId::new().expect_err("no libnccl here");
+        assert!(e.to_string().contains("nccl"), "{e}");
+    }
+}

@@ -1,0 +1,160 @@
+//! NCCL loaded at run time (`p2p_transport::nccl`, the inter-host half of issue 39's
+//! communicators), on real GPUs in one process. Ignored in CI; the bundle's run.sh runs them.
+//! Each needs libnccl.so.2 on the machine.
+
+use std::time::Duration;
+
+use p2p_mem::{DeviceBuffer, DeviceMemory, Stream};
+use p2p_sys::nccl_rt::{ncclDataType_t, ncclRedOp_t};
+use p2p_testkit::gpus;
+use p2p_transport::nccl::{self, NcclComm};
+
+const LIMIT: Duration = Duration::from_secs(60);
+
+/// Every rank's all-reduce, all-gather, reduce-scatter and broadcast of small integers in f32,
+/// each result compared exactly; `n` ranks, one per GPU, in this process.
+fn every_collective(n: usize) {
+    let devices = gpus(n);
+    let comms = NcclComm::init_all(&devices, LIMIT).expect("NCCL communicators");
+    let streams: Vec<Stream> = devices
+        .iter()
+        .map(|d| Stream::new(d).expect("stream"))
+        .collect();
+    let count = 1000;
+    let mine = |r: usize| -> Vec<f32> {
+        (0..count)
+            .map(|i| (r + 1) as f32 + (i % 7) as f32)
+            .collect()
+    };
+    let send: Vec<DeviceBuffer<f32>> = (0..n)
+        .map(|r| DeviceBuffer::from_host(&devices[r], &mine(r)).expect("upload"))
+        .collect();
+    let mut recv: Vec<DeviceBuffer<f32>> = (0..n)
+        .map(|r| DeviceBuffer::zeroed(&devices[r], count * n).expect("alloc"))
+        .collect();
+    let f32t = ncclDataType_t::ncclFloat32;
+    let sum = ncclRedOp_t::ncclSum;
+    let sync = || streams.iter().for_each(|s| s.synchronize().expect("sync"));
+
+    // One group of calls, one per rank, as NCCL needs for several ranks of one process.
+    let group = |call: &mut dyn FnMut(usize)| {
+        nccl::group(&comms, || {
+            (0..n).for_each(&mut *call);
+            Ok(())
+        })
+        .expect("the group")
+    };
+
+    group(&mut |r| {
+        comms[r]
+            .all_reduce(&send[r], &mut recv[r], count, f32t, sum, &streams[r])
+            .expect("all_reduce")
+    });
+    sync();
+    let want: Vec<f32> = (0..count)
+        .map(|i| (0..n).map(|r| mine(r)[i]).sum())
+        .collect();
+    for (r, buf) in recv.iter().enumerate() {
+        assert_eq!(
+            buf.to_host_vec::<f32>().expect("read")[..count],
+            want[..],
+            "all_reduce, rank {r}"
+        );
+    }
+
+    group(&mut |r| {
+        comms[r]
+            .all_gather(&send[r], &mut recv[r], count, f32t, &streams[r])
+            .expect("all_gather")
+    });
+    sync();
+    let gathered: Vec<f32> = (0..n).flat_map(mine).collect();
+    for (r, buf) in recv.iter().enumerate() {
+        assert_eq!(
+            buf.to_host_vec::<f32>().expect("read"),
+            gathered,
+            "all_gather, rank {r}"
+        );
+    }
+
+    // Reduce-scatter of every rank's gathered buffer: part r of the sum of n copies.
+    let inputs: Vec<DeviceBuffer<f32>> = (0..n)
+        .map(|r| DeviceBuffer::from_host(&devices[r], &gathered).expect("upload"))
+        .collect();
+    group(&mut |r| {
+        comms[r]
+            .reduce_scatter(&inputs[r], &mut recv[r], count, f32t, sum, &streams[r])
+            .expect("reduce_scatter")
+    });
+    sync();
+    for (r, buf) in recv.iter().enumerate() {
+        let part: Vec<f32> = mine(r).iter().map(|x| x * n as f32).collect();
+        assert_eq!(
+            buf.to_host_vec::<f32>().expect("read")[..count],
+            part[..],
+            "reduce_scatter, rank {r}"
+        );
+    }
+
+    let root = n - 1;
+    group(&mut |r| {
+        comms[r]
+            .broadcast(&send[r], &mut recv[r], count, f32t, root, &streams[r])
+            .expect("broadcast")
+    });
+    sync();
+    for (r, buf) in recv.iter().enumerate() {
+        assert_eq!(
+            buf.to_host_vec::<f32>().expect("read")[..count],
+            mine(root)[..],
+            "broadcast, rank {r}"
+        );
+    }
+    for c in &comms {
+        c.check().expect("no asynchronous error");
+    }
+}
+
+#[test]
+#[ignore = "needs a GPU and libnccl"]
+fn gpu1_nccl_loaded_at_run_time_runs_every_collective_on_one_rank() {
+    every_collective(1);
+}
+
+#[test]
+#[ignore = "needs 2 GPUs and libnccl"]
+fn gpu2_nccl_loaded_at_run_time_runs_every_collective_on_two_ranks() {
+    every_collective(2);
+}
+
+#[test]
+#[ignore = "needs a GPU and libnccl"]
+fn gpu1_nccl_refuses_buffers_too_small_or_on_another_gpu() {
+    let devices = gpus(1);
+    let comms = NcclComm::init_all(&devices, LIMIT).expect("NCCL communicator");
+    let stream = Stream::new(&devices[0]).expect("stream");
+    let small = DeviceBuffer::<f32>::zeroed(&devices[0], 10).expect("alloc");
+    let mut out = DeviceBuffer::<f32>::zeroed(&devices[0], 100).expect("alloc");
+    let e = comms[0]
+        .all_reduce(
+            &small,
+            &mut out,
+            100,
+            ncclDataType_t::ncclFloat32,
+            ncclRedOp_t::ncclSum,
+            &stream,
+        )
+        .expect_err("10 elements cannot send 100");
+    assert!(e.to_string().contains("must hold 400 bytes"), "{e}");
+    let e = comms[0]
+        .broadcast(
+            &small,
+            &mut out,
+            10,
+            ncclDataType_t::ncclFloat32,
+            1,
+            &stream,
+        )
+        .expect_err("root 1 of 1");
+    assert!(e.to_string().contains("root 1"), "{e}");
+}
