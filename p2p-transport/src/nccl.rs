@@ -9,6 +9,7 @@
 //! (`ncclCommAbort`) and reports which call and why. Without libnccl every call is an error
 //! naming the library, never a panic.
 
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -276,12 +277,26 @@ impl NcclComm {
         Ok(())
     }
 
-    /// Issues one operation (its result may be `ncclInProgress`: then waited for).
+    /// Issues one operation on `send` (`send_count` elements) into `recv` (`recv_count`), both
+    /// checked to hold that many elements of `dtype` on this GPU and `stream` to be on it; its
+    /// result may be `ncclInProgress`, then waited for. `call` gets the two addresses, the
+    /// communicator and the stream, which it passes to NCCL (its `unsafe` rests on these
+    /// checks and on the `DeviceMemory` contract: the buffers stay allocated while the stream
+    /// runs).
+    #[allow(clippy::too_many_arguments)]
     fn issue(
         &self,
         op: &'static str,
+        (send, send_count): (&impl DeviceMemory, usize),
+        (recv, recv_count): (&mut impl DeviceMemoryMut, usize),
+        dtype: ncclDataType_t,
         stream: &Stream,
-        call: impl FnOnce() -> ncclResult_t,
+        call: impl FnOnce(
+            *const c_void,
+            *mut c_void,
+            nccl::ncclComm_t,
+            nccl::cudaStream_t,
+        ) -> ncclResult_t,
     ) -> Result<()> {
         if self.aborted.load(Ordering::SeqCst) {
             return Err(self.failed(op, "the communicator was aborted earlier".into()));
@@ -293,8 +308,14 @@ impl NcclComm {
                 self.device.ordinal()
             )));
         }
+        self.fits(op, "send", send, send_count, dtype)?;
+        self.fits(op, "recv", recv, recv_count, dtype)?;
         self.device.bind_to_thread()?;
-        match call() {
+        let (s, r) = (
+            send.device_ptr() as *const c_void,
+            recv.device_ptr() as *mut c_void,
+        );
+        match call(s, r, self.raw, stream.cu_stream()) {
             r if r == ncclResult_t::ncclInProgress => self.wait(op),
             r => p2p_sys::check_nccl_rt(op, r).map_err(|e| self.failed(op, e.to_string())),
         }
@@ -310,25 +331,17 @@ impl NcclComm {
         op: ncclRedOp_t,
         stream: &Stream,
     ) -> Result<()> {
-        self.fits("ncclAllReduce", "send", send, count, dtype)?;
-        self.fits("ncclAllReduce", "recv", recv, count, dtype)?;
-        let (s, r) = (send.device_ptr(), recv.device_ptr());
-        self.issue("ncclAllReduce", stream, || {
-            // SAFETY: both buffers hold `count` elements on this GPU (checked above) and stay
-            // allocated while the stream runs (the DeviceMemory contract); the stream is on
-            // this GPU (checked in issue).
-            unsafe {
-                nccl::ncclAllReduce(
-                    s as _,
-                    r as _,
-                    count,
-                    dtype,
-                    op,
-                    self.raw,
-                    stream.cu_stream(),
-                )
-            }
-        })
+        self.issue(
+            "ncclAllReduce",
+            (send, count),
+            (recv, count),
+            dtype,
+            stream,
+            |s, r, comm, st| {
+                // SAFETY: as `issue` says: checked buffers, stream and communicator.
+                unsafe { nccl::ncclAllReduce(s, r, count, dtype, op, comm, st) }
+            },
+        )
     }
 
     /// Gathers every rank's `count` elements into `recv` (`world * count`), in rank order
@@ -341,21 +354,18 @@ impl NcclComm {
         dtype: ncclDataType_t,
         stream: &Stream,
     ) -> Result<()> {
-        self.fits("ncclAllGather", "send", send, count, dtype)?;
-        self.fits(
+        let all = count.saturating_mul(self.world);
+        self.issue(
             "ncclAllGather",
-            "recv",
-            recv,
-            count.saturating_mul(self.world),
+            (send, count),
+            (recv, all),
             dtype,
-        )?;
-        let (s, r) = (send.device_ptr(), recv.device_ptr());
-        self.issue("ncclAllGather", stream, || {
-            // SAFETY: as in all_reduce, `recv` holding `world * count` elements.
-            unsafe {
-                nccl::ncclAllGather(s as _, r as _, count, dtype, self.raw, stream.cu_stream())
-            }
-        })
+            stream,
+            |s, r, comm, st| {
+                // SAFETY: as `issue` says: checked buffers, stream and communicator.
+                unsafe { nccl::ncclAllGather(s, r, count, dtype, comm, st) }
+            },
+        )
     }
 
     /// Reduces every rank's `send` (`world * count`) and gives rank r part r (`count`) in
@@ -369,29 +379,18 @@ impl NcclComm {
         op: ncclRedOp_t,
         stream: &Stream,
     ) -> Result<()> {
-        self.fits(
+        let all = count.saturating_mul(self.world);
+        self.issue(
             "ncclReduceScatter",
-            "send",
-            send,
-            count.saturating_mul(self.world),
+            (send, all),
+            (recv, count),
             dtype,
-        )?;
-        self.fits("ncclReduceScatter", "recv", recv, count, dtype)?;
-        let (s, r) = (send.device_ptr(), recv.device_ptr());
-        self.issue("ncclReduceScatter", stream, || {
-            // SAFETY: as in all_reduce, `send` holding `world * count` elements.
-            unsafe {
-                nccl::ncclReduceScatter(
-                    s as _,
-                    r as _,
-                    count,
-                    dtype,
-                    op,
-                    self.raw,
-                    stream.cu_stream(),
-                )
-            }
-        })
+            stream,
+            |s, r, comm, st| {
+                // SAFETY: as `issue` says: checked buffers, stream and communicator.
+                unsafe { nccl::ncclReduceScatter(s, r, count, dtype, op, comm, st) }
+            },
+        )
     }
 
     /// Broadcasts `count` elements from `root`'s `send` into every rank's `recv`
@@ -411,23 +410,17 @@ impl NcclComm {
                 self.world
             )));
         }
-        self.fits("ncclBroadcast", "send", send, count, dtype)?;
-        self.fits("ncclBroadcast", "recv", recv, count, dtype)?;
-        let (s, r) = (send.device_ptr(), recv.device_ptr());
-        self.issue("ncclBroadcast", stream, || {
-            // SAFETY: as in all_reduce; `root` is a rank of the communicator.
-            unsafe {
-                nccl::ncclBroadcast(
-                    s as _,
-                    r as _,
-                    count,
-                    dtype,
-                    root as i32,
-                    self.raw,
-                    stream.cu_stream(),
-                )
-            }
-        })
+        self.issue(
+            "ncclBroadcast",
+            (send, count),
+            (recv, count),
+            dtype,
+            stream,
+            |s, r, comm, st| {
+                // SAFETY: as `issue` says; `root` is a rank of the communicator.
+                unsafe { nccl::ncclBroadcast(s, r, count, dtype, root as i32, comm, st) }
+            },
+        )
     }
 }
 
