@@ -784,6 +784,8 @@ mod tests {
         assert!(!a.check("k").unwrap());
         a.set("k", b"hello").unwrap();
         a.set("empty", b"").unwrap();
+        // The store answers no SET: only a's next answered query shows both applied.
+        assert!(a.check("empty").unwrap());
         assert!(b.check("k").unwrap());
         assert_eq!(b.get("k", secs(5.0)).unwrap(), b"hello");
         assert_eq!(b.get("empty", secs(5.0)).unwrap(), b"");
