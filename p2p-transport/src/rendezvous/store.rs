@@ -10,8 +10,9 @@
 //!
 //! **Not yet run against a real torchrun store.** The protocol below was read from PyTorch's
 //! source and is exercised here only against a mock server in this module's tests, which serves
-//! it as read. `scripts/gpu/store-check.py` starts a real `torch.distributed.TCPStore` for the
-//! first check against torch (owed: `docs/gpu-runs.md`).
+//! it as read. `scripts/gpu/store-check.py` starts a real `torch.distributed.TCPStore` (both
+//! backends in turn) and runs the ignored test `store_against_torch` against it: the first
+//! check against torch, owed (`docs/gpu-runs.md`).
 //!
 //! # The protocol, as followed
 //! Read from `pytorch/pytorch`, `torch/csrc/distributed/c10d/`: `TCPStore.cpp` (the client:
@@ -939,6 +940,36 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    /// Against a real `torch.distributed.TCPStore`: `scripts/gpu/store-check.py` starts one,
+    /// sets `p2p-store-check/from-torch`, echoes `p2p-store-check/from-rust` back as
+    /// `p2p-store-check/echo`, and runs this test with `P2P_STORE_CHECK_PORT` set. Ignored
+    /// here: there is no torch on the developer machines.
+    #[test]
+    #[ignore = "needs a torch TCPStore: scripts/gpu/store-check.py runs it"]
+    fn store_against_torch() {
+        let port: u16 = std::env::var("P2P_STORE_CHECK_PORT")
+            .unwrap()
+            .parse()
+            .unwrap();
+        let mut c = StoreClient::connect("127.0.0.1", port, secs(10.0)).unwrap();
+        let hello = c.get("p2p-store-check/from-torch", secs(10.0)).unwrap();
+        assert!(hello.starts_with(b"hello from torch"), "{hello:?}");
+        let e = c.get("p2p-store-check/never", secs(0.3)).unwrap_err();
+        assert!(matches!(e, StoreError::Timeout { op: "wait", .. }), "{e}");
+        let key = [9u8; 32];
+        let sealed = seal(&key, "p2p-store-check/from-rust", &[0xA5; 128]);
+        c.set("p2p-store-check/from-rust", &sealed).unwrap();
+        let echo = c.get("p2p-store-check/echo", secs(10.0)).unwrap();
+        assert_eq!(
+            open(&key, "p2p-store-check/from-rust", &echo).unwrap(),
+            [0xA5; 128]
+        );
+        let big: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
+        c.set("p2p-store-check/big", &big).unwrap();
+        assert_eq!(c.get("p2p-store-check/big", secs(10.0)).unwrap(), big);
+        eprintln!("store_against_torch: {}", String::from_utf8_lossy(&hello));
     }
 
     #[test]
