@@ -21,8 +21,11 @@
 //! `query`, `validateHandler`, `setHandler`, `getHandler`, `checkHandler`),
 //! `TCPStoreLibUvBackend.cpp` (the libuv server, the default since torch 2.4: `UvClient::
 //! processBuf` and its `parse_*_command`s) and `Utils.hpp` (`tcputil::sendString`,
-//! `recvVector`, `SizeType`), as of the torch 2.4 - 2.7 era sources (the versions with the
-//! VALIDATE handshake on both servers and PING after CANCEL_WAIT in the query enum). No code
+//! `recvVector`, `SizeType`). The copies read were undated snapshots: servers with the
+//! VALIDATE handshake (both backends), the query enum up to `QUEUE_LEN` and a libuv server
+//! up to `LIST_KEYS`/`BARRIER`; and one early-2024 development version whose every query
+//! carried a 4-byte magic prefix, which released servers do not have (not followed). Which
+//! torch release each copy matches was not checked: the run against torch decides. No code
 //! was copied.
 //!
 //! - A query is one byte of query type followed by its fields; there is no framing or length
