@@ -32,6 +32,13 @@
 //! user or by a failing kernel) reaches every rank the same way. A peer that says goodbye
 //! ([`Group::close`]) before closing is not a failure.
 //!
+//! # Across hosts
+//! The socket above reaches only this host. What must cross hosts (NCCL's unique ids) goes
+//! through torchrun's own c10d `TCPStore` at `MASTER_ADDR:MASTER_PORT`, so that p2p opens no
+//! port of its own: [`store`] has a client of it, and seals what is put there with the job's
+//! key so that a rank accepts only what a holder of the key put there. (Not yet run against a
+//! real torchrun store.)
+//!
 //! ```no_run
 //! use p2p_transport::rendezvous::{Group, Rendezvous};
 //! // RANK, WORLD_SIZE and MASTER_PORT (or P2P_JOB_ID) as torchrun or `p2p-bench launch` set them.
@@ -45,6 +52,7 @@
 mod group;
 mod handshake;
 mod identity;
+pub mod store;
 /// Test and fault-injection helpers: raw steps of the protocol, to play a stranger or a broken
 /// rank against a real one. Not for production use.
 pub mod testing;
