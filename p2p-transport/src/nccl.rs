@@ -427,14 +427,40 @@ impl NcclComm {
 /// Issues the NCCL calls `calls` makes (on `comms`, ranks of this process) as one group
 /// (`ncclGroupStart` / `ncclGroupEnd`), as NCCL needs when one thread drives several ranks,
 /// then waits, within each communicator's time limit, until every one has issued its part.
+///
+/// The group ends whatever `calls` does, a panic included. If `calls` fails after issuing some
+/// ranks' parts (a later rank's arguments refused), those parts would wait for the missing ones
+/// forever: every communicator of `comms` is then aborted, and the error returned.
 pub fn group<R>(comms: &[NcclComm], calls: impl FnOnce() -> Result<R>) -> Result<R> {
     loaded(-1)?;
-    // SAFETY: libnccl is loaded; paired with the end below whatever `calls` returns.
+    /// Ends the group when dropped (also while unwinding), once.
+    struct Open(bool);
+    impl Open {
+        fn end(&mut self) -> ncclResult_t {
+            self.0 = false;
+            // SAFETY: libnccl is loaded; closes the group this guard opened.
+            unsafe { nccl::ncclGroupEnd() }
+        }
+    }
+    impl Drop for Open {
+        fn drop(&mut self) {
+            if self.0 {
+                let _ = self.end();
+            }
+        }
+    }
+    // SAFETY: libnccl is loaded; the guard below closes the group on every path.
     p2p_sys::check_nccl_rt("ncclGroupStart", unsafe { nccl::ncclGroupStart() }).map_err(on(-1))?;
+    let mut open = Open(true);
     let out = calls();
-    // SAFETY: closes the group opened above.
-    let end = unsafe { nccl::ncclGroupEnd() };
-    let out = out?;
+    let end = open.end();
+    let out = match out {
+        Ok(out) => out,
+        Err(e) => {
+            comms.iter().for_each(NcclComm::abort);
+            return Err(e);
+        }
+    };
     if end != ncclResult_t::ncclInProgress {
         p2p_sys::check_nccl_rt("ncclGroupEnd", end).map_err(on(-1))?;
     }

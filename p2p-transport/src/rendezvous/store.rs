@@ -33,6 +33,9 @@
 //!   value); every host torch runs on that matters here (x86-64, aarch64) is little-endian, so
 //!   this client writes and reads little-endian.
 //! - A string or byte vector is a `u64` length (`SizeType`) and then that many bytes.
+//! - Keys: torch's client sends every key with the prefix `/` (`TCPStore::keyPrefix_`), so
+//!   this one does too: `set("k")` here and `TCPStore.get("k")` in Python meet on the server's
+//!   `/k`.
 //! - The query types (`enum class QueryType : uint8_t`) are numbered from 0: `VALIDATE` 0,
 //!   `SET` 1, `COMPARE_SET` 2, `GET` 3, `ADD` 4, `CHECK` 5, `WAIT` 6, `GETNUMKEYS` 7,
 //!   `DELETE_KEY` 8, `APPEND` 9, `MULTI_GET` 10, `MULTI_SET` 11, `CANCEL_WAIT` 12, then in
@@ -111,6 +114,15 @@ use super::Rendezvous;
 pub const VALIDATION_MAGIC: u32 = 0x3C85_F7CE;
 /// The longest key this client sends: the libuv server's limit (`MAX_STRING_LEN`, 8 KiB).
 pub const MAX_KEY_LEN: usize = 8 * 1024;
+
+/// What torch's own client (`TCPStore::keyPrefix_`) puts before every key it sends, so that a
+/// key set here through `torch.distributed.TCPStore` is the same key on the server.
+const KEY_PREFIX: &str = "/";
+
+/// `key` as the server holds it (see [`KEY_PREFIX`]).
+fn on_wire(key: &str) -> String {
+    format!("{KEY_PREFIX}{key}")
+}
 /// The longest value this client sends or accepts: the libuv server's limit
 /// (`MAX_PAYLOAD_LEN`, 8 MiB).
 pub const MAX_VALUE_LEN: usize = 8 * 1024 * 1024;
@@ -390,9 +402,9 @@ impl StoreClient {
                 max: MAX_VALUE_LEN,
             });
         }
-        let mut q = Vec::with_capacity(1 + 16 + key.len() + value.len());
+        let mut q = Vec::with_capacity(1 + 17 + key.len() + value.len());
         q.push(query::SET);
-        put_bytes(&mut q, key.as_bytes());
+        put_bytes(&mut q, on_wire(key).as_bytes());
         put_bytes(&mut q, value);
         let deadline = Instant::now() + self.io_timeout;
         self.send(&q, deadline, "set", key)
@@ -436,9 +448,9 @@ impl StoreClient {
             std::thread::sleep(pause.min(left));
             pause = (pause * 2).min(MAX_POLL);
         }
-        let mut q = Vec::with_capacity(1 + 8 + key.len());
+        let mut q = Vec::with_capacity(1 + 9 + key.len());
         q.push(query::GET);
-        put_bytes(&mut q, key.as_bytes());
+        put_bytes(&mut q, on_wire(key).as_bytes());
         let reply_by = deadline.max(Instant::now()) + QUERY_GRACE;
         self.send(&q, reply_by, "get", key)?;
         let mut len = [0u8; 8];
@@ -462,10 +474,10 @@ impl StoreClient {
     fn check_by(&mut self, key: &str, deadline: Instant) -> Result<bool, StoreError> {
         self.usable("check", key)?;
         self.check_key(key)?;
-        let mut q = Vec::with_capacity(1 + 16 + key.len());
+        let mut q = Vec::with_capacity(1 + 17 + key.len());
         q.push(query::CHECK);
         q.extend_from_slice(&1u64.to_le_bytes());
-        put_bytes(&mut q, key.as_bytes());
+        put_bytes(&mut q, on_wire(key).as_bytes());
         self.send(&q, deadline, "check", key)?;
         let mut r = [0u8; 1];
         self.recv(&mut r, deadline, "check", key)?;
@@ -496,7 +508,8 @@ impl StoreClient {
     }
 
     fn check_key(&self, key: &str) -> Result<(), StoreError> {
-        if key.len() > MAX_KEY_LEN {
+        // The prefix torch's client adds counts toward the server's limit.
+        if key.len() + KEY_PREFIX.len() > MAX_KEY_LEN {
             return Err(StoreError::TooLarge {
                 addr: self.addr.clone(),
                 key: key.chars().take(64).collect(),
@@ -801,6 +814,11 @@ mod tests {
         assert!(a.check("k").unwrap()); // answered: the SET before it is applied
         assert_eq!(b.get("k", secs(5.0)).unwrap(), b"again");
         assert_eq!(map.lock().unwrap().len(), 3);
+        // As torch's client does, every key goes to the server with its "/" prefix, so
+        // `TCPStore.get("k")` in Python reads what `set("k")` here wrote.
+        let mut keys: Vec<String> = map.lock().unwrap().keys().cloned().collect();
+        keys.sort();
+        assert_eq!(keys, ["/big", "/empty", "/k"]);
         assert_eq!(a.addr(), format!("127.0.0.1:{port}"));
     }
 
