@@ -524,43 +524,50 @@ impl StoreClient {
     /// Writes all of `buf` by `deadline`. Any failure leaves the connection mid-query.
     fn send(
         &mut self,
-        mut buf: &[u8],
+        buf: &[u8],
         deadline: Instant,
         op: &'static str,
         key: &str,
     ) -> Result<(), StoreError> {
-        let start = Instant::now();
-        while !buf.is_empty() {
-            let res = self
-                .timeout_left(deadline, true)
-                .and_then(|()| self.stream.write(buf));
-            match res {
-                Ok(0) => return Err(self.closed(op, key)),
-                Ok(n) => buf = &buf[n..],
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(self.failed(e, op, key, start)),
-            }
-        }
-        Ok(())
+        self.transfer(buf.len(), deadline, (op, key), true, |s, at| {
+            s.write(&buf[at..])
+        })
     }
 
     /// Reads exactly `buf.len()` bytes by `deadline`. Any failure leaves the connection
     /// mid-query.
     fn recv(
         &mut self,
-        mut buf: &mut [u8],
+        buf: &mut [u8],
         deadline: Instant,
         op: &'static str,
         key: &str,
     ) -> Result<(), StoreError> {
+        let len = buf.len();
+        self.transfer(len, deadline, (op, key), false, |s, at| {
+            s.read(&mut buf[at..])
+        })
+    }
+
+    /// Moves `len` bytes by `deadline` through `step` (one write or read from the offset done
+    /// so far), each step limited to the time left; 0 bytes moved is a closed connection.
+    fn transfer(
+        &mut self,
+        len: usize,
+        deadline: Instant,
+        (op, key): (&'static str, &str),
+        write: bool,
+        mut step: impl FnMut(&mut TcpStream, usize) -> io::Result<usize>,
+    ) -> Result<(), StoreError> {
         let start = Instant::now();
-        while !buf.is_empty() {
+        let mut done = 0;
+        while done < len {
             let res = self
-                .timeout_left(deadline, false)
-                .and_then(|()| self.stream.read(buf));
+                .timeout_left(deadline, write)
+                .and_then(|()| step(&mut self.stream, done));
             match res {
                 Ok(0) => return Err(self.closed(op, key)),
-                Ok(n) => buf = &mut buf[n..],
+                Ok(n) => done += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(self.failed(e, op, key, start)),
             }
