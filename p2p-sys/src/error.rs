@@ -305,25 +305,11 @@ pub fn check_nccl_rt(call: &'static str, result: nccl_rt::ncclResult_t) -> Resul
     })
 }
 
-/// Turns an NCCL result into `Ok(())` or [`Error::Call`] naming `call` (feature `tools`).
+/// Turns an NCCL result of cudarc's bindings into `Ok(())` or [`Error::Call`] naming `call`
+/// (feature `tools`): the same library and codes as [`check_nccl_rt`], which reads it.
 #[cfg(feature = "tools")]
 pub fn check_nccl(call: &'static str, result: nccl::ncclResult_t) -> Result<(), Error> {
-    if result == nccl::ncclResult_t::ncclSuccess {
-        return Ok(());
-    }
-    let message = if probe::is_loaded(Library::Nccl) {
-        // SAFETY: libnccl is loaded (probed); the returned string is static.
-        owned(unsafe { nccl::ncclGetErrorString(result) })
-    } else {
-        None
-    };
-    Err(Error::Call {
-        api: Api::Nccl,
-        call,
-        code: result as u32 as i64,
-        name: format!("{result:?}"),
-        message: message.unwrap_or_else(|| NOT_LOADED.into()),
-    })
+    check_nccl_rt(call, nccl_rt::ncclResult_t(result as u32))
 }
 
 #[cfg(test)]

@@ -248,6 +248,12 @@ static TRANSPORT_SETTINGS: &[&str] = &[
     "P2P_KERNELS",
 ];
 
+/// Whether a crate of this program reads the variable `name` ([`SETTINGS`]); no allocation, as
+/// the reader asks for every `P2P_*` variable each time a configuration is read.
+pub fn is_known(name: &str) -> bool {
+    SETTINGS.iter().any(|list| list.contains(&name))
+}
+
 /// Every `P2P_*` variable a crate of this program reads ([`SETTINGS`]), in link order.
 pub fn variables() -> Vec<&'static str> {
     SETTINGS
@@ -398,7 +404,7 @@ impl Config {
                     parse_choice(&name, &value, &[("shipped", ()), ("compile", ())])?;
                 }
                 // Another crate's (p2p-collective's, ...): that crate reads it.
-                other if variables().contains(&other) => {}
+                other if is_known(other) => {}
                 _ => {
                     let known = variables().join(", ");
                     if strict {

@@ -513,14 +513,16 @@ fn non_blocking_config() -> nccl::ncclConfig_t {
 
 /// Bytes of one element of `dtype`.
 fn element_bytes(dtype: ncclDataType_t) -> Result<usize> {
-    Ok(match dtype.0 {
-        0 | 1 => 1,
-        6 | 9 => 2,
-        2 | 3 | 7 => 4,
-        4 | 5 | 8 => 8,
+    use ncclDataType_t as T;
+    Ok(match dtype {
+        T::ncclInt8 | T::ncclUint8 => 1,
+        T::ncclFloat16 | T::ncclBfloat16 => 2,
+        T::ncclInt32 | T::ncclUint32 | T::ncclFloat32 => 4,
+        T::ncclInt64 | T::ncclUint64 | T::ncclFloat64 => 8,
         other => {
             return Err(Error::InvalidArgument(format!(
-                "NCCL data type {other} is not one p2p knows"
+                "NCCL data type {} is not one p2p knows",
+                other.0
             )))
         }
     })
