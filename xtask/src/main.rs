@@ -235,8 +235,8 @@ fn bundle() -> Result<()> {
 /// The folder of `scripts/gpu` that `copy_scripts` carries whole: the nvcc harnesses.
 const HARNESS: &str = "harness";
 
-/// Copies the scripts of `from` (scripts/gpu) into `to` (the bundle): every `*.sh`, made
-/// executable, `README.md`, and the files of `from/harness` into `to/harness`. Nothing else:
+/// Copies the scripts of `from` (scripts/gpu) into `to` (the bundle): every `*.sh` and `*.py`,
+/// made executable, `README.md`, and the files of `from/harness` into `to/harness`. Nothing else:
 /// the results and builds the scripts leave beside themselves when run from the repository
 /// stay out. Returns the number of scripts.
 fn copy_scripts(from: &Path, to: &Path) -> Result<usize> {
@@ -269,7 +269,7 @@ fn copy_scripts(from: &Path, to: &Path) -> Result<usize> {
                     }
                 }
             }
-        } else if path.extension().is_some_and(|x| x == "sh") {
+        } else if path.extension().is_some_and(|x| x == "sh" || x == "py") {
             let script = to.join(file);
             copy(&path, &script)?;
             make_executable(&script)?;

@@ -28,6 +28,9 @@ nvidia-smi -L 2>/dev/null | sed 's/^/gpu: /'
 "$here/p2p-bench" list 2>&1 | tee "$logs/p2p-bench-list.log"
 
 passed=0 failed=0 broken=0
+# The TCPStore client's test against torch needs the store store-check.py serves: it runs below,
+# through that script, and is skipped in the loop.
+store_test=rendezvous::store::tests::store_against_torch
 for exe in "$here"/tests/*; do
   name=$(basename "$exe")
   log="$logs/$name.log"
@@ -35,9 +38,9 @@ for exe in "$here"/tests/*; do
   # One test at a time: the GPU tests measure free memory and spawn helper processes.
   # --nocapture keeps what passing tests print (figures, which fallback ran) in the log.
   if [ -n "$filter" ]; then
-    "$exe" --include-ignored --test-threads=1 --nocapture "$filter" >"$log" 2>&1
+    "$exe" --include-ignored --test-threads=1 --nocapture --skip "$store_test" "$filter" >"$log" 2>&1
   else
-    "$exe" --include-ignored --test-threads=1 --nocapture >"$log" 2>&1
+    "$exe" --include-ignored --test-threads=1 --nocapture --skip "$store_test" >"$log" 2>&1
   fi
   rc=$?
   grep -E '^test .* \.\.\. (FAILED|ignored)' "$log" | sed 's/^/   /'
@@ -52,6 +55,25 @@ for exe in "$here"/tests/*; do
   if [ "$f" -gt 0 ]; then grep -E -A30 '^---- ' "$log" | head -n 80 | sed 's/^/   | /'; fi
   if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then broken=$((broken + 1)); failed=$((failed + 1)); fi
 done
+# p2p's TCPStore client against a real torch.distributed.TCPStore (libuv and classic servers),
+# where torch is installed.
+if [ -z "$filter" ] || [ "$filter" = store ]; then
+  echo "== store-check (p2p-transport's store client against torch's TCPStore)"
+  log="$logs/store-check.log"
+  if ! python3 -c 'import torch' >/dev/null 2>&1; then
+    echo "   torch is not installed here: not run"
+  else
+    timeout 150 python3 "$here/store-check.py" -- "$here/tests/p2p-transport" --ignored --exact \
+      "$store_test" --nocapture >"$log" 2>&1
+    rc=$?
+    p=$(grep -c ': pass ' "$log"); f=$(grep -c ': FAIL' "$log")
+    passed=$((passed + p)); failed=$((failed + f))
+    grep -E '^store-check ' "$log" | sed 's/^/   /'
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+      failed=$((failed + 1)); echo "   FAILED (exit $rc): see $log"; tail -n 20 "$log" | sed 's/^/   | /'
+    fi
+  fi
+fi
 # The example programs (examples/src/bin): each checks its own results and exits non-zero on a
 # wrong element. One process over every GPU, then one process per GPU under p2p-bench launch and,
 # where it is installed, under real torchrun.
