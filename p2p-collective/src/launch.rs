@@ -34,11 +34,40 @@ pub struct Outcome {
 /// Runs `program args` as `n` ranks on this host; returns the first failing rank and its
 /// status, or success once all have exited cleanly.
 pub fn launch(n: usize, program: &str, args: &[String]) -> std::io::Result<Outcome> {
+    launch_hosts(n, 1, program, args)
+}
+
+/// [`launch`] with this machine posing as `hosts` hosts of `n / hosts` ranks each, for testing
+/// jobs over hosts ([`crate::MultiHostCommunicator`]) on one machine: ranks are numbered host
+/// by host as torchrun numbers them (`LOCAL_WORLD_SIZE`, `LOCAL_RANK`, `GROUP_RANK`), each host
+/// gets its own GPUs (`CUDA_VISIBLE_DEVICES`: host h the h-th `n / hosts` of the GPUs this
+/// process sees, or of its own `CUDA_VISIBLE_DEVICES`) and its own identity for p2p and NCCL
+/// (`P2P_HOST_ID` and `NCCL_HOSTID`, so that NCCL too takes its network path between them).
+pub fn launch_hosts(
+    n: usize,
+    hosts: usize,
+    program: &str,
+    args: &[String],
+) -> std::io::Result<Outcome> {
+    let invalid = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, why);
     if n == 0 {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "no ranks to launch (n = 0)",
-        ));
+        return Err(invalid("no ranks to launch (n = 0)".into()));
+    }
+    if hosts == 0 || n % hosts != 0 {
+        return Err(invalid(format!(
+            "{n} ranks cannot be split evenly over {hosts} hosts"
+        )));
+    }
+    let local = n / hosts;
+    let gpus: Vec<String> = match std::env::var("CUDA_VISIBLE_DEVICES") {
+        Ok(v) if !v.trim().is_empty() => v.split(',').map(|g| g.trim().to_string()).collect(),
+        _ => (0..n).map(|g| g.to_string()).collect(),
+    };
+    if hosts > 1 && gpus.len() < n {
+        return Err(invalid(format!(
+            "{hosts} hosts of {local} ranks need {n} GPUs; CUDA_VISIBLE_DEVICES names {}",
+            gpus.len()
+        )));
     }
     let secret = crate::rendezvous::Secret::generate_text()
         .map_err(|e| std::io::Error::other(e.to_string()))?;
@@ -52,13 +81,24 @@ pub fn launch(n: usize, program: &str, args: &[String]) -> std::io::Result<Outco
     let mut children: Vec<(usize, Child)> = Vec::new();
     for rank in 0..n {
         let mut cmd = Command::new(program);
+        let (host, local_rank) = (rank / local, rank % local);
         cmd.args(args)
             .env("RANK", rank.to_string())
             .env("WORLD_SIZE", n.to_string())
-            .env("LOCAL_RANK", rank.to_string())
-            .env("LOCAL_WORLD_SIZE", n.to_string())
+            .env("LOCAL_RANK", local_rank.to_string())
+            .env("LOCAL_WORLD_SIZE", local.to_string())
             .env("P2P_JOB_ID", &job)
             .env("P2P_JOB_SECRET", &secret);
+        if hosts > 1 {
+            let id = format!("{job}-host-{host}");
+            cmd.env("GROUP_RANK", host.to_string())
+                .env(
+                    "CUDA_VISIBLE_DEVICES",
+                    gpus[host * local..][..local].join(","),
+                )
+                .env("P2P_HOST_ID", &id)
+                .env("NCCL_HOSTID", &id);
+        }
         let spawned = lines
             .attach(rank, &mut cmd)
             .map_err(|e| std::io::Error::other(e.to_string()))

@@ -64,6 +64,7 @@ pub mod comm;
 mod error;
 mod exchange;
 pub mod launch;
+mod multihost;
 pub mod p2p;
 pub mod plan;
 pub mod settings;
@@ -72,6 +73,7 @@ pub mod verify;
 
 pub use comm::{Call, Communicator, Options, Registration};
 pub use error::{Error, Result};
+pub use multihost::MultiHostCommunicator;
 pub use p2p::P2pGroup;
 pub use p2p_mem;
 pub use p2p_transport;

@@ -223,7 +223,7 @@ p2p_sys::debug_as_display!(ConfigError);
 pub static SETTINGS: [&'static [&'static str]];
 
 /// The transport's own variables (those [`Config`] reads), the rendezvous's (`P2P_JOB_ID`,
-/// `P2P_JOB_SECRET`, `P2P_RENDEZVOUS_DIR`, `P2P_RENDEZVOUS_TIMEOUT_MS`, read by
+/// `P2P_JOB_SECRET`, `P2P_RENDEZVOUS_DIR`, `P2P_RENDEZVOUS_TIMEOUT_MS`, `P2P_HOST_ID`, read by
 /// [`crate::rendezvous`]; `P2P_LAUNCH_FD` and `P2P_LAUNCHER_PID`, set by a launcher for
 /// [`crate::launch`]), and the kernel runtime's `P2P_KERNELS` (p2p-mem, below the transport:
 /// checked here so that a bad value is an error like any other setting's).
@@ -241,6 +241,7 @@ static TRANSPORT_SETTINGS: &[&str] = &[
     "P2P_JOB_SECRET",
     "P2P_RENDEZVOUS_DIR",
     "P2P_RENDEZVOUS_TIMEOUT_MS",
+    "P2P_HOST_ID",
     "P2P_LAUNCH_FD",
     "P2P_LAUNCHER_PID",
     "P2P_DEBUG",
@@ -382,6 +383,7 @@ impl Config {
                 | "P2P_JOB_SECRET"
                 | "P2P_RENDEZVOUS_DIR"
                 | "P2P_RENDEZVOUS_TIMEOUT_MS"
+                | "P2P_HOST_ID"
                 | "P2P_LAUNCH_FD"
                 | "P2P_LAUNCHER_PID" => {}
                 "P2P_DEBUG" => {

@@ -1,7 +1,6 @@
 //! NCCL between hosts: a communicator over ranks that may live on other hosts, through the NCCL
 //! that p2p loads at run time ([`p2p_sys::nccl_rt`], NCCL 2.18 or later). It is the inter-host
-//! half of the communicators across hosts (issue 39; see `docs/architecture.md`): built and
-//! unit-tested, not yet run on a GPU.
+//! half of `p2p_collective::MultiHostCommunicator` (see `docs/architecture.md`).
 //!
 //! Every NCCL communicator here is made non-blocking (`ncclConfig_t::blocking = 0`), so no call
 //! waits inside NCCL: init and every collective are polled (`ncclCommGetAsyncError`) up to the
@@ -298,6 +297,20 @@ impl NcclComm {
             nccl::cudaStream_t,
         ) -> ncclResult_t,
     ) -> Result<()> {
+        self.ready_to_issue(op, stream)?;
+        self.fits(op, "send", send, send_count, dtype)?;
+        self.fits(op, "recv", recv, recv_count, dtype)?;
+        self.device.bind_to_thread()?;
+        let (s, r) = (
+            send.device_ptr() as *const c_void,
+            recv.device_ptr() as *mut c_void,
+        );
+        let result = call(s, r, self.raw, stream.cu_stream());
+        self.issued(op, result)
+    }
+
+    /// An error if this communicator was aborted or `stream` is on another GPU.
+    fn ready_to_issue(&self, op: &'static str, stream: &Stream) -> Result<()> {
         if self.aborted.load(Ordering::SeqCst) {
             return Err(self.failed(op, "the communicator was aborted earlier".into()));
         }
@@ -308,14 +321,12 @@ impl NcclComm {
                 self.device.ordinal()
             )));
         }
-        self.fits(op, "send", send, send_count, dtype)?;
-        self.fits(op, "recv", recv, recv_count, dtype)?;
-        self.device.bind_to_thread()?;
-        let (s, r) = (
-            send.device_ptr() as *const c_void,
-            recv.device_ptr() as *mut c_void,
-        );
-        match call(s, r, self.raw, stream.cu_stream()) {
+        Ok(())
+    }
+
+    /// What an issuing call returned: waited for where still in progress, else checked.
+    fn issued(&self, op: &'static str, result: ncclResult_t) -> Result<()> {
+        match result {
             r if r == ncclResult_t::ncclInProgress => self.wait(op),
             r => p2p_sys::check_nccl_rt(op, r).map_err(|e| self.failed(op, e.to_string())),
         }
@@ -404,12 +415,7 @@ impl NcclComm {
         root: usize,
         stream: &Stream,
     ) -> Result<()> {
-        if root >= self.world {
-            return Err(Error::InvalidArgument(format!(
-                "NCCL broadcast: root {root} is not one of the {} ranks",
-                self.world
-            )));
-        }
+        self.check_peer("broadcast", root)?;
         self.issue(
             "ncclBroadcast",
             (send, count),
@@ -421,6 +427,100 @@ impl NcclComm {
                 unsafe { nccl::ncclBroadcast(s, r, count, dtype, root as i32, comm, st) }
             },
         )
+    }
+
+    /// Reduces `count` elements of every rank's `send` into `root`'s `recv` (`ncclReduce`;
+    /// `recv` is written on `root` only, but must fit on every rank).
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce(
+        &self,
+        send: &impl DeviceMemory,
+        recv: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: ncclDataType_t,
+        op: ncclRedOp_t,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.check_peer("reduce", root)?;
+        self.issue(
+            "ncclReduce",
+            (send, count),
+            (recv, count),
+            dtype,
+            stream,
+            |s, r, comm, st| {
+                // SAFETY: as `issue` says; `root` is a rank of the communicator.
+                unsafe { nccl::ncclReduce(s, r, count, dtype, op, root as i32, comm, st) }
+            },
+        )
+    }
+
+    /// Sends `count` elements of `send` to rank `peer` (`ncclSend`), which receives them with
+    /// [`recv`](Self::recv). Several sends and receives that must progress together (an
+    /// all-to-all) go inside one [`group`].
+    pub fn send(
+        &self,
+        send: &impl DeviceMemory,
+        count: usize,
+        dtype: ncclDataType_t,
+        peer: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.check_peer("send", peer)?;
+        self.issue_one("ncclSend", send, count, dtype, stream, |p, comm, st| {
+            // SAFETY: as `issue_one` says; `peer` is a rank of the communicator.
+            unsafe { nccl::ncclSend(p, count, dtype, peer as i32, comm, st) }
+        })
+    }
+
+    /// Receives `count` elements from rank `peer` into `recv` (`ncclRecv`).
+    pub fn recv(
+        &self,
+        recv: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: ncclDataType_t,
+        peer: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        self.check_peer("recv", peer)?;
+        self.issue_one("ncclRecv", recv, count, dtype, stream, |p, comm, st| {
+            // SAFETY: as `issue_one` says (the memory is writable: `recv` is
+            // DeviceMemoryMut); `peer` is a rank of the communicator.
+            unsafe { nccl::ncclRecv(p.cast_mut(), count, dtype, peer as i32, comm, st) }
+        })
+    }
+
+    /// An error unless `peer` is a rank of this communicator.
+    fn check_peer(&self, op: &str, peer: usize) -> Result<()> {
+        if peer >= self.world {
+            return Err(Error::InvalidArgument(format!(
+                "NCCL {op}: rank {peer} is not one of the {} ranks",
+                self.world
+            )));
+        }
+        Ok(())
+    }
+
+    /// [`issue`](Self::issue) for a call on one buffer (send or receive).
+    fn issue_one(
+        &self,
+        op: &'static str,
+        mem: &impl DeviceMemory,
+        count: usize,
+        dtype: ncclDataType_t,
+        stream: &Stream,
+        call: impl FnOnce(*const c_void, nccl::ncclComm_t, nccl::cudaStream_t) -> ncclResult_t,
+    ) -> Result<()> {
+        self.ready_to_issue(op, stream)?;
+        self.fits(op, "data", mem, count, dtype)?;
+        self.device.bind_to_thread()?;
+        let r = call(
+            mem.device_ptr() as *const c_void,
+            self.raw,
+            stream.cu_stream(),
+        );
+        self.issued(op, r)
     }
 }
 
@@ -512,7 +612,7 @@ fn non_blocking_config() -> nccl::ncclConfig_t {
 }
 
 /// Bytes of one element of `dtype`.
-fn element_bytes(dtype: ncclDataType_t) -> Result<usize> {
+pub fn element_bytes(dtype: ncclDataType_t) -> Result<usize> {
     use ncclDataType_t as T;
     Ok(match dtype {
         T::ncclInt8 | T::ncclUint8 => 1,
@@ -526,6 +626,12 @@ fn element_bytes(dtype: ncclDataType_t) -> Result<usize> {
             )))
         }
     })
+}
+
+/// Loads libnccl (once per process), or says why it cannot: what a caller checks before it
+/// plans on NCCL (a job over hosts without it is refused with this reason).
+pub fn require() -> Result<()> {
+    loaded(-1)
 }
 
 /// libnccl, loaded or the reason it is not (on GPU `device`, -1 for none).

@@ -249,6 +249,11 @@ enum Command {
         /// Number of ranks.
         #[arg(short = 'n', long)]
         nprocs: usize,
+        /// Pose as this many hosts of N / HOSTS ranks each (GROUP_RANK, its own GPUs through
+        /// CUDA_VISIBLE_DEVICES, P2P_HOST_ID and NCCL_HOSTID per host): to test jobs over hosts
+        /// (MultiHostCommunicator) on one machine.
+        #[arg(long, default_value_t = 1)]
+        hosts: usize,
         /// The command and its arguments (after `--`).
         #[arg(trailing_var_arg = true, required = true)]
         command: Vec<String>,
@@ -506,7 +511,11 @@ fn main() -> ExitCode {
             }
             coll_cmd(out, &opts)
         }
-        Command::Launch { nprocs, command } => launch_cmd(nprocs, &command),
+        Command::Launch {
+            nprocs,
+            hosts,
+            command,
+        } => launch_cmd(nprocs, hosts, &command),
         Command::Render { json } => render_cmd(&json),
         Command::FaultWorker => ExitCode::from(p2p_benches::faults::worker() as u8),
         Command::HeldMemory {
@@ -845,7 +854,7 @@ fn faults_cmd(options: &p2p_benches::faults::SuiteOptions, out: &std::path::Path
     }
 }
 
-fn launch_cmd(n: usize, command: &[String]) -> ExitCode {
+fn launch_cmd(n: usize, hosts: usize, command: &[String]) -> ExitCode {
     let Some((program, args)) = command.split_first() else {
         eprintln!("p2p-bench launch: no command given (p2p-bench launch -n 2 -- CMD ARGS)");
         return ExitCode::from(2);
@@ -854,7 +863,7 @@ fn launch_cmd(n: usize, command: &[String]) -> ExitCode {
         eprintln!("p2p-bench launch: -n must be at least 1");
         return ExitCode::from(2);
     }
-    match p2p_collective::launch::launch(n, program, args) {
+    match p2p_collective::launch::launch_hosts(n, hosts, program, args) {
         Ok(out) if out.status.success() => ExitCode::SUCCESS,
         Ok(out) => {
             let rank = out

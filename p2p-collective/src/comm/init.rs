@@ -253,7 +253,7 @@ impl Communicator {
         // private directory, its path in the group's first exchange.
         let dir = PrivateDir::new("coll")?;
         let listener = FdListener::bind(&dir.path().join("ws"))?;
-        let host = p2p_transport::hostname();
+        let host = p2p_transport::rendezvous::host_id();
         let path = listener.path().to_string_lossy().into_owned();
         let planner = planner_words(&options);
         let blob = Introduction {

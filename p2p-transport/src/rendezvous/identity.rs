@@ -98,7 +98,8 @@ impl Rendezvous {
 
     /// From variables read through `get`:
     /// - `RANK`, `WORLD_SIZE` (required), `LOCAL_RANK` (default `RANK`); `LOCAL_WORLD_SIZE`, if
-    ///   set, must equal `WORLD_SIZE` (a job spans one host);
+    ///   set, must equal `WORLD_SIZE` (this communicator spans one host; a job over several
+    ///   hosts reads [`HostLayout`](super::HostLayout) and joins [`for_host`](Self::for_host));
     /// - the job's identity: `P2P_JOB_ID` if set, else `MASTER_ADDR` (default `127.0.0.1`),
     ///   `MASTER_PORT`, `TORCHELASTIC_RUN_ID` and `TORCHELASTIC_RESTART_COUNT` (so a restarted
     ///   torchrun job never meets its previous attempt) and `WORLD_SIZE`; one of `P2P_JOB_ID` and
@@ -107,6 +108,24 @@ impl Rendezvous {
     /// - `P2P_RENDEZVOUS_DIR`: where the socket lives (optional);
     /// - `P2P_RENDEZVOUS_TIMEOUT_MS`: how long to wait for the other ranks (default 60000).
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Rendezvous> {
+        let rv = Self::job_from_vars(&get)?;
+        if let Some(lw) = get("LOCAL_WORLD_SIZE") {
+            if lw.trim().parse::<usize>().ok() != Some(rv.world) {
+                return Err(Error::Rendezvous {
+                    rank: None,
+                    why: format!(
+                        "LOCAL_WORLD_SIZE={lw} but WORLD_SIZE={}: a job over several hosts needs p2p_collective::MultiHostCommunicator (one communicator per host, NCCL between them); Communicator spans one host",
+                        rv.world
+                    ),
+                });
+            }
+        }
+        Ok(rv)
+    }
+
+    /// [`from_vars`](Self::from_vars) without its one-host check: the whole job's identity,
+    /// with `rank` and `world` over every host.
+    pub(super) fn job_from_vars(get: &impl Fn(&str) -> Option<String>) -> Result<Rendezvous> {
         let bad = |why: String| Error::Rendezvous { rank: None, why };
         let num = |name: &str| -> Result<Option<usize>> {
             match get(name) {
@@ -128,13 +147,6 @@ impl Rendezvous {
         }
         if world > MAX_WORLD {
             return Err(bad(format!("WORLD_SIZE={world} is above {MAX_WORLD}")));
-        }
-        if let Some(lw) = num("LOCAL_WORLD_SIZE")? {
-            if lw != world {
-                return Err(bad(format!(
-                    "LOCAL_WORLD_SIZE={lw} but WORLD_SIZE={world}: p2p communicators span one host, so start one job per host"
-                )));
-            }
         }
         let job = match get("P2P_JOB_ID") {
             Some(id) if !id.is_empty() => format!("id:{id}/{world}"),

@@ -49,8 +49,10 @@
 //! # Ok::<(), p2p_transport::Error>(())
 //! ```
 
+mod exchange;
 mod group;
 mod handshake;
+mod hosts;
 mod identity;
 pub mod store;
 /// Test and fault-injection helpers: raw steps of the protocol, to play a stranger or a broken
@@ -59,9 +61,11 @@ pub mod testing;
 #[cfg(test)]
 mod tests;
 
+pub use exchange::JobExchange;
 pub use group::{Failure, Group};
 pub use handshake::HandshakeError;
 use handshake::*;
+pub use hosts::{host_id, HostLayout};
 use identity::*;
 pub use identity::{Rendezvous, Secret};
 

@@ -563,7 +563,7 @@ fn the_environment_names_the_job_and_is_checked() {
         (
             "RANK=0 WORLD_SIZE=4 LOCAL_WORLD_SIZE=2 P2P_JOB_ID=j",
             "two hosts",
-            "span one host",
+            "MultiHostCommunicator",
         ),
         (
             "RANK=0 WORLD_SIZE=2 P2P_JOB_ID=j P2P_JOB_SECRET=short",

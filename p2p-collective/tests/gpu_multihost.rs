@@ -1,0 +1,230 @@
+//! A communicator over hosts (`MultiHostCommunicator`) on one machine posing as two hosts:
+//! `p2p_collective::launch::launch_hosts` starts 4 ranks as 2 hosts of 2 (each host its own GPUs,
+//! `P2P_HOST_ID` and `NCCL_HOSTID`, so NCCL takes its network path between them). Every op,
+//! type, reduction and count, byte-exact against the host's expectation; then the time of
+//! all-reduce, all-gather and reduce-scatter beside NCCL's own communicator over the same
+//! ranks and host ids. Ignored in CI (4 GPUs and libnccl needed); `run.sh multihost` runs them.
+//! Under torchrun (`--nnodes 2`, one torchrun per simulated host) the same test body runs when
+//! `RANK` is set.
+
+mod common;
+
+use std::time::Instant;
+
+use common::counts;
+use p2p_collective::verify::{compare, expected, input};
+use p2p_collective::{Call, DataType, MultiHostCommunicator, Op, RedOp};
+use p2p_mem::{DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
+
+/// Ranks and hosts of the layout: `P2PTEST_WORLD` (default 4) over `P2PTEST_HOSTS` (default 2).
+fn layout() -> (usize, usize) {
+    let get = |n: &str, d: usize| {
+        std::env::var(n)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    (get("P2PTEST_WORLD", 4), get("P2PTEST_HOSTS", 2))
+}
+
+/// In the launcher: start the ranks as simulated hosts. In a rank: run `body`.
+fn launch_or_run(test: &str, body: impl FnOnce(MultiHostCommunicator)) {
+    if std::env::var_os("RANK").is_some() {
+        body(MultiHostCommunicator::from_env().expect("MultiHostCommunicator::from_env"));
+        return;
+    }
+    let (world, hosts) = layout();
+    let exe = std::env::current_exe().expect("current exe");
+    let args: Vec<String> = [test, "--exact", "--include-ignored", "--nocapture"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let out = p2p_collective::launch::launch_hosts(world, hosts, &exe.to_string_lossy(), &args)
+        .expect("launch");
+    assert!(out.status.success(), "a rank failed: {out:?}");
+}
+
+/// One out-of-place call on this rank, checked byte for byte. Returns the wrong elements.
+fn run_case(comm: &MultiHostCommunicator, stream: &Stream, call: &Call) -> Result<usize, String> {
+    let (w, r) = (comm.world_size(), comm.rank());
+    let size = call.dtype.size();
+    let (in_len, out_len) = call.op.buffer_lens(call.count, w, r, call.root);
+    let dev = comm.device();
+    let host = input(call, w, r, in_len);
+    let mut send =
+        DeviceBuffer::<u8>::zeroed(dev, (in_len * size).max(1)).map_err(|e| e.to_string())?;
+    if !host.is_empty() {
+        send.slice_mut(..host.len())
+            .and_then(|mut v| v.copy_from_host(&host))
+            .map_err(|e| e.to_string())?;
+    }
+    let mut recv = DeviceBuffer::<u8>::zeroed(dev, (out_len.max(call.count) * size).max(1))
+        .map_err(|e| e.to_string())?;
+    recv.memset_u8(0xff).map_err(|e| e.to_string())?;
+    let (n, t) = (call.count, call.dtype);
+    let res = match call.op {
+        Op::AllReduce => comm.all_reduce(&send, &mut recv, n, t, call.redop, stream),
+        Op::AllGather => comm.all_gather(&send, &mut recv, n, t, stream),
+        Op::ReduceScatter => comm.reduce_scatter(&send, &mut recv, n, t, call.redop, stream),
+        Op::Broadcast => comm.broadcast(&send, &mut recv, n, t, call.root, stream),
+        Op::Reduce => comm.reduce(&send, &mut recv, n, t, call.redop, call.root, stream),
+        Op::AllToAll => comm.all_to_all(&send, &mut recv, n, t, stream),
+    };
+    res.and_then(|()| comm.synchronize(stream))
+        .map_err(|e| format!("rank {r}: {e}"))?;
+    let got = recv.to_host_vec::<u8>().map_err(|e| e.to_string())?;
+    let (wrong, first) = compare(t, &got[..out_len * size], |j| {
+        expected(call, w, r, false, j)
+    });
+    if wrong > 0 {
+        eprintln!("rank {r}: {call:?}: {wrong} wrong, first {first:?}");
+    }
+    Ok(wrong)
+}
+
+#[test]
+#[ignore = "needs 4 GPUs and libnccl"]
+fn gpu4_every_op_type_and_count_over_two_simulated_hosts() {
+    launch_or_run(
+        "gpu4_every_op_type_and_count_over_two_simulated_hosts",
+        |comm| {
+            let stream = Stream::new(comm.device()).expect("stream");
+            let (w, r) = (comm.world_size(), comm.rank());
+            let l = comm.layout();
+            println!(
+                "rank {r}: host {} of {}, local rank {} of {}",
+                l.host, l.hosts, l.local_rank, l.local_world
+            );
+            let mut counts = counts();
+            counts.push(1000); // a count the host's ranks divide: all-reduce without NCCL's tail
+            let (mut cases, mut wrong, mut refused) = (0, 0, 0);
+            let started = Instant::now();
+            for op in Op::ALL {
+                for dtype in DataType::ALL {
+                    let redops: &[RedOp] = if op.reduces() {
+                        &RedOp::ALL
+                    } else {
+                        &[RedOp::Sum]
+                    };
+                    for &redop in redops {
+                        let integer_avg = redop == RedOp::Avg
+                            && matches!(dtype, DataType::I32 | DataType::I64 | DataType::U8);
+                        for &count in &counts {
+                            for root in [0, w - 1] {
+                                if !matches!(op, Op::Broadcast | Op::Reduce) && root != 0 {
+                                    continue;
+                                }
+                                let call = Call::new(op, dtype, count).redop(redop).root(root);
+                                match run_case(&comm, &stream, &call) {
+                                    Ok(n) => wrong += n,
+                                    Err(e) if integer_avg && e.contains("average of") => {
+                                        refused += 1
+                                    }
+                                    Err(e) => panic!("{call:?}: {e}"),
+                                }
+                                cases += 1;
+                            }
+                        }
+                    }
+                }
+            }
+            println!(
+            "rank {r}: {cases} cases over {} hosts, {wrong} wrong, {refused} integer averages refused as documented, {:.1} s",
+            l.hosts,
+            started.elapsed().as_secs_f64()
+        );
+            assert_eq!(wrong, 0);
+            assert!(refused > 0, "integer averages across hosts must be refused");
+        },
+    );
+}
+
+/// Microseconds per call of `f`, the median of 5 runs of `iters` calls, each run timed on the
+/// host around a synchronize of every rank's stream (all ranks run the same sequence).
+fn time_us(
+    comm: &MultiHostCommunicator,
+    stream: &Stream,
+    iters: usize,
+    mut f: impl FnMut(),
+) -> f64 {
+    for _ in 0..3 {
+        f();
+    }
+    comm.synchronize(stream).expect("warm-up");
+    let mut runs: Vec<f64> = (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..iters {
+                f();
+            }
+            comm.synchronize(stream).expect("timed run");
+            t.elapsed().as_secs_f64() * 1e6 / iters as f64
+        })
+        .collect();
+    runs.sort_by(f64::total_cmp);
+    runs[2]
+}
+
+#[test]
+#[ignore = "needs 4 GPUs and libnccl"]
+fn gpu4_time_beside_ncclss_own_communicator_on_the_same_hosts() {
+    launch_or_run(
+        "gpu4_time_beside_ncclss_own_communicator_on_the_same_hosts",
+        |comm| {
+            use p2p_sys::nccl_rt::{ncclDataType_t, ncclRedOp_t};
+            let stream = Stream::new(comm.device()).expect("stream");
+            let (w, r) = (comm.world_size(), comm.rank());
+            let nccl = comm.nccl_all();
+            let f32t = ncclDataType_t::ncclFloat32;
+            for bytes in [8 << 10, 256 << 10, 4 << 20, 64 << 20] {
+                let n = bytes / 4;
+                let dev = comm.device();
+                let send = DeviceBuffer::<f32>::zeroed(dev, n * w).expect("send");
+                let mut recv = DeviceBuffer::<f32>::zeroed(dev, n * w).expect("recv");
+                let iters = if bytes >= 4 << 20 { 10 } else { 50 };
+                let row = |name: &str, ours: f64, theirs: f64| {
+                    if r == 0 {
+                        println!(
+                        "multihost-bench {name} {bytes} B per rank: p2p over hosts {ours:.1} us, NCCL {theirs:.1} us, ratio {:.2}",
+                        ours / theirs
+                    );
+                    }
+                };
+                let ours = time_us(&comm, &stream, iters, || {
+                    comm.all_reduce(&send, &mut recv, n, DataType::F32, RedOp::Sum, &stream)
+                        .expect("all_reduce")
+                });
+                let theirs = time_us(&comm, &stream, iters, || {
+                    nccl.all_reduce(&send, &mut recv, n, f32t, ncclRedOp_t::ncclSum, &stream)
+                        .expect("ncclAllReduce")
+                });
+                row("all_reduce", ours, theirs);
+                let ours = time_us(&comm, &stream, iters, || {
+                    comm.all_gather(&send, &mut recv, n / w, DataType::F32, &stream)
+                        .expect("all_gather")
+                });
+                let theirs = time_us(&comm, &stream, iters, || {
+                    nccl.all_gather(&send, &mut recv, n / w, f32t, &stream)
+                        .expect("ncclAllGather")
+                });
+                row("all_gather", ours, theirs);
+                let ours = time_us(&comm, &stream, iters, || {
+                    comm.reduce_scatter(&send, &mut recv, n / w, DataType::F32, RedOp::Sum, &stream)
+                        .expect("reduce_scatter")
+                });
+                let theirs = time_us(&comm, &stream, iters, || {
+                    nccl.reduce_scatter(
+                        &send,
+                        &mut recv,
+                        n / w,
+                        f32t,
+                        ncclRedOp_t::ncclSum,
+                        &stream,
+                    )
+                    .expect("ncclReduceScatter")
+                });
+                row("reduce_scatter", ours, theirs);
+            }
+        },
+    );
+}
