@@ -38,6 +38,7 @@
 
 pub mod checkpoint;
 pub mod ctx_event;
+mod ctypes;
 pub mod cuda;
 mod error;
 pub mod nccl_rt;

@@ -1,20 +1,40 @@
-//! The one loader of every generated binding module (`cargo xtask bindgen` writes a call of
-//! [`entry_table!`] and of [`entry_fns!`] into each; do not edit those modules): a table of a
-//! library's entry points, resolved at first use, the names and presence checks that go with
-//! it, and a function per entry point. Where the library lacks an entry point (it is older than
-//! the release that added it) its function returns the module's "missing" result (a null
-//! pointer for a string getter), which [`crate::check_cu`] and friends report as
-//! [`crate::Error::MissingEntryPoints`]; each module's `has` tells beforehand.
+//! The one loader of every generated binding module: `cargo xtask bindgen` writes one call of
+//! [`entry_points!`] into each (do not edit those modules), which names the library, the
+//! module's "missing" result and each entry point's C signature, once. From that one list it
+//! declares a table of the library's entry points, resolved at first use, the names and
+//! presence checks that go with it, and a function per entry point. Where the library lacks an
+//! entry point (it is older than the release that added it) its function returns the module's
+//! "missing" result (or the entry's own, such as a null pointer for a string getter), which
+//! [`crate::check_cu`] and friends report as [`crate::Error::MissingEntryPoints`]; each
+//! module's `has` tells beforehand.
 
-/// Declares, in the calling module, the `Table` of the listed entry points (each
-/// `name: name_fn`, the function-pointer type bindgen's declaration gives), `table()` (`None`
-/// until [`crate::probe`] has loaded `library`; then each entry, `None` where the library lacks
-/// the symbol), `ENTRY_POINTS` (the C names) and `has(name)`.
-macro_rules! entry_table {
-    (library: $library:ident, entries: { $($name:ident: $ty:ty),+ $(,)? }) => {
+/// Declares, in the calling module, from one list of C signatures:
+///
+/// - the `Table` of the entry points (each an `Option<unsafe extern "C" fn(..) -> ..>` of the
+///   signature given) and `table()`: `None` until [`crate::probe`] has loaded `library`; then
+///   each entry, `None` where the library lacks the symbol;
+/// - `ENTRY_POINTS` (the C names) and `has(name)`;
+/// - one free function per entry point with the C name and signature: it calls the loaded
+///   library's entry, or returns the "missing" value where the library lacks it: the entry's
+///   own (`fn f(..) -> R = value;`) or else the module's (`missing: value;`).
+///
+/// ```text
+/// crate::table::entry_points! {
+///     library: Nvrtc,
+///     missing: nvrtcResult::NVRTC_ERROR_INTERNAL_ERROR;
+///     fn nvrtcGetErrorString(result: nvrtcResult) -> *const ffi::c_char = ::core::ptr::null();
+///     fn nvrtcDestroyProgram(prog: *mut nvrtcProgram) -> nvrtcResult;
+/// }
+/// ```
+macro_rules! entry_points {
+    (
+        library: $library:ident,
+        missing: $missing:expr;
+        $(fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty $(= $own:expr)?;)+
+    ) => {
         /// The entry points, resolved from the loaded library.
         struct Table {
-            $($name: Option<$ty>,)+
+            $($name: Option<unsafe extern "C" fn($($ty),*) -> $ret>,)+
         }
 
         /// The table, once the library is loaded (`None` before [`crate::probe::require`]
@@ -31,7 +51,7 @@ macro_rules! entry_table {
             Some(TABLE.get_or_init(|| unsafe {
                 Table {
                     $($name: lib
-                        .get::<$ty>(concat!(stringify!($name), "\0").as_bytes())
+                        .get(concat!(stringify!($name), "\0").as_bytes())
                         .ok()
                         .map(|s| *s),)+
                 }
@@ -50,30 +70,35 @@ macro_rules! entry_table {
                 _ => false,
             }
         }
-    };
-}
 
-/// Declares, in the calling module (after [`entry_table!`]), one free function per entry point
-/// with the C name and signature: it calls the loaded library's entry, or returns the given
-/// "missing" value (documented by the string beside it) where the library lacks it.
-macro_rules! entry_fns {
-    ($(fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty = $missing:expr, $missing_doc:literal;)+) => {$(
-        #[doc = concat!("`", stringify!($name), "` of the loaded library (`", $missing_doc, "` where it lacks it).")]
-        #[doc = ""]
-        #[doc = "# Safety"]
-        #[doc = "The C function's contract: valid pointers and handles, as its documentation says."]
-        #[inline]
-        pub unsafe fn $name($($arg: $ty),*) -> $ret {
-            match table().and_then(|t| t.$name) {
-                Some(entry__) => entry__($($arg),*),
-                None => $missing,
+        $(
+            #[doc = concat!(
+                "`", stringify!($name), "` of the loaded library (`",
+                $crate::table::entry_points!(@doc [$($own)?] $missing),
+                "` where it lacks it)."
+            )]
+            #[doc = ""]
+            #[doc = "# Safety"]
+            #[doc = "The C function's contract: valid pointers and handles, as its documentation says."]
+            #[inline]
+            #[allow(clippy::too_many_arguments)]
+            pub unsafe fn $name($($arg: $ty),*) -> $ret {
+                match table().and_then(|t| t.$name) {
+                    // SAFETY: the caller keeps the C function's contract (see `# Safety`).
+                    Some(entry__) => unsafe { entry__($($arg),*) },
+                    None => $crate::table::entry_points!(@missing [$($own)?] $missing),
+                }
             }
-        }
-    )+};
+        )+
+    };
+    // The entry's own "missing" value where it gives one, else the module's; and its text.
+    (@missing [$own:expr] $missing:expr) => { $own };
+    (@missing [] $missing:expr) => { $missing };
+    (@doc [$own:expr] $missing:expr) => { stringify!($own) };
+    (@doc [] $missing:expr) => { stringify!($missing) };
 }
 
-pub(crate) use entry_fns;
-pub(crate) use entry_table;
+pub(crate) use entry_points;
 
 #[cfg(test)]
 mod tests {
