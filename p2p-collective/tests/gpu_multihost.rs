@@ -1,9 +1,11 @@
 //! A communicator over hosts (`MultiHostCommunicator`) on one machine posing as two hosts:
-//! `p2p_collective::launch::launch_hosts` starts 4 ranks as 2 hosts of 2 (each host its own GPUs,
+//! `p2p_collective::launch::launch_hosts` starts 4 ranks as 2 hosts of 2 on 4 GPUs (2 hosts of
+//! 1 on 2 GPUs; `P2PTEST_WORLD`, `P2PTEST_HOSTS`) (each host its own GPUs,
 //! `P2P_HOST_ID` and `NCCL_HOSTID`, so NCCL takes its network path between them). Every op,
 //! type, reduction and count, byte-exact against the host's expectation; then the time of
 //! all-reduce, all-gather and reduce-scatter beside NCCL's own communicator over the same
-//! ranks and host ids. Ignored in CI (4 GPUs and libnccl needed); `run.sh multihost` runs them.
+//! ranks and host ids; a rank's death on the other host. Ignored in CI (GPUs and libnccl
+//! needed); `run.sh multihost` and `tests.sh hosts` run them.
 //! Under torchrun (`--nnodes 2`, one torchrun per simulated host) the same test body runs when
 //! `RANK` is set.
 
@@ -16,15 +18,14 @@ use p2p_collective::verify::{compare, expected, input};
 use p2p_collective::{Call, DataType, MultiHostCommunicator, Op, RedOp};
 use p2p_mem::{DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
 
-/// Ranks and hosts of the layout: `P2PTEST_WORLD` (default 4) over `P2PTEST_HOSTS` (default 2).
+/// Ranks and hosts of the layout: `P2PTEST_WORLD` over `P2PTEST_HOSTS` (default 2 hosts; 4
+/// ranks where 4 GPUs are visible, else 2: two hosts of one GPU).
 fn layout() -> (usize, usize) {
-    let get = |n: &str, d: usize| {
-        std::env::var(n)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(d)
-    };
-    (get("P2PTEST_WORLD", 4), get("P2PTEST_HOSTS", 2))
+    let get = |n: &str| std::env::var(n).ok().and_then(|v| v.parse().ok());
+    let gpus = p2p_mem::Device::count().expect("this test needs 2 or more GPUs") as usize;
+    assert!(gpus >= 2, "this test needs 2 or more GPUs, found {gpus}");
+    let world = get("P2PTEST_WORLD").unwrap_or(if gpus >= 4 { 4 } else { 2 });
+    (world, get("P2PTEST_HOSTS").unwrap_or(2))
 }
 
 /// In the launcher: start the ranks as simulated hosts. In a rank: run `body`.
@@ -83,10 +84,10 @@ fn run_case(comm: &MultiHostCommunicator, stream: &Stream, call: &Call) -> Resul
 }
 
 #[test]
-#[ignore = "needs 4 GPUs and libnccl"]
-fn gpu4_every_op_type_and_count_over_two_simulated_hosts() {
+#[ignore = "needs 2+ GPUs and libnccl"]
+fn gpu2_every_op_type_and_count_over_two_simulated_hosts() {
     launch_or_run(
-        "gpu4_every_op_type_and_count_over_two_simulated_hosts",
+        "gpu2_every_op_type_and_count_over_two_simulated_hosts",
         |comm| {
             let stream = Stream::new(comm.device()).expect("stream");
             let (w, r) = (comm.world_size(), comm.rank());
@@ -166,10 +167,10 @@ fn time_us(
 }
 
 #[test]
-#[ignore = "needs 4 GPUs and libnccl"]
-fn gpu4_time_beside_ncclss_own_communicator_on_the_same_hosts() {
+#[ignore = "needs 2+ GPUs and libnccl"]
+fn gpu2_time_beside_nccl_on_the_same_hosts() {
     launch_or_run(
-        "gpu4_time_beside_ncclss_own_communicator_on_the_same_hosts",
+        "gpu2_time_beside_nccl_on_the_same_hosts",
         |comm| {
             use p2p_sys::nccl_rt::{ncclDataType_t, ncclRedOp_t};
             let stream = Stream::new(comm.device()).expect("stream");
@@ -227,4 +228,56 @@ fn gpu4_time_beside_ncclss_own_communicator_on_the_same_hosts() {
             }
         },
     );
+}
+
+#[test]
+#[ignore = "needs 2+ GPUs and libnccl"]
+fn gpu2_a_rank_that_dies_on_the_other_host_is_found_by_every_survivor() {
+    const TEST: &str = "gpu2_a_rank_that_dies_on_the_other_host_is_found_by_every_survivor";
+    if std::env::var_os("RANK").is_none() {
+        let (world, hosts) = layout();
+        let exe = std::env::current_exe().expect("current exe");
+        let args: Vec<String> = [TEST, "--exact", "--include-ignored", "--nocapture"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let out = p2p_collective::launch::launch_hosts(world, hosts, &exe.to_string_lossy(), &args)
+            .expect("launch");
+        println!("launcher: {out:?}");
+        assert_eq!(out.failed_rank, Some(world - 1), "the last rank, and only it, fails");
+        assert_eq!(
+            out.killed, 0,
+            "every survivor reports the death and exits within {:?}",
+            p2p_collective::launch::GRACE
+        );
+        return;
+    }
+    let comm = MultiHostCommunicator::from_env().expect("from_env");
+    let stream = Stream::new(comm.device()).expect("stream");
+    let (w, r) = (comm.world_size(), comm.rank());
+    let n = 1 << 18;
+    let send = DeviceBuffer::<f32>::zeroed(comm.device(), n).expect("send");
+    let mut recv = DeviceBuffer::<f32>::zeroed(comm.device(), n).expect("recv");
+    comm.all_reduce(&send, &mut recv, n, DataType::F32, RedOp::Sum, &stream)
+        .and_then(|()| comm.synchronize(&stream))
+        .expect("a call while every rank lives");
+    if r == w - 1 {
+        println!("rank {r}: exiting without a word");
+        std::process::exit(17);
+    }
+    let t = Instant::now();
+    for i in 0..100_000 {
+        let res = comm
+            .all_reduce(&send, &mut recv, n, DataType::F32, RedOp::Sum, &stream)
+            .and_then(|()| comm.synchronize(&stream));
+        if let Err(e) = res {
+            println!("rank {r}: found the failure after {:?} ({i} calls): {e}", t.elapsed());
+            use std::io::Write;
+            let _ = std::io::stdout().flush();
+            // Leave at once, as a process that learnt its job is dead would (the launcher
+            // counts a survivor still running after its grace as not having found it).
+            std::process::exit(0);
+        }
+    }
+    panic!("rank {r}: no failure found after {:?}", t.elapsed());
 }

@@ -26,6 +26,13 @@
 #   candle        candle-core 0.11 itself beside p2p (candle tensors all-reduced by p2p), twice.
 #                 Needs downstream/p2p-downstream-candle-core in the bundle, from
 #                 `.ci/downstream/candle.sh build`. ~1 min.
+#   hosts         a job over two simulated hosts (MultiHostCommunicator; 4 GPUs, libnccl, torch):
+#                 the correctness matrix (every op, type, reduction, counts P2PTEST_COUNTS,
+#                 default 0,1,7,1023,65537, and 1000) under `p2p-bench launch -n 4 --hosts 2` and
+#                 under two torchruns (`--nnodes 2`, one per host: GPUs 0,1 and 2,3, P2P_HOST_ID
+#                 and NCCL_HOSTID per host, one MASTER_PORT), then the time beside NCCL's own
+#                 communicator on the same hosts (NCCL_DEBUG=INFO for NET: which transport NCCL
+#                 took between them), then a rank's death on the other host. ~3-5 min.
 #   run [FILTER]  run.sh: every test executable and the examples (or those FILTER names),
 #                 with a summary of the failures; RUN_TIMEOUT (default 420 s). Takes every word
 #                 after it, so it comes last. ~5-7 min whole on 2 GPUs.
@@ -135,6 +142,38 @@ phase_candle() {
     note "candle-core round $round: exit $?: $(tail -n 1 <<<"$out")"
     echo "$out" >"$res/candle-core-$round.log"
   done
+}
+
+phase_hosts() {
+  need 4 || exit 0
+  local t=$here/tests/p2p-collective--gpu_multihost body=gpu2_every_op_type_and_count_over_two_simulated_hosts
+  local secret h log
+  export P2PTEST_COUNTS=${P2PTEST_COUNTS:-0,1,7,1023,65537}
+  timeout 200 "$here/p2p-bench" launch -n 4 --hosts 2 -- "$t" "$body" --exact --include-ignored --nocapture >"$res/launch-hosts.log" 2>&1
+  note "p2p-bench launch -n 4 --hosts 2, correctness: exit $?: $(grep -E 'cases over' "$res/launch-hosts.log" | tr '\n' ' ')"
+  grep -E 'panicked|wrong, first' "$res/launch-hosts.log" | head -n 8 | tee -a "$res/summary.txt"
+  pack
+  # torchrun --nnodes 2 on one machine: one torchrun per simulated host, its own GPUs and host
+  # identity, one store (node 0's agent at MASTER_PORT), one job secret.
+  secret=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  for h in 0 1; do
+    CUDA_VISIBLE_DEVICES=$((2 * h)),$((2 * h + 1)) P2P_HOST_ID=sim-host-$h NCCL_HOSTID=sim-host-$h P2P_JOB_SECRET=$secret \
+      timeout 200 torchrun --nnodes 2 --node-rank "$h" --nproc-per-node 2 --master-addr 127.0.0.1 --master-port 29533 \
+      --no-python "$t" "$body" --exact --include-ignored --nocapture >"$res/torchrun-host$h.log" 2>&1 &
+  done
+  wait
+  for h in 0 1; do
+    note "torchrun --nnodes 2, host $h: $(grep -E 'cases over' "$res/torchrun-host$h.log" | tr '\n' ' ')"
+    grep -E 'panicked|wrong, first|Error|error:' "$res/torchrun-host$h.log" | head -n 8 | tee -a "$res/summary.txt"
+  done
+  pack
+  NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET timeout 200 "$t" gpu2_time_beside --include-ignored --nocapture >"$res/time.log" 2>&1
+  note "time beside NCCL: exit $?"
+  grep -E '^multihost-bench' "$res/time.log" | tee -a "$res/summary.txt"
+  grep -m 3 -E 'NET/|Using network' "$res/time.log" | tee -a "$res/summary.txt"
+  pack
+  timeout 90 "$t" gpu2_a_rank_that_dies --include-ignored --nocapture >"$res/fault.log" 2>&1
+  note "a rank's death on the other host: exit $?: $(grep -E 'found the failure|launcher:' "$res/fault.log" | tr '\n' ' ')"
 }
 
 phase_run() {
