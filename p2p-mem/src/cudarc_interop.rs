@@ -103,17 +103,16 @@ impl Stream {
 
 /// A read-only view of a cudarc slice for p2p's calls, made by [`view`]. It borrows the slice
 /// and the stream; dropping it records cudarc's read event after the work queued with it.
-pub struct CudarcView<'a> {
-    memory: ExternalMemory,
-    stream: cuda::CUstream,
-    element: ElementType,
-    _sync: SyncOnDrop<'a>,
-}
+pub struct CudarcView<'a>(Viewed<'a>);
 
 /// A writable view of a cudarc slice for p2p's calls, made by [`view_mut`]. It borrows the
 /// slice mutably and the stream; dropping it records cudarc's write event after the work
 /// queued with it.
-pub struct CudarcViewMut<'a> {
+pub struct CudarcViewMut<'a>(Viewed<'a>);
+
+/// What either view holds: the slice's memory, its stream and element type, and cudarc's guard
+/// (which records the read or write event when dropped).
+struct Viewed<'a> {
     memory: ExternalMemory,
     stream: cuda::CUstream,
     element: ElementType,
@@ -174,17 +173,9 @@ pub fn view<'a, T: 'static, S: DevicePtr<T>>(
     let cu = cudarc_of(stream)?;
     let bytes = slice.num_bytes();
     let (ptr, sync) = slice.device_ptr(cu);
-    waited(cu)?;
-    check_on(stream.device(), ptr, bytes)?;
     // SAFETY: cudarc guarantees `bytes` bytes at `ptr` stay allocated while `slice` is
-    // borrowed, which outlives the view ('a); `check_on` showed they are on the stream's GPU.
-    let memory = unsafe { ExternalMemory::from_raw(stream.device(), ptr, bytes) };
-    Ok(CudarcView {
-        memory,
-        stream: cu.cu_stream() as cuda::CUstream,
-        element: ElementType::of::<T>(),
-        _sync: sync,
-    })
+    // borrowed, which outlives the view ('a).
+    unsafe { viewed::<T>(stream, cu, ptr, bytes, sync) }.map(CudarcView)
 }
 
 /// A writable view of `slice` (a `CudaSlice` or `CudaViewMut`) on `stream` (made by
@@ -197,11 +188,30 @@ pub fn view_mut<'a, T: 'static, S: DevicePtrMut<T>>(
     let cu = cudarc_of(stream)?;
     let bytes = slice.num_bytes();
     let (ptr, sync) = slice.device_ptr_mut(cu);
+    // SAFETY: as in `view`; the slice is borrowed mutably for 'a, so nothing else writes it.
+    unsafe { viewed::<T>(stream, cu, ptr, bytes, sync) }.map(CudarcViewMut)
+}
+
+/// The rest of [`view`] and [`view_mut`], once cudarc has given the slice's pointer (and made
+/// `cu` wait for its last write): takes back a failure of that wait, checks that the memory is
+/// on the stream's GPU, and views it.
+///
+/// # Safety
+/// `bytes` bytes at `ptr` must stay allocated for 'a (cudarc's guarantee while the slice is
+/// borrowed).
+unsafe fn viewed<'a, T: 'static>(
+    stream: &Stream,
+    cu: &CudaStream,
+    ptr: cuda::CUdeviceptr,
+    bytes: usize,
+    sync: SyncOnDrop<'a>,
+) -> Result<Viewed<'a>> {
     waited(cu)?;
     check_on(stream.device(), ptr, bytes)?;
-    // SAFETY: as in `view`; the slice is borrowed mutably for 'a, so nothing else writes it.
+    // SAFETY: the memory stays allocated for 'a (this function's contract), which outlives
+    // the view; `check_on` showed it is on the stream's GPU.
     let memory = unsafe { ExternalMemory::from_raw(stream.device(), ptr, bytes) };
-    Ok(CudarcViewMut {
+    Ok(Viewed {
         memory,
         stream: cu.cu_stream() as cuda::CUstream,
         element: ElementType::of::<T>(),
@@ -214,19 +224,19 @@ macro_rules! delegate_memory {
         // SAFETY: the memory is the borrowed cudarc slice's, live for the view's lifetime.
         unsafe impl DeviceMemory for $t<'_> {
             fn device(&self) -> &Device {
-                self.memory.device()
+                self.0.memory.device()
             }
             fn device_ptr(&self) -> cuda::CUdeviceptr {
-                self.memory.device_ptr()
+                self.0.memory.device_ptr()
             }
             fn byte_len(&self) -> usize {
-                self.memory.byte_len()
+                self.0.memory.byte_len()
             }
             fn bound_stream(&self) -> Option<cuda::CUstream> {
-                Some(self.stream)
+                Some(self.0.stream)
             }
             fn element_type(&self) -> Option<ElementType> {
-                Some(self.element)
+                Some(self.0.element)
             }
         }
     };

@@ -279,6 +279,20 @@ impl Device {
         }
     }
 
+    /// In a `Drop`: makes this device's context current and runs `release` (a free, destroy or
+    /// unload of something made on this device), logging its error as an error `{what}: {e}`
+    /// (a drop has nobody to return it to).
+    pub(crate) fn release(
+        &self,
+        what: &str,
+        release: impl FnOnce() -> std::result::Result<(), p2p_sys::Error>,
+    ) {
+        let _ = self.bind_to_thread();
+        if let Err(e) = release() {
+            tracing::error!(device = self.ordinal(), "{what}: {e}");
+        }
+    }
+
     /// In a `Drop` of memory on this device, before it is freed, unmapped or unregistered:
     /// waits for the device's queued work, up to [`DROP_WAIT`](crate::DROP_WAIT), and says
     /// whether to go on. `false` when the GPU was still busy: logged as an error saying that
@@ -444,31 +458,21 @@ impl Stream {
     pub fn cu_stream(&self) -> cuda::CUstream {
         self.raw
     }
-    /// Waits until all work queued on the stream has finished.
-    pub fn synchronize(&self) -> Result<()> {
-        self.device.bind_to_thread()?;
-        // SAFETY: the stream is alive.
-        unsafe { cu!(cuStreamSynchronize(self.raw)) }.on(self.device.ordinal())
-    }
 
-    /// Waits until everything queued on the stream has finished, at most `limit`: `Ok(true)`
-    /// once it has, `Ok(false)` if work still runs at the deadline (nothing is stopped, and no
-    /// thread is left waiting). Polls [`is_idle`](Self::is_idle): spinning for the first 100 µs,
-    /// so that a short wait costs no more than `cuStreamSynchronize`, then sleeping between
-    /// polls, up to 1 ms. A fault of queued work is an error, as in
-    /// [`synchronize`](Self::synchronize).
-    pub fn synchronize_within(&self, limit: std::time::Duration) -> Result<bool> {
-        crate::wait::poll_within(limit, || self.is_idle())
-    }
-
-    /// Whether everything queued on the stream has finished, without waiting
-    /// (`cuStreamQuery`): what a wait with a deadline polls.
-    /// A fault of queued work is an error, as [`synchronize`](Self::synchronize) reports it.
-    pub fn is_idle(&self) -> Result<bool> {
-        self.device.bind_to_thread()?;
-        // SAFETY: the stream is alive.
-        let r = unsafe { cuda::cuStreamQuery(self.raw) };
-        crate::wait::query_done("cuStreamQuery", r, self.device.ordinal())
+    crate::wait::host_waits! {
+        /// Waits until all work queued on the stream has finished.
+        fn synchronize = cuStreamSynchronize;
+        /// Waits until everything queued on the stream has finished, at most `limit`:
+        /// `Ok(true)` once it has, `Ok(false)` if work still runs at the deadline (nothing is
+        /// stopped, and no thread is left waiting). Polls [`is_idle`](Self::is_idle): spinning
+        /// for the first 100 µs, so that a short wait costs no more than `cuStreamSynchronize`,
+        /// then sleeping between polls, up to 1 ms. A fault of queued work is an error, as in
+        /// [`synchronize`](Self::synchronize).
+        fn synchronize_within;
+        /// Whether everything queued on the stream has finished, without waiting
+        /// (`cuStreamQuery`): what a wait with a deadline polls.
+        /// A fault of queued work is an error, as [`synchronize`](Self::synchronize) reports it.
+        fn is_idle = cuStreamQuery;
     }
 }
 
@@ -477,11 +481,9 @@ impl Drop for Stream {
         if !self.owned {
             return;
         }
-        let _ = self.device.bind_to_thread();
         // SAFETY: the stream was created by us and is destroyed once; pending work still completes.
-        if let Err(e) = unsafe { cu!(cuStreamDestroy_v2(self.raw)) } {
-            tracing::error!(device = self.device.ordinal(), "destroying a stream: {e}");
-        }
+        let destroy = || unsafe { cu!(cuStreamDestroy_v2(self.raw)) };
+        self.device.release("destroying a stream", destroy);
     }
 }
 

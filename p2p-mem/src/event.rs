@@ -71,32 +71,22 @@ impl Event {
             .between(stream.device().ordinal(), self.device.ordinal())
     }
 
-    /// Blocks until the work last recorded has finished, however long that takes
-    /// ([`synchronize_within`](Self::synchronize_within) gives up at a deadline).
-    pub fn synchronize(&self) -> Result<()> {
-        self.device.bind_to_thread()?;
-        // SAFETY: the event is alive.
-        unsafe { cu!(cuEventSynchronize(self.raw)) }.on(self.device.ordinal())
-    }
-
-    /// Waits until the work last recorded has finished, at most `limit`: `Ok(true)` once it
-    /// has (or if nothing was ever recorded), `Ok(false)` if it still runs at the deadline
-    /// (nothing is stopped, and no thread is left waiting). Polls [`is_done`](Self::is_done) as
-    /// [`Stream::synchronize_within`] polls its stream. A fault of the recorded work is an
-    /// error, as in [`synchronize`](Self::synchronize).
-    pub fn synchronize_within(&self, limit: std::time::Duration) -> Result<bool> {
-        crate::wait::poll_within(limit, || self.is_done())
-    }
-
-    /// Whether the work last recorded has finished, without waiting (`cuEventQuery`): what a
-    /// wait with a deadline polls. An event never recorded is done. A fault of the recorded
-    /// work is an error; so is an event last recorded in a stream being captured into a graph
-    /// (`CUDA_ERROR_CAPTURED_EVENT`: there is no work to wait for until the graph is launched).
-    pub fn is_done(&self) -> Result<bool> {
-        self.device.bind_to_thread()?;
-        // SAFETY: the event is alive.
-        let r = unsafe { cuda::cuEventQuery(self.raw) };
-        crate::wait::query_done("cuEventQuery", r, self.device.ordinal())
+    crate::wait::host_waits! {
+        /// Blocks until the work last recorded has finished, however long that takes
+        /// ([`synchronize_within`](Self::synchronize_within) gives up at a deadline).
+        fn synchronize = cuEventSynchronize;
+        /// Waits until the work last recorded has finished, at most `limit`: `Ok(true)` once it
+        /// has (or if nothing was ever recorded), `Ok(false)` if it still runs at the deadline
+        /// (nothing is stopped, and no thread is left waiting). Polls [`is_done`](Self::is_done)
+        /// as [`Stream::synchronize_within`] polls its stream. A fault of the recorded work is an
+        /// error, as in [`synchronize`](Self::synchronize).
+        fn synchronize_within;
+        /// Whether the work last recorded has finished, without waiting (`cuEventQuery`): what a
+        /// wait with a deadline polls. An event never recorded is done. A fault of the recorded
+        /// work is an error; so is an event last recorded in a stream being captured into a
+        /// graph (`CUDA_ERROR_CAPTURED_EVENT`: there is no work to wait for until the graph is
+        /// launched).
+        fn is_done = cuEventQuery;
     }
 
     /// Milliseconds between `self` and a later `end`, both recorded and complete, both made
@@ -111,10 +101,8 @@ impl Event {
 
 impl Drop for Event {
     fn drop(&mut self) {
-        let _ = self.device.bind_to_thread();
         // SAFETY: the event is ours and destroyed once.
-        if let Err(e) = unsafe { cu!(cuEventDestroy_v2(self.raw)) } {
-            tracing::error!(device = self.device.ordinal(), "destroying an event: {e}");
-        }
+        let destroy = || unsafe { cu!(cuEventDestroy_v2(self.raw)) };
+        self.device.release("destroying an event", destroy);
     }
 }

@@ -84,11 +84,9 @@ impl Graph {
 
 impl Drop for Graph {
     fn drop(&mut self) {
-        let _ = self.device.bind_to_thread();
         // SAFETY: created by cuStreamEndCapture and destroyed once.
-        if let Err(e) = unsafe { cu!(cuGraphDestroy(self.raw)) } {
-            tracing::error!(device = self.device.ordinal(), "destroying a graph: {e}");
-        }
+        let destroy = || unsafe { cu!(cuGraphDestroy(self.raw)) };
+        self.device.release("destroying a graph", destroy);
     }
 }
 
@@ -121,13 +119,8 @@ impl GraphExec {
 
 impl Drop for GraphExec {
     fn drop(&mut self) {
-        let _ = self.device.bind_to_thread();
         // SAFETY: created by cuGraphInstantiateWithFlags and destroyed once.
-        if let Err(e) = unsafe { cu!(cuGraphExecDestroy(self.raw)) } {
-            tracing::error!(
-                device = self.device.ordinal(),
-                "destroying a graph exec: {e}"
-            );
-        }
+        let destroy = || unsafe { cu!(cuGraphExecDestroy(self.raw)) };
+        self.device.release("destroying a graph exec", destroy);
     }
 }

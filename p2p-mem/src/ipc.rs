@@ -244,14 +244,9 @@ impl Drop for IpcMapping {
         {
             return;
         }
-        let _ = self.device.bind_to_thread();
         // SAFETY: `base` came from cuIpcOpenMemHandle and is closed exactly once.
-        if let Err(e) = unsafe { cu!(cuIpcCloseMemHandle(self.base)) } {
-            tracing::error!(
-                device = self.device.ordinal(),
-                "closing an IPC memory mapping: {e}"
-            );
-        }
+        let close = || unsafe { cu!(cuIpcCloseMemHandle(self.base)) };
+        self.device.release("closing an IPC memory mapping", close);
     }
 }
 

@@ -565,22 +565,29 @@ impl<'a, T: DeviceCopy> DeviceViewMut<'a, T> {
     }
 }
 
-// SAFETY: the pointer and length describe memory this value owns or borrows for its
-// lifetime (see the type's constructor).
-unsafe impl<T: DeviceCopy> DeviceMemory for DeviceBuffer<T> {
-    fn device(&self) -> &Device {
-        &self.device
-    }
-    fn device_ptr(&self) -> cuda::CUdeviceptr {
-        self.ptr
-    }
-    fn byte_len(&self) -> usize {
-        self.len * std::mem::size_of::<T>()
-    }
-    fn element_type(&self) -> Option<ElementType> {
-        Some(ElementType::of::<T>())
-    }
+/// [`DeviceMemory`] for the typed buffer and its views: `len` elements of `T` at `ptr` on
+/// `device` (a `Device` or a `&Device`).
+macro_rules! typed_memory {
+    ($ty:ty) => {
+        // SAFETY: the pointer and length describe memory this value owns or borrows for its
+        // lifetime (see the type's constructor).
+        unsafe impl<T: DeviceCopy> DeviceMemory for $ty {
+            fn device(&self) -> &Device {
+                &self.device
+            }
+            fn device_ptr(&self) -> cuda::CUdeviceptr {
+                self.ptr
+            }
+            fn byte_len(&self) -> usize {
+                self.len * std::mem::size_of::<T>()
+            }
+            fn element_type(&self) -> Option<ElementType> {
+                Some(ElementType::of::<T>())
+            }
+        }
+    };
 }
+typed_memory!(DeviceBuffer<T>);
 // SAFETY: the pointer and length describe memory this value owns or borrows for its
 // lifetime (see the type's constructor).
 unsafe impl<T: DeviceCopy> DeviceMemoryMut for DeviceBuffer<T> {}
@@ -590,15 +597,10 @@ impl<T: DeviceCopy> Drop for DeviceBuffer<T> {
         if self.ptr == 0 {
             return;
         }
-        let _ = self.device.bind_to_thread();
         // SAFETY: allocated by cuMemAlloc in `new` and freed once. cuMemFree waits for work
         // still using the memory.
-        if let Err(e) = unsafe { cu!(cuMemFree_v2(self.ptr)) } {
-            tracing::error!(
-                device = self.device.ordinal(),
-                "freeing a device buffer: {e}"
-            );
-        }
+        let free = || unsafe { cu!(cuMemFree_v2(self.ptr)) };
+        self.device.release("freeing a device buffer", free);
     }
 }
 
@@ -635,22 +637,7 @@ macro_rules! view_memory {
                 self.len == 0
             }
         }
-        // SAFETY: the pointer and length describe memory this value owns or borrows for its
-        // lifetime (see the type's constructor).
-        unsafe impl<T: DeviceCopy> DeviceMemory for $view<'_, T> {
-            fn device(&self) -> &Device {
-                self.device
-            }
-            fn device_ptr(&self) -> cuda::CUdeviceptr {
-                self.ptr
-            }
-            fn byte_len(&self) -> usize {
-                self.len * std::mem::size_of::<T>()
-            }
-            fn element_type(&self) -> Option<ElementType> {
-                Some(ElementType::of::<T>())
-            }
-        }
+        typed_memory!($view<'_, T>);
     };
 }
 view_memory!(DeviceView);
@@ -772,14 +759,9 @@ impl<T: DeviceCopy> Drop for PinnedHostBuffer<T> {
         if self.ptr.is_null() {
             return;
         }
-        let _ = self.device.bind_to_thread();
         // SAFETY: allocated by cuMemHostAlloc and freed once.
-        if let Err(e) = unsafe { cu!(cuMemFreeHost(self.ptr.cast())) } {
-            tracing::error!(
-                device = self.device.ordinal(),
-                "freeing pinned host memory: {e}"
-            );
-        }
+        let free = || unsafe { cu!(cuMemFreeHost(self.ptr.cast())) };
+        self.device.release("freeing pinned host memory", free);
     }
 }
 

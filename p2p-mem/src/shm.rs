@@ -143,14 +143,10 @@ impl Drop for HostShared {
         if !self.device.idle_before_free("shared host memory", self.len) {
             return;
         }
-        let _ = self.device.bind_to_thread();
         // SAFETY: registered in `map` and unregistered once, before the unmap.
-        if let Err(e) = unsafe { cu!(cuMemHostUnregister(self.ptr.cast())) } {
-            tracing::error!(
-                device = self.device.ordinal(),
-                "unregistering shared host memory: {e}"
-            );
-        }
+        let unregister = || unsafe { cu!(cuMemHostUnregister(self.ptr.cast())) };
+        self.device
+            .release("unregistering shared host memory", unregister);
         // SAFETY: the mapping of `len` bytes made in `map`, unregistered above.
         let _ = unsafe { rustix::mm::munmap(self.ptr.cast(), self.len) };
     }

@@ -53,6 +53,40 @@ pub(crate) fn poll_within(limit: Duration, mut done: impl FnMut() -> Result<bool
     }
 }
 
+/// The host waits of a stream or an event (a type with fields `device` and `raw`), as
+/// methods, each binding the device first: `synchronize`, the blocking call `$sync`;
+/// `synchronize_within`, [`poll_within`] over the query; and the query itself, `$done`, over
+/// `$query` (see [`query_done`]). Invoked inside the type's `impl`; the docs are the invoker's.
+macro_rules! host_waits {
+    (
+        $(#[$sync_doc:meta])* fn synchronize = $sync:ident;
+        $(#[$within_doc:meta])* fn synchronize_within;
+        $(#[$done_doc:meta])* fn $done:ident = $query:ident;
+    ) => {
+        $(#[$sync_doc])*
+        pub fn synchronize(&self) -> $crate::error::Result<()> {
+            self.device.bind_to_thread()?;
+            // SAFETY: the handle is alive for as long as `self`.
+            let r = unsafe { p2p_sys::cu!($sync(self.raw)) };
+            $crate::error::OnDevice::on(r, self.device.ordinal())
+        }
+
+        $(#[$within_doc])*
+        pub fn synchronize_within(&self, limit: std::time::Duration) -> $crate::error::Result<bool> {
+            $crate::wait::poll_within(limit, || self.$done())
+        }
+
+        $(#[$done_doc])*
+        pub fn $done(&self) -> $crate::error::Result<bool> {
+            self.device.bind_to_thread()?;
+            // SAFETY: the handle is alive for as long as `self`.
+            let r = unsafe { p2p_sys::cuda::$query(self.raw) };
+            $crate::wait::query_done(stringify!($query), r, self.device.ordinal())
+        }
+    };
+}
+pub(crate) use host_waits;
+
 #[cfg(test)]
 mod tests {
     use super::*;

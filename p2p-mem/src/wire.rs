@@ -475,16 +475,20 @@ mod tests {
         );
     }
 
-    #[test]
-    fn random_bytes_never_panic() {
-        // A fixed-seed xorshift: random, varied lengths and contents, reproducible.
-        let mut s = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
+    /// A fixed-seed xorshift for the fuzz tests: random, varied lengths and contents,
+    /// reproducible.
+    fn xorshift(mut s: u64) -> impl FnMut() -> u64 {
+        move || {
             s ^= s << 13;
             s ^= s >> 7;
             s ^= s << 17;
             s
-        };
+        }
+    }
+
+    #[test]
+    fn random_bytes_never_panic() {
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
         let mut accepted = 0;
         for _ in 0..20_000 {
             let len = (next() % 128) as usize;
@@ -581,13 +585,7 @@ mod tests {
 
     #[test]
     fn random_messages_never_panic() {
-        let mut s = 0x2545_f491_4f6c_dd1du64;
-        let mut next = || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
+        let mut next = xorshift(0x2545_f491_4f6c_dd1d);
         for _ in 0..50_000 {
             let len = (next() % 64) as usize;
             let mut bytes: Vec<u8> = (0..len).map(|_| next() as u8).collect();

@@ -303,6 +303,25 @@ fn two_processes(role_name: &str, child: fn(), n_gpus: usize, parent: impl FnOnc
     parent();
 }
 
+/// The two tests of a two-process scenario: `$one` with the child on GPU 0 (beside the parent),
+/// `$two` with the child on GPU 1. The child runs `$child` in role `$role`; the parent runs
+/// `$parent(test name, child's GPU)`.
+macro_rules! two_process_tests {
+    ($role:literal, $child:ident, $parent:ident: $one:ident, $two:ident) => {
+        #[test]
+        #[ignore = "needs a GPU"]
+        fn $one() {
+            two_processes($role, $child, 1, || $parent(stringify!($one), 0));
+        }
+
+        #[test]
+        #[ignore = "needs 2 GPUs"]
+        fn $two() {
+            two_processes($role, $child, 2, || $parent(stringify!($two), 1));
+        }
+    };
+}
+
 // ---- Two processes: legacy IPC ------------------------------------------------------------
 
 /// Parent: exports a buffer and an event; the child (on `child_gpu`) imports both, checks the
@@ -400,21 +419,10 @@ fn ipc_child() {
     chan.send_msg(b"event-ok").expect("reply");
 }
 
-#[test]
-#[ignore = "needs a GPU"]
-fn gpu1_ipc_two_processes_one_gpu() {
-    two_processes("ipc-child", ipc_child, 1, || {
-        ipc_parent("gpu1_ipc_two_processes_one_gpu", 0)
-    });
-}
-
-#[test]
-#[ignore = "needs 2 GPUs"]
-fn gpu2_ipc_two_processes_two_gpus() {
-    two_processes("ipc-child", ipc_child, 2, || {
-        ipc_parent("gpu2_ipc_two_processes_two_gpus", 1)
-    });
-}
+two_process_tests!(
+    "ipc-child", ipc_child, ipc_parent:
+    gpu1_ipc_two_processes_one_gpu, gpu2_ipc_two_processes_two_gpus
+);
 
 // ---- Two processes: cuMem VMM over a POSIX fd ------------------------------------------------
 
@@ -464,21 +472,10 @@ fn vmm_child() {
     chan.send_msg(b"written").expect("reply");
 }
 
-#[test]
-#[ignore = "needs a GPU"]
-fn gpu1_vmm_fd_two_processes_one_gpu() {
-    two_processes("vmm-child", vmm_child, 1, || {
-        vmm_parent("gpu1_vmm_fd_two_processes_one_gpu", 0)
-    });
-}
-
-#[test]
-#[ignore = "needs 2 GPUs"]
-fn gpu2_vmm_fd_two_processes_two_gpus() {
-    two_processes("vmm-child", vmm_child, 2, || {
-        vmm_parent("gpu2_vmm_fd_two_processes_two_gpus", 1)
-    });
-}
+two_process_tests!(
+    "vmm-child", vmm_child, vmm_parent:
+    gpu1_vmm_fd_two_processes_one_gpu, gpu2_vmm_fd_two_processes_two_gpus
+);
 
 // ---- Two GPUs in one process -------------------------------------------------------------------
 

@@ -338,10 +338,8 @@ pub(super) fn on(device: &Device, source: p2p_sys::Error) -> Error {
 
 impl Drop for Loaded {
     fn drop(&mut self) {
-        let _ = self.device.bind_to_thread();
         // SAFETY: loaded by cuModuleLoadData and unloaded once.
-        if let Err(e) = unsafe { cu!(cuModuleUnload(self.raw)) } {
-            tracing::error!(device = self.device.ordinal(), "unloading a module: {e}");
-        }
+        let unload = || unsafe { cu!(cuModuleUnload(self.raw)) };
+        self.device.release("unloading a module", unload);
     }
 }
