@@ -115,36 +115,41 @@ fn gpu1_paths_within_one_gpu() {
     }
 }
 
+/// The error of a copy that must be refused, by a transport over (at least) `gpus` GPUs: from a
+/// zeroed buffer of `src.1` bytes on GPU `src.0` into one of `dst.1` bytes on GPU `dst.0`, by
+/// `path`, on a stream of GPU `on`.
+fn refused(
+    gpus: usize,
+    src: (usize, usize),
+    dst: (usize, usize),
+    path: Path,
+    on: usize,
+) -> p2p_transport::Error {
+    let (g, t) = transport(gpus);
+    let src = DeviceBuffer::<u8>::zeroed(&g[src.0], src.1).expect("alloc");
+    let mut dst = DeviceBuffer::<u8>::zeroed(&g[dst.0], dst.1).expect("alloc");
+    let stream = Stream::new(&g[on]).expect("stream");
+    t.copy(&mut dst, &src, path, &stream)
+        .expect_err("the copy must be refused")
+}
+
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu1_sm_paths_demand_the_right_stream_and_sizes() {
-    let (g, t) = transport(1);
-    let src = DeviceBuffer::<u8>::zeroed(&g[0], 16).expect("alloc");
-    let mut dst = DeviceBuffer::<u8>::zeroed(&g[0], 8).expect("alloc");
-    let stream = Stream::new(&g[0]).expect("stream");
-    let e = t
-        .copy(&mut dst, &src, Path::CopyEngine, &stream)
-        .expect_err("sizes differ");
+    let e = refused(1, (0, 16), (0, 8), Path::CopyEngine, 0);
     assert!(
         matches!(e, p2p_transport::Error::InvalidArgument(_))
             && e.to_string().contains("holds 8 bytes but the source 16"),
         "{e}"
     );
-    assert!(t
-        .copy(&mut dst, &src, Path::Relay { via: 7 }, &stream)
-        .is_err());
+    refused(1, (0, 16), (0, 8), Path::Relay { via: 7 }, 0);
 }
 
 #[test]
 #[ignore = "needs 2 GPUs"]
 fn gpu2_sm_write_needs_the_source_stream() {
-    let (g, t) = transport(2);
-    let src = DeviceBuffer::<u8>::zeroed(&g[0], 64).expect("alloc");
-    let mut dst = DeviceBuffer::<u8>::zeroed(&g[1], 64).expect("alloc");
-    let wrong = Stream::new(&g[1]).expect("stream");
-    let e = t
-        .copy(&mut dst, &src, Path::SmWrite, &wrong)
-        .expect_err("stream on the wrong GPU");
+    // The stream is on the destination GPU.
+    let e = refused(2, (0, 64), (1, 64), Path::SmWrite, 1);
     assert!(
         e.to_string()
             .contains("runs on the source GPU 0, but the stream is on GPU 1"),

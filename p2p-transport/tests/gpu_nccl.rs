@@ -11,6 +11,25 @@ use p2p_transport::nccl::{self, NcclComm};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
+/// After `op` on every rank's stream: waits for the streams, then checks that the first `len`
+/// elements of each rank `r`'s `recv` are `want(r)`.
+fn check(
+    streams: &[Stream],
+    recv: &[DeviceBuffer<f32>],
+    op: &str,
+    len: usize,
+    want: impl Fn(usize) -> Vec<f32>,
+) {
+    streams.iter().for_each(|s| s.synchronize().expect("sync"));
+    for (r, buf) in recv.iter().enumerate() {
+        assert_eq!(
+            buf.to_host_vec::<f32>().expect("read")[..len],
+            want(r)[..],
+            "{op}, rank {r}"
+        );
+    }
+}
+
 /// Every rank's all-reduce, all-gather, reduce-scatter and broadcast of small integers in f32,
 /// each result compared exactly; `n` ranks, one per GPU, in this process.
 fn every_collective(n: usize) {
@@ -34,7 +53,6 @@ fn every_collective(n: usize) {
         .collect();
     let f32t = ncclDataType_t::ncclFloat32;
     let sum = ncclRedOp_t::ncclSum;
-    let sync = || streams.iter().for_each(|s| s.synchronize().expect("sync"));
 
     // One group of calls, one per rank, as NCCL needs for several ranks of one process.
     let group = |call: &mut dyn FnMut(usize)| {
@@ -50,32 +68,20 @@ fn every_collective(n: usize) {
             .all_reduce(&send[r], &mut recv[r], count, f32t, sum, &streams[r])
             .expect("all_reduce")
     });
-    sync();
     let want: Vec<f32> = (0..count)
         .map(|i| (0..n).map(|r| mine(r)[i]).sum())
         .collect();
-    for (r, buf) in recv.iter().enumerate() {
-        assert_eq!(
-            buf.to_host_vec::<f32>().expect("read")[..count],
-            want[..],
-            "all_reduce, rank {r}"
-        );
-    }
+    check(&streams, &recv, "all_reduce", count, |_| want.clone());
 
     group(&mut |r| {
         comms[r]
             .all_gather(&send[r], &mut recv[r], count, f32t, &streams[r])
             .expect("all_gather")
     });
-    sync();
     let gathered: Vec<f32> = (0..n).flat_map(mine).collect();
-    for (r, buf) in recv.iter().enumerate() {
-        assert_eq!(
-            buf.to_host_vec::<f32>().expect("read"),
-            gathered,
-            "all_gather, rank {r}"
-        );
-    }
+    check(&streams, &recv, "all_gather", count * n, |_| {
+        gathered.clone()
+    });
 
     // Reduce-scatter of every rank's gathered buffer: part r of the sum of n copies.
     let inputs: Vec<DeviceBuffer<f32>> = (0..n)
@@ -86,15 +92,9 @@ fn every_collective(n: usize) {
             .reduce_scatter(&inputs[r], &mut recv[r], count, f32t, sum, &streams[r])
             .expect("reduce_scatter")
     });
-    sync();
-    for (r, buf) in recv.iter().enumerate() {
-        let part: Vec<f32> = mine(r).iter().map(|x| x * n as f32).collect();
-        assert_eq!(
-            buf.to_host_vec::<f32>().expect("read")[..count],
-            part[..],
-            "reduce_scatter, rank {r}"
-        );
-    }
+    check(&streams, &recv, "reduce_scatter", count, |r| {
+        mine(r).iter().map(|x| x * n as f32).collect()
+    });
 
     let root = n - 1;
     group(&mut |r| {
@@ -102,14 +102,7 @@ fn every_collective(n: usize) {
             .broadcast(&send[r], &mut recv[r], count, f32t, root, &streams[r])
             .expect("broadcast")
     });
-    sync();
-    for (r, buf) in recv.iter().enumerate() {
-        assert_eq!(
-            buf.to_host_vec::<f32>().expect("read")[..count],
-            mine(root)[..],
-            "broadcast, rank {r}"
-        );
-    }
+    check(&streams, &recv, "broadcast", count, |_| mine(root));
     for c in &comms {
         c.check().expect("no asynchronous error");
     }

@@ -800,6 +800,21 @@ mod tests {
         Instant::now() + Duration::from_secs_f64(s)
     }
 
+    /// Runs `f`, which must fail, taking at least `least` and less than `most`: its error.
+    fn fails_within<T, E>(
+        least: Duration,
+        most: Duration,
+        f: impl FnOnce() -> std::result::Result<T, E>,
+    ) -> E {
+        let t = Instant::now();
+        let Err(e) = f() else {
+            panic!("succeeded, but should have failed")
+        };
+        let took = t.elapsed();
+        assert!(took >= least && took < most, "{took:?}");
+        e
+    }
+
     #[test]
     fn store_set_get_round_trip() {
         let (port, map) = mock(Mock::Honest);
@@ -852,16 +867,14 @@ mod tests {
     fn store_get_times_out_at_its_deadline_and_the_connection_stays_usable() {
         let (port, _) = mock(Mock::Honest);
         let mut c = StoreClient::connect("127.0.0.1", port, secs(5.0)).unwrap();
-        let t = Instant::now();
-        let e = c.get("never", secs(0.3)).unwrap_err();
-        let took = t.elapsed();
+        let e = fails_within(
+            Duration::from_millis(290),
+            Duration::from_millis(1500),
+            || c.get("never", secs(0.3)),
+        );
         assert!(
             matches!(&e, StoreError::Timeout { op: "wait", key, .. } if key == "never"),
             "{e}"
-        );
-        assert!(
-            took >= Duration::from_millis(290) && took < Duration::from_millis(1500),
-            "{took:?}"
         );
         let msg = e.to_string();
         assert!(
@@ -879,14 +892,10 @@ mod tests {
             let l = TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap().port()
         };
-        let t = Instant::now();
-        let e = StoreClient::connect("127.0.0.1", port, secs(0.3)).unwrap_err();
-        let took = t.elapsed();
+        let e = fails_within(Duration::from_millis(290), Duration::from_secs(2), || {
+            StoreClient::connect("127.0.0.1", port, secs(0.3))
+        });
         assert!(matches!(e, StoreError::Connect { .. }), "{e}");
-        assert!(
-            took >= Duration::from_millis(290) && took < Duration::from_secs(2),
-            "{took:?}"
-        );
         assert!(e.to_string().contains(&format!("127.0.0.1:{port}")), "{e}");
         assert!(e.to_string().contains("MASTER_ADDR"), "{e}");
     }
@@ -895,9 +904,9 @@ mod tests {
     fn store_closed_connection_is_an_error_then_broken() {
         let (port, _) = mock(Mock::Hangs);
         let mut c = StoreClient::connect("127.0.0.1", port, secs(5.0)).unwrap();
-        let t = Instant::now();
-        let e = c.get("k", secs(5.0)).unwrap_err();
-        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        let e = fails_within(Duration::ZERO, Duration::from_secs(2), || {
+            c.get("k", secs(5.0))
+        });
         assert!(matches!(e, StoreError::Closed { op: "check", .. }), "{e}");
         let e = c.set("k", b"v").unwrap_err();
         assert!(matches!(e, StoreError::Broken { op: "set", .. }), "{e}");
@@ -907,10 +916,7 @@ mod tests {
     fn store_silent_server_times_out_mid_query() {
         let (port, _) = mock(Mock::Silent);
         let mut c = StoreClient::connect("127.0.0.1", port, secs(5.0)).unwrap();
-        let t = Instant::now();
-        let e = c.get("k", secs(0.3)).unwrap_err();
-        let took = t.elapsed();
-        assert!(took >= QUERY_GRACE && took < QUERY_GRACE * 3, "{took:?}");
+        let e = fails_within(QUERY_GRACE, QUERY_GRACE * 3, || c.get("k", secs(0.3)));
         assert!(matches!(e, StoreError::Timeout { op: "check", .. }), "{e}");
         c.set_io_timeout(Duration::from_millis(200));
         assert!(matches!(
@@ -1033,13 +1039,9 @@ mod tests {
     #[test]
     fn store_sealed_values_through_the_store_with_the_jobs_key() {
         let rv = |secret: &str| {
-            Rendezvous::from_vars(|n| match n {
-                "RANK" => Some("0".into()),
-                "WORLD_SIZE" => Some("2".into()),
-                "P2P_JOB_ID" => Some("store-test".into()),
-                "P2P_JOB_SECRET" => Some(secret.into()),
-                _ => None,
-            })
+            Rendezvous::from_vars(crate::rendezvous::tests::vars(&format!(
+                "RANK=0 WORLD_SIZE=2 P2P_JOB_ID=store-test P2P_JOB_SECRET={secret}"
+            )))
             .unwrap()
         };
         let (ours, theirs) = (rv("0123456789abcdef0"), rv("0123456789abcdef1"));

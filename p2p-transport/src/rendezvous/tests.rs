@@ -15,6 +15,15 @@ macro_rules! assert_matches {
     };
 }
 
+/// The environment `env` (`NAME=value`, separated by spaces), as `from_vars` reads it.
+pub(super) fn vars(env: &str) -> impl Fn(&str) -> Option<String> + '_ {
+    move |k| {
+        env.split(' ')
+            .find_map(|v| v.strip_prefix(k)?.strip_prefix('='))
+            .map(str::to_string)
+    }
+}
+
 /// A rendezvous in a test directory of its own.
 fn rv(name: &str, rank: usize, world: usize) -> Rendezvous {
     let dir = std::env::temp_dir().join(format!("p2p-rvtest-{}-{name}", std::process::id()));
@@ -507,13 +516,9 @@ fn a_time_limit_past_a_day_or_of_zero_is_refused_not_a_panic() {
 #[test]
 fn only_torchruns_random_run_id_counts_as_a_random_part_of_the_job() {
     let job = |run_id: &str| {
-        Rendezvous::from_vars(|k| match k {
-            "RANK" => Some("0".into()),
-            "WORLD_SIZE" => Some("2".into()),
-            "MASTER_PORT" => Some("29500".into()),
-            "TORCHELASTIC_RUN_ID" => Some(run_id.into()),
-            _ => None,
-        })
+        Rendezvous::from_vars(vars(&format!(
+            "RANK=0 WORLD_SIZE=2 MASTER_PORT=29500 TORCHELASTIC_RUN_ID={run_id}"
+        )))
         .expect("valid")
         .job
     };
@@ -534,14 +539,6 @@ fn only_torchruns_random_run_id_counts_as_a_random_part_of_the_job() {
 
 #[test]
 fn the_environment_names_the_job_and_is_checked() {
-    /// The environment `env` (`NAME=value`, separated by spaces), as `from_vars` reads it.
-    fn vars(env: &str) -> impl Fn(&str) -> Option<String> + '_ {
-        move |k| {
-            env.split(' ')
-                .find_map(|v| v.strip_prefix(k)?.strip_prefix('='))
-                .map(str::to_string)
-        }
-    }
     let torchrun = |restart| {
         Rendezvous::from_vars(vars(&format!(
             "RANK=1 WORLD_SIZE=2 MASTER_PORT=29500 TORCHELASTIC_RUN_ID=abc \
