@@ -175,27 +175,35 @@ mod tests {
     use super::*;
     use p2p_testkit::Rng;
 
-    /// Decodes 30,000 mutations of `good`: no panic, and whatever decodes re-encodes to exactly
-    /// its input (`exact`: false for registrations, whose refusal reads leniently). Returns how
-    /// many decoded and how many did not.
-    fn fuzz<T>(
-        good: &[u8],
+    /// Whether `decode` accepts `m`; where it does and `exact` holds for the value (false for
+    /// registrations, whose refusal reads leniently), the value must re-encode to exactly `m`.
+    fn accepts<T>(
+        m: &[u8],
         decode: impl Fn(&[u8]) -> Option<T>,
         encode: impl Fn(&T) -> Vec<u8>,
         exact: impl Fn(&T) -> bool,
-    ) -> (usize, usize) {
+    ) -> bool {
+        let Some(t) = decode(m) else {
+            return false;
+        };
+        if exact(&t) {
+            assert_eq!(encode(&t), m, "a decoded message re-encodes to its bytes");
+        }
+        true
+    }
+
+    /// A decoder under test, as [`accepts`] runs it.
+    type Accepts<'a> = &'a dyn Fn(&[u8]) -> bool;
+
+    /// Tries 30,000 mutations of `good` (no panic): how many were accepted and how many not.
+    fn fuzz(good: &[u8], accepts: Accepts<'_>) -> (usize, usize) {
         let mut rng = Rng::new(good.len() as u64);
         let (mut ok, mut refused) = (0, 0);
         for _ in 0..30_000 {
-            let m = rng.mutated(good);
-            match decode(&m) {
-                Some(t) => {
-                    if exact(&t) {
-                        assert_eq!(encode(&t), m, "a decoded message re-encodes to its bytes");
-                    }
-                    ok += 1;
-                }
-                None => refused += 1,
+            if accepts(&rng.mutated(good)) {
+                ok += 1;
+            } else {
+                refused += 1;
             }
         }
         (ok, refused)
@@ -259,54 +267,39 @@ mod tests {
 
     #[test]
     fn mutated_exchanges_are_refused_or_read_exactly() {
-        let (ok, refused) = fuzz(
-            &introduction().encode(),
-            Introduction::decode,
-            Introduction::encode,
-            |_| true,
-        );
-        assert!(
-            ok > 2_000 && refused > 10_000,
-            "introductions: {ok} / {refused}"
-        );
-        let (ok, refused) = fuzz(
-            &encode_proposal(2, "the weakest sharing every pair allows"),
-            decode_proposal,
-            |(c, w)| encode_proposal(*c, w),
-            |_| true,
-        );
-        assert!(
-            ok > 2_000 && refused > 10_000,
-            "proposals: {ok} / {refused}"
-        );
         let exported = Registration::Exported {
             len: 64 << 20,
             header: (0..112).map(|i| i as u8).collect(),
         };
-        let (ok, refused) = fuzz(
-            &exported.encode(),
-            Registration::decode,
-            Registration::encode,
-            |r| matches!(r, Registration::Exported { .. }),
-        );
-        assert!(
-            ok > 2_000 && refused > 10_000,
-            "registrations: {ok} / {refused}"
-        );
         let request = SplitRequest {
             seq: 1,
             color: Some(2),
             key: 9,
         };
-        let (ok, refused) = fuzz(
-            &request.encode(),
-            SplitRequest::decode,
-            SplitRequest::encode,
-            |_| true,
-        );
-        assert!(
-            ok > 2_000 && refused > 10_000,
-            "split requests: {ok} / {refused}"
-        );
+        let proposal = "the weakest sharing every pair allows";
+        let cases: [(&str, Vec<u8>, Accepts<'_>); 4] = [
+            ("introductions", introduction().encode(), &|m| {
+                accepts(m, Introduction::decode, Introduction::encode, |_| true)
+            }),
+            ("proposals", encode_proposal(2, proposal), &|m| {
+                accepts(
+                    m,
+                    decode_proposal,
+                    |(c, w)| encode_proposal(*c, w),
+                    |_| true,
+                )
+            }),
+            ("registrations", exported.encode(), &|m| {
+                let exact = |r: &Registration| matches!(r, Registration::Exported { .. });
+                accepts(m, Registration::decode, Registration::encode, exact)
+            }),
+            ("split requests", request.encode(), &|m| {
+                accepts(m, SplitRequest::decode, SplitRequest::encode, |_| true)
+            }),
+        ];
+        for (what, good, accepts) in cases {
+            let (ok, refused) = fuzz(&good, accepts);
+            assert!(ok > 2_000 && refused > 10_000, "{what}: {ok} / {refused}");
+        }
     }
 }

@@ -512,6 +512,29 @@ impl<'a> P2pGroup<'a> {
     }
 }
 
+/// Declares `send` and `recv` on a communicator: a group of that one operation on `stream`,
+/// launched (named after the method in errors), with the method's buffer, `count`, `dtype` and
+/// `peer`.
+macro_rules! one_op_calls {
+    ($($(#[$doc:meta])* fn $name:ident($buf:ident: $ty:ty);)+) => {
+        $(
+            $(#[$doc])*
+            pub fn $name(
+                &self,
+                $buf: $ty,
+                count: usize,
+                dtype: DataType,
+                peer: usize,
+                stream: &Stream,
+            ) -> Result<()> {
+                let mut g = self.group_as(stringify!($name), stream);
+                g.$name($buf, count, dtype, peer)?;
+                g.launch()
+            }
+        )+
+    };
+}
+
 /// Point-to-point: NCCL's `ncclSend` / `ncclRecv`, and their groups.
 impl Communicator {
     /// A group of sends and receives (and collectives) queued on `stream` together when
@@ -542,57 +565,37 @@ impl Communicator {
         peers_fitting(sms * per_sm / self.share.max(1))
     }
 
-    /// Sends `count` elements of `buf` to rank `peer`, which calls [`recv`](Self::recv) (or
-    /// receives in a group) with the same count and type. Queued on `stream` like the
-    /// collectives (asynchronous, capturable in a CUDA graph); a count of zero still pairs
-    /// with the peer's receive of zero.
-    ///
-    /// The message travels through `peer`'s inbox for this rank ([`INBOX_BYTES`]), so a send
-    /// larger than that completes only as `peer` receives: two ranks that exchange messages
-    /// must use [`send_recv`](Self::send_recv) or a [`group`](Self::group), not a `send` each
-    /// followed by a `recv` (that waits until the time limit, as NCCL would hang outside a
-    /// group). A receive of a different size is reported as [`Error::Mismatch`] by the
-    /// receiver.
-    ///
-    /// ```no_run
-    /// use p2p_collective::{Communicator, DataType};
-    /// use p2p_mem::{DeviceBuffer, Stream};
-    /// let comm = Communicator::from_env()?;
-    /// let stream = Stream::new(comm.device())?;
-    /// let mut buf = DeviceBuffer::<f32>::zeroed(comm.device(), 1 << 20)?;
-    /// if comm.rank() == 0 {
-    ///     comm.send(&buf, 1 << 20, DataType::F32, 1, &stream)?;
-    /// } else if comm.rank() == 1 {
-    ///     comm.recv(&mut buf, 1 << 20, DataType::F32, 0, &stream)?;
-    /// }
-    /// comm.synchronize(&stream)?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn send(
-        &self,
-        buf: &impl DeviceMemory,
-        count: usize,
-        dtype: DataType,
-        peer: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        let mut g = self.group_as("send", stream);
-        g.send(buf, count, dtype, peer)?;
-        g.launch()
-    }
+    one_op_calls! {
+        /// Sends `count` elements of `buf` to rank `peer`, which calls [`recv`](Self::recv) (or
+        /// receives in a group) with the same count and type. Queued on `stream` like the
+        /// collectives (asynchronous, capturable in a CUDA graph); a count of zero still pairs
+        /// with the peer's receive of zero.
+        ///
+        /// The message travels through `peer`'s inbox for this rank ([`INBOX_BYTES`]), so a send
+        /// larger than that completes only as `peer` receives: two ranks that exchange messages
+        /// must use [`send_recv`](Self::send_recv) or a [`group`](Self::group), not a `send` each
+        /// followed by a `recv` (that waits until the time limit, as NCCL would hang outside a
+        /// group). A receive of a different size is reported as [`Error::Mismatch`] by the
+        /// receiver.
+        ///
+        /// ```no_run
+        /// use p2p_collective::{Communicator, DataType};
+        /// use p2p_mem::{DeviceBuffer, Stream};
+        /// let comm = Communicator::from_env()?;
+        /// let stream = Stream::new(comm.device())?;
+        /// let mut buf = DeviceBuffer::<f32>::zeroed(comm.device(), 1 << 20)?;
+        /// if comm.rank() == 0 {
+        ///     comm.send(&buf, 1 << 20, DataType::F32, 1, &stream)?;
+        /// } else if comm.rank() == 1 {
+        ///     comm.recv(&mut buf, 1 << 20, DataType::F32, 0, &stream)?;
+        /// }
+        /// comm.synchronize(&stream)?;
+        /// # Ok::<(), Box<dyn std::error::Error>>(())
+        /// ```
+        fn send(buf: &impl DeviceMemory);
 
-    /// Receives `count` elements from rank `peer` into `buf` (see [`send`](Self::send)).
-    pub fn recv(
-        &self,
-        buf: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        peer: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        let mut g = self.group_as("recv", stream);
-        g.recv(buf, count, dtype, peer)?;
-        g.launch()
+        /// Receives `count` elements from rank `peer` into `buf` (see [`send`](Self::send)).
+        fn recv(buf: &mut impl DeviceMemoryMut);
     }
 
     /// Sends `count` elements of `send` to rank `to` and receives `count` elements from rank

@@ -12,6 +12,23 @@ use super::*;
 /// one (`buf`), both taking `count`, `dtype`, the collective's own arguments and the stream, and
 /// queuing the [`Call`] that `call` builds from `Call::new(op, dtype, count)`.
 macro_rules! collective_calls {
+    // One method: its buffers, then `count`, `dtype`, the collective's own arguments and the
+    // stream; it passes the call and the buffers to `self.$via`.
+    (@method $(#[$attr:meta])* fn $name:ident($($buf:ident: $buf_ty:ty),+; $($arg:ident: $ty:ty),*)
+        op: $op:expr, call: |$c:ident| $build:expr, via: $via:ident) => {
+        $(#[$attr])*
+        pub fn $name(
+            &self,
+            $($buf: $buf_ty,)+
+            count: usize,
+            dtype: DataType,
+            $($arg: $ty,)*
+            stream: &Stream,
+        ) -> Result<()> {
+            let $c = Call::new($op, dtype, count);
+            self.$via(&$build, $($buf,)+ stream)
+        }
+    };
     ($(
         $(#[$doc:meta])* fn $name:ident;
         $(#[$doc_in_place:meta])* fn $in_place:ident;
@@ -19,33 +36,17 @@ macro_rules! collective_calls {
     )+) => {
         impl Communicator {
             $(
-                $(#[$doc])*
-                #[allow(clippy::too_many_arguments)]
-                pub fn $name(
-                    &self,
-                    send: &impl DeviceMemory,
-                    recv: &mut impl DeviceMemoryMut,
-                    count: usize,
-                    dtype: DataType,
-                    $($arg: $ty,)*
-                    stream: &Stream,
-                ) -> Result<()> {
-                    let $c = Call::new($op, dtype, count);
-                    self.call(&$build, send, recv, stream)
-                }
-
-                $(#[$doc_in_place])*
-                pub fn $in_place(
-                    &self,
-                    buf: &mut impl DeviceMemoryMut,
-                    count: usize,
-                    dtype: DataType,
-                    $($arg: $ty,)*
-                    stream: &Stream,
-                ) -> Result<()> {
-                    let $c = Call::new($op, dtype, count);
-                    self.call_in_place(&$build, buf, stream)
-                }
+                collective_calls!(@method
+                    $(#[$doc])*
+                    #[allow(clippy::too_many_arguments)]
+                    fn $name(send: &impl DeviceMemory, recv: &mut impl DeviceMemoryMut; $($arg: $ty),*)
+                    op: $op, call: |$c| $build, via: call
+                );
+                collective_calls!(@method
+                    $(#[$doc_in_place])*
+                    fn $in_place(buf: &mut impl DeviceMemoryMut; $($arg: $ty),*)
+                    op: $op, call: |$c| $build, via: call_in_place
+                );
             )+
         }
     };
