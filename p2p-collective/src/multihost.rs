@@ -39,9 +39,10 @@ use p2p_sys::nccl_rt::{ncclDataType_t, ncclRedOp_t};
 use p2p_transport::nccl::{self, NcclComm, UniqueId};
 use p2p_transport::rendezvous::{host_id, HostLayout, JobExchange, Rendezvous};
 
-use crate::comm::{Communicator, Options};
+use crate::comm::calls::with_collective_calls;
+use crate::comm::{Call, Communicator, Options};
 use crate::error::{Error, Result};
-use crate::types::{DataType, RedOp};
+use crate::types::{DataType, Op, RedOp};
 
 /// How often [`MultiHostCommunicator::synchronize`] looks for a failure while it waits.
 const POLL: std::time::Duration = std::time::Duration::from_millis(5);
@@ -87,6 +88,8 @@ impl std::fmt::Debug for MultiHostCommunicator {
             .finish()
     }
 }
+
+with_collective_calls!(collective_calls, MultiHostCommunicator);
 
 impl MultiHostCommunicator {
     /// Joins the job the environment describes (torchrun's `RANK`, `WORLD_SIZE`,
@@ -226,6 +229,15 @@ impl MultiHostCommunicator {
         let deadline = std::time::Instant::now() + limit;
         loop {
             let done = stream.synchronize_within(POLL)?;
+            if done {
+                // Everything queued ended: a failure found now concerns later calls (they
+                // report it); NCCL's own errors and the host's status words are read here.
+                if let Err(e) = self.rail.check().and_then(|()| self.all.check()) {
+                    self.abort();
+                    return Err(e.into());
+                }
+                return self.local.check();
+            }
             let host_failed = self
                 .local
                 .abort_handle()
@@ -245,9 +257,6 @@ impl MultiHostCommunicator {
             if let Err(e) = self.rail.check().and_then(|()| self.all.check()) {
                 self.abort();
                 return Err(e.into());
-            }
-            if done {
-                return self.local.check();
             }
             if std::time::Instant::now() >= deadline {
                 return Err(Error::NotDrained {
@@ -277,258 +286,253 @@ impl MultiHostCommunicator {
         self.all.abort();
     }
 
-    /// All-reduces `count` elements of `send` into `recv` on every rank of every host.
-    #[allow(clippy::too_many_arguments)]
-    pub fn all_reduce(
+    /// Runs `call` out of place: reads `send`, writes `recv` (module docs: how each collective
+    /// crosses hosts). Buffers a rank does not use (the non-roots' `send` of a broadcast,
+    /// `recv` of a reduce) are not touched.
+    pub fn call(
         &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        redop: RedOp,
+        call: &Call,
+        send: &dyn DeviceMemory,
+        recv: &mut dyn DeviceMemoryMut,
         stream: &Stream,
     ) -> Result<()> {
-        let (es, op) = (dtype.size(), self.redop("all_reduce", dtype, redop)?);
-        fits(self, "all_reduce", send, recv, count * es, count * es)?;
+        let (send, recv) = (whole(send), whole(&*recv));
+        self.run(call, &send, &recv, stream)
+    }
+
+    /// Runs `call` in place in `buf`, as NCCL defines it: for all-gather this rank's input is
+    /// its part (`buf[rank * count..]`) of the output; for reduce-scatter its result lands in
+    /// its part of the input; an all-to-all first copies `buf` aside (scratch memory).
+    pub fn call_in_place(
+        &self,
+        call: &Call,
+        buf: &mut dyn DeviceMemoryMut,
+        stream: &Stream,
+    ) -> Result<()> {
+        let buf = whole(&*buf);
+        let mine = self.layout.rank * call.count * call.dtype.size();
+        let part_bytes = call.count * call.dtype.size();
+        match call.op {
+            Op::AllGather => self.run(call, &part(&buf, mine, part_bytes)?, &buf, stream),
+            Op::ReduceScatter => self.run(call, &buf, &part(&buf, mine, part_bytes)?, stream),
+            Op::AllToAll => {
+                let bytes = buf.byte_len();
+                let mut scratch = self.scratch(bytes)?;
+                let aside = part(scratch_mem(&mut scratch)?, 0, bytes)?;
+                if bytes > 0 {
+                    // SAFETY: both ranges are `bytes` long on this rank's GPU (`aside` was just
+                    // cut to that size from the scratch buffer, `buf` is the caller's), and do
+                    // not overlap; the copy is queued on `stream`, before the calls that read it.
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        p2p_mem::copy_async(aside.device_ptr(), buf.device_ptr(), bytes, stream)?
+                    };
+                }
+                self.all_to_all_on(call, &aside, &buf, stream)
+            }
+            _ => self.run(call, &buf, &buf, stream),
+        }
+    }
+
+    /// `call` from `send` into `recv`, after checking both hold what it needs.
+    fn run(
+        &self,
+        c: &Call,
+        send: &ExternalMemory,
+        recv: &ExternalMemory,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (world, rank, es) = (self.layout.world, self.layout.rank, c.dtype.size());
+        let op = c.op.name();
+        if matches!(c.op, Op::Broadcast | Op::Reduce) {
+            self.root(op, c.root)?;
+        }
+        if c.op.reduces() {
+            self.redop(c)?;
+        }
+        let (in_len, out_len) = c.op.buffer_lens(c.count, world, rank, c.root);
+        fits(self, op, send, recv, in_len * es, out_len * es)?;
+        if c.count == 0 {
+            return Ok(());
+        }
+        match c.op {
+            Op::AllReduce => self.all_reduce_on(c, send, recv, stream),
+            Op::AllGather => self.all_gather_on(c, send, recv, stream),
+            Op::ReduceScatter => self.reduce_scatter_on(c, send, recv, stream),
+            Op::Broadcast => self.broadcast_on(c, send, recv, stream),
+            Op::Reduce => self.reduce_on(c, send, recv, stream),
+            Op::AllToAll => self.all_to_all_on(c, send, recv, stream),
+        }
+    }
+
+    /// All-reduce: a reduce-scatter inside the host, an all-reduce of each rank's shard on its
+    /// rail, an all-gather inside the host; the last `count mod L` elements by NCCL over every
+    /// rank.
+    fn all_reduce_on(
+        &self,
+        c: &Call,
+        send: &ExternalMemory,
+        recv: &ExternalMemory,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (es, op) = (c.dtype.size(), self.redop(c)?);
         let local = self.layout.local_world;
-        let (shard, tail) = (count / local, count % local);
+        let (shard, tail) = (c.count / local, c.count % local);
         if shard > 0 {
             let mut scratch = self.scratch(shard * es)?;
-            let mut mine = part_mut(scratch_mem(&mut scratch)?, 0, shard * es)?;
+            let mut mine = part(scratch_mem(&mut scratch)?, 0, shard * es)?;
             let body = part(send, 0, shard * local * es)?;
             self.local
-                .reduce_scatter(&body, &mut mine, shard, dtype, redop, stream)?;
+                .reduce_scatter(&body, &mut mine, shard, c.dtype, c.redop, stream)?;
             let shard_in = part(&mine, 0, shard * es)?;
             self.rail
-                .all_reduce(&shard_in, &mut mine, shard, nccl_type(dtype), op, stream)?;
-            let mut out = part_mut(recv, 0, shard * local * es)?;
+                .all_reduce(&shard_in, &mut mine, shard, nccl_type(c.dtype), op, stream)?;
+            let mut out = part(recv, 0, shard * local * es)?;
             self.local
-                .all_gather(&mine, &mut out, shard, dtype, stream)?;
+                .all_gather(&mine, &mut out, shard, c.dtype, stream)?;
         }
         if tail > 0 {
             let at = shard * local * es;
-            let mut out = part_mut(recv, at, tail * es)?;
-            self.all.all_reduce(
-                &part(send, at, tail * es)?,
-                &mut out,
-                tail,
-                nccl_type(dtype),
-                op,
-                stream,
-            )?;
+            let mut out = part(recv, at, tail * es)?;
+            let t = nccl_type(c.dtype);
+            self.all
+                .all_reduce(&part(send, at, tail * es)?, &mut out, tail, t, op, stream)?;
         }
         Ok(())
     }
 
-    /// Gathers every rank's `count` elements into every rank's `recv` (`world * count`), in
-    /// rank order.
-    pub fn all_gather(
+    /// All-gather: each rank's part from every host on its rail, then each host's block inside
+    /// the host.
+    fn all_gather_on(
         &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
+        c: &Call,
+        send: &ExternalMemory,
+        recv: &ExternalMemory,
         stream: &Stream,
     ) -> Result<()> {
-        let (es, hosts, local) = (dtype.size(), self.layout.hosts, self.layout.local_world);
-        let world = self.layout.world;
-        fits(
-            self,
-            "all_gather",
-            send,
-            recv,
-            count * es,
-            world * count * es,
-        )?;
-        if count == 0 {
-            return Ok(());
-        }
-        let mut scratch = self.scratch(hosts * count * es)?;
-        let gathered = scratch_mem(&mut scratch)?;
-        // Each rank's part from every host (the rail's all-gather), then each host's block.
-        let mut rail_out = part_mut(gathered, 0, hosts * count * es)?;
-        self.rail.all_gather(
-            &part(send, 0, count * es)?,
-            &mut rail_out,
-            count,
-            nccl_type(dtype),
-            stream,
-        )?;
-        for h in 0..hosts {
-            let mine = part(&rail_out, h * count * es, count * es)?;
-            let mut block = part_mut(recv, h * local * count * es, local * count * es)?;
-            self.local
-                .all_gather(&mine, &mut block, count, dtype, stream)?;
-        }
-        Ok(())
-    }
-
-    /// Reduces every rank's `send` (`world * count`) and gives rank r part r (`count`) in
-    /// `recv`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn reduce_scatter(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        redop: RedOp,
-        stream: &Stream,
-    ) -> Result<()> {
-        let (es, hosts, local) = (dtype.size(), self.layout.hosts, self.layout.local_world);
-        let op = self.redop("reduce_scatter", dtype, redop)?;
-        let world = self.layout.world;
-        fits(
-            self,
-            "reduce_scatter",
-            send,
-            recv,
-            world * count * es,
-            count * es,
-        )?;
-        if count == 0 {
-            return Ok(());
-        }
-        let mut scratch = self.scratch(hosts * count * es)?;
-        let mut reduced = part_mut(scratch_mem(&mut scratch)?, 0, hosts * count * es)?;
-        // Each host's block reduced inside the host, then across hosts on the rail.
-        for h in 0..hosts {
-            let block = part(send, h * local * count * es, local * count * es)?;
-            let mut mine = part_mut(&mut reduced, h * count * es, count * es)?;
-            self.local
-                .reduce_scatter(&block, &mut mine, count, dtype, redop, stream)?;
-        }
-        let mut out = part_mut(recv, 0, count * es)?;
+        let (es, n) = (c.dtype.size(), c.count);
+        let (hosts, local) = (self.layout.hosts, self.layout.local_world);
+        let mut scratch = self.scratch(hosts * n * es)?;
+        let mut gathered = part(scratch_mem(&mut scratch)?, 0, hosts * n * es)?;
+        let t = nccl_type(c.dtype);
         self.rail
-            .reduce_scatter(&reduced, &mut out, count, nccl_type(dtype), op, stream)?;
+            .all_gather(&part(send, 0, n * es)?, &mut gathered, n, t, stream)?;
+        for h in 0..hosts {
+            let mine = part(&gathered, h * n * es, n * es)?;
+            let mut block = part(recv, h * local * n * es, local * n * es)?;
+            self.local
+                .all_gather(&mine, &mut block, n, c.dtype, stream)?;
+        }
         Ok(())
     }
 
-    /// Broadcasts `count` elements from `root`'s `send` into every rank's `recv`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn broadcast(
+    /// Reduce-scatter: each host's block reduced inside the host, then across hosts on the
+    /// rail.
+    fn reduce_scatter_on(
         &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        root: usize,
+        c: &Call,
+        send: &ExternalMemory,
+        recv: &ExternalMemory,
         stream: &Stream,
     ) -> Result<()> {
-        let es = dtype.size();
-        let (root_host, root_local) = self.root("broadcast", root)?;
-        fits(self, "broadcast", send, recv, count * es, count * es)?;
-        if count == 0 {
-            return Ok(());
+        let (es, n, op) = (c.dtype.size(), c.count, self.redop(c)?);
+        let (hosts, local) = (self.layout.hosts, self.layout.local_world);
+        let mut scratch = self.scratch(hosts * n * es)?;
+        let reduced = part(scratch_mem(&mut scratch)?, 0, hosts * n * es)?;
+        for h in 0..hosts {
+            let block = part(send, h * local * n * es, local * n * es)?;
+            let mut mine = part(&reduced, h * n * es, n * es)?;
+            self.local
+                .reduce_scatter(&block, &mut mine, n, c.dtype, c.redop, stream)?;
         }
-        let mut out = part_mut(recv, 0, count * es)?;
+        let mut out = part(recv, 0, n * es)?;
+        self.rail
+            .reduce_scatter(&reduced, &mut out, n, nccl_type(c.dtype), op, stream)?;
+        Ok(())
+    }
+
+    /// Broadcast: on the root's rail from the root, then inside every host from that rail's
+    /// rank.
+    fn broadcast_on(
+        &self,
+        c: &Call,
+        send: &ExternalMemory,
+        recv: &ExternalMemory,
+        stream: &Stream,
+    ) -> Result<()> {
+        let (es, n) = (c.dtype.size(), c.count);
+        let (root_host, root_local) = self.layout.place_of(c.root);
+        let mut out = part(recv, 0, n * es)?;
         if self.layout.local_rank == root_local {
-            self.rail.broadcast(
-                &part(send, 0, count * es)?,
-                &mut out,
-                count,
-                nccl_type(dtype),
-                root_host,
-                stream,
-            )?;
+            // Off the root NCCL reads no send buffer (and the caller need give none): pass the
+            // output, as an in-place broadcast would.
+            let src = if self.layout.rank == c.root {
+                part(send, 0, n * es)?
+            } else {
+                part(&out, 0, n * es)?
+            };
+            let t = nccl_type(c.dtype);
+            self.rail.broadcast(&src, &mut out, n, t, root_host, stream)?;
         }
         self.local
-            .broadcast_in_place(&mut out, count, dtype, root_local, stream)?;
+            .broadcast_in_place(&mut out, n, c.dtype, root_local, stream)?;
         Ok(())
     }
 
-    /// Reduces every rank's `send` into `root`'s `recv` (`recv` must fit `count` on every rank;
-    /// only `root`'s is written).
-    #[allow(clippy::too_many_arguments)]
-    pub fn reduce(
+    /// Reduce: inside every host to the rank on the root's rail, then on that rail to the
+    /// root.
+    fn reduce_on(
         &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        redop: RedOp,
-        root: usize,
+        c: &Call,
+        send: &ExternalMemory,
+        recv: &ExternalMemory,
         stream: &Stream,
     ) -> Result<()> {
-        let es = dtype.size();
-        let op = self.redop("reduce", dtype, redop)?;
-        let (root_host, root_local) = self.root("reduce", root)?;
-        fits(self, "reduce", send, recv, count * es, count * es)?;
-        if count == 0 {
-            return Ok(());
-        }
-        let mut scratch = self.scratch(count * es)?;
-        let mut host_sum = part_mut(scratch_mem(&mut scratch)?, 0, count * es)?;
+        let (es, n, op) = (c.dtype.size(), c.count, self.redop(c)?);
+        let (root_host, root_local) = self.layout.place_of(c.root);
+        let mut scratch = self.scratch(n * es)?;
+        let mut host_sum = part(scratch_mem(&mut scratch)?, 0, n * es)?;
+        let input = part(send, 0, n * es)?;
         self.local.reduce(
-            &part(send, 0, count * es)?,
+            &input,
             &mut host_sum,
-            count,
-            dtype,
-            redop,
+            n,
+            c.dtype,
+            c.redop,
             root_local,
             stream,
         )?;
         if self.layout.local_rank == root_local {
-            let sum = part(&host_sum, 0, count * es)?;
-            if self.layout.rank == root {
-                let mut out = part_mut(recv, 0, count * es)?;
-                self.rail.reduce(
-                    &sum,
-                    &mut out,
-                    count,
-                    nccl_type(dtype),
-                    op,
-                    root_host,
-                    stream,
-                )?;
+            // The root's result lands in its `recv`; the rail's other ranks reduce in place
+            // in their scratch (NCCL writes nothing there).
+            let mut out = if self.layout.rank == c.root {
+                part(recv, 0, n * es)?
             } else {
-                self.rail.reduce(
-                    &sum,
-                    &mut host_sum,
-                    count,
-                    nccl_type(dtype),
-                    op,
-                    root_host,
-                    stream,
-                )?;
-            }
+                part(&host_sum, 0, n * es)?
+            };
+            let t = nccl_type(c.dtype);
+            self.rail
+                .reduce(&host_sum, &mut out, n, t, op, root_host, stream)?;
         }
         Ok(())
     }
 
-    /// Sends part q (`count` elements) of `send` to rank q and receives rank p's part for this
-    /// rank into part p of `recv` (NCCL over every rank).
-    pub fn all_to_all(
+    /// All-to-all: NCCL's sends and receives over every rank, in one group.
+    fn all_to_all_on(
         &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
+        c: &Call,
+        send: &ExternalMemory,
+        recv: &ExternalMemory,
         stream: &Stream,
     ) -> Result<()> {
-        let (es, world) = (dtype.size(), self.layout.world);
-        fits(
-            self,
-            "all_to_all",
-            send,
-            recv,
-            world * count * es,
-            world * count * es,
-        )?;
-        if count == 0 {
-            return Ok(());
-        }
-        let t = nccl_type(dtype);
-        let mut parts = (0..world)
-            .map(|p| {
-                let at = p * count * es;
-                Ok((part(send, at, count * es)?, part_mut(recv, at, count * es)?))
-            })
+        let (bytes, t) = (c.count * c.dtype.size(), nccl_type(c.dtype));
+        let mut parts = (0..self.layout.world)
+            .map(|p| Ok((part(send, p * bytes, bytes)?, part(recv, p * bytes, bytes)?)))
             .collect::<Result<Vec<_>>>()?;
         nccl::group(std::slice::from_ref(&self.all), || {
             for (peer, (from, into)) in parts.iter_mut().enumerate() {
-                self.all.send(from, count, t, peer, stream)?;
-                self.all.recv(into, count, t, peer, stream)?;
+                self.all.send(from, c.count, t, peer, stream)?;
+                self.all.recv(into, c.count, t, peer, stream)?;
             }
             Ok(())
         })?;
@@ -589,20 +593,21 @@ impl MultiHostCommunicator {
         Ok(self.layout.place_of(root))
     }
 
-    /// NCCL's reduction for `redop` on `dtype`, or the refusal: an average of integers would be
-    /// truncated twice (inside the host, then across hosts), so it is refused.
-    fn redop(&self, op: &'static str, dtype: DataType, redop: RedOp) -> Result<ncclRedOp_t> {
-        let integer = matches!(dtype, DataType::I32 | DataType::I64 | DataType::U8);
-        if redop == RedOp::Avg && integer {
+    /// NCCL's reduction for `c`'s, or the refusal: an average of integers would be truncated
+    /// twice (inside the host, then across hosts), so it is refused.
+    fn redop(&self, c: &Call) -> Result<ncclRedOp_t> {
+        let integer = matches!(c.dtype, DataType::I32 | DataType::I64 | DataType::U8);
+        if c.redop == RedOp::Avg && integer {
             return Err(Error::InvalidArgument {
-                op,
+                op: c.op.name(),
                 rank: self.layout.rank,
                 what: format!(
                     "an average of {} across hosts is not supported (it would be truncated inside each host and again across hosts): reduce with Sum and divide",
-                    dtype.name()
+                    c.dtype.name()
                 ),
             });
         }
+        let redop = c.redop;
         Ok(match redop {
             RedOp::Sum => ncclRedOp_t::ncclSum,
             RedOp::Prod => ncclRedOp_t::ncclProd,
@@ -630,8 +635,8 @@ fn nccl_type(dtype: DataType) -> ncclDataType_t {
 fn fits(
     comm: &MultiHostCommunicator,
     op: &'static str,
-    send: &impl DeviceMemory,
-    recv: &impl DeviceMemory,
+    send: &dyn DeviceMemory,
+    recv: &dyn DeviceMemory,
     send_bytes: usize,
     recv_bytes: usize,
 ) -> Result<()> {
@@ -674,9 +679,10 @@ fn scratch_mem<'a>(
     })
 }
 
-/// `bytes` bytes of `mem` from byte `off`, as memory the calls accept.
+/// `bytes` bytes of `mem` from byte `off`, as memory the calls accept. Written to only where
+/// `mem` is memory the caller lent this call mutably (`recv`, `buf`) or the scratch buffer.
 #[allow(unsafe_code)] // a view of part of the caller's device memory
-fn part(mem: &impl DeviceMemory, off: usize, bytes: usize) -> Result<ExternalMemory> {
+fn part(mem: &dyn DeviceMemory, off: usize, bytes: usize) -> Result<ExternalMemory> {
     let end = off.checked_add(bytes).filter(|&e| e <= mem.byte_len());
     if end.is_none() {
         return Err(Error::InvalidArgument {
@@ -695,9 +701,13 @@ fn part(mem: &impl DeviceMemory, off: usize, bytes: usize) -> Result<ExternalMem
     Ok(unsafe { ExternalMemory::from_raw(mem.device(), mem.device_ptr() + off as u64, bytes) })
 }
 
-/// [`part`] of memory this call may write.
-fn part_mut(mem: &mut impl DeviceMemoryMut, off: usize, bytes: usize) -> Result<ExternalMemory> {
-    part(&*mem, off, bytes)
+/// All of `mem`, as [`part`] gives it.
+fn whole(mem: &dyn DeviceMemory) -> ExternalMemory {
+    // SAFETY: as in `part`, the whole range.
+    #[allow(unsafe_code)]
+    unsafe {
+        ExternalMemory::from_raw(mem.device(), mem.device_ptr(), mem.byte_len())
+    }
 }
 
 /// The refusal unless the ranks of one host share one host identity (they share memory), each

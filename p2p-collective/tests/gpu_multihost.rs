@@ -14,7 +14,7 @@ mod common;
 use std::time::Instant;
 
 use common::counts;
-use p2p_collective::verify::{compare, expected, input};
+use p2p_collective::verify::{compare, expected, in_place_input_offset, input, result_region};
 use p2p_collective::{Call, DataType, MultiHostCommunicator, Op, RedOp};
 use p2p_mem::{DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
 
@@ -45,40 +45,48 @@ fn launch_or_run(test: &str, body: impl FnOnce(MultiHostCommunicator)) {
     assert!(out.status.success(), "a rank failed: {out:?}");
 }
 
-/// One out-of-place call on this rank, checked byte for byte. Returns the wrong elements.
-fn run_case(comm: &MultiHostCommunicator, stream: &Stream, call: &Call) -> Result<usize, String> {
+/// One call on this rank (out of place, or in place as NCCL defines it), checked byte for byte
+/// against the host's expectation. Returns the wrong elements.
+fn run_case(
+    comm: &MultiHostCommunicator,
+    stream: &Stream,
+    call: &Call,
+    in_place: bool,
+) -> Result<usize, String> {
     let (w, r) = (comm.world_size(), comm.rank());
     let size = call.dtype.size();
     let (in_len, out_len) = call.op.buffer_lens(call.count, w, r, call.root);
     let dev = comm.device();
+    let e = |e: p2p_mem::Error| e.to_string();
     let host = input(call, w, r, in_len);
-    let mut send =
-        DeviceBuffer::<u8>::zeroed(dev, (in_len * size).max(1)).map_err(|e| e.to_string())?;
-    if !host.is_empty() {
-        send.slice_mut(..host.len())
-            .and_then(|mut v| v.copy_from_host(&host))
-            .map_err(|e| e.to_string())?;
-    }
-    let mut recv = DeviceBuffer::<u8>::zeroed(dev, (out_len.max(call.count) * size).max(1))
-        .map_err(|e| e.to_string())?;
-    recv.memset_u8(0xff).map_err(|e| e.to_string())?;
-    let (n, t) = (call.count, call.dtype);
-    let res = match call.op {
-        Op::AllReduce => comm.all_reduce(&send, &mut recv, n, t, call.redop, stream),
-        Op::AllGather => comm.all_gather(&send, &mut recv, n, t, stream),
-        Op::ReduceScatter => comm.reduce_scatter(&send, &mut recv, n, t, call.redop, stream),
-        Op::Broadcast => comm.broadcast(&send, &mut recv, n, t, call.root, stream),
-        Op::Reduce => comm.reduce(&send, &mut recv, n, t, call.redop, call.root, stream),
-        Op::AllToAll => comm.all_to_all(&send, &mut recv, n, t, stream),
+    let upload = |buf: &mut DeviceBuffer<u8>, at: usize| -> Result<(), String> {
+        if !host.is_empty() {
+            buf.slice_mut(at..at + host.len())
+                .and_then(|mut v| v.copy_from_host(&host))
+                .map_err(e)?;
+        }
+        Ok(())
+    };
+    let mut out =
+        DeviceBuffer::<u8>::zeroed(dev, (in_len.max(out_len) * size).max(1)).map_err(e)?;
+    out.memset_u8(0xff).map_err(e)?;
+    let res = if in_place {
+        upload(&mut out, in_place_input_offset(call, r) * size)?;
+        comm.call_in_place(call, &mut out, stream)
+    } else {
+        let mut send = DeviceBuffer::<u8>::zeroed(dev, (in_len * size).max(1)).map_err(e)?;
+        upload(&mut send, 0)?;
+        comm.call(call, &send, &mut out, stream)
     };
     res.and_then(|()| comm.synchronize(stream))
         .map_err(|e| format!("rank {r}: {e}"))?;
-    let got = recv.to_host_vec::<u8>().map_err(|e| e.to_string())?;
-    let (wrong, first) = compare(t, &got[..out_len * size], |j| {
-        expected(call, w, r, false, j)
+    let (off, len) = result_region(call, w, r, in_place);
+    let got = out.to_host_vec::<u8>().map_err(e)?;
+    let (wrong, first) = compare(call.dtype, &got[off * size..(off + len) * size], |j| {
+        expected(call, w, r, in_place, j)
     });
     if wrong > 0 {
-        eprintln!("rank {r}: {call:?}: {wrong} wrong, first {first:?}");
+        eprintln!("rank {r}: {call:?} in place {in_place}: {wrong} wrong, first {first:?}");
     }
     Ok(wrong)
 }
@@ -116,14 +124,16 @@ fn gpu2_every_op_type_and_count_over_two_simulated_hosts() {
                                     continue;
                                 }
                                 let call = Call::new(op, dtype, count).redop(redop).root(root);
-                                match run_case(&comm, &stream, &call) {
-                                    Ok(n) => wrong += n,
-                                    Err(e) if integer_avg && e.contains("average of") => {
-                                        refused += 1
+                                for in_place in [false, true] {
+                                    match run_case(&comm, &stream, &call, in_place) {
+                                        Ok(n) => wrong += n,
+                                        Err(e) if integer_avg && e.contains("average of") => {
+                                            refused += 1
+                                        }
+                                        Err(e) => panic!("{call:?} in place {in_place}: {e}"),
                                     }
-                                    Err(e) => panic!("{call:?}: {e}"),
+                                    cases += 1;
                                 }
-                                cases += 1;
                             }
                         }
                     }
@@ -169,65 +179,55 @@ fn time_us(
 #[test]
 #[ignore = "needs 2+ GPUs and libnccl"]
 fn gpu2_time_beside_nccl_on_the_same_hosts() {
-    launch_or_run(
-        "gpu2_time_beside_nccl_on_the_same_hosts",
-        |comm| {
-            use p2p_sys::nccl_rt::{ncclDataType_t, ncclRedOp_t};
-            let stream = Stream::new(comm.device()).expect("stream");
-            let (w, r) = (comm.world_size(), comm.rank());
-            let nccl = comm.nccl_all();
-            let f32t = ncclDataType_t::ncclFloat32;
-            for bytes in [8 << 10, 256 << 10, 4 << 20, 64 << 20] {
-                let n = bytes / 4;
-                let dev = comm.device();
-                let send = DeviceBuffer::<f32>::zeroed(dev, n * w).expect("send");
-                let mut recv = DeviceBuffer::<f32>::zeroed(dev, n * w).expect("recv");
-                let iters = if bytes >= 4 << 20 { 10 } else { 50 };
-                let row = |name: &str, ours: f64, theirs: f64| {
-                    if r == 0 {
-                        println!(
+    launch_or_run("gpu2_time_beside_nccl_on_the_same_hosts", |comm| {
+        use p2p_sys::nccl_rt::{ncclDataType_t, ncclRedOp_t};
+        let stream = Stream::new(comm.device()).expect("stream");
+        let (w, r) = (comm.world_size(), comm.rank());
+        let nccl = comm.nccl_all();
+        let f32t = ncclDataType_t::ncclFloat32;
+        for bytes in [8 << 10, 256 << 10, 4 << 20, 64 << 20] {
+            let n = bytes / 4;
+            let dev = comm.device();
+            let send = DeviceBuffer::<f32>::zeroed(dev, n * w).expect("send");
+            let mut recv = DeviceBuffer::<f32>::zeroed(dev, n * w).expect("recv");
+            let iters = if bytes >= 4 << 20 { 10 } else { 50 };
+            let row = |name: &str, ours: f64, theirs: f64| {
+                if r == 0 {
+                    println!(
                         "multihost-bench {name} {bytes} B per rank: p2p over hosts {ours:.1} us, NCCL {theirs:.1} us, ratio {:.2}",
                         ours / theirs
                     );
-                    }
-                };
-                let ours = time_us(&comm, &stream, iters, || {
-                    comm.all_reduce(&send, &mut recv, n, DataType::F32, RedOp::Sum, &stream)
-                        .expect("all_reduce")
-                });
-                let theirs = time_us(&comm, &stream, iters, || {
-                    nccl.all_reduce(&send, &mut recv, n, f32t, ncclRedOp_t::ncclSum, &stream)
-                        .expect("ncclAllReduce")
-                });
-                row("all_reduce", ours, theirs);
-                let ours = time_us(&comm, &stream, iters, || {
-                    comm.all_gather(&send, &mut recv, n / w, DataType::F32, &stream)
-                        .expect("all_gather")
-                });
-                let theirs = time_us(&comm, &stream, iters, || {
-                    nccl.all_gather(&send, &mut recv, n / w, f32t, &stream)
-                        .expect("ncclAllGather")
-                });
-                row("all_gather", ours, theirs);
-                let ours = time_us(&comm, &stream, iters, || {
-                    comm.reduce_scatter(&send, &mut recv, n / w, DataType::F32, RedOp::Sum, &stream)
-                        .expect("reduce_scatter")
-                });
-                let theirs = time_us(&comm, &stream, iters, || {
-                    nccl.reduce_scatter(
-                        &send,
-                        &mut recv,
-                        n / w,
-                        f32t,
-                        ncclRedOp_t::ncclSum,
-                        &stream,
-                    )
+                }
+            };
+            let ours = time_us(&comm, &stream, iters, || {
+                comm.all_reduce(&send, &mut recv, n, DataType::F32, RedOp::Sum, &stream)
+                    .expect("all_reduce")
+            });
+            let theirs = time_us(&comm, &stream, iters, || {
+                nccl.all_reduce(&send, &mut recv, n, f32t, ncclRedOp_t::ncclSum, &stream)
+                    .expect("ncclAllReduce")
+            });
+            row("all_reduce", ours, theirs);
+            let ours = time_us(&comm, &stream, iters, || {
+                comm.all_gather(&send, &mut recv, n / w, DataType::F32, &stream)
+                    .expect("all_gather")
+            });
+            let theirs = time_us(&comm, &stream, iters, || {
+                nccl.all_gather(&send, &mut recv, n / w, f32t, &stream)
+                    .expect("ncclAllGather")
+            });
+            row("all_gather", ours, theirs);
+            let ours = time_us(&comm, &stream, iters, || {
+                comm.reduce_scatter(&send, &mut recv, n / w, DataType::F32, RedOp::Sum, &stream)
+                    .expect("reduce_scatter")
+            });
+            let theirs = time_us(&comm, &stream, iters, || {
+                nccl.reduce_scatter(&send, &mut recv, n / w, f32t, ncclRedOp_t::ncclSum, &stream)
                     .expect("ncclReduceScatter")
-                });
-                row("reduce_scatter", ours, theirs);
-            }
-        },
-    );
+            });
+            row("reduce_scatter", ours, theirs);
+        }
+    });
 }
 
 #[test]
@@ -244,9 +244,14 @@ fn gpu2_a_rank_that_dies_on_the_other_host_is_found_by_every_survivor() {
         let out = p2p_collective::launch::launch_hosts(world, hosts, &exe.to_string_lossy(), &args)
             .expect("launch");
         println!("launcher: {out:?}");
-        assert_eq!(out.failed_rank, Some(world - 1), "the last rank, and only it, fails");
         assert_eq!(
-            out.killed, 0,
+            out.failed_rank,
+            Some(world - 1),
+            "the last rank, and only it, fails"
+        );
+        assert_eq!(
+            out.killed,
+            0,
             "every survivor reports the death and exits within {:?}",
             p2p_collective::launch::GRACE
         );
@@ -271,7 +276,10 @@ fn gpu2_a_rank_that_dies_on_the_other_host_is_found_by_every_survivor() {
             .all_reduce(&send, &mut recv, n, DataType::F32, RedOp::Sum, &stream)
             .and_then(|()| comm.synchronize(&stream));
         if let Err(e) = res {
-            println!("rank {r}: found the failure after {:?} ({i} calls): {e}", t.elapsed());
+            println!(
+                "rank {r}: found the failure after {:?} ({i} calls): {e}",
+                t.elapsed()
+            );
             use std::io::Write;
             let _ = std::io::stdout().flush();
             // Leave at once, as a process that learnt its job is dead would (the launcher

@@ -149,7 +149,7 @@ phase_hosts() {
   local t=$here/tests/p2p-collective--gpu_multihost body=gpu2_every_op_type_and_count_over_two_simulated_hosts
   local secret h log
   export P2PTEST_COUNTS=${P2PTEST_COUNTS:-0,1,7,1023,65537}
-  timeout 200 "$here/p2p-bench" launch -n 4 --hosts 2 -- "$t" "$body" --exact --include-ignored --nocapture >"$res/launch-hosts.log" 2>&1
+  timeout 130 "$here/p2p-bench" launch -n 4 --hosts 2 -- "$t" "$body" --exact --include-ignored --nocapture >"$res/launch-hosts.log" 2>&1
   note "p2p-bench launch -n 4 --hosts 2, correctness: exit $?: $(grep -E 'cases over' "$res/launch-hosts.log" | tr '\n' ' ')"
   grep -E 'panicked|wrong, first' "$res/launch-hosts.log" | head -n 8 | tee -a "$res/summary.txt"
   pack
@@ -158,7 +158,7 @@ phase_hosts() {
   secret=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
   for h in 0 1; do
     CUDA_VISIBLE_DEVICES=$((2 * h)),$((2 * h + 1)) P2P_HOST_ID=sim-host-$h NCCL_HOSTID=sim-host-$h P2P_JOB_SECRET=$secret \
-      timeout 200 torchrun --nnodes 2 --node-rank "$h" --nproc-per-node 2 --master-addr 127.0.0.1 --master-port 29533 \
+      timeout 130 torchrun --nnodes 2 --node-rank "$h" --nproc-per-node 2 --master-addr 127.0.0.1 --master-port 29533 \
       --no-python "$t" "$body" --exact --include-ignored --nocapture >"$res/torchrun-host$h.log" 2>&1 &
   done
   wait
@@ -167,12 +167,12 @@ phase_hosts() {
     grep -E 'panicked|wrong, first|Error|error:' "$res/torchrun-host$h.log" | head -n 8 | tee -a "$res/summary.txt"
   done
   pack
-  NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET timeout 200 "$t" gpu2_time_beside --include-ignored --nocapture >"$res/time.log" 2>&1
+  NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET timeout 150 "$t" gpu2_time_beside --include-ignored --nocapture >"$res/time.log" 2>&1
   note "time beside NCCL: exit $?"
   grep -E '^multihost-bench' "$res/time.log" | tee -a "$res/summary.txt"
   grep -m 3 -E 'NET/|Using network' "$res/time.log" | tee -a "$res/summary.txt"
   pack
-  timeout 90 "$t" gpu2_a_rank_that_dies --include-ignored --nocapture >"$res/fault.log" 2>&1
+  timeout 60 "$t" gpu2_a_rank_that_dies --include-ignored --nocapture >"$res/fault.log" 2>&1
   note "a rank's death on the other host: exit $?: $(grep -E 'found the failure|launcher:' "$res/fault.log" | tr '\n' ' ')"
 }
 

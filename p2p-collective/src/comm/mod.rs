@@ -189,7 +189,7 @@ impl Call {
     }
 }
 
-mod calls;
+pub(crate) mod calls;
 mod enqueue;
 mod init;
 mod kernel_set;
