@@ -236,7 +236,7 @@ impl MultiHostCommunicator {
                     self.abort();
                     return Err(e.into());
                 }
-                return self.local.check();
+                return self.local.check().map_err(|e| self.in_job_numbering(e));
             }
             let host_failed = self
                 .local
@@ -298,6 +298,7 @@ impl MultiHostCommunicator {
     ) -> Result<()> {
         let (send, recv) = (whole(send), whole(&*recv));
         self.run(call, &send, &recv, stream)
+            .map_err(|e| self.in_job_numbering(e))
     }
 
     /// Runs `call` in place in `buf`, as NCCL defines it: for all-gather this rank's input is
@@ -309,7 +310,13 @@ impl MultiHostCommunicator {
         buf: &mut dyn DeviceMemoryMut,
         stream: &Stream,
     ) -> Result<()> {
-        let buf = whole(&*buf);
+        self.in_place(call, &whole(&*buf), stream)
+            .map_err(|e| self.in_job_numbering(e))
+    }
+
+    /// [`call_in_place`](Self::call_in_place) on `buf`.
+    fn in_place(&self, call: &Call, buf: &ExternalMemory, stream: &Stream) -> Result<()> {
+        let buf = part(buf, 0, buf.byte_len())?;
         let mine = self.layout.rank * call.count * call.dtype.size();
         let part_bytes = call.count * call.dtype.size();
         match call.op {
@@ -332,6 +339,11 @@ impl MultiHostCommunicator {
             }
             _ => self.run(call, &buf, &buf, stream),
         }
+    }
+
+    /// [`in_job_numbering`] for this rank.
+    fn in_job_numbering(&self, e: Error) -> Error {
+        in_job_numbering(&self.layout, e)
     }
 
     /// `call` from `send` into `recv`, after checking both hold what it needs.
@@ -472,7 +484,8 @@ impl MultiHostCommunicator {
                 part(&out, 0, n * es)?
             };
             let t = nccl_type(c.dtype);
-            self.rail.broadcast(&src, &mut out, n, t, root_host, stream)?;
+            self.rail
+                .broadcast(&src, &mut out, n, t, root_host, stream)?;
         }
         self.local
             .broadcast_in_place(&mut out, n, c.dtype, root_local, stream)?;
@@ -615,6 +628,22 @@ impl MultiHostCommunicator {
             RedOp::Max => ncclRedOp_t::ncclMax,
             RedOp::Avg => ncclRedOp_t::ncclAvg,
         })
+    }
+}
+
+/// A peer's failure the host's communicator reported (ranks numbered on the host of `layout`),
+/// renumbered in the whole job; any other error as it is.
+fn in_job_numbering(layout: &HostLayout, e: Error) -> Error {
+    match e {
+        Error::PeerFailed { op, failure } => Error::PeerFailed {
+            op,
+            failure: p2p_transport::PeerFailure {
+                rank: layout.rank,
+                peer: layout.rank_of(layout.host, failure.peer),
+                why: failure.why,
+            },
+        },
+        e => e,
     }
 }
 
@@ -775,6 +804,24 @@ mod tests {
             "{e}"
         );
         assert!(check_hosts(&l, &ids(["a", "a", "b", "b"])[..3]).is_err());
+    }
+
+    #[test]
+    fn a_failure_inside_the_host_is_named_in_the_jobs_numbering() {
+        // Rank 2 of 4 is local rank 0 of host 1; its host's communicator says local rank 1.
+        let local = Error::PeerFailed {
+            op: "all_reduce".into(),
+            failure: p2p_transport::PeerFailure {
+                rank: 0,
+                peer: 1,
+                why: "its process exited".into(),
+            },
+        };
+        let e = in_job_numbering(&layout(4, 2, 2), local).to_string();
+        assert!(
+            e.contains("on rank 2: rank 3 failed: its process exited"),
+            "{e}"
+        );
     }
 
     #[test]

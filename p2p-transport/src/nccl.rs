@@ -493,13 +493,7 @@ impl NcclComm {
 
     /// An error unless `peer` is a rank of this communicator.
     fn check_peer(&self, op: &str, peer: usize) -> Result<()> {
-        if peer >= self.world {
-            return Err(Error::InvalidArgument(format!(
-                "NCCL {op}: rank {peer} is not one of the {} ranks",
-                self.world
-            )));
-        }
-        Ok(())
+        check_rank(op, peer, self.world)
     }
 
     /// [`issue`](Self::issue) for a call on one buffer (send or receive).
@@ -611,6 +605,22 @@ fn non_blocking_config() -> nccl::ncclConfig_t {
     }
 }
 
+/// The refusal unless `peer` is one of `world` ranks, naming the call's root (broadcast,
+/// reduce) or peer (send, recv).
+fn check_rank(op: &str, peer: usize, world: usize) -> Result<()> {
+    if peer >= world {
+        let role = if matches!(op, "broadcast" | "reduce") {
+            "root"
+        } else {
+            "peer"
+        };
+        return Err(Error::InvalidArgument(format!(
+            "NCCL {op}: {role} {peer} is not one of the {world} ranks"
+        )));
+    }
+    Ok(())
+}
+
 /// Bytes of one element of `dtype`.
 pub fn element_bytes(dtype: ncclDataType_t) -> Result<usize> {
     use ncclDataType_t as T;
@@ -653,6 +663,21 @@ fn on(device: i32) -> impl Fn(p2p_sys::Error) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_root_or_peer_outside_the_communicator_is_named() {
+        assert!(check_rank("broadcast", 0, 1).is_ok());
+        // The words gpu_nccl's refusal test looks for (it ran on a GPU with "root 1").
+        let e = check_rank("broadcast", 1, 1)
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            e.contains("NCCL broadcast: root 1 is not one of the 1 ranks"),
+            "{e}"
+        );
+        let e = check_rank("send", 4, 4).expect_err("refused").to_string();
+        assert!(e.contains("peer 4"), "{e}");
+    }
 
     #[test]
     fn an_id_round_trips_through_its_bytes_and_only_its_length_is_accepted() {

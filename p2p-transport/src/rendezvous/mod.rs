@@ -36,8 +36,8 @@
 //! The socket above reaches only this host. What must cross hosts (NCCL's unique ids) goes
 //! through torchrun's own c10d `TCPStore` at `MASTER_ADDR:MASTER_PORT`, so that p2p opens no
 //! port of its own: [`store`] has a client of it, and seals what is put there with the job's
-//! key so that a rank accepts only what a holder of the key put there. (Not yet run against a
-//! real torchrun store.)
+//! key so that a rank accepts only what a holder of the key put there ([`JobExchange`]; the
+//! host layout is [`HostLayout`]).
 //!
 //! ```no_run
 //! use p2p_transport::rendezvous::{Group, Rendezvous};

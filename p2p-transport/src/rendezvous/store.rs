@@ -12,7 +12,8 @@
 //! against a mock server that serves it as read, and by the ignored test `store_against_torch`
 //! against a real `torch.distributed.TCPStore`, which `scripts/gpu/store-check.py` starts (both
 //! backends in turn; `run.sh` runs it where torch is installed): it passed against torch
-//! 2.11's libuv and classic servers (2026-11-27). Not yet inside a torchrun job.
+//! 2.11's libuv and classic servers, and it carried NCCL's ids inside a torchrun job over two
+//! simulated hosts (2026-11-27).
 //!
 //! # The protocol, as followed
 //! Read from `pytorch/pytorch`, `torch/csrc/distributed/c10d/`: `TCPStore.cpp` (the client:
