@@ -98,18 +98,7 @@ impl MultiHostCommunicator {
     /// with the options `P2P_*` sets.
     pub fn from_env() -> Result<MultiHostCommunicator> {
         let (job, layout) = Rendezvous::for_hosts_from_vars(|n| std::env::var(n).ok())?;
-        let visible = Device::count()? as usize;
-        let ordinal = if visible == 1 { 0 } else { layout.local_rank };
-        if ordinal >= visible {
-            return Err(Error::Bootstrap {
-                rank: layout.rank,
-                why: format!(
-                    "LOCAL_RANK={} but this process sees {visible} GPU(s): start at most one rank per GPU",
-                    layout.local_rank
-                ),
-            });
-        }
-        let device = Device::new(ordinal as i32)?;
+        let device = crate::comm::local_device(layout.rank, layout.local_rank)?;
         Self::init(&device, &job, &layout, Options::from_env()?)
     }
 
@@ -324,8 +313,7 @@ impl MultiHostCommunicator {
             Op::ReduceScatter => self.run(call, &buf, &part(&buf, mine, part_bytes)?, stream),
             Op::AllToAll => {
                 let bytes = buf.byte_len();
-                let mut scratch = self.scratch(bytes)?;
-                let aside = part(scratch_mem(&mut scratch)?, 0, bytes)?;
+                let (_scratch, aside) = self.scratch_part(bytes)?;
                 if bytes > 0 {
                     // SAFETY: both ranges are `bytes` long on this rank's GPU (`aside` was just
                     // cut to that size from the scratch buffer, `buf` is the caller's), and do
@@ -335,7 +323,12 @@ impl MultiHostCommunicator {
                         p2p_mem::copy_async(aside.device_ptr(), buf.device_ptr(), bytes, stream)?
                     };
                 }
-                self.all_to_all_on(call, &aside, &buf, stream)
+                self.all_to_all_on(&Step {
+                    c: call,
+                    send: &aside,
+                    recv: &buf,
+                    stream,
+                })
             }
             _ => self.run(call, &buf, &buf, stream),
         }
@@ -367,32 +360,32 @@ impl MultiHostCommunicator {
         if c.count == 0 {
             return Ok(());
         }
+        let step = &Step {
+            c,
+            send,
+            recv,
+            stream,
+        };
         match c.op {
-            Op::AllReduce => self.all_reduce_on(c, send, recv, stream),
-            Op::AllGather => self.all_gather_on(c, send, recv, stream),
-            Op::ReduceScatter => self.reduce_scatter_on(c, send, recv, stream),
-            Op::Broadcast => self.broadcast_on(c, send, recv, stream),
-            Op::Reduce => self.reduce_on(c, send, recv, stream),
-            Op::AllToAll => self.all_to_all_on(c, send, recv, stream),
+            Op::AllReduce => self.all_reduce_on(step),
+            Op::AllGather => self.all_gather_on(step),
+            Op::ReduceScatter => self.reduce_scatter_on(step),
+            Op::Broadcast => self.broadcast_on(step),
+            Op::Reduce => self.reduce_on(step),
+            Op::AllToAll => self.all_to_all_on(step),
         }
     }
 
     /// All-reduce: a reduce-scatter inside the host, an all-reduce of each rank's shard on its
     /// rail, an all-gather inside the host; the last `count mod L` elements by NCCL over every
     /// rank.
-    fn all_reduce_on(
-        &self,
-        c: &Call,
-        send: &ExternalMemory,
-        recv: &ExternalMemory,
-        stream: &Stream,
-    ) -> Result<()> {
+    fn all_reduce_on(&self, step: &Step<'_>) -> Result<()> {
+        let (c, send, recv, stream) = (step.c, step.send, step.recv, step.stream);
         let (es, op) = (c.dtype.size(), self.redop(c)?);
         let local = self.layout.local_world;
         let (shard, tail) = (c.count / local, c.count % local);
         if shard > 0 {
-            let mut scratch = self.scratch(shard * es)?;
-            let mut mine = part(scratch_mem(&mut scratch)?, 0, shard * es)?;
+            let (_scratch, mut mine) = self.scratch_part(shard * es)?;
             let body = part(send, 0, shard * local * es)?;
             self.local
                 .reduce_scatter(&body, &mut mine, shard, c.dtype, c.redop, stream)?;
@@ -415,17 +408,11 @@ impl MultiHostCommunicator {
 
     /// All-gather: each rank's part from every host on its rail, then each host's block inside
     /// the host.
-    fn all_gather_on(
-        &self,
-        c: &Call,
-        send: &ExternalMemory,
-        recv: &ExternalMemory,
-        stream: &Stream,
-    ) -> Result<()> {
+    fn all_gather_on(&self, step: &Step<'_>) -> Result<()> {
+        let (c, send, recv, stream) = (step.c, step.send, step.recv, step.stream);
         let (es, n) = (c.dtype.size(), c.count);
         let (hosts, local) = (self.layout.hosts, self.layout.local_world);
-        let mut scratch = self.scratch(hosts * n * es)?;
-        let mut gathered = part(scratch_mem(&mut scratch)?, 0, hosts * n * es)?;
+        let (_scratch, mut gathered) = self.scratch_part(hosts * n * es)?;
         let t = nccl_type(c.dtype);
         self.rail
             .all_gather(&part(send, 0, n * es)?, &mut gathered, n, t, stream)?;
@@ -440,17 +427,11 @@ impl MultiHostCommunicator {
 
     /// Reduce-scatter: each host's block reduced inside the host, then across hosts on the
     /// rail.
-    fn reduce_scatter_on(
-        &self,
-        c: &Call,
-        send: &ExternalMemory,
-        recv: &ExternalMemory,
-        stream: &Stream,
-    ) -> Result<()> {
+    fn reduce_scatter_on(&self, step: &Step<'_>) -> Result<()> {
+        let (c, send, recv, stream) = (step.c, step.send, step.recv, step.stream);
         let (es, n, op) = (c.dtype.size(), c.count, self.redop(c)?);
         let (hosts, local) = (self.layout.hosts, self.layout.local_world);
-        let mut scratch = self.scratch(hosts * n * es)?;
-        let reduced = part(scratch_mem(&mut scratch)?, 0, hosts * n * es)?;
+        let (_scratch, reduced) = self.scratch_part(hosts * n * es)?;
         for h in 0..hosts {
             let block = part(send, h * local * n * es, local * n * es)?;
             let mut mine = part(&reduced, h * n * es, n * es)?;
@@ -465,13 +446,8 @@ impl MultiHostCommunicator {
 
     /// Broadcast: on the root's rail from the root, then inside every host from that rail's
     /// rank.
-    fn broadcast_on(
-        &self,
-        c: &Call,
-        send: &ExternalMemory,
-        recv: &ExternalMemory,
-        stream: &Stream,
-    ) -> Result<()> {
+    fn broadcast_on(&self, step: &Step<'_>) -> Result<()> {
+        let (c, send, recv, stream) = (step.c, step.send, step.recv, step.stream);
         let (es, n) = (c.dtype.size(), c.count);
         let (root_host, root_local) = self.layout.place_of(c.root);
         let mut out = part(recv, 0, n * es)?;
@@ -494,17 +470,11 @@ impl MultiHostCommunicator {
 
     /// Reduce: inside every host to the rank on the root's rail, then on that rail to the
     /// root.
-    fn reduce_on(
-        &self,
-        c: &Call,
-        send: &ExternalMemory,
-        recv: &ExternalMemory,
-        stream: &Stream,
-    ) -> Result<()> {
+    fn reduce_on(&self, step: &Step<'_>) -> Result<()> {
+        let (c, send, recv, stream) = (step.c, step.send, step.recv, step.stream);
         let (es, n, op) = (c.dtype.size(), c.count, self.redop(c)?);
         let (root_host, root_local) = self.layout.place_of(c.root);
-        let mut scratch = self.scratch(n * es)?;
-        let mut host_sum = part(scratch_mem(&mut scratch)?, 0, n * es)?;
+        let (_scratch, mut host_sum) = self.scratch_part(n * es)?;
         let input = part(send, 0, n * es)?;
         self.local.reduce(
             &input,
@@ -531,13 +501,8 @@ impl MultiHostCommunicator {
     }
 
     /// All-to-all: NCCL's sends and receives over every rank, in one group.
-    fn all_to_all_on(
-        &self,
-        c: &Call,
-        send: &ExternalMemory,
-        recv: &ExternalMemory,
-        stream: &Stream,
-    ) -> Result<()> {
+    fn all_to_all_on(&self, step: &Step<'_>) -> Result<()> {
+        let (c, send, recv, stream) = (step.c, step.send, step.recv, step.stream);
         let (bytes, t) = (c.count * c.dtype.size(), nccl_type(c.dtype));
         let mut parts = (0..self.layout.world)
             .map(|p| Ok((part(send, p * bytes, bytes)?, part(recv, p * bytes, bytes)?)))
@@ -552,35 +517,28 @@ impl MultiHostCommunicator {
         Ok(())
     }
 
-    /// Sends `count` elements of `send` to rank `peer` (on any host), which receives them with
-    /// [`recv`](Self::recv).
-    pub fn send(
-        &self,
-        send: &impl DeviceMemory,
-        count: usize,
-        dtype: DataType,
-        peer: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        self.all.send(send, count, nccl_type(dtype), peer, stream)?;
-        Ok(())
+    crate::p2p::one_op_calls! {
+        by nccl;
+        /// Sends `count` elements of `buf` to rank `peer` (on any host; NCCL over every rank),
+        /// which receives them with [`recv`](Self::recv). As NCCL's, a send and a receive that
+        /// must progress together need a group: use [`nccl_all`](Self::nccl_all) and
+        /// [`p2p_transport::nccl::group`] for more than one at a time.
+        fn send(buf: &impl DeviceMemory);
+
+        /// Receives `count` elements from rank `peer` into `buf`.
+        fn recv(buf: &mut impl DeviceMemoryMut);
     }
 
-    /// Receives `count` elements from rank `peer` into `recv`.
-    pub fn recv(
-        &self,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        peer: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        self.all.recv(recv, count, nccl_type(dtype), peer, stream)?;
-        Ok(())
+    /// The first `bytes` of the scratch buffer, and the guard that keeps it this call's until
+    /// the call has queued its work.
+    fn scratch_part(&self, bytes: usize) -> Result<(ScratchGuard<'_>, ExternalMemory)> {
+        let mut guard = self.scratch(bytes)?;
+        let view = part(scratch_mem(&mut guard)?, 0, bytes)?;
+        Ok((guard, view))
     }
 
     /// The scratch buffer, at least `bytes` long (grown, never shrunk).
-    fn scratch(&self, bytes: usize) -> Result<std::sync::MutexGuard<'_, Option<DeviceBuffer<u8>>>> {
+    fn scratch(&self, bytes: usize) -> Result<ScratchGuard<'_>> {
         let mut guard = self.scratch.lock().map_err(|_| Error::InvalidArgument {
             op: "a call over hosts",
             rank: self.layout.rank,
@@ -647,6 +605,19 @@ fn in_job_numbering(layout: &HostLayout, e: Error) -> Error {
     }
 }
 
+/// The scratch buffer, held by one call while it queues its work.
+type ScratchGuard<'a> = std::sync::MutexGuard<'a, Option<DeviceBuffer<u8>>>;
+
+/// One call's arguments, as the algorithms take them: the call, its whole send and receive
+/// memory (the same memory in place), the stream.
+#[derive(Clone, Copy)]
+struct Step<'a> {
+    c: &'a Call,
+    send: &'a ExternalMemory,
+    recv: &'a ExternalMemory,
+    stream: &'a Stream,
+}
+
 /// NCCL's type for `dtype`.
 fn nccl_type(dtype: DataType) -> ncclDataType_t {
     match dtype {
@@ -698,9 +669,7 @@ fn fits(
 }
 
 /// The scratch buffer behind its guard (made by `scratch`, so present).
-fn scratch_mem<'a>(
-    guard: &'a mut std::sync::MutexGuard<'_, Option<DeviceBuffer<u8>>>,
-) -> Result<&'a mut DeviceBuffer<u8>> {
+fn scratch_mem<'a>(guard: &'a mut ScratchGuard<'_>) -> Result<&'a mut DeviceBuffer<u8>> {
     guard.as_mut().ok_or_else(|| Error::InvalidArgument {
         op: "a call over hosts",
         rank: 0,

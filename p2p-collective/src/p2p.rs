@@ -512,28 +512,38 @@ impl<'a> P2pGroup<'a> {
     }
 }
 
-/// Declares `send` and `recv` on a communicator: a group of that one operation on `stream`,
-/// launched (named after the method in errors), with the method's buffer, `count`, `dtype` and
-/// `peer`.
+/// Declares `send` and `recv` on a communicator, each with its buffer, `count`, `dtype`,
+/// `peer` and `stream`, carried out `by group` (a group of that one operation on `stream`,
+/// launched, named after the method in errors: [`Communicator`]) or `by nccl` (the same call of
+/// the type's NCCL communicator over every rank, `self.all`:
+/// [`MultiHostCommunicator`](crate::MultiHostCommunicator)).
 macro_rules! one_op_calls {
-    ($($(#[$doc:meta])* fn $name:ident($buf:ident: $ty:ty);)+) => {
+    (@body group, $s:ident, $name:ident, $buf:ident, $count:ident, $dtype:ident, $peer:ident, $stream:ident) => {{
+        let mut g = $s.group_as(stringify!($name), $stream);
+        g.$name($buf, $count, $dtype, $peer)?;
+        g.launch()
+    }};
+    (@body nccl, $s:ident, $name:ident, $buf:ident, $count:ident, $dtype:ident, $peer:ident, $stream:ident) => {{
+        $s.all.$name($buf, $count, nccl_type($dtype), $peer, $stream)?;
+        Ok(())
+    }};
+    (by $via:ident; $($(#[$doc:meta])* fn $name:ident($buf:ident: $ty:ty);)+) => {
         $(
             $(#[$doc])*
             pub fn $name(
                 &self,
                 $buf: $ty,
                 count: usize,
-                dtype: DataType,
+                dtype: $crate::types::DataType,
                 peer: usize,
-                stream: &Stream,
-            ) -> Result<()> {
-                let mut g = self.group_as(stringify!($name), stream);
-                g.$name($buf, count, dtype, peer)?;
-                g.launch()
+                stream: &$crate::p2p_mem::Stream,
+            ) -> $crate::error::Result<()> {
+                $crate::p2p::one_op_calls!(@body $via, self, $name, $buf, count, dtype, peer, stream)
             }
         )+
     };
 }
+pub(crate) use one_op_calls;
 
 /// Point-to-point: NCCL's `ncclSend` / `ncclRecv`, and their groups.
 impl Communicator {
@@ -566,6 +576,7 @@ impl Communicator {
     }
 
     one_op_calls! {
+        by group;
         /// Sends `count` elements of `buf` to rank `peer`, which calls [`recv`](Self::recv) (or
         /// receives in a group) with the same count and type. Queued on `stream` like the
         /// collectives (asynchronous, capturable in a CUDA graph); a count of zero still pairs

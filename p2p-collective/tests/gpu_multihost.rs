@@ -28,20 +28,25 @@ fn layout() -> (usize, usize) {
     (world, get("P2PTEST_HOSTS").unwrap_or(2))
 }
 
-/// In the launcher: start the ranks as simulated hosts. In a rank: run `body`.
-fn launch_or_run(test: &str, body: impl FnOnce(MultiHostCommunicator)) {
-    if std::env::var_os("RANK").is_some() {
-        body(MultiHostCommunicator::from_env().expect("MultiHostCommunicator::from_env"));
-        return;
-    }
+/// Starts this test executable's `test` as the ranks of [`layout`]'s simulated hosts.
+fn launch(test: &str) -> p2p_collective::launch::Outcome {
     let (world, hosts) = layout();
     let exe = std::env::current_exe().expect("current exe");
     let args: Vec<String> = [test, "--exact", "--include-ignored", "--nocapture"]
         .iter()
         .map(|s| s.to_string())
         .collect();
-    let out = p2p_collective::launch::launch_hosts(world, hosts, &exe.to_string_lossy(), &args)
-        .expect("launch");
+    p2p_collective::launch::launch_hosts(world, hosts, &exe.to_string_lossy(), &args)
+        .expect("launch")
+}
+
+/// In the launcher: start the ranks as simulated hosts. In a rank: run `body`.
+fn launch_or_run(test: &str, body: impl FnOnce(MultiHostCommunicator)) {
+    if std::env::var_os("RANK").is_some() {
+        body(MultiHostCommunicator::from_env().expect("MultiHostCommunicator::from_env"));
+        return;
+    }
+    let out = launch(test);
     assert!(out.status.success(), "a rank failed: {out:?}");
 }
 
@@ -235,14 +240,8 @@ fn gpu2_time_beside_nccl_on_the_same_hosts() {
 fn gpu2_a_rank_that_dies_on_the_other_host_is_found_by_every_survivor() {
     const TEST: &str = "gpu2_a_rank_that_dies_on_the_other_host_is_found_by_every_survivor";
     if std::env::var_os("RANK").is_none() {
-        let (world, hosts) = layout();
-        let exe = std::env::current_exe().expect("current exe");
-        let args: Vec<String> = [TEST, "--exact", "--include-ignored", "--nocapture"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        let out = p2p_collective::launch::launch_hosts(world, hosts, &exe.to_string_lossy(), &args)
-            .expect("launch");
+        let (world, _) = layout();
+        let out = launch(TEST);
         println!("launcher: {out:?}");
         assert_eq!(
             out.failed_rank,

@@ -80,11 +80,8 @@ unsafe impl Send for NcclComm {}
 
 impl std::fmt::Debug for NcclComm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("NcclComm")
-            .field("rank", &self.rank)
-            .field("world", &self.world)
-            .field("device", &self.device.ordinal())
-            .finish()
+        let (rank, world, gpu) = (self.rank, self.world, self.device.ordinal());
+        write!(f, "NcclComm(rank {rank} of {world} on GPU {gpu})")
     }
 }
 

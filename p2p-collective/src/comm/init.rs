@@ -192,19 +192,7 @@ impl Communicator {
     /// ```
     pub fn from_env() -> Result<Communicator> {
         let rv = Rendezvous::from_env()?;
-        // A launcher that gives each process one GPU (CUDA_VISIBLE_DEVICES) leaves device 0.
-        let visible = Device::count()? as usize;
-        let ordinal = if visible == 1 { 0 } else { rv.local_rank };
-        if ordinal >= visible {
-            return Err(Error::Bootstrap {
-                rank: rv.rank,
-                why: format!(
-                    "LOCAL_RANK={} but this process sees {visible} GPU(s): start at most one rank per GPU",
-                    rv.local_rank
-                ),
-            });
-        }
-        let device = Device::new(ordinal as i32)?;
+        let device = local_device(rv.rank, rv.local_rank)?;
         Self::init(&device, &rv, Options::from_env()?)
     }
 
@@ -601,4 +589,20 @@ pub(super) fn warn_unused_settings(cfg: &Config, one_process: bool) {
     for what in unused_settings(cfg, one_process) {
         p2p_transport::warn_user!("not used by the collectives: {what}");
     }
+}
+
+/// The GPU of rank `rank`, `local_rank` on its host: GPU `local_rank`, or GPU 0 where a launcher
+/// gave the process one GPU (`CUDA_VISIBLE_DEVICES`).
+pub(crate) fn local_device(rank: usize, local_rank: usize) -> Result<Device> {
+    let visible = Device::count()? as usize;
+    let ordinal = if visible == 1 { 0 } else { local_rank };
+    if ordinal >= visible {
+        return Err(Error::Bootstrap {
+            rank,
+            why: format!(
+                "LOCAL_RANK={local_rank} but this process sees {visible} GPU(s): start at most one rank per GPU"
+            ),
+        });
+    }
+    Ok(Device::new(ordinal as i32)?)
 }

@@ -200,6 +200,7 @@ mod status;
 mod tests;
 
 pub(crate) use enqueue::*;
+pub(crate) use init::local_device;
 use init::*;
 pub(crate) use kernel_set::*;
 pub use register::Registration;
