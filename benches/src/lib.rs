@@ -16,6 +16,7 @@ pub mod floor;
 pub mod gate;
 pub mod held;
 pub mod host;
+pub mod hosts;
 pub mod kernels;
 #[allow(unsafe_code)] // kernel launches
 pub mod latency;

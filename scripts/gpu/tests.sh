@@ -32,7 +32,8 @@
 #                 under two torchruns (`--nnodes 2`, one per host: GPUs 0,1 and 2,3, P2P_HOST_ID
 #                 and NCCL_HOSTID per host, one MASTER_PORT), then the time beside NCCL's own
 #                 communicator on the same hosts (NCCL_DEBUG=INFO for NET: which transport NCCL
-#                 took between them), then a rank's death on the other host. ~3-5 min.
+#                 took between them), then a rank's death on the other host, then `p2p-bench
+#                 hosts` (every collective to HOSTS_MAX_MIB, 64, beside NCCL). ~3-6 min.
 #   run [FILTER]  run.sh: every test executable and the examples (or those FILTER names),
 #                 with a summary of the failures; RUN_TIMEOUT (default 420 s). Takes every word
 #                 after it, so it comes last. ~5-7 min whole on 2 GPUs.
@@ -174,6 +175,11 @@ phase_hosts() {
   pack
   timeout 60 "$t" gpu2_a_rank_that_dies --include-ignored --nocapture >"$res/fault.log" 2>&1
   note "a rank's death on the other host: exit $?: $(grep -E 'found the failure|launcher:' "$res/fault.log" | tr '\n' ' ')"
+  pack
+  # p2p-bench hosts: every collective 8 KiB - HOSTS_MAX_MIB (64) beside NCCL, the JSON and table.
+  timeout 200 "$here/p2p-bench" launch -n 4 --hosts 2 -- "$here/p2p-bench" hosts --max-mib "${HOSTS_MAX_MIB:-64}" --out "$res" >"$res/bench.log" 2>&1
+  note "p2p-bench hosts: exit $?"
+  grep -E '^hosts: ' "$res/bench.log" | tail -n 40 | tee -a "$res/summary.txt"
 }
 
 phase_run() {

@@ -6,7 +6,8 @@
 //! - `p2p`: bandwidth and latency between every pair.
 //! - `coll`: every collective from 8 B to 1 GiB beside NCCL in each of its modes (nccl-tests
 //!   columns, the fastest NCCL mode per size), with a plot.
-//! - `launch -n N -- CMD`: runs CMD as N ranks with the torchrun environment.
+//! - `launch -n N [--hosts H] -- CMD`: runs CMD as N ranks with the torchrun environment.
+//! - `hosts`: (as the ranks of a job over hosts) MultiHostCommunicator beside NCCL.
 //! - `faults -n N`: the fault-injection suite (ranks killed, stalled, aborted; strangers).
 //!
 //! The `P2P_*` configuration is validated first: a bad value exits with status 2 and a message
@@ -222,6 +223,35 @@ enum Command {
         /// Skip NCCL.
         #[arg(long)]
         no_nccl: bool,
+    },
+    /// A job over several hosts (MultiHostCommunicator) beside NCCL's own communicator over the
+    /// same ranks and host ids, every collective, f32 sum, each call checked once. Run it as the
+    /// ranks of a job: `p2p-bench launch -n 4 --hosts 2 -- p2p-bench hosts` (one machine posing
+    /// as two hosts), or under torchrun --nnodes H; rank 0 prints and writes the table.
+    Hosts {
+        /// Directory for the results (created if missing). Default: p2p/results in the user's
+        /// data folder, outside any source tree.
+        #[arg(long, default_value_os_t = default_results())]
+        out: PathBuf,
+        /// The collectives (comma-separated).
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "all_reduce,all_gather,reduce_scatter,broadcast,reduce,all_to_all"
+        )]
+        ops: Vec<String>,
+        /// Smallest size, bytes.
+        #[arg(long, default_value_t = 8192)]
+        min_bytes: usize,
+        /// Largest size, MiB.
+        #[arg(long, default_value_t = 256)]
+        max_mib: usize,
+        /// Each size is this many times the one before.
+        #[arg(long, default_value_t = 4)]
+        factor: usize,
+        /// Timed runs per figure (the median is reported).
+        #[arg(long, default_value_t = 5)]
+        samples: usize,
     },
     /// One rank of a fault-injection job (started by `faults`, configured by FAULT_* variables).
     #[command(hide = true)]
@@ -517,6 +547,43 @@ fn main() -> ExitCode {
             command,
         } => launch_cmd(nprocs, hosts, &command),
         Command::Render { json } => render_cmd(&json),
+        Command::Hosts {
+            out,
+            ops,
+            min_bytes,
+            max_mib,
+            factor,
+            samples,
+        } => {
+            let mut chosen = Vec::new();
+            for name in &ops {
+                match Op::ALL.iter().find(|o| o.name() == name.trim()) {
+                    Some(o) => chosen.push(*o),
+                    None => {
+                        eprintln!(
+                            "p2p-bench hosts: unknown collective {name:?}; choose from {}",
+                            Op::ALL.map(|o| o.name()).join(", ")
+                        );
+                        return ExitCode::from(2);
+                    }
+                }
+            }
+            let opts = p2p_benches::hosts::Options {
+                ops: chosen,
+                min_bytes,
+                max_bytes: max_mib << 20,
+                factor,
+                samples,
+                out,
+            };
+            match p2p_benches::hosts::run(&opts) {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("p2p-bench hosts: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::FaultWorker => ExitCode::from(p2p_benches::faults::worker() as u8),
         Command::HeldMemory {
             cycles,
