@@ -457,19 +457,10 @@ fn main() -> ExitCode {
             nccl_shared_p2p_buffers,
             tuning,
         } => {
-            let mut chosen = Vec::new();
-            for name in &ops {
-                match Op::ALL.iter().find(|o| o.name() == name.trim()) {
-                    Some(o) => chosen.push(*o),
-                    None => {
-                        eprintln!(
-                            "p2p-bench coll: unknown collective {name:?}; choose from {}",
-                            Op::ALL.map(|o| o.name()).join(", ")
-                        );
-                        return ExitCode::from(2);
-                    }
-                }
-            }
+            let chosen = match parse_ops("coll", &ops) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
             let mut modes = Vec::new();
             for name in &nccl_modes {
                 match p2p_benches::nccl::NcclMode::ALL
@@ -555,19 +546,10 @@ fn main() -> ExitCode {
             factor,
             samples,
         } => {
-            let mut chosen = Vec::new();
-            for name in &ops {
-                match Op::ALL.iter().find(|o| o.name() == name.trim()) {
-                    Some(o) => chosen.push(*o),
-                    None => {
-                        eprintln!(
-                            "p2p-bench hosts: unknown collective {name:?}; choose from {}",
-                            Op::ALL.map(|o| o.name()).join(", ")
-                        );
-                        return ExitCode::from(2);
-                    }
-                }
-            }
+            let chosen = match parse_ops("hosts", &ops) {
+                Ok(c) => c,
+                Err(code) => return code,
+            };
             let opts = p2p_benches::hosts::Options {
                 ops: chosen,
                 min_bytes,
@@ -919,6 +901,26 @@ fn faults_cmd(options: &p2p_benches::faults::SuiteOptions, out: &std::path::Path
             ExitCode::FAILURE
         }
     }
+}
+
+/// The collectives named in `names`, or exit status 2 after saying which name `p2p-bench TOOL`
+/// does not know.
+fn parse_ops(tool: &str, names: &[String]) -> Result<Vec<Op>, ExitCode> {
+    names
+        .iter()
+        .map(|name| {
+            Op::ALL
+                .into_iter()
+                .find(|o| o.name() == name.trim())
+                .ok_or_else(|| {
+                    eprintln!(
+                        "p2p-bench {tool}: unknown collective {name:?}; choose from {}",
+                        Op::ALL.map(|o| o.name()).join(", ")
+                    );
+                    ExitCode::from(2)
+                })
+        })
+        .collect()
 }
 
 fn launch_cmd(n: usize, hosts: usize, command: &[String]) -> ExitCode {
