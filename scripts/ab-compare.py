@@ -3,7 +3,9 @@
 
     python3 scripts/ab-compare.py DIR [--markdown]
 
-DIR holds `NAME-rK/coll-*.json` for two names A and B (the order `bench.sh ab` was given, read
+DIR holds `NAME-rK/coll-*.json` (or `NAME-rK/host.json`, from `bench.sh ab ... -- host`: then
+the host cost of each variant, median per round and the ratio of the medians over rounds) for
+two names A and B (the order `bench.sh ab` was given, read
 from DIR/summary.txt, else alphabetical) and rounds K. For every cell (op, size, ours or
 ours_registered, placement, eager or graph) present in every run: the ratio B/A of the means
 over rounds, and the spread, the larger of the two binaries' max/min over their own rounds.
@@ -37,12 +39,40 @@ def cells(path):
     return d, out
 
 
+def host_ab(base, names):
+    """The `host` A/B: each variant's median host cost per round, both binaries."""
+    per = {}
+    for name in names:
+        for p in sorted(glob.glob(os.path.join(base, f"{name}-r*", "host.json"))):
+            for row in json.load(open(p))["rows"]:
+                per.setdefault(row["variant"], {}).setdefault(name, []).append(row["us_median"])
+    a, b = names
+    print(f"host cost per call and rank (us), {b} against {a}, the median of each round:\n")
+    print(f"| variant | {a} | {b} | {b}/{a} (medians over rounds) |\n| --- | --- | --- | --- |")
+    for v, by in per.items():
+        va, vb = by.get(a, []), by.get(b, [])
+        if va and vb:
+            ratio = st.median(vb) / st.median(va)
+            print(f"| {v} | {', '.join('%.3f' % x for x in va)} | {', '.join('%.3f' % x for x in vb)} | {ratio:.3f} |")
+
+
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     md = "--markdown" in sys.argv
     if len(args) != 1:
         sys.exit(__doc__)
     base = args[0]
+    hosts = sorted({re.match(r"(.+)-r\d+$", os.path.basename(os.path.dirname(p))).group(1)
+                    for p in glob.glob(os.path.join(base, "*-r*", "host.json"))})
+    if hosts:
+        summary = os.path.join(base, "summary.txt")
+        if os.path.exists(summary):
+            order = re.findall(r"round 1 (\S+) ", open(summary).read())
+            hosts = [n for n in order if n in hosts] or hosts
+        if len(hosts) != 2:
+            sys.exit(f"expected two binaries in {base}, found {hosts}")
+        host_ab(base, hosts)
+        return
     runs = {}
     for p in sorted(glob.glob(os.path.join(base, "*-r*", "coll-*.json"))):
         name, k = re.match(r"(.+)-r(\d+)$", os.path.basename(os.path.dirname(p))).groups()

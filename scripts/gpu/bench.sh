@@ -35,7 +35,8 @@
 #   ab NAME=BINARY... -- P2P-BENCH-ARGS...
 #                 A/B of p2p-bench binaries (built at other commits, carried, e.g. target/ab)
 #                 on one machine in one run: each binary ROUNDS times (default 2), the order
-#                 alternating, BENCH_TIMEOUT (default 300 s) a run; each run into NAME-rN/.
+#                 alternating, BENCH_TIMEOUT (default 300 s) a run; each run into NAME-rN/
+#                 (`host` into NAME-rN/host.json, the others as their --out).
 #                 Takes every word after it, so it comes last.
 # Example: `bash bench.sh ab old=../ab/p2p-bench-X new=./p2p-bench -- coll --no-nccl --max-mib 64`.
 source "$(dirname "$0")/common.sh"
@@ -188,7 +189,12 @@ phase_ab() {
       tag=${nb%%=*} bin=${nb#*=}
       out=$res/$tag-r$round
       mkdir -p "$out"
-      timeout "${BENCH_TIMEOUT:-300}" "$bin" "$@" --out "$out" >"$out/log.txt" 2>&1
+      # `host` writes one JSON file (--json); every other subcommand a results folder (--out).
+      if [ "$1" = host ]; then
+        timeout "${BENCH_TIMEOUT:-300}" "$bin" "$@" --json "$out/host.json" >"$out/log.txt" 2>&1
+      else
+        timeout "${BENCH_TIMEOUT:-300}" "$bin" "$@" --out "$out" >"$out/log.txt" 2>&1
+      fi
       note "round $round $tag ($bin): exit $?"
       pack
     done
