@@ -721,5 +721,8 @@ mod tests {
         }
         let e = UniqueId::new().expect_err("no libnccl here");
         assert!(e.to_string().contains("nccl"), "{e}");
+        // What a job over hosts checks first, and refuses with.
+        let e = require().expect_err("no libnccl here");
+        assert!(e.to_string().contains("nccl"), "{e}");
     }
 }
