@@ -578,8 +578,7 @@ impl MultiHostCommunicator {
                 ),
             });
         }
-        let redop = c.redop;
-        Ok(match redop {
+        Ok(match c.redop {
             RedOp::Sum => ncclRedOp_t::ncclSum,
             RedOp::Prod => ncclRedOp_t::ncclProd,
             RedOp::Min => ncclRedOp_t::ncclMin,

@@ -31,13 +31,7 @@ fn layout() -> (usize, usize) {
 /// Starts this test executable's `test` as the ranks of [`layout`]'s simulated hosts.
 fn launch(test: &str) -> p2p_collective::launch::Outcome {
     let (world, hosts) = layout();
-    let exe = std::env::current_exe().expect("current exe");
-    let args: Vec<String> = [test, "--exact", "--include-ignored", "--nocapture"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    p2p_collective::launch::launch_hosts(world, hosts, &exe.to_string_lossy(), &args)
-        .expect("launch")
+    common::launch_test(test, world, hosts)
 }
 
 /// In the launcher: start the ranks as simulated hosts. In a rank: run `body`.

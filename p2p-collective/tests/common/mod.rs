@@ -636,6 +636,13 @@ pub fn launch_or_run(test: &str, body: impl FnOnce()) {
         body();
         return;
     }
+    let outcome = launch_test(test, world(), 1);
+    assert!(outcome.status.success(), "a rank failed: {outcome:?}");
+}
+
+/// Starts this test executable's `test` alone (`--exact`, ignored tests included) as `world`
+/// ranks, posing as `hosts` hosts when more than one (`launch::launch_hosts`).
+pub fn launch_test(test: &str, world: usize, hosts: usize) -> p2p_collective::launch::Outcome {
     let exe = std::env::current_exe().expect("current exe");
     let args: Vec<String> = [
         test,
@@ -647,9 +654,8 @@ pub fn launch_or_run(test: &str, body: impl FnOnce()) {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let outcome =
-        p2p_collective::launch::launch(world(), &exe.to_string_lossy(), &args).expect("launch");
-    assert!(outcome.status.success(), "a rank failed: {outcome:?}");
+    p2p_collective::launch::launch_hosts(world, hosts, &exe.to_string_lossy(), &args)
+        .expect("launch")
 }
 
 /// As [`launch_or_run`], the rank's body given its communicator (from the environment) and

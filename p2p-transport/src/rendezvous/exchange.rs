@@ -3,7 +3,7 @@
 //! sealed with the job's key, or, where no store is named (`p2p-bench launch`, whose ranks all
 //! run on one machine), through the job-wide Unix-socket [`Group`]. p2p opens no port of its own.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use sha2::{Digest, Sha256};
 
@@ -98,14 +98,6 @@ impl JobExchange {
                     })
                     .collect()
             }
-        }
-    }
-
-    /// How long a wait on the exchange may take.
-    pub fn timeout(&self) -> Duration {
-        match self {
-            JobExchange::Store { job, .. } => job.timeout,
-            JobExchange::Group { .. } => Duration::from_secs(60),
         }
     }
 }
