@@ -84,38 +84,6 @@ def main():
         name, k = re.match(r"(.+)-r(\d+)$", os.path.basename(os.path.dirname(p))).groups()
         runs.setdefault(name, {})[int(k)] = cells(p)
     a, b = two_in_order(base, list(runs))
-    print(f"host cost per call and rank (us), {b} against {a}, the median of each round:\n")
-    print(f"| variant | {a} | {b} | {b}/{a} (medians over rounds) |\n| --- | --- | --- | --- |")
-    for v, by in per.items():
-        va, vb = by.get(a, []), by.get(b, [])
-        if va and vb:
-            ratio = st.median(vb) / st.median(va)
-            print(f"| {v} | {', '.join('%.3f' % x for x in va)} | {', '.join('%.3f' % x for x in vb)} | {ratio:.3f} |")
-
-
-def main():
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    md = "--markdown" in sys.argv
-    if len(args) != 1:
-        sys.exit(__doc__)
-    base = args[0]
-    hosts = sorted({re.match(r"(.+)-r\d+$", os.path.basename(os.path.dirname(p))).group(1)
-                    for p in glob.glob(os.path.join(base, "*-r*", "host.json"))})
-    if hosts:
-        host_ab(base, two_in_order(base, hosts))
-        return
-    runs = {}
-    for p in sorted(glob.glob(os.path.join(base, "*-r*", "coll-*.json"))):
-        name, k = re.match(r"(.+)-r(\d+)$", os.path.basename(os.path.dirname(p))).groups()
-        runs.setdefault(name, {})[int(k)] = cells(p)
-    names = list(runs)
-    summary = os.path.join(base, "summary.txt")
-    if os.path.exists(summary):
-        order = re.findall(r"round 1 (\S+) ", open(summary).read())
-        names = [n for n in order if n in runs] or names
-    if len(names) != 2:
-        sys.exit(f"expected two binaries in {base}, found {names}")
-    a, b = names
     ra, rb = [runs[a][k] for k in sorted(runs[a])], [runs[b][k] for k in sorted(runs[b])]
     keys = set.intersection(*(set(c) for _, c in ra + rb))
     rows = []
