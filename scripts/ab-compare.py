@@ -45,7 +45,8 @@ def two_in_order(base, names):
     summary = os.path.join(base, "summary.txt")
     if os.path.exists(summary):
         order = re.findall(r"round 1 (\S+) ", open(summary).read())
-        names = [n for n in order if n in names] or names
+        # A summary.txt kept over several `ab` phases names each binary once per phase.
+        names = [n for n in dict.fromkeys(order) if n in names] or names
     if len(names) != 2:
         sys.exit(f"expected two binaries in {base}, found {names}")
     return names

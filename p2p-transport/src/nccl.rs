@@ -402,7 +402,8 @@ impl NcclComm {
     }
 
     /// Broadcasts `count` elements from `root`'s `send` into every rank's `recv`
-    /// (`ncclBroadcast`).
+    /// (`ncclBroadcast`). `send` is read on `root` only: on the other ranks it may be any
+    /// buffer of this GPU, however small.
     pub fn broadcast(
         &self,
         send: &impl DeviceMemory,
@@ -413,9 +414,10 @@ impl NcclComm {
         stream: &Stream,
     ) -> Result<()> {
         self.check_peer("broadcast", root)?;
+        let read = if self.rank == root { count } else { 0 };
         self.issue(
             "ncclBroadcast",
-            (send, count),
+            (send, read),
             (recv, count),
             dtype,
             stream,
@@ -426,8 +428,9 @@ impl NcclComm {
         )
     }
 
-    /// Reduces `count` elements of every rank's `send` into `root`'s `recv` (`ncclReduce`;
-    /// `recv` is written on `root` only, but must fit on every rank).
+    /// Reduces `count` elements of every rank's `send` into `root`'s `recv` (`ncclReduce`).
+    /// `recv` is written on `root` only: on the other ranks it may be any buffer of this GPU,
+    /// however small.
     #[allow(clippy::too_many_arguments)]
     pub fn reduce(
         &self,
@@ -440,10 +443,11 @@ impl NcclComm {
         stream: &Stream,
     ) -> Result<()> {
         self.check_peer("reduce", root)?;
+        let written = if self.rank == root { count } else { 0 };
         self.issue(
             "ncclReduce",
             (send, count),
-            (recv, count),
+            (recv, written),
             dtype,
             stream,
             |s, r, comm, st| {

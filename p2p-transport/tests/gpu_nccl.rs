@@ -30,7 +30,7 @@ fn check(
     }
 }
 
-/// Every rank's all-reduce, all-gather, reduce-scatter and broadcast of small integers in f32,
+/// Every rank's all-reduce, all-gather, reduce-scatter, broadcast and reduce of small integers in f32,
 /// each result compared exactly; `n` ranks, one per GPU, in this process.
 fn every_collective(n: usize) {
     let devices = gpus(n);
@@ -96,13 +96,34 @@ fn every_collective(n: usize) {
         mine(r).iter().map(|x| x * n as f32).collect()
     });
 
+    // Broadcast and reduce: the buffer only the root uses is one element elsewhere, as NCCL
+    // allows (it reads the broadcast's send and writes the reduce's recv on the root only).
     let root = n - 1;
+    let tiny: Vec<DeviceBuffer<f32>> = (0..n)
+        .map(|r| DeviceBuffer::zeroed(&devices[r], 1).expect("alloc"))
+        .collect();
     group(&mut |r| {
+        let from = if r == root { &send[r] } else { &tiny[r] };
         comms[r]
-            .broadcast(&send[r], &mut recv[r], count, f32t, root, &streams[r])
+            .broadcast(from, &mut recv[r], count, f32t, root, &streams[r])
             .expect("broadcast")
     });
     check(&streams, &recv, "broadcast", count, |_| mine(root));
+
+    let mut tiny = tiny;
+    group(&mut |r| {
+        let into = if r == root {
+            &mut recv[r]
+        } else {
+            &mut tiny[r]
+        };
+        comms[r]
+            .reduce(&send[r], into, count, f32t, sum, root, &streams[r])
+            .expect("reduce")
+    });
+    check(&streams[root..], &recv[root..], "reduce", count, |_| {
+        want.clone()
+    });
     for c in &comms {
         c.check().expect("no asynchronous error");
     }
