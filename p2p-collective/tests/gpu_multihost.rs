@@ -4,8 +4,9 @@
 //! `P2P_HOST_ID` and `NCCL_HOSTID`, so NCCL takes its network path between them). Every op,
 //! type, reduction and count, byte-exact against the host's expectation; then the time of
 //! all-reduce, all-gather and reduce-scatter beside NCCL's own communicator over the same
-//! ranks and host ids; a rank's death on the other host. Ignored in CI (GPUs and libnccl
-//! needed); `run.sh multihost` and `tests.sh hosts` run them.
+//! ranks and host ids; `send`/`recv` alone to a peer on either host; a rank's death on the
+//! other host. Ignored in CI (GPUs and libnccl needed); `run.sh multihost` and `tests.sh
+//! hosts` run them.
 //! Under torchrun (`--nnodes 2`, one torchrun per simulated host) the same test body runs when
 //! `RANK` is set.
 
@@ -145,6 +146,59 @@ fn gpu2_every_op_type_and_count_over_two_simulated_hosts() {
         );
             assert_eq!(wrong, 0);
             assert!(refused > 0, "integer averages across hosts must be refused");
+        },
+    );
+}
+
+/// Rank `r`'s values for a send/recv of `n` elements: exact in f32.
+fn ring_values(r: usize, n: usize) -> Vec<f32> {
+    (0..n).map(|i| (r * 1000 + i % 997) as f32).collect()
+}
+
+#[test]
+#[ignore = "needs 2+ GPUs and libnccl"]
+fn gpu2_send_and_recv_alone_reach_a_peer_on_either_host() {
+    launch_or_run(
+        "gpu2_send_and_recv_alone_reach_a_peer_on_either_host",
+        |comm| {
+            let stream = Stream::new(comm.device()).expect("stream");
+            let (w, r) = (comm.world_size(), comm.rank());
+            let l = *comm.layout();
+            // The partner on the other host (same local rank), then, with two or more ranks a
+            // host, the partner on this host (local rank ^ 1): pairs that swap both ways.
+            let mut partners = vec![(r + l.local_world) % w];
+            if l.local_world >= 2 && (l.local_rank ^ 1) < l.local_world {
+                partners.push(r - l.local_rank + (l.local_rank ^ 1));
+            }
+            let mut checked = 0;
+            for &peer in &partners {
+                for n in [1usize, 65537, 1 << 20] {
+                    let send =
+                        DeviceBuffer::from_host(comm.device(), &ring_values(r, n)).expect("upload");
+                    let mut recv = DeviceBuffer::<f32>::zeroed(comm.device(), n).expect("alloc");
+                    // Alone, not in a group: the lower rank of a pair sends first, the higher
+                    // receives first, so the two single calls match in order.
+                    let res = if r < peer {
+                        comm.send(&send, n, DataType::F32, peer, &stream)
+                            .and_then(|()| comm.recv(&mut recv, n, DataType::F32, peer, &stream))
+                    } else {
+                        comm.recv(&mut recv, n, DataType::F32, peer, &stream)
+                            .and_then(|()| comm.send(&send, n, DataType::F32, peer, &stream))
+                    };
+                    res.and_then(|()| comm.synchronize(&stream))
+                        .unwrap_or_else(|e| panic!("rank {r} with {peer}, {n} elements: {e}"));
+                    let got = recv.to_host_vec::<f32>().expect("read");
+                    assert!(
+                        got == ring_values(peer, n),
+                        "rank {r}: {n} elements from rank {peer} differ"
+                    );
+                    checked += 1;
+                }
+            }
+            println!(
+                "rank {r}: send/recv alone with ranks {partners:?} (host {} of {}): {checked} exchanges exact",
+                l.host, l.hosts
+            );
         },
     );
 }

@@ -32,8 +32,10 @@
 #                 under two torchruns (`--nnodes 2`, one per host: GPUs 0,1 and 2,3, P2P_HOST_ID
 #                 and NCCL_HOSTID per host, one MASTER_PORT), then the time beside NCCL's own
 #                 communicator on the same hosts (NCCL_DEBUG=INFO for NET: which transport NCCL
-#                 took between them), then a rank's death on the other host, then `p2p-bench
-#                 hosts` (every collective to HOSTS_MAX_MIB, 64, beside NCCL). ~3-6 min.
+#                 took between them), then a rank's death on the other host (under `p2p-bench
+#                 launch`, then under two torchruns), `send`/`recv` alone across and inside the
+#                 hosts, then `p2p-bench hosts` (every collective to HOSTS_MAX_MIB, 64, beside
+#                 NCCL). ~1-4 min.
 #   run [FILTER]  run.sh: every test executable and the examples (or those FILTER names),
 #                 with a summary of the failures; RUN_TIMEOUT (default 420 s). Takes every word
 #                 after it, so it comes last. ~5-7 min whole on 2 GPUs.
@@ -145,10 +147,24 @@ phase_candle() {
   done
 }
 
+# torchruns PORT LOG TEST: the test executable $t's TEST (every test whose name holds it) under
+# two torchruns --nnodes 2 at once, one per simulated host of two GPUs ({0, 1} and {2, 3}), each
+# with its host identity, one job secret; their output in $res/LOG0.log and LOG1.log.
+torchruns() {
+  local port=$1 log=$2 test=$3 h secret
+  secret=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  for h in 0 1; do
+    CUDA_VISIBLE_DEVICES=$((2 * h)),$((2 * h + 1)) P2P_HOST_ID=sim-host-$h NCCL_HOSTID=sim-host-$h P2P_JOB_SECRET=$secret \
+      timeout 130 torchrun --nnodes 2 --node-rank "$h" --nproc-per-node 2 --master-addr 127.0.0.1 --master-port "$port" \
+      --no-python "$t" "$test" --include-ignored --nocapture >"$res/$log$h.log" 2>&1 &
+  done
+  wait
+}
+
 phase_hosts() {
   need 4 || exit 0
   local t=$here/tests/p2p-collective--gpu_multihost body=gpu2_every_op_type_and_count_over_two_simulated_hosts
-  local secret h log
+  local h
   export P2PTEST_COUNTS=${P2PTEST_COUNTS:-0,1,7,1023,65537}
   timeout 130 "$here/p2p-bench" launch -n 4 --hosts 2 -- "$t" "$body" --exact --include-ignored --nocapture >"$res/launch-hosts.log" 2>&1
   note "p2p-bench launch -n 4 --hosts 2, correctness: exit $?: $(grep -E 'cases over' "$res/launch-hosts.log" | tr '\n' ' ')"
@@ -156,13 +172,7 @@ phase_hosts() {
   pack
   # torchrun --nnodes 2 on one machine: one torchrun per simulated host, its own GPUs and host
   # identity, one store (node 0's agent at MASTER_PORT), one job secret.
-  secret=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
-  for h in 0 1; do
-    CUDA_VISIBLE_DEVICES=$((2 * h)),$((2 * h + 1)) P2P_HOST_ID=sim-host-$h NCCL_HOSTID=sim-host-$h P2P_JOB_SECRET=$secret \
-      timeout 130 torchrun --nnodes 2 --node-rank "$h" --nproc-per-node 2 --master-addr 127.0.0.1 --master-port 29533 \
-      --no-python "$t" "$body" --exact --include-ignored --nocapture >"$res/torchrun-host$h.log" 2>&1 &
-  done
-  wait
+  torchruns 29533 torchrun-host "$body"
   for h in 0 1; do
     note "torchrun --nnodes 2, host $h: $(grep -E 'cases over' "$res/torchrun-host$h.log" | tr '\n' ' ')"
     grep -E 'panicked|wrong, first|Error|error:' "$res/torchrun-host$h.log" | head -n 8 | tee -a "$res/summary.txt"
@@ -175,6 +185,14 @@ phase_hosts() {
   pack
   timeout 60 "$t" gpu2_a_rank_that_dies --include-ignored --nocapture >"$res/fault.log" 2>&1
   note "a rank's death on the other host: exit $?: $(grep -E 'found the failure|launcher:' "$res/fault.log" | tr '\n' ' ')"
+  # The same death under two torchruns: no job-wide socket there, so the other host's ranks
+  # learn it from NCCL (its error, or the P2P_TIMEOUT_MS deadline, 10 s here).
+  (export P2P_TIMEOUT_MS=10000 && torchruns 29534 torchrun-death-host gpu2_a_rank_that_dies_on_the_other_host_is_found_by_every_survivor)
+  for h in 0 1; do
+    note "a rank's death under torchrun, host $h: $(grep -E 'found the failure|exiting without' "$res/torchrun-death-host$h.log" | tr '\n' ' ')"
+  done
+  timeout 60 "$t" gpu2_send_and_recv_alone --include-ignored --nocapture >"$res/sendrecv.log" 2>&1
+  note "send/recv alone across and inside the hosts: exit $?: $(grep -E 'exchanges exact|panicked' "$res/sendrecv.log" | tr '\n' ' ')"
   pack
   # p2p-bench hosts: every collective 8 KiB - HOSTS_MAX_MIB (64) beside NCCL, the JSON and table.
   timeout 200 "$here/p2p-bench" launch -n 4 --hosts 2 -- "$here/p2p-bench" hosts --max-mib "${HOSTS_MAX_MIB:-64}" --out "$res" >"$res/bench.log" 2>&1
