@@ -36,9 +36,11 @@ fn launch(test: &str) -> p2p_collective::launch::Outcome {
 }
 
 /// In the launcher: start the ranks as simulated hosts. In a rank: run `body`.
-fn launch_or_run(test: &str, body: impl FnOnce(MultiHostCommunicator)) {
+fn launch_or_run(test: &str, body: impl FnOnce(MultiHostCommunicator, Stream)) {
     if std::env::var_os("RANK").is_some() {
-        body(MultiHostCommunicator::from_env().expect("MultiHostCommunicator::from_env"));
+        let comm = MultiHostCommunicator::from_env().expect("MultiHostCommunicator::from_env");
+        let stream = Stream::new(comm.device()).expect("stream");
+        body(comm, stream);
         return;
     }
     let out = launch(test);
@@ -96,8 +98,7 @@ fn run_case(
 fn gpu2_every_op_type_and_count_over_two_simulated_hosts() {
     launch_or_run(
         "gpu2_every_op_type_and_count_over_two_simulated_hosts",
-        |comm| {
-            let stream = Stream::new(comm.device()).expect("stream");
+        |comm, stream| {
             let (w, r) = (comm.world_size(), comm.rank());
             let l = comm.layout();
             println!(
@@ -160,8 +161,7 @@ fn ring_values(r: usize, n: usize) -> Vec<f32> {
 fn gpu2_send_and_recv_alone_reach_a_peer_on_either_host() {
     launch_or_run(
         "gpu2_send_and_recv_alone_reach_a_peer_on_either_host",
-        |comm| {
-            let stream = Stream::new(comm.device()).expect("stream");
+        |comm, stream| {
             let (w, r) = (comm.world_size(), comm.rank());
             let l = *comm.layout();
             // The partner on the other host (same local rank), then, with two or more ranks a
@@ -232,9 +232,8 @@ fn time_us(
 #[test]
 #[ignore = "needs 2+ GPUs and libnccl"]
 fn gpu2_time_beside_nccl_on_the_same_hosts() {
-    launch_or_run("gpu2_time_beside_nccl_on_the_same_hosts", |comm| {
+    launch_or_run("gpu2_time_beside_nccl_on_the_same_hosts", |comm, stream| {
         use p2p_sys::nccl_rt::{ncclDataType_t, ncclRedOp_t};
-        let stream = Stream::new(comm.device()).expect("stream");
         let (w, r) = (comm.world_size(), comm.rank());
         let nccl = comm.nccl_all();
         let f32t = ncclDataType_t::ncclFloat32;
@@ -329,8 +328,14 @@ fn gpu2_a_rank_that_dies_on_the_other_host_is_found_by_every_survivor() {
             );
             use std::io::Write;
             let _ = std::io::stdout().flush();
-            // Leave at once, as a process that learnt its job is dead would (the launcher
-            // counts a survivor still running after its grace as not having found it).
+            // Free the communicator as a program returning from main would (its NCCL
+            // communicators finalized within their limit, else aborted), then leave at once:
+            // the launcher counts a survivor still running after its grace as not having found
+            // it. The two lines tell a hang in the clean-up from one before it.
+            let freeing = Instant::now();
+            drop(comm);
+            println!("rank {r}: communicator freed in {:?}", freeing.elapsed());
+            let _ = std::io::stdout().flush();
             std::process::exit(0);
         }
     }
