@@ -328,11 +328,14 @@ fn gpu2_a_rank_that_dies_on_the_other_host_is_found_by_every_survivor() {
             );
             use std::io::Write;
             let _ = std::io::stdout().flush();
-            // Free the communicator as a program returning from main would (its NCCL
-            // communicators finalized within their limit, else aborted), then leave at once:
-            // the launcher counts a survivor still running after its grace as not having found
-            // it. The two lines tell a hang in the clean-up from one before it.
+            // Stop and free the communicator as a program that learnt its job is dead would
+            // (abort: the NCCL communicators too, whatever they still run), then leave at
+            // once: the launcher counts a survivor still running after its grace as not having
+            // found it. The lines tell a hang in the clean-up from one before it.
             let freeing = Instant::now();
+            comm.abort();
+            println!("rank {r}: communicator aborted in {:?}", freeing.elapsed());
+            let _ = std::io::stdout().flush();
             drop(comm);
             println!("rank {r}: communicator freed in {:?}", freeing.elapsed());
             let _ = std::io::stdout().flush();

@@ -193,11 +193,12 @@ phase_hosts() {
   note "send/recv alone across and inside the hosts: exit $?: $(grep -E 'exchanges exact|panicked' "$res/sendrecv.log" | tr '\n' ' ')"
   pack
   # The same death under two torchruns: no job-wide socket there, so the other host's ranks
-  # learn it from NCCL (its error, or the P2P_TIMEOUT_MS deadline, 10 s here). Last of the
+  # learn it from NCCL (its error, or the P2P_TIMEOUT_MS deadline, 10 s here; NCCL's own waits
+  # are P2P_RENDEZVOUS_TIMEOUT_MS, 20 s here). Last of the
   # tests (its first try, 2026-11-27, outlived its limits and left no log); NCCL's warnings on.
-  (export P2P_TIMEOUT_MS=10000 NCCL_DEBUG=WARN && torchruns 29534 torchrun-death-host 60 gpu2_a_rank_that_dies_on_the_other_host_is_found_by_every_survivor)
+  (export P2P_TIMEOUT_MS=10000 P2P_RENDEZVOUS_TIMEOUT_MS=20000 NCCL_DEBUG=WARN && torchruns 29534 torchrun-death-host 90 gpu2_a_rank_that_dies_on_the_other_host_is_found_by_every_survivor)
   for h in 0 1; do
-    note "a rank's death under torchrun, host $h: $(grep -E 'found the failure|exiting without|freed in' "$res/torchrun-death-host$h.log" | tr '\n' ' ')"
+    note "a rank's death under torchrun, host $h: $(grep -E 'found the failure|exiting without|aborted in|freed in' "$res/torchrun-death-host$h.log" | tr '\n' ' ')"
   done
   pack
   # p2p-bench hosts: every collective 8 KiB - HOSTS_MAX_MIB (64) beside NCCL, the JSON and table.
