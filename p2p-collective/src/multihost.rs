@@ -268,7 +268,8 @@ impl MultiHostCommunicator {
     }
 
     /// Stops every communicator of this rank: the host's (its kernels and peers learn at once)
-    /// and both NCCL communicators (`ncclCommAbort`).
+    /// and both NCCL communicators (`ncclCommAbort`, each waited for at most its time limit,
+    /// `P2P_RENDEZVOUS_TIMEOUT_MS`).
     pub fn abort(&self) {
         self.local.abort();
         self.rail.abort();

@@ -62,6 +62,7 @@ pub use memory::{
     DeviceMemoryMut, DeviceView, DeviceViewMut, ElementType, ExternalMemory, PinnedHostBuffer,
 };
 pub use peer_access::{check_peer_mappable, P2pAttributes};
+pub use wait::in_thread_within;
 
 /// How far past a wait's own time limit a host wait on a stream of ours goes
 /// ([`Stream::synchronize_within`]): our kernels end by their time limit, an aborted one within

@@ -87,9 +87,91 @@ macro_rules! host_waits {
 }
 pub(crate) use host_waits;
 
+/// Runs `job` in a new thread named `name` and waits for it at most `limit`: its answer,
+/// `Timeout` at the deadline (the thread is then left to finish on its own: for work that ends
+/// by itself, such as a compile, or a library call that has no deadline of its own, such as
+/// NCCL's abort), or `Disconnected` if it panicked. Where no thread can start, `job` runs in
+/// this one, unbounded.
+///
+/// ```
+/// use std::time::Duration;
+/// let answer = p2p_mem::in_thread_within("p2p-example", Duration::from_secs(5), || 6 * 7);
+/// assert_eq!(answer, Ok(42));
+/// ```
+pub fn in_thread_within<T: Send + 'static>(
+    name: &str,
+    limit: std::time::Duration,
+    job: impl FnOnce() -> T + Send + 'static,
+) -> std::result::Result<T, std::sync::mpsc::RecvTimeoutError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    // The job moves into the thread; if the thread cannot start, it is taken back here.
+    let slot = std::sync::Arc::new(std::sync::Mutex::new(Some(job)));
+    let theirs = slot.clone();
+    let started = std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let job = theirs.lock().ok().and_then(|mut j| j.take());
+            if let Some(job) = job {
+                let _ = tx.send(job());
+            }
+        });
+    if let Err(e) = started {
+        tracing::debug!("could not start thread {name} ({e}): running its work in this one");
+        let job = slot.lock().ok().and_then(|mut j| j.take());
+        return job
+            .map(|job| job())
+            .ok_or(std::sync::mpsc::RecvTimeoutError::Disconnected);
+    }
+    rx.recv_timeout(limit)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn work_in_a_thread_is_waited_for_at_most_its_limit_and_finishes_after() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::mpsc::RecvTimeoutError;
+        use std::sync::Arc;
+        // Quick work: its answer.
+        assert_eq!(
+            in_thread_within("p2p-test", Duration::from_secs(10), || 7),
+            Ok(7)
+        );
+        // Slow work (a compile that takes longer than its limit): given up at the limit, and
+        // it still finishes afterwards, in its own thread (what fills the kernel cache later).
+        let finished = Arc::new(AtomicBool::new(false));
+        let flag = finished.clone();
+        let limit = Duration::from_millis(100);
+        let t = Instant::now();
+        let r = in_thread_within("p2p-test", limit, move || {
+            std::thread::sleep(Duration::from_millis(600));
+            flag.store(true, Ordering::SeqCst);
+            1
+        });
+        let took = t.elapsed();
+        assert_eq!(r, Err(RecvTimeoutError::Timeout));
+        assert!(
+            took >= limit && took < limit + Duration::from_millis(300),
+            "{took:?}"
+        );
+        assert!(!finished.load(Ordering::SeqCst));
+        let t = Instant::now();
+        while !finished.load(Ordering::SeqCst) && t.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            finished.load(Ordering::SeqCst),
+            "the work went on and ended"
+        );
+        // A panic is not mistaken for a late answer.
+        let r: std::result::Result<(), _> =
+            in_thread_within("p2p-test", Duration::from_secs(10), || {
+                panic!("in the test")
+            });
+        assert_eq!(r, Err(RecvTimeoutError::Disconnected));
+    }
 
     #[test]
     fn a_query_is_running_done_or_the_fault() {

@@ -5,7 +5,7 @@
 //! Every NCCL communicator here is made non-blocking (`ncclConfig_t::blocking = 0`), so no call
 //! waits inside NCCL: init and every collective are polled (`ncclCommGetAsyncError`) up to the
 //! communicator's time limit, and a communicator past it, or failed, is aborted
-//! (`ncclCommAbort`) and reports which call and why. Without libnccl every call is an error
+//! (`ncclCommAbort`, itself waited for at most that limit) and reports which call and why. Without libnccl every call is an error
 //! naming the library, never a panic.
 
 use std::ffi::c_void;
@@ -71,6 +71,20 @@ pub struct NcclComm {
     timeout: Duration,
     /// Set once `ncclCommAbort` has freed the communicator: nothing may use or free it again.
     aborted: AtomicBool,
+}
+
+/// A communicator's handle moved into the thread that aborts it ([`NcclComm::abort`]).
+struct RawComm(nccl::ncclComm_t);
+
+// SAFETY: the handle is moved to one thread, for the one `ncclCommAbort` that ends its use;
+// NCCL allows that call from any thread.
+unsafe impl Send for RawComm {}
+
+impl RawComm {
+    /// The handle (a method, so that a closure captures the whole `Send` wrapper).
+    fn get(self) -> nccl::ncclComm_t {
+        self.0
+    }
 }
 
 // SAFETY: an NCCL communicator may be used from any thread, one call at a time; every method
@@ -223,16 +237,41 @@ impl NcclComm {
     }
 
     /// Aborts the communicator (once): its operations stop, its resources are freed, and later
-    /// calls fail.
+    /// calls fail. Returns within the communicator's time limit: `ncclCommAbort` has no
+    /// deadline of its own (it can wait for the communicator's other ranks on this host, or for
+    /// its proxy thread), so it runs in a helper thread; one past the limit is logged and left
+    /// to finish there, holding the communicator's resources until it does or the process ends.
     pub fn abort(&self) {
         if self.aborted.swap(true, Ordering::SeqCst) {
             return;
         }
-        // SAFETY: the communicator is alive and aborted once (the flag above); nothing uses
-        // the handle after (every use checks the flag first).
-        let r = unsafe { nccl::ncclCommAbort(self.raw) };
-        if let Err(e) = p2p_sys::check_nccl_rt("ncclCommAbort", r) {
-            tracing::error!(rank = self.rank, "aborting an NCCL communicator: {e}");
+        let (comm, rank, gpu, limit) = (
+            RawComm(self.raw),
+            self.rank,
+            self.device.ordinal(),
+            self.timeout,
+        );
+        let aborted = p2p_mem::in_thread_within("p2p-nccl-abort", limit, move || {
+            // SAFETY: the communicator is alive and aborted once (the flag above); nothing
+            // else uses the handle after (every use checks the flag first, Drop included).
+            unsafe { nccl::ncclCommAbort(comm.get()) }
+        });
+        match aborted {
+            Ok(r) => {
+                if let Err(e) = p2p_sys::check_nccl_rt("ncclCommAbort", r) {
+                    tracing::error!(rank, gpu, "aborting an NCCL communicator: {e}");
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => tracing::error!(
+                rank,
+                gpu,
+                "ncclCommAbort on rank {rank} (GPU {gpu}) did not return within {limit:?}: left to finish in a helper thread (p2p-nccl-abort), which holds the communicator's resources until it does or the process exits"
+            ),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => tracing::error!(
+                rank,
+                gpu,
+                "ncclCommAbort on rank {rank} (GPU {gpu}): its helper thread ended without an answer"
+            ),
         }
     }
 

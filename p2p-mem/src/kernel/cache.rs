@@ -275,7 +275,7 @@ impl CompileJob {
         };
         let names: Vec<String> = self.todo.iter().map(Source::label).collect();
         let arch = self.arch.clone();
-        match in_thread_within("p2p-compile", limit, move || self.run()) {
+        match crate::in_thread_within("p2p-compile", limit, move || self.run()) {
             Ok(done) => done,
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(Error::Compile {
                 kernel: names.join(", "),
@@ -337,37 +337,6 @@ impl CompileJob {
         drop(lock);
         Ok((compiled, unstored))
     }
-}
-
-/// Runs `job` in a new thread named `name` and waits for it at most `limit`: its answer,
-/// `Timeout` at the deadline (the thread is then left to finish on its own: for work that ends
-/// by itself, such as a compile), or `Disconnected` if it panicked. Where no thread can start,
-/// `job` runs in this one, unbounded.
-pub(super) fn in_thread_within<T: Send + 'static>(
-    name: &str,
-    limit: std::time::Duration,
-    job: impl FnOnce() -> T + Send + 'static,
-) -> std::result::Result<T, std::sync::mpsc::RecvTimeoutError> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    // The job moves into the thread; if the thread cannot start, it is taken back here.
-    let slot = std::sync::Arc::new(std::sync::Mutex::new(Some(job)));
-    let theirs = slot.clone();
-    let started = std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || {
-            let job = theirs.lock().ok().and_then(|mut j| j.take());
-            if let Some(job) = job {
-                let _ = tx.send(job());
-            }
-        });
-    if let Err(e) = started {
-        tracing::debug!("could not start thread {name} ({e}): running its work in this one");
-        let job = slot.lock().ok().and_then(|mut j| j.take());
-        return job
-            .map(|job| job())
-            .ok_or(std::sync::mpsc::RecvTimeoutError::Disconnected);
-    }
-    rx.recv_timeout(limit)
 }
 
 /// Writes a cubin into the cache: to a file of this write's own, then renamed into place, so
