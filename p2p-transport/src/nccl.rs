@@ -251,10 +251,15 @@ impl NcclComm {
             self.device.ordinal(),
             self.timeout,
         );
+        // The thread holds the GPU (its context) until the abort has returned, even when this
+        // communicator is dropped before.
+        let device = self.device.clone();
         let aborted = p2p_mem::in_thread_within("p2p-nccl-abort", limit, move || {
             // SAFETY: the communicator is alive and aborted once (the flag above); nothing
             // else uses the handle after (every use checks the flag first, Drop included).
-            unsafe { nccl::ncclCommAbort(comm.get()) }
+            let r = unsafe { nccl::ncclCommAbort(comm.get()) };
+            drop(device);
+            r
         });
         match aborted {
             Ok(r) => {
