@@ -162,12 +162,14 @@ fn gpu2_send_and_recv_alone_reach_a_peer_on_either_host() {
     launch_or_run(
         "gpu2_send_and_recv_alone_reach_a_peer_on_either_host",
         |comm, stream| {
-            let (w, r) = (comm.world_size(), comm.rank());
+            let r = comm.rank();
             let l = *comm.layout();
-            // The partner on the other host (same local rank), then, with two or more ranks a
-            // host, the partner on this host (local rank ^ 1): pairs that swap both ways.
-            let mut partners = vec![(r + l.local_world) % w];
-            if l.local_world >= 2 && (l.local_rank ^ 1) < l.local_world {
+            // The partner on the other host (host ^ 1, same local rank), then, with two or more
+            // ranks a host, the partner on this host (local rank ^ 1): pairs that swap both
+            // ways. Two hosts: the layouts this test runs (2 x 2, 2 x 1).
+            assert_eq!(l.hosts, 2, "this test pairs two hosts");
+            let mut partners = vec![l.rank_of(l.host ^ 1, l.local_rank)];
+            if (l.local_rank ^ 1) < l.local_world {
                 partners.push(r - l.local_rank + (l.local_rank ^ 1));
             }
             let mut checked = 0;
@@ -339,7 +341,10 @@ fn gpu2_a_rank_that_dies_on_the_other_host_is_found_by_every_survivor() {
             drop(comm);
             println!("rank {r}: communicator freed in {:?}", freeing.elapsed());
             let _ = std::io::stdout().flush();
-            std::process::exit(0);
+            // `_exit`, not `exit`: an NCCL abort left running past its limit in a helper
+            // thread must not meet NCCL's and CUDA's exit handlers.
+            // SAFETY: ends the process at once; stdout was flushed above.
+            unsafe { libc::_exit(0) }
         }
     }
     panic!("rank {r}: no failure found after {:?}", t.elapsed());

@@ -76,6 +76,11 @@ pub struct NcclComm {
 /// A communicator's handle moved into the thread that aborts it ([`NcclComm::abort`]).
 struct RawComm(nccl::ncclComm_t);
 
+/// Held by each `ncclCommAbort` while it runs: aborts never overlap in this process, even when
+/// one is still stuck past its caller's limit (communicators launched in one group share NCCL's
+/// group job, whose thread two overlapping aborts would both join).
+static ONE_ABORT_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 // SAFETY: the handle is moved to one thread, for the one `ncclCommAbort` that ends its use;
 // NCCL allows that call from any thread.
 unsafe impl Send for RawComm {}
@@ -89,7 +94,8 @@ impl RawComm {
 
 // SAFETY: an NCCL communicator may be used from any thread, one call at a time; every method
 // takes `&self` only for calls NCCL allows to race (none here mutate the handle) and the handle
-// is freed once, in `Drop`.
+// is freed once: in `Drop`, or by the one `ncclCommAbort` of `abort` (after which every use
+// checks the flag and stops).
 unsafe impl Send for NcclComm {}
 
 impl std::fmt::Debug for NcclComm {
@@ -239,8 +245,10 @@ impl NcclComm {
     /// Aborts the communicator (once): its operations stop, its resources are freed, and later
     /// calls fail. Returns within the communicator's time limit: `ncclCommAbort` has no
     /// deadline of its own (it can wait for the communicator's other ranks on this host, or for
-    /// its proxy thread), so it runs in a helper thread; one past the limit is logged and left
-    /// to finish there, holding the communicator's resources until it does or the process ends.
+    /// its proxy thread), so it runs in a helper thread, one abort of this process at a time;
+    /// one past the limit is logged and left to finish there, holding the communicator's
+    /// resources until it does or the process ends (a process that then exits should leave by
+    /// `_exit`, not through NCCL's and CUDA's exit handlers).
     pub fn abort(&self) {
         if self.aborted.swap(true, Ordering::SeqCst) {
             return;
@@ -255,6 +263,9 @@ impl NcclComm {
         // communicator is dropped before.
         let device = self.device.clone();
         let aborted = p2p_mem::in_thread_within("p2p-nccl-abort", limit, move || {
+            let _alone = ONE_ABORT_AT_A_TIME
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             // SAFETY: the communicator is alive and aborted once (the flag above); nothing
             // else uses the handle after (every use checks the flag first, Drop included).
             let r = unsafe { nccl::ncclCommAbort(comm.get()) };

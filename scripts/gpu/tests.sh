@@ -34,8 +34,9 @@
 #                 communicator on the same hosts (NCCL_DEBUG=INFO for NET: which transport NCCL
 #                 took between them), then a rank's death on the other host (under `p2p-bench
 #                 launch`, then under two torchruns), `send`/`recv` alone across and inside the
-#                 hosts, then `p2p-bench hosts` (every collective to HOSTS_MAX_MIB, 64, beside
-#                 NCCL). ~1-4 min.
+#                 hosts. ~1-2 min (at most 9).
+#   hostbench     `p2p-bench hosts` on the same two simulated hosts: every collective to
+#                 HOSTS_MAX_MIB (64) beside NCCL's own communicator, JSON and table. ~20 s.
 #   run [FILTER]  run.sh: every test executable and the examples (or those FILTER names),
 #                 with a summary of the failures; RUN_TIMEOUT (default 420 s). Takes every word
 #                 after it, so it comes last. ~5-7 min whole on 2 GPUs.
@@ -160,8 +161,11 @@ torchruns() {
       --no-python "$t" "$test" --include-ignored --nocapture >"$res/$log$h.log" 2>&1 &
   done
   wait
-  # A torchrun killed at its limit may leave its workers behind: end them, and say so.
-  if pkill -9 -f "$t" 2>/dev/null; then note "torchruns $log: workers were left running after the torchruns ended (killed)"; fi
+  # A torchrun killed at its limit may leave its workers behind (they run in sessions of their
+  # own): end every process of the test executable still running, and say so.
+  if pkill -9 -f -- "$(printf '%s' "$t" | sed 's/[][\.*^$+?(){}|]/\\&/g')" 2>/dev/null; then
+    note "torchruns $log: processes of $(basename "$t") were still running after the torchruns ended (killed)"
+  fi
 }
 
 phase_hosts() {
@@ -169,24 +173,24 @@ phase_hosts() {
   local t=$here/tests/p2p-collective--gpu_multihost body=gpu2_every_op_type_and_count_over_two_simulated_hosts
   local h
   export P2PTEST_COUNTS=${P2PTEST_COUNTS:-0,1,7,1023,65537}
-  timeout 130 "$here/p2p-bench" launch -n 4 --hosts 2 -- "$t" "$body" --exact --include-ignored --nocapture >"$res/launch-hosts.log" 2>&1
+  timeout -k 5 90 "$here/p2p-bench" launch -n 4 --hosts 2 -- "$t" "$body" --exact --include-ignored --nocapture >"$res/launch-hosts.log" 2>&1
   note "p2p-bench launch -n 4 --hosts 2, correctness: exit $?: $(grep -E 'cases over' "$res/launch-hosts.log" | tr '\n' ' ')"
   grep -E 'panicked|wrong, first' "$res/launch-hosts.log" | head -n 8 | tee -a "$res/summary.txt"
   pack
   # torchrun --nnodes 2 on one machine: one torchrun per simulated host, its own GPUs and host
   # identity, one store (node 0's agent at MASTER_PORT), one job secret.
-  torchruns 29533 torchrun-host 130 "$body"
+  torchruns 29533 torchrun-host 90 "$body"
   for h in 0 1; do
     note "torchrun --nnodes 2, host $h: $(grep -E 'cases over' "$res/torchrun-host$h.log" | tr '\n' ' ')"
     grep -E 'panicked|wrong, first|Error|error:' "$res/torchrun-host$h.log" | head -n 8 | tee -a "$res/summary.txt"
   done
   pack
-  NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET timeout 150 "$t" gpu2_time_beside --include-ignored --nocapture >"$res/time.log" 2>&1
+  NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET timeout -k 5 120 "$t" gpu2_time_beside --include-ignored --nocapture >"$res/time.log" 2>&1
   note "time beside NCCL: exit $?"
   grep -E '^multihost-bench' "$res/time.log" | tee -a "$res/summary.txt"
   grep -m 3 -E 'NET/|Using network' "$res/time.log" | tee -a "$res/summary.txt"
   pack
-  timeout 60 "$t" gpu2_a_rank_that_dies --include-ignored --nocapture >"$res/fault.log" 2>&1
+  timeout -k 5 60 "$t" gpu2_a_rank_that_dies --include-ignored --nocapture >"$res/fault.log" 2>&1
   note "a rank's death on the other host: exit $?: $(grep -E 'found the failure|launcher:' "$res/fault.log" | tr '\n' ' ')"
   pack
   timeout -k 5 60 "$t" gpu2_send_and_recv_alone --include-ignored --nocapture >"$res/sendrecv.log" 2>&1
@@ -201,7 +205,12 @@ phase_hosts() {
     note "a rank's death under torchrun, host $h: $(grep -E 'found the failure|exiting without|aborted in|freed in' "$res/torchrun-death-host$h.log" | tr '\n' ' ')"
   done
   pack
-  # p2p-bench hosts: every collective 8 KiB - HOSTS_MAX_MIB (64) beside NCCL, the JSON and table.
+}
+
+# p2p-bench hosts on two simulated hosts: every collective 8 KiB - HOSTS_MAX_MIB (64) beside
+# NCCL, the JSON and table.
+phase_hostbench() {
+  need 4 || exit 0
   timeout -k 10 200 "$here/p2p-bench" launch -n 4 --hosts 2 -- "$here/p2p-bench" hosts --max-mib "${HOSTS_MAX_MIB:-64}" --out "$res" >"$res/bench.log" 2>&1
   note "p2p-bench hosts: exit $?"
   grep -E '^hosts: ' "$res/bench.log" | tail -n 40 | tee -a "$res/summary.txt"
