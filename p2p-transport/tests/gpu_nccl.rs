@@ -121,6 +121,7 @@ fn every_collective(n: usize) {
             .reduce(&send[r], into, count, f32t, sum, root, &streams[r])
             .expect("reduce")
     });
+    streams.iter().for_each(|s| s.synchronize().expect("sync"));
     check(&streams[root..], &recv[root..], "reduce", count, |_| {
         want.clone()
     });
