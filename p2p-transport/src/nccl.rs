@@ -5,8 +5,8 @@
 //! Every NCCL communicator here is made non-blocking (`ncclConfig_t::blocking = 0`), so no call
 //! waits inside NCCL: init and every collective are polled (`ncclCommGetAsyncError`) up to the
 //! communicator's time limit, and a communicator past it, or failed, is aborted
-//! (`ncclCommAbort`, itself waited for at most that limit) and reports which call and why. Without libnccl every call is an error
-//! naming the library, never a panic.
+//! (`ncclCommAbort`, itself waited for at most that limit) and reports which call and why.
+//! Without libnccl every call is an error naming the library, never a panic.
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -469,10 +469,9 @@ impl NcclComm {
         stream: &Stream,
     ) -> Result<()> {
         self.check_peer("broadcast", root)?;
-        let read = if self.rank == root { count } else { 0 };
         self.issue(
             "ncclBroadcast",
-            (send, read),
+            (send, self.on_root(root, count)),
             (recv, count),
             dtype,
             stream,
@@ -498,11 +497,10 @@ impl NcclComm {
         stream: &Stream,
     ) -> Result<()> {
         self.check_peer("reduce", root)?;
-        let written = if self.rank == root { count } else { 0 };
         self.issue(
             "ncclReduce",
             (send, count),
-            (recv, written),
+            (recv, self.on_root(root, count)),
             dtype,
             stream,
             |s, r, comm, st| {
@@ -545,6 +543,15 @@ impl NcclComm {
             // DeviceMemoryMut); `peer` is a rank of the communicator.
             unsafe { nccl::ncclRecv(p.cast_mut(), count, dtype, peer as i32, comm, st) }
         })
+    }
+
+    /// `count` on `root`, 0 elsewhere: the elements a buffer only the root uses must hold.
+    fn on_root(&self, root: usize, count: usize) -> usize {
+        if self.rank == root {
+            count
+        } else {
+            0
+        }
     }
 
     /// An error unless `peer` is a rank of this communicator.
