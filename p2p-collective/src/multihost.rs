@@ -222,7 +222,7 @@ impl MultiHostCommunicator {
                 // Everything queued ended: a failure found now concerns later calls (they
                 // report it); NCCL's own errors and the host's status words are read here.
                 if let Err(e) = self.rail.check().and_then(|()| self.all.check()) {
-                    self.abort();
+                    self.abort_after_nccl_error(&e);
                     return Err(e.into());
                 }
                 return self.local.check().map_err(|e| self.in_job_numbering(e));
@@ -244,7 +244,7 @@ impl MultiHostCommunicator {
                 });
             }
             if let Err(e) = self.rail.check().and_then(|()| self.all.check()) {
-                self.abort();
+                self.abort_after_nccl_error(&e);
                 return Err(e.into());
             }
             if std::time::Instant::now() >= deadline {
@@ -265,6 +265,16 @@ impl MultiHostCommunicator {
         self.rail.check()?;
         self.all.check()?;
         Ok(())
+    }
+
+    /// [`abort`](Self::abort) after NCCL reported `e`: the host's peers learn why (an error
+    /// between hosts on this rank), not only that this rank stopped.
+    fn abort_after_nccl_error(&self, e: &p2p_transport::Error) {
+        self.local.abort_handle().abort_because(
+            self.layout.local_rank,
+            format!("it found an error between hosts: {e}"),
+        );
+        self.abort();
     }
 
     /// Stops every communicator of this rank: the host's (its kernels and peers learn at once)

@@ -341,10 +341,15 @@ fn gpu2_a_rank_that_dies_on_the_other_host_is_found_by_every_survivor() {
             drop(comm);
             println!("rank {r}: communicator freed in {:?}", freeing.elapsed());
             let _ = std::io::stdout().flush();
-            // `_exit`, not `exit`: an NCCL abort left running past its limit in a helper
-            // thread must not meet NCCL's and CUDA's exit handlers.
+            // Non-zero, as a program whose job died exits: under torchrun, a host whose
+            // workers all exit 0 counts as done, and its agent then waits in its exit barrier
+            // (five minutes) for the host whose worker failed, whose agent never comes. Under
+            // `launch` the dead rank is still the first to fail (the survivors' abort takes
+            // far longer than the launcher's 5 ms poll). `_exit`, not `exit`: an NCCL abort
+            // left running past its limit in a helper thread must not meet NCCL's and CUDA's
+            // exit handlers.
             // SAFETY: ends the process at once; stdout was flushed above.
-            unsafe { libc::_exit(0) }
+            unsafe { libc::_exit(1) }
         }
     }
     panic!("rank {r}: no failure found after {:?}", t.elapsed());

@@ -151,16 +151,21 @@ phase_candle() {
 # torchruns PORT LOG LIMIT TEST: the test executable $t's TEST (every test whose name holds it)
 # under two torchruns --nnodes 2 at once, one per simulated host of two GPUs ({0, 1} and
 # {2, 3}), each with its host identity, one job secret, LIMIT seconds; their output in
-# $res/LOG0.log and LOG1.log.
+# $res/LOG0.log and LOG1.log, each torchrun's exit status and seconds in a note.
 torchruns() {
   local port=$1 log=$2 limit=$3 test=$4 h secret
   secret=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
   for h in 0 1; do
-    CUDA_VISIBLE_DEVICES=$((2 * h)),$((2 * h + 1)) P2P_HOST_ID=sim-host-$h NCCL_HOSTID=sim-host-$h P2P_JOB_SECRET=$secret \
-      timeout -k 10 "$limit" torchrun --nnodes 2 --node-rank "$h" --nproc-per-node 2 --master-addr 127.0.0.1 --master-port "$port" \
-      --no-python "$t" "$test" --include-ignored --nocapture >"$res/$log$h.log" 2>&1 &
+    (
+      start=$SECONDS
+      CUDA_VISIBLE_DEVICES=$((2 * h)),$((2 * h + 1)) P2P_HOST_ID=sim-host-$h NCCL_HOSTID=sim-host-$h P2P_JOB_SECRET=$secret \
+        timeout -k 10 "$limit" torchrun --nnodes 2 --node-rank "$h" --nproc-per-node 2 --master-addr 127.0.0.1 --master-port "$port" \
+        --no-python "$t" "$test" --include-ignored --nocapture >"$res/$log$h.log" 2>&1
+      echo "exit $? after $((SECONDS - start)) s (limit $limit s; 124/137: killed at it)" >"$res/$log$h.status"
+    ) &
   done
   wait
+  for h in 0 1; do note "torchrun $log$h: $(cat "$res/$log$h.status" 2>/dev/null)"; done
   # A torchrun killed at its limit may leave its workers behind (they run in sessions of their
   # own): end every process of the test executable still running, and say so.
   if pkill -9 -f -- "$(printf '%s' "$t" | sed 's/[][\.*^$+?(){}|]/\\&/g')" 2>/dev/null; then
@@ -191,7 +196,7 @@ phase_hosts() {
   grep -m 3 -E 'NET/|Using network' "$res/time.log" | tee -a "$res/summary.txt"
   pack
   timeout -k 5 60 "$t" gpu2_a_rank_that_dies --include-ignored --nocapture >"$res/fault.log" 2>&1
-  note "a rank's death on the other host: exit $?: $(grep -E 'found the failure|launcher:' "$res/fault.log" | tr '\n' ' ')"
+  note "a rank's death on the other host: exit $?: $(grep -E 'found the failure|aborted in|freed in|launcher:' "$res/fault.log" | tr '\n' ' ')"
   pack
   timeout -k 5 60 "$t" gpu2_send_and_recv_alone --include-ignored --nocapture >"$res/sendrecv.log" 2>&1
   note "send/recv alone across and inside the hosts: exit $?: $(grep -E 'exchanges exact|panicked' "$res/sendrecv.log" | tr '\n' ' ')"
