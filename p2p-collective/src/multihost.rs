@@ -233,7 +233,13 @@ impl MultiHostCommunicator {
                 .reason()
                 .map(|(local, why)| (self.layout.rank_of(self.layout.host, local), why));
             if let Some((peer, why)) = host_failed.or_else(|| self.job_failed.reason()) {
-                self.abort();
+                if peer / self.layout.local_world != self.layout.host {
+                    // Learnt through the job: tell this host's peers whom it concerns (their
+                    // own monitors may not have heard yet).
+                    self.abort_because(format!("it learnt that rank {peer} failed: {why}"));
+                } else {
+                    self.abort();
+                }
                 return Err(Error::PeerFailed {
                     op: "a call over hosts".into(),
                     failure: p2p_transport::PeerFailure {
@@ -270,10 +276,15 @@ impl MultiHostCommunicator {
     /// [`abort`](Self::abort) after NCCL reported `e`: the host's peers learn why (an error
     /// between hosts on this rank), not only that this rank stopped.
     fn abort_after_nccl_error(&self, e: &p2p_transport::Error) {
-        self.local.abort_handle().abort_because(
-            self.layout.local_rank,
-            format!("it found an error between hosts: {e}"),
-        );
+        self.abort_because(format!("it found an error between hosts: {e}"));
+    }
+
+    /// [`abort`](Self::abort), with `why` for the host's peers (they report this rank as
+    /// failed, and why, instead of "aborted by the user").
+    fn abort_because(&self, why: String) {
+        self.local
+            .abort_handle()
+            .abort_because(self.layout.local_rank, why);
         self.abort();
     }
 
