@@ -10,6 +10,7 @@ import math
 import sys
 
 SHORT = {"plain": "pla", "symmetric": "sym", "copy_engine": "cop"}
+TYPES = {"bfloat16": "bf16", "float16": "f16"}
 
 
 def size(b):
@@ -42,11 +43,13 @@ def cell(row, timing, key):
 
 def main(path):
     d = json.load(open(path))
-    print(f"{d['world']} x {d['gpus'][0] if isinstance(d['gpus'], list) else d['gpus']}, "
-          f"{d['date']}, commit {d['commit']}, NCCL {d['nccl_version']}")
+    gpus = d.get("gpus") or [{}]
+    name = gpus[0].get("name", "?") if isinstance(gpus, list) else gpus
+    print(f"{d['world']} x {name}, {d['date']}, commit {d['commit']}, NCCL {d['nccl_version']}")
     groups = {}
     for r in d["rows"]:
-        name = r["op"] + ("" if r.get("type", "float") == "float" else " " + r["type"])
+        kind = r.get("type", "float")
+        name = r["op"] + ("" if kind == "float" else " " + TYPES.get(kind, kind))
         groups.setdefault(name, []).append(r)
     print("| collective | 8 B, graph | 4 KiB, graph | 2 MiB eager | 128 MiB busbw | 1 GiB busbw |")
     print("| --- | --- | --- | --- | --- | --- |")
@@ -56,12 +59,13 @@ def main(path):
             r = nearest(rows, b)
             o, _, best, mode = cell(r, timing, "us")
             cells.append("-" if o is None or best is None else
-                         f"{o:.1f} us ({best:.1f} {SHORT.get(mode, mode)}){at(r, b)}")
+                         f"{o:.1f} us{at(r, b)} ({best:.1f} {SHORT.get(mode, mode)})")
         for b in (128 << 20, 1 << 30):
             r = nearest(rows, b)
             o, reg, best, mode = cell(r, "eager", "busbw")
+            regs = "-" if reg is None else f"{reg:.0f}"
             cells.append("-" if o is None or best is None else
-                         f"{o:.0f} / {reg:.0f} ({best:.0f} {SHORT.get(mode, mode)}){at(r, b)}")
+                         f"{o:.0f} / {regs}{at(r, b)} ({best:.0f} {SHORT.get(mode, mode)})")
         print(f"| {name} | " + " | ".join(cells) + " |")
     print()
     for name, rows in groups.items():
@@ -69,7 +73,7 @@ def main(path):
             behind = []
             for r in rows:
                 o, reg, best, _ = cell(r, timing, "us")
-                if o is None or best is None:
+                if o is None or not best:
                     continue
                 if o > best:
                     behind.append(f"{size(r['bytes'])} {o / best:.2f}"

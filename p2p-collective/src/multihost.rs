@@ -221,10 +221,7 @@ impl MultiHostCommunicator {
             if done {
                 // Everything queued ended: a failure found now concerns later calls (they
                 // report it); NCCL's own errors and the host's status words are read here.
-                if let Err(e) = self.rail.check().and_then(|()| self.all.check()) {
-                    self.abort_after_nccl_error(&e);
-                    return Err(e.into());
-                }
+                self.check_nccl()?;
                 return self.local.check().map_err(|e| self.in_job_numbering(e));
             }
             let host_failed = self
@@ -232,8 +229,15 @@ impl MultiHostCommunicator {
                 .abort_handle()
                 .reason()
                 .map(|(local, why)| (self.layout.rank_of(self.layout.host, local), why));
-            if let Some((peer, why)) = host_failed.or_else(|| self.job_failed.reason()) {
-                if peer / self.layout.local_world != self.layout.host {
+            let elsewhere = |peer: usize| peer / self.layout.local_world != self.layout.host;
+            // A death on another host, as the job's socket names it, before this host's report
+            // of it (which names the rank of this host that passed it on).
+            let failed = match (self.job_failed.reason(), host_failed) {
+                (Some(job), _) if elsewhere(job.0) => Some(job),
+                (job, host) => host.or(job),
+            };
+            if let Some((peer, why)) = failed {
+                if elsewhere(peer) {
                     // Learnt through the job: tell this host's peers whom it concerns (their
                     // own monitors may not have heard yet).
                     self.abort_because(format!("it learnt that rank {peer} failed: {why}"));
@@ -249,10 +253,7 @@ impl MultiHostCommunicator {
                     },
                 });
             }
-            if let Err(e) = self.rail.check().and_then(|()| self.all.check()) {
-                self.abort_after_nccl_error(&e);
-                return Err(e.into());
-            }
+            self.check_nccl()?;
             if std::time::Instant::now() >= deadline {
                 return Err(Error::NotDrained {
                     rank: self.layout.rank,
@@ -273,10 +274,22 @@ impl MultiHostCommunicator {
         Ok(())
     }
 
-    /// [`abort`](Self::abort) after NCCL reported `e`: the host's peers learn why (an error
-    /// between hosts on this rank), not only that this rank stopped.
-    fn abort_after_nccl_error(&self, e: &p2p_transport::Error) {
-        self.abort_because(format!("it found an error between hosts: {e}"));
+    /// Both NCCL communicators' asynchronous errors; on one, every communicator of this rank is
+    /// aborted and the host's peers learn why (which NCCL communicator, its error), not only
+    /// that this rank stopped.
+    fn check_nccl(&self) -> Result<()> {
+        let found = match (self.rail.check(), self.all.check()) {
+            (Err(e), _) => Some(("the rail to the other hosts (NCCL ranks are hosts)", e)),
+            (Ok(()), Err(e)) => Some(("NCCL over every rank", e)),
+            (Ok(()), Ok(())) => None,
+        };
+        match found {
+            Some((which, e)) => {
+                self.abort_because(format!("it found an error on {which}: {e}"));
+                Err(e.into())
+            }
+            None => Ok(()),
+        }
     }
 
     /// [`abort`](Self::abort), with `why` for the host's peers (they report this rank as

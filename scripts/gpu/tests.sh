@@ -154,8 +154,10 @@ phase_candle() {
 # $res/LOG0.log and LOG1.log, each torchrun's exit status and seconds in a note.
 torchruns() {
   local port=$1 log=$2 limit=$3 test=$4 h secret
+  local -a pids=()
   secret=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
   for h in 0 1; do
+    rm -f "$res/$log$h.status"  # a warm machine keeps the last run's
     (
       start=$SECONDS
       CUDA_VISIBLE_DEVICES=$((2 * h)),$((2 * h + 1)) P2P_HOST_ID=sim-host-$h NCCL_HOSTID=sim-host-$h P2P_JOB_SECRET=$secret \
@@ -163,9 +165,10 @@ torchruns() {
         --no-python "$t" "$test" --include-ignored --nocapture >"$res/$log$h.log" 2>&1
       echo "exit $? after $((SECONDS - start)) s (limit $limit s; 124/137: killed at it)" >"$res/$log$h.status"
     ) &
+    pids+=($!)
   done
-  wait
-  for h in 0 1; do note "torchrun $log$h: $(cat "$res/$log$h.status" 2>/dev/null)"; done
+  wait "${pids[@]}"
+  for h in 0 1; do note "torchrun $log$h: $(cat "$res/$log$h.status" 2>/dev/null || echo 'no status written')"; done
   # A torchrun killed at its limit may leave its workers behind (they run in sessions of their
   # own): end every process of the test executable still running, and say so.
   if pkill -9 -f -- "$(printf '%s' "$t" | sed 's/[][\.*^$+?(){}|]/\\&/g')" 2>/dev/null; then
