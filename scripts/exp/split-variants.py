@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Builds `p2p-bench` binaries whose split reduce (`K_REDUCE_SPLIT`, broadcasts and reduces from
+1 MiB on more than two ranks) leaves one phase out, for timing by omission on a GPU machine
+(perf-notes §55: where the 4-rank reduce's time goes, without counters; ncu cannot profile a
+collective, it serialises the ranks' kernels and each waits for the others).
+
+Run here (the developer machine), from the repository:
+    python3 scripts/exp/split-variants.py [LABEL...]     (default: every variant)
+It copies HEAD's tree into a git worktree under target/exp-tree, edits
+p2p-collective/src/kernels/coll/steps.cuh there (each edit must match exactly, or the script
+stops), compiles the kernels into the worktree's shipped archives with NVRTC 12.4 (`cargo xtask
+kernels`: an edit that does not compile stops the script here, not on the GPU), builds
+`p2p-bench` (release, in the worktree's target/) and writes
+target/ab/p2p-bench-split-LABEL. Then on the GPU machine, carrying target/ab:
+    ROUNDS=2 BENCH_TIMEOUT=90 bash bench.sh ab base=../ab/p2p-bench-split-base \\
+        nosend=../ab/p2p-bench-split-nosend ... -- coll --gpus 4 --ops reduce \\
+        --min-bytes 2097152 --max-mib 1024 --factor 8 --no-nccl --no-registered --samples 10
+The edited binaries compute wrong sums (a phase is missing): their #wrong column shows that the
+edit took; their times are the point. Variants:
+    base    no edit
+    nosend  step 1 left out (no rank sends its parts to their owners)
+    copy2   step 2 copies the owner's own part into the root instead of reducing N sources
+    noout   step 3 left out (the root does not copy its scratch into the output)
+    nobar2  the barrier before step 3 and step 3 left out
+"""
+import os
+import shutil
+import subprocess
+import sys
+
+STEPS = "p2p-collective/src/kernels/coll/steps.cuh"
+
+SEND = """                    copy_bytes(SLOT(q, par1, me) + jlo * E, (const unsigned char*)(in + lo + jlo), (jhi - jlo) * E);
+                }
+                if (barrier(a, ++step, &err)) return;
+                if (me != a.root) {
+                    const int j = nonroot_index(me, a.root);
+                    u64 mlo, mhi;
+                    part_of(j, sub, n, mlo, mhi);
+                    for (int r = 0; r < N; ++r)"""
+REDUCE = """                    reduce_into<T>((T*)(SLOT(a.root, par2, me) + mlo * E), dsts, 0, srcs, N, mhi - mlo, a.redop, N);"""
+OUT = """                if (barrier(a, ++step, &err)) return;
+                if (me == a.root) {
+                    for (int q = 0; q < N; ++q) {
+                        if (q == me) continue;
+                        const int j = nonroot_index(q, a.root);
+                        u64 qlo, qhi;
+                        part_of(j, sub, n, qlo, qhi);
+                        copy_bytes((unsigned char*)(out + lo + qlo), SLOT(me, par2, q) + qlo * E, (qhi - qlo) * E);
+                    }
+                }
+                break;
+            }
+            default:"""
+
+VARIANTS = {
+    "base": [],
+    "nosend": [(SEND, SEND.replace("                    copy_bytes(SLOT(q, par1, me)",
+                                   "                    if (0) copy_bytes(SLOT(q, par1, me)", 1))],
+    "copy2": [(REDUCE, "                    copy_bytes(SLOT(a.root, par2, me) + mlo * E, "
+                       "(const unsigned char*)(in + lo + mlo), (mhi - mlo) * E);")],
+    "noout": [(OUT, OUT.replace("                if (me == a.root) {",
+                                "                if (0) {", 1))],
+    "nobar2": [(OUT, OUT.replace("                if (barrier(a, ++step, &err)) return;\n"
+                                 "                if (me == a.root) {",
+                                 "                if (0) {", 1))],
+}
+
+
+def run(*cmd, **kw):
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, **kw)
+
+
+def main(labels):
+    root = subprocess.run(["git", "rev-parse", "--show-toplevel"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    os.chdir(root)
+    unknown = [l for l in labels if l not in VARIANTS]
+    if unknown:
+        sys.exit(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+    tree = os.path.join(root, "target", "exp-tree")
+    if os.path.exists(tree):
+        run("git", "worktree", "remove", "--force", tree)
+    run("git", "worktree", "add", "--detach", tree, "HEAD")
+    os.makedirs(os.path.join(root, "target", "ab"), exist_ok=True)
+    steps = os.path.join(tree, STEPS)
+    original = open(steps).read()
+    try:
+        for label in labels or list(VARIANTS):
+            text = original
+            for old, new in VARIANTS[label]:
+                if text.count(old) != 1:
+                    sys.exit(f"{label}: the code to edit is not in {STEPS} once: the kernel "
+                             "changed; update this script")
+                text = text.replace(old, new)
+            open(steps, "w").write(text)
+            # The worktree's own target/ (xtask kernels runs target/release/p2p-bench there).
+            run("cargo", "xtask", "kernels", cwd=tree)
+            run("cargo", "build", "--release", "-p", "p2p-benches", "--bin", "p2p-bench",
+                cwd=tree)
+            dst = os.path.join(root, "target", "ab", f"p2p-bench-split-{label}")
+            shutil.copy(os.path.join(tree, "target", "release", "p2p-bench"), dst)
+            print(f"wrote {dst}", flush=True)
+    finally:
+        run("git", "worktree", "remove", "--force", tree)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
