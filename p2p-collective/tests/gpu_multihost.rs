@@ -170,7 +170,7 @@ fn gpu2_send_and_recv_alone_reach_a_peer_on_either_host() {
             assert_eq!(l.hosts, 2, "this test pairs two hosts");
             let mut partners = vec![l.rank_of(l.host ^ 1, l.local_rank)];
             if (l.local_rank ^ 1) < l.local_world {
-                partners.push(r - l.local_rank + (l.local_rank ^ 1));
+                partners.push(l.rank_of(l.host, l.local_rank ^ 1));
             }
             let mut checked = 0;
             for &peer in &partners {

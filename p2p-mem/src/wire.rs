@@ -313,7 +313,12 @@ impl Writer {
     }
     /// Appends a `u16`-length-prefixed string, cut to 65535 bytes at a character boundary.
     pub fn text(self, t: &str) -> Self {
-        let mut n = t.len().min(u16::MAX as usize);
+        self.text_within(t, u16::MAX as usize)
+    }
+    /// As [`text`](Self::text), cut to at most `max` bytes (and 65535) at a character
+    /// boundary: for a reader that accepts no more ([`Reader::text`]'s `max`).
+    pub fn text_within(self, t: &str, max: usize) -> Self {
+        let mut n = t.len().min(max).min(u16::MAX as usize);
         while !t.is_char_boundary(n) {
             n -= 1;
         }

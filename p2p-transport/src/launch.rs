@@ -134,15 +134,13 @@ impl Lines {
     /// Tells every rank but `rank` that `rank`'s process (`pid`) ended, and how. Never waits: a
     /// rank whose line is full or closed is skipped.
     pub fn tell_ended(&self, rank: usize, pid: u32, how: &str) {
-        // At most MAX_HOW bytes, cut at a character's boundary.
-        let mut cut = how.len().min(MAX_HOW);
-        while !how.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        let how = &how[..cut];
         let msg = wire::encode_message(
             ENDED,
-            &Writer::new().u32(rank as u32).u32(pid).text(how).finish(),
+            &Writer::new()
+                .u32(rank as u32)
+                .u32(pid)
+                .text_within(how, MAX_HOW)
+                .finish(),
         );
         for (r, end) in self.ends.iter().enumerate() {
             if r != rank {

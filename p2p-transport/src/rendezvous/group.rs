@@ -117,7 +117,10 @@ impl Shared {
         }
         let msg = wire::encode_message(
             FAIL,
-            &Writer::new().u32(rank as u32).text(on_wire(&why)).finish(),
+            &Writer::new()
+                .u32(rank as u32)
+                .text_within(&why, WHY_MAX)
+                .finish(),
         );
         for (r, link) in self.links.iter().enumerate() {
             if Some(r) == relay_except {
@@ -301,7 +304,10 @@ impl Group {
                     let why = format!("rank {r} (pid {}) left after joining: {e}", pids[r]);
                     let report = wire::encode_message(
                         FAIL,
-                        &Writer::new().u32(r as u32).text(on_wire(&why)).finish(),
+                        &Writer::new()
+                            .u32(r as u32)
+                            .text_within(&why, WHY_MAX)
+                            .finish(),
                     );
                     for told in links[..r].iter().flatten() {
                         let _ = told.send_msg(&report);
@@ -721,15 +727,6 @@ pub(super) fn monitor(sh: &Shared) {
 /// reasons of other ranks and layers) is cut to it on the sender's side.
 const WHY_MAX: usize = 4096;
 
-/// `why` cut to [`WHY_MAX`] bytes at a character boundary, so that the report stays readable.
-fn on_wire(why: &str) -> &str {
-    let mut end = why.len().min(WHY_MAX);
-    while !why.is_char_boundary(end) {
-        end -= 1;
-    }
-    &why[..end]
-}
-
 /// Handles one message from rank `from`.
 pub(super) fn dispatch(sh: &Shared, from: usize, bytes: &[u8]) {
     let limit = fdpass::MAX_MESSAGE;
@@ -776,20 +773,17 @@ mod tests {
 
     #[test]
     fn a_long_reason_is_cut_to_the_reports_limit_at_a_character() {
-        assert_eq!(on_wire("rank 3 exited"), "rank 3 exited");
         let long = "a".repeat(WHY_MAX + 10);
-        assert_eq!(on_wire(&long).len(), WHY_MAX);
-        // 'a' then two-byte characters: byte WHY_MAX falls inside the last one.
-        let wide = format!("a{}", "é".repeat(WHY_MAX / 2));
-        let cut = on_wire(&wide);
-        assert_eq!(cut.len(), WHY_MAX - 1);
-        assert!(cut.ends_with('é'));
-        // What the sender cuts, the receiver reads back whole.
-        let p = Writer::new().u32(3).text(on_wire(&long)).finish();
+        let p = Writer::new().u32(3).text_within(&long, WHY_MAX).finish();
         let mut r = Reader::new(&p);
         assert_eq!(
             (r.u32(), r.text(WHY_MAX)),
             (Some(3), Some(&long[..WHY_MAX]))
         );
+        // 'a' then two-byte characters: byte WHY_MAX falls inside the last one.
+        let wide = format!("a{}", "é".repeat(WHY_MAX / 2));
+        let p = Writer::new().text_within(&wide, WHY_MAX).finish();
+        let cut = Reader::new(&p).text(WHY_MAX).map(str::to_string);
+        assert_eq!(cut.as_deref(), Some(&wide[..WHY_MAX - 1]));
     }
 }
