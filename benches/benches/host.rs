@@ -10,7 +10,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use p2p_collective::plan::{plan_with, Tuning};
-use p2p_collective::{Access, DataType, Op};
+use p2p_collective::{Access, DataType, Forced, Op};
 use p2p_mem::wire::{self, HandleKind};
 
 fn planner(c: &mut Criterion) {
@@ -24,7 +24,7 @@ fn planner(c: &mut Criterion) {
                     DataType::F32,
                     black_box(count),
                     8,
-                    None,
+                    Forced::AUTO,
                     &tuning,
                     Access::NONE,
                 )
@@ -39,7 +39,7 @@ fn planner(c: &mut Criterion) {
                     DataType::BF16,
                     black_box(1 << 15),
                     4,
-                    None,
+                    Forced::AUTO,
                     &tuning,
                     Access::NONE,
                 ));

@@ -75,8 +75,9 @@ pub struct Options {
     /// host's cost of launching every rank's graph), to show what the gate takes out.
     pub graph_ungated: bool,
     /// Run NCCL's all-to-all on the same buffers as its other collectives (as the benchmark
-    /// did before perf-notes §47): reproduces NVIDIA/nccl issue 1859 (a ring collective after
-    /// sends and receives on one registered buffer waits forever) where the NCCL has it.
+    /// once did; docs/performance.md, "How we measure"): reproduces NVIDIA/nccl issue 1859 (a
+    /// ring collective after sends and receives on one registered buffer waits forever) where
+    /// the NCCL has it.
     pub nccl_shared_p2p_buffers: bool,
 }
 
@@ -680,16 +681,15 @@ pub fn run(opts: &Options) -> Result<Value, String> {
             let mut row = json!({
                 "op": op.name(), "bytes": bytes, "count": elems, "type": dtype.name(),
                 "redop": if op.reduces() { "sum" } else { "none" }, "root": if op.rooted() { 0 } else { -1 },
-                "iters": iters, "plan": format!("{:?}", comms[0].plan(&call).kind),
+                "iters": iters, "plan": comms[0].plan(&call).route(),
             });
             if opts.registered {
                 let access = Access {
                     input: true,
                     output: true,
-                    in_place: false,
+                    ..Access::NONE
                 };
-                row["plan_registered"] =
-                    json!(format!("{:?}", comms[0].plan_with(&call, access).kind));
+                row["plan_registered"] = json!(comms[0].plan_with(&call, access).route());
             }
             let mut imps = vec![Imp::Ours];
             if opts.registered {

@@ -5,7 +5,7 @@
 //! Without it the start event of a rank that the host reaches last is recorded on an idle
 //! stream, its timestamp taken at once, while its graph is still being launched behind the
 //! other ranks'; a collective waits for its slowest rank, so every rank's figure then held the
-//! host's launch cost of all the graphs (perf-notes §47).
+//! host's launch cost of all the graphs (docs/performance.md, "How we measure").
 
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;

@@ -1,5 +1,5 @@
 //! `p2p-bench host`: where the host's time goes when it issues one collective
-//! (`docs/perf-notes.md` §38).
+//! (docs/performance.md, "Host cost of a call").
 //!
 //! Every variant is issued round-robin over the ranks, `calls` times per rank, in one timed
 //! batch (host clock around the issuing only: the streams are synchronised before and after,

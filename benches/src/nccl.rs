@@ -102,28 +102,34 @@ fn version_code() -> Result<i32, String> {
     Ok(v)
 }
 
+/// cudarc's name of NCCL's type for `d` (the mapping is the library's, `DataType::nccl`: the
+/// same number).
 fn dtype(d: DataType) -> nccl::ncclDataType_t {
     use nccl::ncclDataType_t::*;
-    match d {
-        DataType::F32 => ncclFloat32,
-        DataType::F64 => ncclFloat64,
-        DataType::F16 => ncclFloat16,
-        DataType::BF16 => ncclBfloat16,
-        DataType::I32 => ncclInt32,
-        DataType::I64 => ncclInt64,
-        DataType::U8 => ncclUint8,
-    }
+    let all = [
+        ncclInt8,
+        ncclUint8,
+        ncclInt32,
+        ncclUint32,
+        ncclInt64,
+        ncclUint64,
+        ncclFloat16,
+        ncclFloat32,
+        ncclFloat64,
+        ncclBfloat16,
+    ];
+    all.into_iter()
+        .find(|t| *t as u32 == d.nccl().0)
+        .unwrap_or(ncclUint8)
 }
 
+/// cudarc's name of NCCL's reduction for `r` (the mapping is the library's, `RedOp::nccl`).
 fn redop(r: RedOp) -> nccl::ncclRedOp_t {
     use nccl::ncclRedOp_t::*;
-    match r {
-        RedOp::Sum => ncclSum,
-        RedOp::Prod => ncclProd,
-        RedOp::Min => ncclMin,
-        RedOp::Max => ncclMax,
-        RedOp::Avg => ncclAvg,
-    }
+    let all = [ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg];
+    all.into_iter()
+        .find(|o| *o as u32 == r.nccl().0)
+        .unwrap_or(ncclSum)
 }
 
 /// Marks a thread inside an NCCL call while it lives.
@@ -163,7 +169,8 @@ struct Window {
 /// group has two: NCCL 2.28 (up to 2.29.2, NVIDIA/nccl issue 1859) leaves the device copy of
 /// a registered buffer's peer addresses zeroed when a ring collective reuses a registration
 /// that sends and receives made, and the peers then wait forever for a null pointer. Keeping
-/// the two kinds of calls on separate buffers avoids it (perf-notes §47).
+/// the two kinds of calls on separate buffers avoids it (docs/performance.md, "How we
+/// measure").
 pub const P2P_SET: usize = 1;
 
 /// One NCCL communicator per GPU in one mode, with the mode's buffers; all freed on `Drop`.

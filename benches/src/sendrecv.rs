@@ -3,9 +3,10 @@
 //! `ncclRecv` doing the same, eager and under CUDA graph, for one [`Pattern`]. NCCL runs in two
 //! modes: plain, on our buffers and streams; and on its own `ncclMemAlloc` buffers registered
 //! as windows, which NCCL can also register for zero-copy send/recv when a graph captures the
-//! call (`NCCL_GRAPH_REGISTER`, on by default: nccl-tests' `-G` figures; perf-notes §26). The
-//! table's ratio is against the faster NCCL mode at each size. Patterns: a ring exchange (rank r sends to r + 1 and receives from r - 1) or an
-//! all-to-all written as sends and receives (every rank to every rank, itself included).
+//! call (`NCCL_GRAPH_REGISTER`, on by default: nccl-tests' `-G` figures; docs/performance.md,
+//! "Send and receive"). The table's ratio is against the faster NCCL mode at each size.
+//! Patterns: a ring exchange (rank r sends to r + 1 and receives from r - 1) or an all-to-all
+//! written as sends and receives (every rank to every rank, itself included).
 //!
 //! Method: CUDA events on each rank's stream around `iters` back-to-back exchanges after 3
 //! warm-up exchanges; the slowest rank's time per exchange; median of `samples`. Before the

@@ -11,14 +11,21 @@
 //! too). `static_assert(sizeof(NAME) == N, "...");` becomes a compile-time check that the Rust
 //! struct has the same size, and `static_assert(<integer condition of numbers and names>, "...");`
 //! the same condition checked at Rust compile time: each size is written once, in the header, and
-//! both compilers check it. `typedef` lines, comments and blank lines are skipped.
+//! both compilers check it. `typedef` lines, `#pragma once`, comments and blank lines are
+//! skipped.
 //!
 //! Every struct is a kernel's argument block, so each also gets
 //! `unsafe impl p2p_mem::kernel::KernelArgs`: a launch (`p2p_mem::kernel::Module::launch`) takes
 //! it as a typed value, and no crate but p2p-mem builds the driver's array of parameter
 //! pointers. The crate that includes the output therefore depends on `p2p-mem`.
+//!
+//! A crate's kernel program is a folder of headers that each include what they use
+//! ([`program`]): [`generate_program`] flattens it into the one text NVRTC compiles.
 
 use std::fmt::Write as _;
+
+pub mod program;
+pub use program::generate_program;
 
 /// For a build script: reads `header` (relative to the crate), writes its Rust to
 /// `$OUT_DIR/out_name`, and tells Cargo to rerun when the header changes. Panics (failing the
@@ -88,7 +95,7 @@ pub fn translate(header: &str) -> Result<String, String> {
     );
     let mut lines = header.lines().map(strip_comment).peekable();
     while let Some(line) = lines.next() {
-        if line.is_empty() || line.starts_with("typedef") {
+        if line.is_empty() || line.starts_with("typedef") || line == "#pragma once" {
             continue;
         }
         if let Some(rest) = line.strip_prefix("static_assert(") {
@@ -189,7 +196,7 @@ mod tests {
     #[test]
     fn defines_enums_and_structs_become_rust() {
         let rust = translate(
-            "#define N 4  // four\n#define M (N * 2)\nenum K { A = 0, B = 7 };\ntypedef unsigned long long u64;\n\
+            "#pragma once\n#define N 4  // four\n#define M (N * 2)\nenum K { A = 0, B = 7 };\ntypedef unsigned long long u64;\n\
              struct S {\n    const unsigned char* p;\n    u64 q[N];\n    int a, b;\n    unsigned c;\n};\n\
              static_assert(sizeof(S) == 64, \"S changed\");\nstatic_assert(M <= N * 2, \"M fits\");\n",
         )

@@ -10,24 +10,24 @@
 //! How the kernel moves a message (`p2p_sendrecv` in `kernels/coll/p2p.cuh`): the receiver's
 //! workspace holds an inbox per source rank ([`INBOX_BYTES`]): 32 lanes of two slots of 256 KiB.
 //! A message is cut into one chunk per lane (at least 4 KiB), or two per lane once a lane's
-//! share passes 128 KiB, so that a lane's chunks overlap (docs/perf-notes.md §25 measured the
-//! choice). Each slot starts with a header of two LL lines (message number and size, with a
+//! share passes 128 KiB, so that a lane's chunks overlap (docs/performance.md, "Send and
+//! receive", measured the choice). Each slot starts with a header of two LL lines (message number and size, with a
 //! flag that no earlier use of the slot carried), which is the chunk's ready signal. A message
 //! of at most 128 KiB travels as LL lines too (8 data bytes and two flags per 16-byte line; no
-//! fence, §26); a larger one is copied into the slot and fenced before its header. The receiver
+//! fence); a larger one is copied into the slot and fenced before its header. The receiver
 //! copies each chunk out and raises a freed counter in the sender's sync area. The counters
 //! live on the GPU, so a group captured in a CUDA graph replays correctly. The header carries
 //! the message's number and size, so a receive of another size than the send is an error
 //! ([`Error::Mismatch`]), never a silent shift of later messages.
 
-use p2p_mem::kernel::LaunchConfig;
 use p2p_mem::{DeviceMemory, DeviceMemoryMut, Stream};
 
 use crate::abi::{P2pArgs, P2P_BLOCKS, P2P_COPY, P2P_MAX_OPS, P2P_RECV, P2P_SEND};
-use crate::comm::{check_element, inbox_offset, Call, Communicator, Region};
+use crate::call::check::{check_args, check_element, Shape};
+use crate::call::{Buffers, Region};
+use crate::comm::Communicator;
 use crate::error::{Error, Result};
-use crate::plan::THREADS;
-use crate::types::DataType;
+use crate::types::{Call, DataType};
 
 // `P2pArgs` derives `Default`, which arrays have up to 32 elements.
 const _: () = assert!(P2P_MAX_OPS <= 32);
@@ -337,8 +337,9 @@ impl<'a> P2pGroup<'a> {
         self.add(Dir::Recv, region, count, dtype, peer)
     }
 
-    /// Adds the collective `call`, out of place (see [`Communicator::call`]). It runs before
-    /// the group's sends and receives.
+    /// Adds the collective `call`, out of place (see
+    /// [`Communicator::call`]). It runs before the group's sends and
+    /// receives.
     pub fn call(
         &mut self,
         call: &Call,
@@ -346,33 +347,26 @@ impl<'a> P2pGroup<'a> {
         recv: &'a mut dyn DeviceMemoryMut,
     ) -> Result<&mut Self> {
         let recv: &'a dyn DeviceMemoryMut = recv;
-        let op = call.op.name();
-        check_element(op, self.comm.rank(), call.dtype, "send", send)?;
-        check_element(op, self.comm.rank(), call.dtype, "receive", recv)?;
-        let input = Region::of(send, self.stream)?;
-        let output = Region::of(recv, self.stream)?;
-        self.comm.check_call(call, &input, &output)?;
-        self.calls.push((*call, input, output));
-        Ok(self)
+        self.add_call(call, Buffers::Apart { send, recv })
     }
 
-    /// Adds the collective `call`, in place in `buf` (see [`Communicator::call_in_place`]).
+    /// Adds the collective `call`, in place in `buf` (see
+    /// [`Communicator::call_in_place`]).
     pub fn call_in_place(
         &mut self,
         call: &Call,
         buf: &'a mut dyn DeviceMemoryMut,
     ) -> Result<&mut Self> {
         let buf: &'a dyn DeviceMemoryMut = buf;
-        check_element(
-            call.op.name(),
-            self.comm.rank(),
-            call.dtype,
-            "in-place",
-            buf,
-        )?;
-        let (input, output) = self.comm.in_place(call, Region::of(buf, self.stream)?);
-        self.comm.check_call(call, &input, &output)?;
-        self.calls.push((*call, input, output));
+        self.add_call(call, Buffers::InPlace(buf))
+    }
+
+    /// Checks `call` now (the whole call is checked again when the group launches), and keeps
+    /// its regions.
+    fn add_call(&mut self, call: &Call, buffers: Buffers<'a>) -> Result<&mut Self> {
+        if let Some(args) = check_args(Shape::of(self.comm), call, buffers, self.stream)? {
+            self.calls.push((*call, args.input, args.output));
+        }
         Ok(self)
     }
 
@@ -412,7 +406,13 @@ impl<'a> P2pGroup<'a> {
             )));
         }
         if bytes > 0 {
-            comm.check_region(self.op, what, &region, count, dtype)?;
+            region.holds(
+                Shape::of(comm),
+                self.op,
+                what,
+                count,
+                (dtype.size(), dtype.name()),
+            )?;
         }
         self.entries.push(Entry {
             dir,
@@ -427,7 +427,18 @@ impl<'a> P2pGroup<'a> {
     /// every send and receive. Everything is checked before anything is queued.
     pub fn launch(self) -> Result<()> {
         let comm = self.comm;
-        comm.ready_on(self.op, self.stream)?;
+        comm.health.usable(self.op, comm.rank)?;
+        if self.stream.device() != comm.device() {
+            return Err(Error::InvalidArgument {
+                op: self.op,
+                rank: comm.rank,
+                what: format!(
+                    "the stream is on GPU {}, this rank's GPU is {}",
+                    self.stream.device().ordinal(),
+                    comm.device().ordinal()
+                ),
+            });
+        }
         let bad = |e: GroupError| Error::InvalidArgument {
             op: self.op,
             rank: comm.rank,
@@ -438,12 +449,12 @@ impl<'a> P2pGroup<'a> {
             layout.receiving_blocks(),
             comm.device.ordinal(),
             comm.device.sm_count().max(1) as usize,
-            comm.kernels.sendrecv_blocks_per_sm.max(1) as usize,
+            comm.launcher.kernels.sendrecv_blocks_per_sm.max(1) as usize,
             comm.share,
         )
         .map_err(bad)?;
         for (call, input, output) in &self.calls {
-            comm.enqueue(call, *input, *output, self.stream)?;
+            crate::call::queue(comm, call, Buffers::Regions(*input, *output), self.stream)?;
         }
         if layout.ops.is_empty() {
             return Ok(());
@@ -455,11 +466,12 @@ impl<'a> P2pGroup<'a> {
     fn launch_kernel(&self, layout: &Layout) -> Result<()> {
         let comm = self.comm;
         let inbox = |owner: usize, source: usize| {
-            comm.bases[owner] + inbox_offset(comm.world, &comm.tuning, source) as u64
+            comm.workspace
+                .inbox(owner, comm.world, comm.tuning(), source)
         };
         let mut args = P2pArgs {
-            my_sync: comm.bases[comm.rank],
-            abort_flag: comm.abort.device_ptr(),
+            my_sync: comm.workspace.sync(comm.rank),
+            abort_flag: comm.health.abort.device_ptr(),
             timeout_ns: comm
                 .options
                 .timeout
@@ -473,7 +485,7 @@ impl<'a> P2pGroup<'a> {
             args.kind[k] = op.kind;
             args.peer[k] = op.peer as i32;
             args.bytes[k] = op.bytes;
-            args.peer_sync[k] = comm.bases[op.peer];
+            args.peer_sync[k] = comm.workspace.sync(op.peer);
             (args.src[k], args.dst[k]) = match op.kind {
                 P2P_SEND => (op.ptr, inbox(op.peer, comm.rank)),
                 P2P_RECV => (inbox(comm.rank, op.peer), op.ptr),
@@ -499,16 +511,8 @@ impl<'a> P2pGroup<'a> {
         // inboxes and sync areas lie in the workspaces of this rank and its peers (alive while
         // the communicator is, which synchronises before freeing them); the abort flag is
         // pinned memory held by the communicator; the grid covers `channels` channels.
-        let launched = unsafe {
-            let kernel = comm.kernels.sendrecv();
-            kernel.module.launch(
-                kernel.function,
-                LaunchConfig::new(grid, THREADS),
-                &args,
-                self.stream,
-            )
-        };
-        comm.abort_on_error(self.op, launched.map_err(Error::from))
+        let launched = unsafe { comm.launcher.launch_sendrecv(&args, grid, self.stream) };
+        comm.health.abort_on_error(comm.rank, self.op, launched)
     }
 }
 
@@ -524,7 +528,7 @@ macro_rules! one_op_calls {
         g.launch()
     }};
     (@body nccl, $s:ident, $name:ident, $buf:ident, $count:ident, $dtype:ident, $peer:ident, $stream:ident) => {{
-        $s.all.$name($buf, $count, nccl_type($dtype), $peer, $stream)?;
+        $s.all.$name($buf, $count, $dtype.nccl(), $peer, $stream)?;
         Ok(())
     }};
     (by $via:ident; $($(#[$doc:meta])* fn $name:ident($buf:ident: $ty:ty);)+) => {
@@ -571,7 +575,7 @@ impl Communicator {
     /// share a GPU (2 with 4 ranks on one H100).
     pub fn max_group_receive_peers(&self) -> usize {
         let sms = self.device.sm_count().max(1) as usize;
-        let per_sm = self.kernels.sendrecv_blocks_per_sm.max(1) as usize;
+        let per_sm = self.launcher.kernels.sendrecv_blocks_per_sm.max(1) as usize;
         peers_fitting(sms * per_sm / self.share.max(1))
     }
 

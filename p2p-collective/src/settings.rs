@@ -3,74 +3,34 @@
 //!
 //! | variable | values | default | effect |
 //! | --- | --- | --- | --- |
-//! | `P2P_ALGO` | `auto`, `oneshot`, `twoshot`, `ring`, `ll`, `pipe` | `auto` | force one all-reduce algorithm (`pipe`: not yet run on a GPU) |
+//! | `P2P_ALGO` | `auto` or an algorithm's name ([`Algo::name`]: `oneshot`, `twoshot`, `ring`, `split`, `direct`, `pipe`) | `auto` | run every call that algorithm can run with it |
+//! | `P2P_PROTO` | `auto` or a protocol's name ([`Proto::name`]: `ll`, `simple`, `ce`) | `auto` | run every call that protocol can carry with it |
 //! | `P2P_CHECK` | boolean | `0` | compare every call's operation, type, reduction, root and count across ranks on the GPU and fail on a mismatch |
 //! | `P2P_TIMEOUT_MS` | milliseconds, 1 to 86400000 (one day) | `30000` | how long a collective's kernel waits for a peer before it gives up with an error |
+//!
+//! A forced algorithm or protocol that cannot run a call (see [`Forced`]) leaves that call to
+//! the planner, which logs why.
 
 use std::time::Duration;
+
+use crate::plan::{Algo, Forced, Proto};
 
 /// The longest time limit a collective accepts (`P2P_TIMEOUT_MS`, `Options::timeout`): one day,
 /// the transport's [`p2p_transport::MAX_TIMEOUT`].
 pub const MAX_TIMEOUT: Duration = p2p_transport::MAX_TIMEOUT;
 
-use p2p_transport::config::{invalid, parse_bool, parse_choice, ConfigError};
+use p2p_transport::config::{environment, invalid, parse_bool, parse_millis, ConfigError};
 
 /// This crate's `P2P_*` variables, for the transport's reader, which accepts them and leaves
 /// them to [`Settings`] (the one list: [`p2p_transport::config::SETTINGS`]).
 #[linkme::distributed_slice(p2p_transport::config::SETTINGS)]
-static COLLECTIVE_SETTINGS: &[&str] = &["P2P_ALGO", "P2P_CHECK", "P2P_TIMEOUT_MS"];
-
-/// An all-reduce algorithm forced with `P2P_ALGO`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Algorithm {
-    /// Every rank pushes its whole input to every peer and reduces locally: one step, least
-    /// latency; moves (n-1) x the data per rank.
-    OneShot,
-    /// Reduce-scatter then all-gather over the full mesh: two steps, 2(n-1)/n x the data.
-    TwoShot,
-    /// Reduce-scatter then all-gather around a ring: 2(n-1) steps, 2(n-1)/n x the data, only
-    /// neighbours exchange data.
-    Ring,
-    /// One-shot with the flags inside the data (NCCL's LL layout: 8 data bytes and two flags per
-    /// 16-byte store): no separate flag and no fence, for messages up to
-    /// [`LL_MAX_BYTES`](crate::plan::LL_MAX_BYTES) per source (larger ones run one-shot).
-    Ll,
-    /// One-shot with each block's push and reduction overlapped: half its warps push
-    /// sub-pieces into the peers' scratch and flag each, the other half reduce each sub-piece
-    /// as its flags arrive. Up to one round of the scratch (`max_blocks x piece_bytes`, 16 MiB
-    /// on H200); larger calls run one-shot. Compiled and planned, not yet run on a GPU
-    /// (docs/perf-notes.md §33).
-    Pipe,
-}
-
-impl Algorithm {
-    /// The names `P2P_ALGO` uses (`None` is `auto`).
-    pub const NAMES: [(&'static str, Option<Algorithm>); 6] = [
-        ("auto", None),
-        ("oneshot", Some(Algorithm::OneShot)),
-        ("twoshot", Some(Algorithm::TwoShot)),
-        ("ring", Some(Algorithm::Ring)),
-        ("ll", Some(Algorithm::Ll)),
-        ("pipe", Some(Algorithm::Pipe)),
-    ];
-
-    /// The name, e.g. `oneshot`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Algorithm::OneShot => "oneshot",
-            Algorithm::TwoShot => "twoshot",
-            Algorithm::Ring => "ring",
-            Algorithm::Ll => "ll",
-            Algorithm::Pipe => "pipe",
-        }
-    }
-}
+static COLLECTIVE_SETTINGS: &[&str] = &["P2P_ALGO", "P2P_PROTO", "P2P_CHECK", "P2P_TIMEOUT_MS"];
 
 /// The collectives' settings as the environment gives them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settings {
-    /// `P2P_ALGO` (`None`: chosen by size and world size).
-    pub algorithm: Option<Algorithm>,
+    /// `P2P_ALGO` and `P2P_PROTO`.
+    pub forced: Forced,
     /// `P2P_CHECK`.
     pub check: bool,
     /// `P2P_TIMEOUT_MS`.
@@ -80,7 +40,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            algorithm: None,
+            forced: Forced::AUTO,
             check: false,
             timeout: Duration::from_millis(30_000),
         }
@@ -101,22 +61,10 @@ impl Settings {
             .filter(|(n, _)| COLLECTIVE_SETTINGS.contains(&n.as_str()))
         {
             match name.as_str() {
-                "P2P_ALGO" => s.algorithm = parse_choice(&name, &value, &Algorithm::NAMES)?,
+                "P2P_ALGO" => s.forced.algo = parse_algo(&name, &value)?,
+                "P2P_PROTO" => s.forced.proto = parse_proto(&name, &value)?,
                 "P2P_CHECK" => s.check = parse_bool(&name, &value)?,
-                "P2P_TIMEOUT_MS" => {
-                    s.timeout = match value.trim().parse::<u64>() {
-                        Ok(ms) if ms > 0 && ms <= MAX_TIMEOUT.as_millis() as u64 => {
-                            Duration::from_millis(ms)
-                        }
-                        _ => {
-                            return Err(invalid(
-                                &name,
-                                &value,
-                                "a whole number of milliseconds, 1 to 86400000 (one day)",
-                            ))
-                        }
-                    }
-                }
+                "P2P_TIMEOUT_MS" => s.timeout = parse_millis(&name, &value, MAX_TIMEOUT)?,
                 _ => {}
             }
         }
@@ -125,10 +73,38 @@ impl Settings {
 
     /// Reads the process environment.
     pub fn from_env() -> Result<Settings, ConfigError> {
-        Self::from_vars(std::env::vars_os().filter_map(|(k, v)| {
-            Some((k.into_string().ok()?, v.into_string().unwrap_or_default()))
-        }))
+        Self::from_vars(environment())
     }
+}
+
+/// `auto` (`None`) or an algorithm by its name, any case.
+fn parse_algo(name: &str, value: &str) -> Result<Option<Algo>, ConfigError> {
+    let v = value.trim().to_ascii_lowercase();
+    if v == "auto" {
+        return Ok(None);
+    }
+    if let Some(a) = Algo::from_name(&v) {
+        return Ok(Some(a));
+    }
+    let names: Vec<&str> = Algo::ALL.iter().map(|a| a.name()).collect();
+    let lead = if Proto::from_name(&v).is_some() {
+        format!("{v} is a protocol (P2P_PROTO={v}); P2P_ALGO is auto or one of ")
+    } else {
+        "auto or one of ".to_string()
+    };
+    Err(invalid(name, value, &(lead + &names.join(", "))))
+}
+
+/// `auto` (`None`) or a protocol by its name, any case.
+fn parse_proto(name: &str, value: &str) -> Result<Option<Proto>, ConfigError> {
+    let v = value.trim().to_ascii_lowercase();
+    if v == "auto" {
+        return Ok(None);
+    }
+    Proto::from_name(&v).map(Some).ok_or_else(|| {
+        let names: Vec<&str> = Proto::ALL.iter().map(|p| p.name()).collect();
+        invalid(name, value, &format!("auto or one of {}", names.join(", ")))
+    })
 }
 
 #[cfg(test)]
@@ -143,13 +119,31 @@ mod tests {
     fn the_collective_settings_are_read_here() {
         let s = read(&[
             ("P2P_ALGO", "Ring"),
+            ("P2P_PROTO", "simple"),
             ("P2P_CHECK", "1"),
             ("P2P_TIMEOUT_MS", "250"),
         ])
         .expect("valid");
         assert_eq!(
-            (s.algorithm, s.check, s.timeout),
-            (Some(Algorithm::Ring), true, Duration::from_millis(250))
+            (s.forced, s.check, s.timeout),
+            (
+                Forced::pair(Algo::Ring, Proto::Simple),
+                true,
+                Duration::from_millis(250)
+            )
+        );
+        assert_eq!(
+            read(&[("P2P_PROTO", "LL")]).expect("valid").forced,
+            Forced {
+                algo: None,
+                proto: Some(Proto::Ll)
+            }
+        );
+        assert_eq!(
+            read(&[("P2P_ALGO", "auto"), ("P2P_PROTO", "auto")])
+                .expect("valid")
+                .forced,
+            Forced::AUTO
         );
         assert_eq!(
             read(&[("P2P_LEVEL", "NVL")]).expect("not ours"),
@@ -158,10 +152,23 @@ mod tests {
     }
 
     #[test]
+    fn every_algorithm_and_protocol_is_named_by_its_setting() {
+        for a in Algo::ALL {
+            let s = read(&[("P2P_ALGO", a.name())]).expect("an algorithm");
+            assert_eq!(s.forced, Forced::algo(a));
+        }
+        for p in Proto::ALL {
+            let s = read(&[("P2P_PROTO", p.name())]).expect("a protocol");
+            assert_eq!(s.forced.proto, Some(p));
+        }
+    }
+
+    #[test]
     fn the_transport_reader_accepts_this_crates_variables_from_its_own_list() {
         // The transport does not name them: this crate's slice entry is what it reads.
         let vars = [
             ("P2P_ALGO", "ring"),
+            ("P2P_PROTO", "ll"),
             ("P2P_CHECK", "1"),
             ("P2P_TIMEOUT_MS", "250"),
         ];
@@ -177,12 +184,17 @@ mod tests {
     }
 
     #[test]
-    fn a_zero_or_unparsable_timeout_is_refused() {
-        for bad in ["0", "-5", "1.5", "soon"] {
+    fn bad_values_are_refused_with_what_is_allowed() {
+        for bad in ["0", "-5", "1.5", "soon", "86400001"] {
             let e = read(&[("P2P_TIMEOUT_MS", bad)]).expect_err(bad);
             assert!(e.to_string().contains("P2P_TIMEOUT_MS"), "{e}");
         }
         let e = read(&[("P2P_ALGO", "fast")]).expect_err("fast");
         assert!(e.to_string().contains("oneshot"), "{e}");
+        // LL is a protocol: the refusal says where it belongs.
+        let e = read(&[("P2P_ALGO", "ll")]).expect_err("ll");
+        assert!(e.to_string().contains("P2P_PROTO=ll"), "{e}");
+        let e = read(&[("P2P_PROTO", "ring")]).expect_err("ring");
+        assert!(e.to_string().contains("simple"), "{e}");
     }
 }

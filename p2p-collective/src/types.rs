@@ -1,6 +1,8 @@
-//! Element types and reductions, as the kernels and the signature check know them.
+//! What a collective call is: its operation, element type, reduction and count ([`Call`]), as
+//! the kernels, the signature check and NCCL know them.
 
 use p2p_mem::DeviceCopy;
+use p2p_sys::nccl_rt::{ncclDataType_t, ncclRedOp_t};
 
 /// The element type of a collective's buffers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -90,8 +92,24 @@ impl DataType {
         }
     }
 
+    /// Its place in [`ALL`](Self::ALL): the collective program's part that holds its kernels,
+    /// and its field in a call's signature.
     pub(crate) fn index(self) -> usize {
         self as usize
+    }
+
+    /// NCCL's type for it (the one mapping: the communicator over hosts and the benchmarks'
+    /// NCCL both use it).
+    pub fn nccl(self) -> ncclDataType_t {
+        match self {
+            DataType::F32 => ncclDataType_t::ncclFloat32,
+            DataType::F64 => ncclDataType_t::ncclFloat64,
+            DataType::F16 => ncclDataType_t::ncclFloat16,
+            DataType::BF16 => ncclDataType_t::ncclBfloat16,
+            DataType::I32 => ncclDataType_t::ncclInt32,
+            DataType::I64 => ncclDataType_t::ncclInt64,
+            DataType::U8 => ncclDataType_t::ncclUint8,
+        }
     }
 
     /// The data type of a Rust element type: `DataType::of::<f32>()`.
@@ -156,7 +174,7 @@ impl RedOp {
         }
     }
 
-    /// The code `coll.cu` knows it by (`enum RedOp` in coll_abi.h).
+    /// The code the kernels know it by (`enum RedOp` in coll_abi.h).
     pub(crate) fn code(self) -> i32 {
         match self {
             RedOp::Sum => crate::abi::R_SUM,
@@ -164,6 +182,53 @@ impl RedOp {
             RedOp::Min => crate::abi::R_MIN,
             RedOp::Max => crate::abi::R_MAX,
             RedOp::Avg => crate::abi::R_AVG,
+        }
+    }
+
+    /// Its place in [`ALL`](Self::ALL), its field in a call's signature.
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+
+    /// NCCL's reduction for it (the one mapping, as [`DataType::nccl`]).
+    pub fn nccl(self) -> ncclRedOp_t {
+        match self {
+            RedOp::Sum => ncclRedOp_t::ncclSum,
+            RedOp::Prod => ncclRedOp_t::ncclProd,
+            RedOp::Min => ncclRedOp_t::ncclMin,
+            RedOp::Max => ncclRedOp_t::ncclMax,
+            RedOp::Avg => ncclRedOp_t::ncclAvg,
+        }
+    }
+
+    /// The inputs the checker ([`verify`](crate::verify)) gives this reduction: small integers
+    /// that keep its result exact in every type and every order.
+    pub fn inputs(self) -> crate::verify::Class {
+        use crate::verify::Class;
+        match self {
+            RedOp::Sum => Class::Sum,
+            RedOp::Prod => Class::Prod,
+            RedOp::Min | RedOp::Max => Class::MinMax,
+            RedOp::Avg => Class::Avg,
+        }
+    }
+
+    /// `x` combined with `y`, on the checker's integers, as the kernels combine (`apply` of
+    /// the reduction's functor in `kernels/coll/redop.cuh`).
+    pub fn apply_exact(self, x: i64, y: i64) -> i64 {
+        match self {
+            RedOp::Sum | RedOp::Avg => x + y,
+            RedOp::Prod => x * y,
+            RedOp::Min => x.min(y),
+            RedOp::Max => x.max(y),
+        }
+    }
+
+    /// The result once the values of `n` ranks are combined into `x` (`finish` of the functor).
+    pub fn finish_exact(self, x: i64, n: usize) -> i64 {
+        match self {
+            RedOp::Avg => x / n.max(1) as i64,
+            _ => x,
         }
     }
 }
@@ -201,6 +266,23 @@ impl Op {
         Op::ReduceScatter,
         Op::AllToAll,
     ];
+
+    /// The code the kernels know it by (`enum Op` in coll_abi.h).
+    pub(crate) fn code(self) -> i32 {
+        match self {
+            Op::AllReduce => crate::abi::OP_ALLREDUCE,
+            Op::Broadcast => crate::abi::OP_BROADCAST,
+            Op::Reduce => crate::abi::OP_REDUCE,
+            Op::AllGather => crate::abi::OP_ALLGATHER,
+            Op::ReduceScatter => crate::abi::OP_REDUCESCATTER,
+            Op::AllToAll => crate::abi::OP_ALLTOALL,
+        }
+    }
+
+    /// Its place in [`ALL`](Self::ALL), its field in a call's code and signature.
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
 
     /// The name, as nccl-tests' binaries are named: `all_reduce`, `broadcast`, ...
     pub fn name(self) -> &'static str {
@@ -262,10 +344,76 @@ impl std::fmt::Display for Op {
     }
 }
 
+/// One collective call, for [`Communicator::call`](crate::Communicator::call): what the named
+/// methods build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Call {
+    /// The operation.
+    pub op: Op,
+    /// The element type.
+    pub dtype: DataType,
+    /// Elements, in NCCL's convention (see [`Op::buffer_lens`]).
+    pub count: usize,
+    /// The reduction (ignored by operations that do not reduce).
+    pub redop: RedOp,
+    /// The root (ignored by operations without one).
+    pub root: usize,
+}
+
+impl Call {
+    /// `op` over `count` elements of `dtype`, with sum and root 0 until set otherwise.
+    pub fn new(op: Op, dtype: DataType, count: usize) -> Call {
+        Call {
+            op,
+            dtype,
+            count,
+            redop: RedOp::Sum,
+            root: 0,
+        }
+    }
+
+    /// The same call with reduction `redop`.
+    pub fn redop(self, redop: RedOp) -> Call {
+        Call { redop, ..self }
+    }
+
+    /// The same call with root `root`.
+    pub fn root(self, root: usize) -> Call {
+        Call { root, ..self }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use p2p_mem::ElementType;
+
+    #[test]
+    fn the_kernels_codes_are_the_places_in_all() {
+        for (i, op) in Op::ALL.into_iter().enumerate() {
+            assert_eq!((op.index(), op.code()), (i, i as i32), "{op}");
+        }
+        for (i, r) in RedOp::ALL.into_iter().enumerate() {
+            assert_eq!((r.index(), r.code()), (i, i as i32), "{r}");
+        }
+    }
+
+    #[test]
+    fn every_type_and_reduction_has_nccls() {
+        for t in DataType::ALL {
+            assert_eq!(
+                p2p_transport::nccl::element_bytes(t.nccl()).expect("a type NCCL knows"),
+                t.size(),
+                "{t:?}"
+            );
+        }
+        let codes: Vec<_> = RedOp::ALL.map(|r| r.nccl().0).to_vec();
+        assert_eq!(codes.len(), RedOp::ALL.len());
+        assert!(codes
+            .iter()
+            .enumerate()
+            .all(|(i, c)| !codes[..i].contains(c)));
+    }
 
     #[test]
     fn typed_elements_map_to_their_data_type_and_bytes_to_none() {

@@ -6,8 +6,7 @@
 //! powers of two, averages divide exactly. Used by the correctness tests and by
 //! `p2p-bench coll` for its `#wrong` column.
 
-use crate::comm::Call;
-use crate::types::{DataType, Op, RedOp};
+use crate::types::{Call, DataType, Op, RedOp};
 
 /// Which input pattern a call uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,14 +25,10 @@ pub enum Class {
 
 /// The pattern for `op` with `redop`.
 pub fn class(op: Op, redop: RedOp) -> Class {
-    if !op.reduces() {
-        return Class::Copy;
-    }
-    match redop {
-        RedOp::Sum => Class::Sum,
-        RedOp::Prod => Class::Prod,
-        RedOp::Min | RedOp::Max => Class::MinMax,
-        RedOp::Avg => Class::Avg,
+    if op.reduces() {
+        redop.inputs()
+    } else {
+        Class::Copy
     }
 }
 
@@ -66,22 +61,8 @@ pub fn value(c: Class, dtype: DataType, r: usize, n: usize, j: usize) -> i64 {
 
 /// `redop` over `vals` as the kernels compute it (exact for these inputs).
 pub fn reduce(redop: RedOp, n: usize, vals: impl Iterator<Item = i64>) -> i64 {
-    let mut acc: Option<i64> = None;
-    for v in vals {
-        acc = Some(match (acc, redop) {
-            (None, _) => v,
-            (Some(a), RedOp::Sum | RedOp::Avg) => a + v,
-            (Some(a), RedOp::Prod) => a * v,
-            (Some(a), RedOp::Min) => a.min(v),
-            (Some(a), RedOp::Max) => a.max(v),
-        });
-    }
-    let a = acc.unwrap_or(0);
-    if redop == RedOp::Avg {
-        a / n.max(1) as i64
-    } else {
-        a
-    }
+    let acc = vals.reduce(|a, v| redop.apply_exact(a, v)).unwrap_or(0);
+    redop.finish_exact(acc, n)
 }
 
 /// Writes `v` as one element of `dtype` into `out` (`dtype.size()` bytes; a shorter `out` gets

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use common::{counts, gpus, run_case, run_matrix, Local};
 use p2p_collective::{
-    Access, Algorithm, Call, Communicator, DataType, Error, Op, Options, RedOp, Registration,
+    Access, Algo, Call, Communicator, DataType, Error, Forced, Op, Options, Proto, RedOp,
+    Registration,
 };
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Graph, GraphExec, Stream};
 use p2p_testkit::Held;
@@ -108,8 +109,9 @@ fn gpu2_all_reduce_matrix() {
 /// Every collective on buffers off a 16-byte boundary: views one element (input) and three
 /// elements (output) into their allocations, so every region starts off a boundary, input and
 /// output unlike for elements under 8 bytes, and most counts put ranks' parts off one too (the
-/// `_shift` kernels, whose copies realign their words, perf-notes §44). Then a reduction's
-/// buffer off its element's alignment is refused before any launch.
+/// `_shift` kernels, whose copies realign their words: docs/performance.md, "Unaligned copies
+/// and reductions"). Then a reduction's buffer off its element's alignment is refused before
+/// any launch.
 /// `synchronize` on a stream that holds a user's kernel longer than the communicator's time
 /// limit plus `SYNC_GRACE` returns `NotDrained` at that limit (it used to wait for as long as
 /// the kernel ran), stops nothing, and a later `synchronize` succeeds once the kernel ends.
@@ -177,15 +179,11 @@ unsafe fn window_call() -> Option<(Vec<Local>, Call, Vec<Registration>, Duration
     }
     let call = Call::new(Op::AllGather, DataType::F32, count);
     let access = Access {
-        input: false,
         output: true,
-        in_place: false,
+        ..Access::NONE
     };
-    let kind = ls[0].comm.plan_with(&call, access).kind;
-    assert!(
-        kind.is_direct() || kind.is_ce(),
-        "{kind:?} does not use the window"
-    );
+    let plan = ls[0].comm.plan_with(&call, access);
+    assert!(plan.uses_windows(), "{plan:?} does not use the window");
     // SAFETY: forwarded from the caller.
     let regs = unsafe { register_outputs(&ls) };
     let limit = timeout + p2p_collective::comm::SYNC_GRACE;
@@ -394,17 +392,17 @@ fn gpu2_collectives_on_buffers_off_a_16_byte_boundary() {
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_all_reduce_matrix_every_forced_algorithm() {
-    for algorithm in [
-        Algorithm::TwoShot,
-        Algorithm::Ring,
-        Algorithm::Ll,
-        Algorithm::Pipe,
+    for forced in [
+        Forced::algo(Algo::TwoShot),
+        Forced::algo(Algo::Ring),
+        Forced::pair(Algo::OneShot, Proto::Ll),
+        Forced::algo(Algo::Pipe),
     ] {
-        eprintln!("algorithm {}", algorithm.name());
+        eprintln!("{}", forced.describe());
         matrix(
             &[Op::AllReduce],
             Options {
-                algorithm: Some(algorithm),
+                forced,
                 ..env_options()
             },
         );
@@ -547,25 +545,22 @@ fn graph_replay_with_changing_inputs(options: Options, ce: bool) {
             regs.extend(unsafe { Communicator::register_all(&refs, &bufs) }.expect("register_all"));
         }
         let access = Access {
-            input: false,
             output: true,
             in_place: true,
+            ..Access::NONE
         };
-        let plan = |op, access| {
+        let proto = |op, access| {
             comms[0]
                 .plan_with(&Call::new(op, DataType::F32, count), access)
-                .kind
+                .proto
         };
-        assert_eq!(
-            plan(Op::AllGather, access),
-            p2p_collective::plan::Kind::AllGatherCe
-        );
+        assert_eq!(proto(Op::AllGather, access), Proto::CopyEngine);
         let out_of_place = Access {
             in_place: false,
             ..access
         };
         assert_eq!(
-            plan(Op::AllReduce, out_of_place) == p2p_collective::plan::Kind::AllReduceCe,
+            proto(Op::AllReduce, out_of_place) == Proto::CopyEngine,
             n == 2
         );
         regs
@@ -692,12 +687,8 @@ fn assert_unusable(comm: &Communicator) {
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_a_missing_peer_in_a_copy_engine_call_is_named() {
-    use p2p_collective::plan::Kind;
     const N: usize = 1 << 16;
-    for (op, want) in [
-        (Op::AllToAll, Kind::AllToAllCe),
-        (Op::AllReduce, Kind::AllReduceCe),
-    ] {
+    for op in [Op::AllToAll, Op::AllReduce] {
         let devices = gpus(2);
         // Declared before the communicators, so dropped after them (and their registrations).
         let ins = devices[..2]
@@ -736,9 +727,13 @@ fn gpu2_a_missing_peer_in_a_copy_engine_call_is_named() {
         let access = Access {
             input: true,
             output: true,
-            in_place: false,
+            ..Access::NONE
         };
-        assert_eq!(comms[0].plan_with(&call, access).kind, want, "{op}");
+        assert_eq!(
+            comms[0].plan_with(&call, access).proto,
+            Proto::CopyEngine,
+            "{op}"
+        );
         let stream = Stream::new(&devices[0]).expect("stream");
         let t = Instant::now();
         comms[0]
@@ -933,21 +928,19 @@ fn gpu2_rounding_inputs_give_bitwise_identical_results_on_every_rank() {
         x ^= x >> 29;
         ((x >> 40) as f32 / (1u64 << 23) as f32) - 1.0
     };
-    for algorithm in [
-        Algorithm::OneShot,
-        Algorithm::TwoShot,
-        Algorithm::Ring,
-        Algorithm::Ll,
-        Algorithm::Pipe,
+    for forced in [
+        Forced::algo(Algo::OneShot),
+        Forced::algo(Algo::TwoShot),
+        Forced::algo(Algo::Ring),
+        Forced::pair(Algo::OneShot, Proto::Ll),
+        Forced::algo(Algo::Pipe),
     ] {
         // LL carries at most 512 KiB.
-        let count = if algorithm == Algorithm::Ll {
-            60_001
-        } else {
-            count
-        };
+        let ll = forced.proto == Some(Proto::Ll);
+        let count = if ll { 60_001 } else { count };
+        let name = forced.describe();
         let options = Options {
-            algorithm: Some(algorithm),
+            forced,
             ..env_options()
         };
         let comms = Communicator::init_all_with(&devices, options).expect("init_all");
@@ -986,13 +979,11 @@ fn gpu2_rounding_inputs_give_bitwise_identical_results_on_every_rank() {
                     .filter(|(a, b)| a != b)
                     .count();
                 assert_eq!(
-                    differ,
-                    0,
-                    "{} {dtype}: rank {r} differs from rank 0 in {differ} elements",
-                    algorithm.name()
+                    differ, 0,
+                    "{name} {dtype}: rank {r} differs from rank 0 in {differ} elements"
                 );
             }
-            if algorithm != Algorithm::Ring {
+            if forced.algo != Some(Algo::Ring) {
                 let size = dtype.size();
                 let elem = |r: usize, i: usize| -> f32 {
                     let b = &host[r][i * size..(i + 1) * size];
@@ -1016,13 +1007,11 @@ fn gpu2_rounding_inputs_give_bitwise_identical_results_on_every_rank() {
                     wrong += (outs[0][i * size..(i + 1) * size] != want[..]) as usize;
                 }
                 assert_eq!(
-                    wrong,
-                    0,
-                    "{} {dtype}: {wrong} elements differ from the rank-order sum",
-                    algorithm.name()
+                    wrong, 0,
+                    "{name} {dtype}: {wrong} elements differ from the rank-order sum"
                 );
             }
-            eprintln!("{} {dtype}: {n} ranks bitwise identical", algorithm.name());
+            eprintln!("{name} {dtype}: {n} ranks bitwise identical");
         }
     }
 }
@@ -1040,21 +1029,21 @@ fn gpu2_varying_sizes_back_to_back_for_every_algorithm() {
         let cap = if k % 5 == 0 { 40_000 } else { 16_384 };
         1 + (x % cap as u64) as usize
     });
-    let algorithms = [
-        None,
-        Some(Algorithm::Ll),
-        Some(Algorithm::OneShot),
-        Some(Algorithm::TwoShot),
-        Some(Algorithm::Ring),
-        Some(Algorithm::Pipe),
+    let forced = [
+        Forced::AUTO,
+        Forced::pair(Algo::OneShot, Proto::Ll),
+        Forced::algo(Algo::OneShot),
+        Forced::algo(Algo::TwoShot),
+        Forced::algo(Algo::Ring),
+        Forced::algo(Algo::Pipe),
     ];
-    for algorithm in algorithms {
-        let name = algorithm.map_or("auto", |a| a.name());
+    for forced in forced {
+        let name = forced.describe();
         let options = Options {
-            algorithm,
+            forced,
             ..env_options()
         };
-        back_to_back(name, options, &sizes, |_| false);
+        back_to_back(&name, options, &sizes, |_| false);
     }
 }
 
@@ -1161,7 +1150,7 @@ fn back_to_back(name: &str, options: Options, sizes: &[usize], in_place: impl Fn
                         first = format!(
                             "call {c} ({} elements, {:?}, in place {}), rank {r}, element {i}: got {g}, want {want}",
                             sizes[c],
-                            comms[r].plan(&Call::new(Op::AllReduce, DataType::F32, sizes[c])).kind,
+                            comms[r].plan(&Call::new(Op::AllReduce, DataType::F32, sizes[c])).route(),
                             in_place(c)
                         );
                     }
@@ -1214,10 +1203,7 @@ fn gpu2_split_broadcast_and_reduce_matrix() {
     if n > 2 {
         let comms = locals(options.clone(), 1);
         let call = Call::new(Op::Broadcast, DataType::F32, 1);
-        assert_eq!(
-            comms[0].comm.plan(&call).kind,
-            p2p_collective::plan::Kind::BroadcastSplit
-        );
+        assert_eq!(comms[0].comm.plan(&call).algo, Algo::Split);
     }
     matrix(&[Op::Broadcast, Op::Reduce], options);
 }
@@ -1252,9 +1238,9 @@ fn gpu2_registered_buffers_matrix() {
     registered_matrix(
         without_ll(|t| t.direct_min_bytes = 0),
         &Op::ALL,
-        |op, kind, _| {
+        |op, plan, _| {
             let direct = n > 2 || matches!(op, Op::AllGather | Op::ReduceScatter);
-            assert_eq!(kind.is_direct(), direct, "{op}: {kind:?}");
+            assert_eq!(plan.algo == Algo::Direct, direct, "{op}: {plan:?}");
         },
     );
 }
@@ -1278,36 +1264,34 @@ fn gpu2_copy_engine_matrix_on_two_streams() {
 }
 
 fn copy_engine_matrix(streams: usize) {
-    use p2p_collective::plan::Kind;
     let two = world() == 2;
     registered_matrix(
         copy_engine_options(streams),
         &[Op::AllReduce, Op::AllGather, Op::AllToAll],
         |op, out_of_place, in_place| {
-            let (want_out, want_in) = match op {
-                Op::AllReduce if two => (Some(Kind::AllReduceCe), None),
-                Op::AllReduce => (None, None),
-                Op::AllGather => (Some(Kind::AllGatherCe), Some(Kind::AllGatherCe)),
-                _ => (Some(Kind::AllToAllCe), None),
+            // Whether the copy engines run it, out of place and in place.
+            let want = match op {
+                Op::AllReduce => (two, false),
+                Op::AllGather => (true, true),
+                _ => (true, false),
             };
-            assert_eq!(
-                out_of_place.is_ce().then_some(out_of_place),
-                want_out,
-                "{op}"
+            let got = (
+                out_of_place.proto == Proto::CopyEngine,
+                in_place.proto == Proto::CopyEngine,
             );
-            assert_eq!(in_place.is_ce().then_some(in_place), want_in, "{op}");
+            assert_eq!(got, want, "{op}: {out_of_place:?} {in_place:?}");
         },
     );
 }
 
 /// Every collective in `ops` on buffers registered on every rank (`register_all`) with
 /// `options`, at every count (4096 and 65536 added: 16-byte aligned parts), type, reduction and
-/// root, in and out of place; `expect(op, kind, kind in place)` checks the plans of a
+/// root, in and out of place; `expect(op, plan, plan in place)` checks the plans of a
 /// registered 4096-element call first. Host-staged (`P2P_DISABLE=1`), checks that registration is refused instead.
 fn registered_matrix(
     options: Options,
     ops: &[Op],
-    expect: impl Fn(Op, p2p_collective::plan::Kind, p2p_collective::plan::Kind),
+    expect: impl Fn(Op, &p2p_collective::plan::Plan, &p2p_collective::plan::Plan),
 ) {
     let mut counts = counts();
     counts.extend([4096, 65536]);
@@ -1337,7 +1321,7 @@ fn registered_matrix(
     let access = Access {
         input: true,
         output: true,
-        in_place: false,
+        ..Access::NONE
     };
     let n = ls.len();
     for &op in ops {
@@ -1351,8 +1335,8 @@ fn registered_matrix(
         };
         expect(
             op,
-            ls[0].comm.plan_with(&call, access).kind,
-            ls[0].comm.plan_with(&call, in_place).kind,
+            &ls[0].comm.plan_with(&call, access),
+            &ls[0].comm.plan_with(&call, in_place),
         );
     }
     let s = run_matrix(&mut ls, ops, &counts);
@@ -1480,7 +1464,7 @@ fn gpu2_back_to_back_calls_under_graph_never_stall() {
     for op in Op::ALL {
         for root in 0..if op.rooted() { n } else { 1 } {
             let call = Call::new(op, DataType::F32, count).root(root);
-            assert!(ls[0].comm.plan(&call).kind.is_ll(), "{op}");
+            assert_eq!(ls[0].comm.plan(&call).proto, Proto::Ll, "{op}");
             // One checked call sets the inputs (and checks the path once).
             let (wrong, detail) = run_case(&mut ls, &call, false);
             assert_eq!(wrong, 0, "{op} root {root}: {detail}");

@@ -1,14 +1,12 @@
-//! The collective kernels compile for sm_80 and sm_90, in the parts a communicator loads. Needs
+//! The collective kernels compile for sm_80 and sm_90, in the parts a communicator loads, with
+//! every entry point the planner can name; and every kernel header compiles alone. Needs
 //! libnvrtc but no GPU: CI installs it from PyPI and runs this with `--ignored`; the bundle's
 //! run.sh runs it on GPU machines.
 
-use p2p_collective::comm::COLL_PARTS;
-use p2p_mem::kernel::{check_image, compile_all};
-
-const TYPES: [&str; 7] = ["f32", "f64", "f16", "bf16", "i32", "i64", "u8"];
-const FAMILIES: [&str; 8] = [
-    "", "_ll", "_ll2", "_direct", "_split", "_ce", "_pipe", "_shift",
-];
+use p2p_collective::comm::{kernel_name, COLL_PARTS};
+use p2p_collective::plan::Entry;
+use p2p_collective::DataType;
+use p2p_mem::kernel::{check_image, compile, compile_all, Source};
 
 fn holds(cubin: &[u8], kernel: &str) -> bool {
     cubin
@@ -19,7 +17,7 @@ fn holds(cubin: &[u8], kernel: &str) -> bool {
 #[test]
 #[ignore = "needs libnvrtc (CI installs it from PyPI)"]
 fn every_part_of_the_collective_kernels_compiles_for_sm80_and_sm90_with_its_kernels_only() {
-    assert_eq!(COLL_PARTS.len(), TYPES.len() + 1);
+    assert_eq!(COLL_PARTS.len(), DataType::ALL.len() + 1);
     for arch in ["sm_80", "sm_90"] {
         let t = std::time::Instant::now();
         let cubins = compile_all(&COLL_PARTS, arch).unwrap_or_else(|e| panic!("{e}"));
@@ -29,9 +27,9 @@ fn every_part_of_the_collective_kernels_compiles_for_sm80_and_sm90_with_its_kern
             // What Module::load checks before the driver sees it (every table, section and
             // segment inside the image): NVRTC's own cubins must pass.
             check_image(cubin).unwrap_or_else(|e| panic!("part {part} for {arch}: {e}"));
-            for (k, ty) in TYPES.iter().enumerate() {
-                for family in FAMILIES {
-                    let kernel = format!("coll_{ty}{family}");
+            for (k, dtype) in DataType::ALL.into_iter().enumerate() {
+                for entry in Entry::all() {
+                    let kernel = kernel_name(entry, dtype);
                     assert_eq!(
                         holds(cubin, &kernel),
                         k == part,
@@ -41,7 +39,7 @@ fn every_part_of_the_collective_kernels_compiles_for_sm80_and_sm90_with_its_kern
             }
             assert_eq!(
                 holds(cubin, "p2p_sendrecv"),
-                part == TYPES.len(),
+                part == DataType::ALL.len(),
                 "p2p_sendrecv in the {arch} cubin of part {part}"
             );
         }
@@ -51,6 +49,42 @@ fn every_part_of_the_collective_kernels_compiles_for_sm80_and_sm90_with_its_kern
             cubins.iter().map(Vec::len).sum::<usize>(),
             t.elapsed()
         );
+    }
+}
+
+/// Every header of the kernels (`src/kernels/`, the interface header too) includes what it uses:
+/// flattened from itself alone, each compiles (with the first part's kernels, to keep it short).
+#[test]
+#[ignore = "needs libnvrtc (CI installs it from PyPI)"]
+fn every_kernel_header_compiles_alone() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/kernels");
+    let mut headers = Vec::new();
+    for sub in ["", "coll", "coll/algo", "coll/proto"] {
+        for entry in std::fs::read_dir(dir.join(sub)).expect("the kernels' folder") {
+            let path = entry.expect("an entry").path();
+            if path.extension().is_some_and(|x| x == "cuh" || x == "h") {
+                headers.push(
+                    path.strip_prefix(&dir)
+                        .expect("inside")
+                        .display()
+                        .to_string(),
+                );
+            }
+        }
+    }
+    headers.sort();
+    assert!(headers.len() >= 15, "{headers:?}");
+    for header in &headers {
+        let program =
+            p2p_abigen::program::flatten(&dir, &[header]).unwrap_or_else(|e| panic!("{e}"));
+        let source = Source {
+            name: Box::leak(header.clone().into_boxed_str()),
+            code: Box::leak(program.text.into_boxed_str()),
+            defines: &["COLL_PART=0"],
+            shipped: &[],
+        };
+        compile(&source, "sm_90").unwrap_or_else(|e| panic!("{header} alone: {e}"));
+        eprintln!("{header}: compiles alone ({} files)", program.files.len());
     }
 }
 

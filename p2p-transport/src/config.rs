@@ -311,12 +311,36 @@ pub fn parse_choice<T: Copy>(
         })
 }
 
+/// The process environment as `(name, value)` pairs, what every crate's settings are read
+/// from (a name that is not text is left out; a value that is not text reads as empty, which
+/// every setting refuses).
+pub fn environment() -> impl Iterator<Item = (String, String)> {
+    std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().unwrap_or_default())))
+}
+
+/// Reads a time limit in whole milliseconds, 1 up to `max`, or an error naming the variable,
+/// the value and the range. For the settings of higher layers too.
+pub fn parse_millis(
+    variable: &str,
+    value: &str,
+    max: std::time::Duration,
+) -> Result<std::time::Duration, ConfigError> {
+    let most = max.as_millis().min(u64::MAX as u128) as u64;
+    match value.trim().parse::<u64>() {
+        Ok(ms) if ms > 0 && ms <= most => Ok(std::time::Duration::from_millis(ms)),
+        _ => Err(invalid(
+            variable,
+            value,
+            &format!("a whole number of milliseconds, 1 to {most}"),
+        )),
+    }
+}
+
 impl Config {
     /// Reads the process environment.
     pub fn from_env() -> Result<Config, ConfigError> {
-        Self::from_vars(std::env::vars_os().filter_map(|(k, v)| {
-            Some((k.into_string().ok()?, v.into_string().unwrap_or_default()))
-        }))
+        Self::from_vars(environment())
     }
 
     /// As [`from_env`](Self::from_env), for libraries inside a user's program: an unknown
@@ -324,12 +348,7 @@ impl Config {
     /// a bad value of a known one is still an error. `p2p-bench` reads its settings this way
     /// too, so the tool and the library treat a variable alike.
     pub fn from_env_lenient() -> Result<Config, ConfigError> {
-        Self::read(
-            std::env::vars_os().filter_map(|(k, v)| {
-                Some((k.into_string().ok()?, v.into_string().unwrap_or_default()))
-            }),
-            false,
-        )
+        Self::read(environment(), false)
     }
 
     /// Reads `(name, value)` pairs; names not starting with `P2P_` are ignored, an unknown

@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
-"""Builds `p2p-bench` binaries whose split reduce (`K_REDUCE_SPLIT`, broadcasts and reduces from
+"""Builds `p2p-bench` binaries whose split reduce (`algo/split.cuh`, broadcasts and reduces from
 1 MiB on more than two ranks) leaves one phase out, for timing by omission on a GPU machine
-(perf-notes §55: where the 4-rank reduce's time goes, without counters; ncu cannot profile a
-collective, it serialises the ranks' kernels and each waits for the others).
+(docs/performance.md, "Two-shot and the split broadcast and reduce": where the 4-rank reduce's
+time goes, without counters; ncu cannot profile a collective, it serialises the ranks' kernels
+and each waits for the others).
 
 Run here (the developer machine), from the repository:
     python3 scripts/exp/split-variants.py [LABEL...]     (default: every variant)
 It copies HEAD's tree into a git worktree under target/exp-tree, edits
-p2p-collective/src/kernels/coll/steps.cuh there (each edit must match exactly, or the script
-stops), compiles the kernels into the worktree's shipped archives with NVRTC 12.4 (`cargo xtask
-kernels`: an edit that does not compile stops the script here, not on the GPU), builds
-`p2p-bench` (release, in the worktree's target/) and writes
-target/ab/p2p-bench-split-LABEL. Then on the GPU machine, carrying target/ab:
+p2p-collective/src/kernels/coll/algo/split.cuh there (each edit must match exactly, or the
+script stops), checks with NVRTC that every kernel header still compiles (the kernels test
+`every_kernel_header_compiles_alone`, libnvrtc from target/nvrtc as .ci/run installs it: an edit
+that does not compile stops the script here, not on the GPU), builds `p2p-bench` (release, in
+the worktree's target/) and writes target/ab/p2p-bench-split-LABEL. The edited binaries carry
+no shipped cubins for their edited source: they compile it with the GPU machine's NVRTC at
+first use (about 10 s, cached). Then on the GPU machine, carrying target/ab:
     ROUNDS=2 BENCH_TIMEOUT=90 bash bench.sh ab base=../ab/p2p-bench-split-base \\
         nosend=../ab/p2p-bench-split-nosend ... -- coll --gpus 4 --ops reduce \\
         --min-bytes 2097152 --max-mib 1024 --factor 8 --no-nccl --no-registered --samples 10
@@ -28,42 +31,37 @@ import shutil
 import subprocess
 import sys
 
-STEPS = "p2p-collective/src/kernels/coll/steps.cuh"
+SPLIT = "p2p-collective/src/kernels/coll/algo/split.cuh"
 
-SEND = """                    copy_bytes(SLOT(q, par1, me) + jlo * E, (const unsigned char*)(in + lo + jlo), (jhi - jlo) * E);
-                }
-                if (barrier(a, ++step, &err)) return;
-                if (me != a.root) {
-                    const int j = nonroot_index(me, a.root);
-                    u64 mlo, mhi;
-                    part_of(j, sub, n, mlo, mhi);
-                    for (int r = 0; r < N; ++r)"""
-REDUCE = """                    reduce_into<T>((T*)(SLOT(a.root, par2, me) + mlo * E), dsts, 0, srcs, N, mhi - mlo, a.redop, N);"""
-OUT = """                if (barrier(a, ++step, &err)) return;
-                if (me == a.root) {
-                    for (int q = 0; q < N; ++q) {
-                        if (q == me) continue;
-                        const int j = nonroot_index(q, a.root);
-                        u64 qlo, qhi;
-                        part_of(j, sub, n, qlo, qhi);
-                        copy_bytes((unsigned char*)(out + lo + qlo), SLOT(me, par2, q) + qlo * E, (qhi - qlo) * E);
-                    }
-                }
-                break;
+SEND = """            copy_bytes(slot(q, par1, me) + jlo * E, (const unsigned char*)(in + lo + jlo), (jhi - jlo) * E);
+        }
+        if (barrier(a, ++step, err)) return 1;
+        if (me != a.root) {"""
+REDUCE = """            reduce_into<T>((T*)(slot(a.root, par2, me) + mlo * E), dsts, 0, srcs, N, mhi - mlo, a.redop, N);"""
+OUT = """        if (barrier(a, ++step, err)) return 1;
+        if (me == a.root) {
+            for (int q = 0; q < N; ++q) {
+                if (q == me) continue;
+                const int j = nonroot_index(q, a.root);
+                u64 qlo, qhi;
+                part_of(j, sub, n, qlo, qhi);
+                copy_bytes((unsigned char*)(out + lo + qlo), slot(me, par2, q) + qlo * E, (qhi - qlo) * E);
             }
-            default:"""
+        }
+        return 0;
+    });"""
 
 VARIANTS = {
     "base": [],
-    "nosend": [(SEND, SEND.replace("                    copy_bytes(SLOT(q, par1, me)",
-                                   "                    if (0) copy_bytes(SLOT(q, par1, me)", 1))],
-    "copy2": [(REDUCE, "                    copy_bytes(SLOT(a.root, par2, me) + mlo * E, "
+    "nosend": [(SEND, SEND.replace("            copy_bytes(slot(q, par1, me)",
+                                   "            if (0) copy_bytes(slot(q, par1, me)", 1))],
+    "copy2": [(REDUCE, "            copy_bytes(slot(a.root, par2, me) + mlo * E, "
                        "(const unsigned char*)(in + lo + mlo), (mhi - mlo) * E);")],
-    "noout": [(OUT, OUT.replace("                if (me == a.root) {",
-                                "                if (0) {", 1))],
-    "nobar2": [(OUT, OUT.replace("                if (barrier(a, ++step, &err)) return;\n"
-                                 "                if (me == a.root) {",
-                                 "                if (0) {", 1))],
+    "noout": [(OUT, OUT.replace("        if (me == a.root) {",
+                                "        if (0) {", 1))],
+    "nobar2": [(OUT, OUT.replace("        if (barrier(a, ++step, err)) return 1;\n"
+                                 "        if (me == a.root) {",
+                                 "        if (0) {", 1))],
 }
 
 
@@ -84,19 +82,21 @@ def main(labels):
         run("git", "worktree", "remove", "--force", tree)
     run("git", "worktree", "add", "--detach", tree, "HEAD")
     os.makedirs(os.path.join(root, "target", "ab"), exist_ok=True)
-    steps = os.path.join(tree, STEPS)
-    original = open(steps).read()
+    split = os.path.join(tree, SPLIT)
+    original = open(split).read()
+    nvrtc = os.path.join(root, "target", "nvrtc", "nvidia", "cu13", "lib")
+    env = dict(os.environ, LD_LIBRARY_PATH=nvrtc)
     try:
         for label in labels or list(VARIANTS):
             text = original
             for old, new in VARIANTS[label]:
                 if text.count(old) != 1:
-                    sys.exit(f"{label}: the code to edit is not in {STEPS} once: the kernel "
+                    sys.exit(f"{label}: the code to edit is not in {SPLIT} once: the kernel "
                              "changed; update this script")
                 text = text.replace(old, new)
-            open(steps, "w").write(text)
-            # The worktree's own target/ (xtask kernels runs target/release/p2p-bench there).
-            run("cargo", "xtask", "kernels", cwd=tree)
+            open(split, "w").write(text)
+            run("cargo", "test", "-p", "p2p-collective", "--test", "kernels", "--",
+                "--ignored", "every_kernel_header_compiles_alone", cwd=tree, env=env)
             run("cargo", "build", "--release", "-p", "p2p-benches", "--bin", "p2p-bench",
                 cwd=tree)
             dst = os.path.join(root, "target", "ab", f"p2p-bench-split-{label}")

@@ -9,7 +9,7 @@ For each trace: the thread that launched the most kernels; the driver API calls 
 launch (by name, so two binaries that issue different calls are told apart at once); the time
 inside a launch call and the gap from the end of one launch call to the start of the next
 (the host code between them, and any other API call there), as median, p10 and p90; and the
-share of gaps over 2 us. perf-notes §54.
+share of gaps over 2 us. See docs/performance.md, "Host cost of a call".
 """
 import csv
 import statistics as st

@@ -13,17 +13,20 @@
 #                 1 GiB, factor FACTOR (default 8), with the graph gate and the watchdog
 #                 (TABLE_TIMEOUT, default 540 s; a run cut short keeps its rows in
 #                 coll-partial.json; TABLE_ARGS: more flags). ~2 min at 2 ranks.
-#   probe         the benchmark's hang (perf-notes §47: NCCL issue 1859 with
-#                 --nccl-shared-p2p-buffers, the same without registration, the default, the
-#                 issue's own 1 GiB command); graph timing with and without the gate beside
-#                 nccl-tests -G 100 (small all-reduce); the copy engines on 4 and 3 ranks
-#                 against the defaults (perf-notes §35; skipped where the GPUs are fewer),
-#                 all-gather and all-to-all from 16 MiB. ~8 min on 4 GPUs.
-#   ce [W]        the copy engines on more than two ranks (perf-notes §35) at W ranks (default
-#                 every GPU): all-gather and all-to-all from 16 MiB with --ce-more-ranks-mib 0
-#                 against the defaults, two rounds (130 s each run). ~5 min.
-#   host          `p2p-bench host` on 2, 3 and every GPU (those the machine has), two rounds:
-#                 the host's cost of one call, split (perf-notes §38; no NCCL). ~2 min.
+#   probe         the benchmark's hang (docs/performance.md, "How we measure": NCCL issue 1859 with
+#                 --nccl-shared-p2p-buffers, the same without registration, the default, the issue's
+#                 own 1 GiB command); graph timing with and without the gate beside
+#                 nccl-tests -G 100 (small all-reduce); the copy engines on 4 and 3 ranks against
+#                 the defaults (docs/performance.md, "Copy engines for all-gather and
+#                 all-to-all"; skipped where the GPUs are fewer), all-gather and all-to-all from
+#                 16 MiB. ~8 min on 4 GPUs.
+#   ce [W]        the copy engines on more than two ranks (docs/performance.md, "Copy engines for
+#                 all-gather and all-to-all"; owed: docs/runbook.md, "Runs still owed") at W ranks
+#                 (default every GPU): all-gather and all-to-all from 16 MiB with
+#                 --ce-more-ranks-mib 0 against the defaults, two rounds (130 s each run). ~5 min.
+#   host          `p2p-bench host` on 2, 3 and every GPU (those the machine has), two rounds: the
+#                 host's cost of one call, split (docs/performance.md, "Host cost of a call"; no
+#                 NCCL). ~2 min.
 #   sendrecv      nccl-tests sendrecv and alltoall (plain, graph, registered windows under
 #                 graph), `p2p-bench sendrecv` (ring and all-to-all, ours beside NCCL plain and on
 #                 ncclMemAlloc buffers, eager and graph) and a short `p2p-bench coll`
@@ -139,8 +142,8 @@ phase_sendrecv() {
   need 2 || exit 0
   same_nccl
   # nccl-tests' own send/recv and all-to-all beside ours: plain, under graph (where NCCL
-  # registers the user buffers: its best send/recv mode, perf-notes §26) and on ncclMemAlloc
-  # windows.
+  # registers the user buffers: its best send/recv mode, docs/performance.md, "Send and
+  # receive") and on ncclMemAlloc windows.
   nccl_tests_build
   nccl_tests_wait
   for exe in sendrecv alltoall; do

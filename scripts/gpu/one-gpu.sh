@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What a machine with ONE GPU (nvidia-h100-x1, nvidia-h200) can check of the multi-rank code:
+# What a machine with ONE GPU (1 x H100, 1 x H200) can check of the multi-rank code:
 # the one-GPU tests, then the collective suites with every rank on that GPU (ranks sharing a
 # GPU: in one process their kernels run side by side, with one process each they time-slice).
 # This checks the kernels' protocols (flags, steps, LL lines, scratch regions, copy-engine
@@ -19,10 +19,12 @@
 #   sharings           the process-per-rank matrix at 2 ranks with P2P_CUMEM=0 (legacy IPC)
 #                      and P2P_DISABLE=1 (host-staged). ~1 min.
 #   host               p2p-bench host at 2 and 4 ranks on the GPU, two rounds (BASE=path: A/B
-#                      against another build's p2p-bench; perf-notes §38). ~2 min.
+#                      against another build's p2p-bench; docs/performance.md, "Host cost of
+#                      a call"). ~2 min.
 #   compile            the time to a first communicator with an empty kernel cache (BASE=path:
 #                      another build's p2p-bench after this one's; ROUNDS), then with a warm one
-#                      (perf-notes §39). ~1 min a round.
+#                      (docs/performance.md, "The first compile and the kernel cache"). ~1 min
+#                      a round.
 #   extra              the examples with 2 ranks on the one GPU (p2p-bench launch, torchrun
 #                      with 2 and 4), and the fault-injection suite with 2 ranks
 #                      (FAULT_SECONDS, default 90). ~4 min.
@@ -136,9 +138,10 @@ phase_extra() {
 }
 
 phase_host() {
-  # p2p-bench host (perf-notes §38): the host's cost of one call, split into the launch, the
-  # argument block and ours, with 2 and 4 ranks on the GPU, two rounds; with BASE=path (a
-  # p2p-bench of another tree, e.g. ../ab/p2p-bench-X) that build runs first in each round.
+  # p2p-bench host (docs/performance.md, "Host cost of a call"): the host's cost of one call, split
+  # into the launch, the argument block and ours, with 2 and 4 ranks on the GPU, two rounds; with
+  # BASE=path (a p2p-bench of another tree, e.g. ../ab/p2p-bench-X) that build runs first in each
+  # round.
   local round w b tag f
   for round in 1 2; do
     for w in 2 4; do
@@ -154,9 +157,10 @@ phase_host() {
 }
 
 phase_compile() {
-  # The kernels' first compile (perf-notes §39): the time to a communicator (p2p-bench host
-  # at 2 ranks, 5 samples) with an empty kernel cache, this build then BASE's (a p2p-bench
-  # of another tree) if given, ROUNDS rounds (default 1); then this build with its cache warm.
+  # The kernels' first compile (docs/performance.md, "The first compile and the kernel cache"): the
+  # time to a communicator (p2p-bench host at 2 ranks, 5 samples) with an empty kernel cache, this
+  # build then BASE's (a p2p-bench of another tree) if given, ROUNDS rounds (default 1); then this
+  # build with its cache warm.
   # NVRTC 13's own cache (~/.nv/ComputeCache) stays off, or a repeat would not compile.
   local round b tag f cache t0 rc warm=
   export CUDA_CACHE_DISABLE=1

@@ -6,48 +6,49 @@
 # target/bundle for the p2p-bench phases; the nvcc phases need nvcc and the repository copy
 # (p2p-collective/src/kernels). Each phase's results: $OUT/sweep-PHASE[-ARG].tgz (summary.txt
 # first; the nvcc phases also copy their table into $OUT). Times on 2 x H200.
-#   pipe        the pipelined one-shot all-reduce (perf-notes §33): the collective suites (one
-#               process; process per GPU) with a count in the pipelined range (SKIP_TESTS=1:
-#               not); ours only, f32 all-reduce 512 KiB-32 MiB, the defaults (one-shot) against
-#               the pipelined kernel (--pipe-max-kib 16384) at sub-pieces of SUBS KiB (default
-#               "2 4 8 16") and BLOCKS KiB per block (default "8 16") (SKIP_SWEEP=1: not); then
-#               RUNS (default 2) runs of `p2p-bench coll --ops all_reduce` 64 KiB-64 MiB beside
-#               NCCL with the pipelined kernel on (PIPE_FLAGS, default --pipe-max-kib 16384) and
-#               with the defaults. ~6 min.
-#   own-ce      the own part by the copy engine (perf-notes §34): its test, then RUNS rounds of
-#               all-gather and all-to-all 4 MiB-1 GiB (plain buffers, NCCL beside) with
-#               --ce-own-mib 0 against the defaults (SKIP_TESTS=1: no test). ~5 min.
-#   ce-streams  each copy-engine copy split over two streams (perf-notes §36): its test
-#               (copy_engine_matrix), then registered all-gather and all-to-all 64 MiB-1 GiB by
-#               the copy engines (--ce-mib 64 in both arms) with --ce-streams 2 against the
-#               defaults, RUNS rounds. ~5 min.
+#   pipe        the pipelined one-shot all-reduce (docs/performance.md, "The pipelined one-shot
+#               all-reduce"): the collective suites (one process; process per GPU) with a count in
+#               the pipelined range (SKIP_TESTS=1: not); ours only, f32 all-reduce 512 KiB-32 MiB,
+#               the defaults (one-shot) against the pipelined kernel (--pipe-max-kib 16384) at
+#               sub-pieces of SUBS KiB (default "2 4 8 16") and BLOCKS KiB per block
+#               (default "8 16") (SKIP_SWEEP=1: not); then RUNS (default 2) runs of `p2p-bench
+#               coll --ops all_reduce` 64 KiB-64 MiB beside NCCL with the pipelined kernel on
+#               (PIPE_FLAGS, default --pipe-max-kib 16384) and with the defaults. ~6 min.
+#   own-ce      the own part by the copy engine (docs/performance.md, "The own part by the copy
+#               engine"): its test, then RUNS rounds of all-gather and all-to-all 4 MiB-1 GiB (plain
+#               buffers, NCCL beside) with --ce-own-mib 0 against the defaults (SKIP_TESTS=1: no
+#               test). ~5 min.
+#   ce-streams  each copy-engine copy split over two streams (docs/performance.md, "Copy engines for
+#               all-gather and all-to-all"): its test (copy_engine_matrix), then registered
+#               all-gather and all-to-all 64 MiB-1 GiB by the copy engines (--ce-mib 64 in both
+#               arms) with --ce-streams 2 against the defaults, RUNS rounds. ~5 min.
 #   planner [W...]  the planner's choices against each forced alternative, ours only, at each W
 #               ranks (default every size from the GPU count down to 2; one size a command on
 #               4+ GPUs): f32 all-reduce with each algorithm forced (one-shot, two-shot, ring
 #               from 64 KiB; LL to 1 MiB) and with LL off; every collective with LL off to
 #               4 MiB; broadcast and reduce without the split, 256 KiB-64 MiB. 120 s a run,
 #               ~4-8 min a size.
-#   ll-floor [REPLAYS]  where a small all-reduce's time goes on 2 GPUs (perf-notes §28): the
-#               launch floor, the LL exchange floor and the real coll_f32_ll, per call under
-#               CUDA graph, with and without programmatic dependent launch
+#   ll-floor [REPLAYS]  where a small all-reduce's time goes on 2 GPUs (docs/performance.md,
+#               "All-reduce, LL"): the launch floor, the LL exchange floor and the real coll_f32_ll,
+#               per call under CUDA graph, with and without programmatic dependent launch
 #               (harness/ll_floor.cu; REPLAYS default 20). BASE=DIR (another tree's
-#               p2p-collective/src/kernels) also builds and runs DIR's kernels first (an A/B
-#               in one run; it needs run_ll's KIND/NR template parameters and the LL_PROBE
-#               marks). Needs nvcc, 2 GPUs. ~2 min.
-#   p2p [VARIANT...]  the send/recv sweep (perf-notes §25): the real p2p_sendrecv built by nvcc
-#               from coll_abi.h (each VARIANT: LABEL then :NAME=VALUE pairs, each replacing a
-#               #define of coll_abi.h, e.g. noll:P2P_LL_BYTES=0; a bare LABEL is the header as
-#               it is; default: current, noll, ll8k, ll128k, u1) and coll.cu without the
-#               collective kernels, with harness/p2p_sweep.cu's host loop. ODD=1 adds an odd
-#               size after each power of two; MODE=pull|push GRID=N times a one-copy kernel (the
-#               bound for send/recv on registered buffers) instead. Takes every word after it,
-#               so it comes last. Needs nvcc, 2 GPUs. ~1 min a variant. (Not ncu: it serialises
-#               the two GPUs' kernels, and each waits for the other's.)
-#   launch-cost [CALLS [SAMPLES [ROUNDS]]]  the host cost of one kernel launch by the driver's
-#               entry points (perf-notes §38; harness/launch_cost.cu): cuLaunchKernel,
-#               cuLaunchKernelEx with no attribute and with programmatic dependent launch, with
-#               and without the collectives' 368-byte argument block, on one and two streams,
-#               and with the context switched among 1, 2 and 4 contexts. Needs nvcc, 1 GPU.
+#               p2p-collective/src/kernels) also builds and runs DIR's kernels first (an A/B in one
+#               run; it needs run_ll's KIND/NR template parameters and the LL_PROBE marks). Needs
+#               nvcc, 2 GPUs. ~2 min.
+#   p2p [VARIANT...]  the send/recv sweep (docs/performance.md, "Send and receive"): the real
+#               p2p_sendrecv built by nvcc from coll_abi.h (each VARIANT: LABEL then :NAME=VALUE
+#               pairs, each replacing a #define of coll_abi.h, e.g. noll:P2P_LL_BYTES=0; a bare
+#               LABEL is the header as it is; default: current, noll, ll8k, ll128k, u1) and coll.cu
+#               without the collective kernels, with harness/p2p_sweep.cu's host loop. ODD=1 adds an
+#               odd size after each power of two; MODE=pull|push GRID=N times a one-copy kernel (the
+#               bound for send/recv on registered buffers) instead. Takes every word after it, so it
+#               comes last. Needs nvcc, 2 GPUs. ~1 min a variant. (Not ncu: it serialises the two
+#               GPUs' kernels, and each waits for the other's.)
+#   launch-cost [CALLS [SAMPLES [ROUNDS]]]  the host cost of one kernel launch by the driver's entry
+#               points (docs/performance.md, "Host cost of a call"; harness/launch_cost.cu):
+#               cuLaunchKernel, cuLaunchKernelEx with no attribute and with programmatic dependent
+#               launch, with and without the collectives' 368-byte argument block, on one and two
+#               streams, and with the context switched among 1, 2 and 4 contexts. Needs nvcc, 1 GPU.
 #               ~1 min.
 source "$(dirname "$0")/common.sh"
 REST=p2p
@@ -56,19 +57,14 @@ kernels=$root/p2p-collective/src/kernels
 arch() { echo "${ARCH:-$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d .)}"; }
 # work: the nvcc phases' sources and binaries, outside the results.
 workdir() { work=$here/build/$name; rm -rf "$work"; mkdir -p "$work"; }
-# coll_text DIR: the collective kernels after coll_abi.h, from the kernels folder DIR: its
-# coll.cu where the tree has one, else the parts of DIR/coll/ in the order in which
-# p2p_collective::comm::COLL concatenates them (DIR/../comm/mod.rs).
-coll_text() {
-  local dir=$1 part
-  local -a parts
-  if [ -f "$dir/coll.cu" ]; then cat "$dir/coll.cu"; return; fi
-  mapfile -t parts < <(grep -o 'kernels/coll/[A-Za-z0-9_]*\.cuh' "$dir/../comm/mod.rs" 2>/dev/null)
-  if [ ${#parts[@]} -eq 0 ]; then
-    echo "no $dir/coll.cu, and no parts of it named in $dir/../comm/mod.rs" >&2
+# coll_include DIR FILE: the line that includes FILE of the kernels folder DIR's coll/ (each
+# header includes what it uses, so nvcc needs nothing else).
+coll_include() {
+  if [ ! -f "$1/coll/$2" ]; then
+    echo "no $1/coll/$2 (a tree from before the kernels were split by algorithm?)" >&2
     return 1
   fi
-  for part in "${parts[@]}"; do cat "$dir/${part#kernels/}"; done
+  echo "#include \"$(cd "$1" && pwd)/coll/$2\""
 }
 
 phase_pipe() {
@@ -157,19 +153,18 @@ phase_ll-floor() {
   need 2 || exit 0
   arch=$(arch)
   workdir
-  # ll_build NAME PRELUDE FLAGS [DIR]: the library's coll_f32 kernels (from DIR's coll_abi.h and
-  # coll.cu, default the repository's), PRELUDE in front of coll.cu, then the harness.
+  # ll_build NAME PRELUDE FLAGS [DIR]: the library's LL kernels for f32 (from DIR, default the
+  # repository's kernels), PRELUDE in front of them, then the harness.
   ll_build() {
     local bin=$1 prelude=$2 flags=$3 src=${4:-$kernels}
     {
-      cat "$src/coll_abi.h"
       [ -n "$prelude" ] && cat "$prelude"
-      # Only coll_f32's kernels (the others cost compile time).
-      coll_text "$src" | sed -e '/^COLL_KERNEL(coll_/{/^COLL_KERNEL(coll_f32,/!d}'
+      coll_include "$src" proto/ll.cuh
       cat "$harness/harness.cuh" "$harness/ll_floor.cu"
     } >"$work/$bin.cu"
+    # Only the f32 part (COLL_PART=0): the other types cost compile time.
     # shellcheck disable=SC2086 # no flags or one
-    timeout 300 nvcc -O3 -std=c++17 -arch="sm_$arch" $flags -o "$work/$bin" "$work/$bin.cu" >"$res/$bin.build.log" 2>&1
+    timeout 300 nvcc -O3 -std=c++17 -arch="sm_$arch" -DCOLL_PART=0 $flags -o "$work/$bin" "$work/$bin.cu" >"$res/$bin.build.log" 2>&1
   }
   # Two builds: as the library's (no marks) and with ll_probe.cuh's timing marks in run_ll.
   names="ll_floor ll_probe"
@@ -205,18 +200,21 @@ phase_p2p() {
   fi
   arch=$(arch)
   workdir
-  # p2p_build LABEL [NAME=VALUE...]: the send/recv kernel with those #defines, and the harness.
+  # p2p_build LABEL [NAME=VALUE...]: the send/recv kernel (the send/recv part, COLL_PART=7) from
+  # a copy of the kernels whose coll_abi.h has those #defines, and the harness.
   p2p_build() {
     local label=$1 kv
     local -a edits=(-e "")
     shift
     for kv in "$@"; do edits+=(-e "s/^#define ${kv%%=*} .*/#define ${kv%%=*} (${kv#*=})/"); done
+    rm -rf "$work/$label-kernels"
+    cp -r "$kernels" "$work/$label-kernels"
+    sed -E -i "${edits[@]}" "$work/$label-kernels/coll_abi.h"
     {
-      sed -E "${edits[@]}" "$kernels/coll_abi.h"
-      coll_text "$kernels" | sed -e '/^COLL_KERNEL(coll_/d'
+      coll_include "$work/$label-kernels" p2p.cuh
       cat "$harness/harness.cuh" "$harness/p2p_sweep.cu"
     } >"$work/$label.cu"
-    timeout 300 nvcc -O3 -std=c++17 -arch="sm_$arch" -o "$work/$label" "$work/$label.cu" >"$res/$label.build.log" 2>&1
+    timeout 300 nvcc -O3 -std=c++17 -arch="sm_$arch" -DCOLL_PART=7 -o "$work/$label" "$work/$label.cu" >"$res/$label.build.log" 2>&1
   }
   t0=$(date +%s)
   for v in "${variants[@]}"; do

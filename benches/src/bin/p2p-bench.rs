@@ -175,7 +175,7 @@ enum Command {
     },
     /// Host time to issue one call, split: binding the context, an empty kernel launched as
     /// ours, the same with our argument block, our all-reduce (8 B, 8 KiB, in place); prints a
-    /// Markdown table (perf-notes §38).
+    /// Markdown table.
     Host {
         /// How many GPUs, one rank each (0: all).
         #[arg(long, default_value_t = 0)]
@@ -626,12 +626,11 @@ struct TuningArgs {
     ce_mib: Option<usize>,
     /// Planner: on more than two ranks, what --ce-mib is on two: all-gathers and all-to-alls
     /// on registered buffers of at least this many MiB (all parts) by the copy engines
-    /// (default: never; 0: at every size LL does not take; perf-notes §35).
+    /// (default: never; 0: at every size LL does not take).
     #[arg(long)]
     ce_more_ranks_mib: Option<usize>,
     /// Planner: on two ranks, out-of-place all-reduces into a registered output of at
-    /// least this many MiB run by the copy engines (default 256; a large number: never;
-    /// perf-notes §30-31).
+    /// least this many MiB run by the copy engines (default 256; a large number: never).
     #[arg(long)]
     ce_all_reduce_mib: Option<usize>,
     /// Planner: on two ranks, all-reduces above LL's sizes and up to this many KiB run the
@@ -647,7 +646,7 @@ struct TuningArgs {
     #[arg(long)]
     ce_own_mib: Option<usize>,
     /// Planner: streams that share each copy of an all-gather or all-to-all by the copy
-    /// engines, 1 or 2 (default 1; perf-notes §36).
+    /// engines, 1 or 2 (default 1).
     #[arg(long)]
     ce_streams: Option<usize>,
 }

@@ -2,24 +2,24 @@
 //! rendezvous; and the checks and logs of init.
 
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use p2p_mem::abort::AbortHandle;
 use p2p_mem::fdpass::{FdChannel, FdListener, PrivateDir};
-use p2p_mem::kernel::{self as kernels};
+use p2p_mem::kernel as kernel_cache;
 use p2p_mem::{Device, DeviceMemory};
 use p2p_transport::config::Config;
-
-use crate::settings::Algorithm;
-use p2p_mem::abort::AbortHandle;
 use p2p_transport::peer::{self, LocalRegion, PairP2p, Sharing};
+use p2p_transport::rendezvous::{Group, Rendezvous};
 
 use crate::error::{Error, Result};
 use crate::exchange::{decode_proposal, encode_proposal, Introduction};
-use crate::plan::{Tuning, MAX_RANKS, THREADS};
-use p2p_transport::rendezvous::{Group, Rendezvous};
+use crate::plan::{Forced, Planner, Tuning, MAX_RANKS, THREADS};
 
-use super::*;
+use super::kernels::{init_failure, KernelLoad, Kernels, COLL_PARTS};
+use super::workspace::{workspace_bytes, PeerMemory};
+use super::{check_world, Communicator, Health, Job, Launcher, Options, Windows, Workspace};
 
 impl Communicator {
     /// Compiles the collective kernels for `arch` (`"sm_90"` for H100 and H200, `"sm_80"` for
@@ -27,8 +27,8 @@ impl Communicator {
     /// ([`p2p_mem::kernel::cache_dir`]), with no GPU: it needs libnvrtc only. Run where the
     /// program will run (the same cache folder and the same NVRTC, which is part of the key),
     /// e.g. in a container's build step, and the first communicator there finds the kernels
-    /// cached instead of compiling them (about 10 s on 16 cores: docs/perf-notes.md section
-    /// 39). What is cached already is not compiled again. Returns how many of the
+    /// cached instead of compiling them (about 10 s on 16 cores: docs/performance.md, "The
+    /// first compile and the kernel cache"). What is cached already is not compiled again. Returns how many of the
     /// [`COLL_PARTS`] it compiled (0: all were cached); an error where they are not all in the
     /// cache afterwards (no cache folder, or one that cannot be written). `p2p-bench kernels`
     /// runs it.
@@ -38,7 +38,7 @@ impl Communicator {
     /// # Ok::<(), p2p_collective::Error>(())
     /// ```
     pub fn precompile(arch: &str) -> Result<usize> {
-        Ok(kernels::cache_all(&COLL_PARTS, arch)?)
+        Ok(kernel_cache::cache_all(&COLL_PARTS, arch)?)
     }
 
     /// One communicator per GPU in `devices`, all in this process (like `ncclCommInitAll`):
@@ -143,31 +143,25 @@ impl Communicator {
         );
         let mut comms = Vec::with_capacity(world);
         for (r, d) in devices.iter().enumerate() {
+            let peers = workspaces
+                .iter()
+                .enumerate()
+                .filter(|(p, _)| *p != r)
+                .map(|(_, w)| PeerMemory::Local(w.clone()))
+                .collect();
             comms.push(Communicator {
                 rank: r,
                 world,
                 device: d.clone(),
+                planner: Planner::new(world, options.forced, options.check, tuning),
                 options: options.clone(),
-                tuning,
-                bases,
-                sharing,
-                abort: abort.clone(),
-                failed: Mutex::new(None),
                 share,
-                kernels: loaded[r].clone(),
-                group: None,
-                rendezvous: None,
-                splits: AtomicU64::new(0),
-                windows: RwLock::new(Vec::new()),
-                window_calls: WindowCalls::new(d)?,
-                side: SideStream::new(d)?,
-                _peers: workspaces
-                    .iter()
-                    .enumerate()
-                    .filter(|(p, _)| *p != r)
-                    .map(|(_, w)| PeerMemory::Local(w.clone()))
-                    .collect(),
-                workspace: workspaces[r].clone(),
+                sharing,
+                health: Health::new(abort.clone()),
+                launcher: Launcher::new(d, loaded[r].clone(), share)?,
+                windows: Windows::new(d)?,
+                job: None,
+                workspace: Workspace::new(bases, workspaces[r].clone(), peers),
             });
         }
         Ok(comms)
@@ -268,7 +262,7 @@ impl Communicator {
                 .ok_or_else(|| fail(format!("rank {r} sent a malformed introduction")))?;
             if their_planner != planner {
                 return Err(fail(format!(
-                    "rank {r} plans with {}, this rank with {}: every rank needs the same P2P_ALGO and P2P_CHECK (Options::algorithm, Options::check), or ranks run different kernels for one call",
+                    "rank {r} plans with {}, this rank with {}: every rank needs the same P2P_ALGO, P2P_PROTO and P2P_CHECK (Options::forced, Options::check), or ranks run different kernels for one call",
                     describe_planner_words(their_planner),
                     describe_planner_words(planner)
                 )));
@@ -388,8 +382,8 @@ impl Communicator {
             &reason,
         );
         // Made before the barrier: a failure here stops this rank before its peers finish init.
-        let side = SideStream::new(device)?;
-        let window_calls = WindowCalls::new(device)?;
+        let launcher = Launcher::new(device, kernels, share)?;
+        let windows = Windows::new(device)?;
         // Every rank has mapped every workspace before anyone's kernels write into them.
         group.barrier()?;
         drop(sent);
@@ -397,45 +391,50 @@ impl Communicator {
             rank,
             world: rv.world,
             device: device.clone(),
+            planner: Planner::new(rv.world, options.forced, options.check, tuning),
             options,
-            tuning,
-            bases,
-            sharing,
-            abort,
-            failed: Mutex::new(None),
             share,
-            kernels,
-            group: Some(group),
-            rendezvous: Some(rv.clone()),
-            splits: AtomicU64::new(0),
-            windows: RwLock::new(Vec::new()),
-            window_calls,
-            side,
-            _peers: peers,
-            workspace,
+            sharing,
+            health: Health::new(abort),
+            launcher,
+            windows,
+            job: Some(Job {
+                group,
+                rendezvous: rv.clone(),
+                splits: AtomicU64::new(0),
+            }),
+            workspace: Workspace::new(bases, workspace, peers),
         })
     }
 }
 
 /// The settings besides the tuning that the planner reads, as the words that ranks of a
-/// process-per-GPU communicator compare at start-up: the forced algorithm (`P2P_ALGO`; its
-/// position in [`Algorithm::NAMES`], 0 for `auto`) and checking mode (`P2P_CHECK`), which
-/// turns LL and the copy engines off.
+/// process-per-GPU communicator compare at start-up: what is forced (`P2P_ALGO`, `P2P_PROTO`:
+/// each one more than its place in `Algo::ALL` / `Proto::ALL`, 0 for `auto`) and checking mode
+/// (`P2P_CHECK`), which turns LL and the copy engines off.
 pub(super) fn planner_words(options: &Options) -> [u64; 2] {
-    let algorithm = Algorithm::NAMES
-        .iter()
-        .position(|(_, a)| *a == options.algorithm)
-        .unwrap_or(0);
-    [algorithm as u64, options.check as u64]
+    let Forced { algo, proto } = options.forced;
+    let algo = algo.map_or(0, |a| a.index() as u64 + 1);
+    let proto = proto.map_or(0, |p| p.index() as u64 + 1);
+    [algo | proto << 8, options.check as u64]
 }
 
-/// `planner_words` in words, e.g. `P2P_ALGO=ring P2P_CHECK=0`.
-pub(super) fn describe_planner_words([algorithm, check]: [u64; 2]) -> String {
-    let name = usize::try_from(algorithm)
-        .ok()
-        .and_then(|i| Algorithm::NAMES.get(i))
-        .map_or("(unknown)", |(name, _)| *name);
-    format!("P2P_ALGO={name} P2P_CHECK={check}")
+/// `planner_words` in words, e.g. `P2P_ALGO=ring P2P_PROTO=auto P2P_CHECK=0`.
+pub(super) fn describe_planner_words([forced, check]: [u64; 2]) -> String {
+    let pick = |code: u64, names: &[&'static str]| match code {
+        0 => "auto",
+        c => usize::try_from(c - 1)
+            .ok()
+            .and_then(|i| names.get(i).copied())
+            .unwrap_or("(unknown)"),
+    };
+    let algos = crate::plan::Algo::ALL.map(|a| a.name());
+    let protos = crate::plan::Proto::ALL.map(|p| p.name());
+    format!(
+        "P2P_ALGO={} P2P_PROTO={} P2P_CHECK={check}",
+        pick(forced & 0xff, &algos),
+        pick(forced >> 8 & 0xff, &protos)
+    )
 }
 
 /// Refuses tuning values the kernels cannot run with (see [`Tuning::validate`]).

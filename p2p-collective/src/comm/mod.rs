@@ -1,117 +1,74 @@
-//! Communicators: the ranks of a collective, their registered workspaces, and the calls.
+//! Communicators: one rank's state, grouped by concern, and the methods of each concern in a
+//! room of its own.
 //!
-//! Every rank owns one workspace: a sync area (flags, per-block step counters, the failure
-//! record) and a scratch area that peers push data into. Each rank holds every peer's
-//! workspace address as its own GPU sees it, mapped by the transport's peer layer
+//! Every rank owns one workspace (`workspace.rs`): a sync area (flags, per-block step
+//! counters, the failure record) and a scratch area that peers push data into, and it holds
+//! every peer's workspace as its own GPU addresses it, mapped by the transport's peer layer
 //! (`p2p_transport::peer`): a plain pointer with peer access (one process driving several
-//! GPUs), a cuMem fd or legacy IPC mapping (one process per GPU), or pinned host memory
-//! shared by every rank (host-staged, where GPUs have no P2P). A call validates its
-//! arguments, plans (`plan.rs`) and launches one kernel (`kernels/coll/`) on the caller's
-//! stream, or for the copy-engine plans barrier kernels and copies, with work forked onto the
-//! communicator's second stream and joined back; it never blocks the host, so it can be
-//! captured in a CUDA graph.
+//! GPUs), a cuMem fd or legacy IPC mapping (one process per GPU), or pinned host memory shared
+//! by every rank (host-staged, where GPUs have no P2P).
 //!
-//! Calls on one communicator must be ordered on the GPU: use one stream per rank (or order
-//! streams with events). Two calls on the same communicator running at once would share step
-//! counters.
+//! | room | what it holds |
+//! | --- | --- |
+//! | `mod.rs` | [`Communicator`] and [`Options`], the NCCL-shaped calls, the accessors, the plan of a call, `Drop` |
+//! | `init.rs` | making communicators: in one process, or one per GPU through the rendezvous |
+//! | `workspace.rs` | the workspaces: this rank's, the peers' mappings, their layout |
+//! | `health.rs` | aborting, synchronising with a deadline, what a failed call reports |
+//! | `launcher.rs` | launching kernels, and the second stream of the copy-engine plans |
+//! | `kernels.rs` | the collective program and its kernels, loaded once per GPU |
+//! | `windows.rs` | registered buffers (symmetric windows) and the bounded deregister |
+//! | `split.rs` | splitting a communicator into smaller ones |
+//!
+//! A call runs through `crate::call` (check, plan, launch) and never blocks the host, so it can
+//! be captured in a CUDA graph. Calls on one communicator must be ordered on the GPU: use one
+//! stream per rank (or order streams with events). Two calls on the same communicator running
+//! at once would share step counters.
 
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use p2p_mem::kernel::Source;
-use p2p_mem::{Device, DeviceMemory, Stream};
+use p2p_mem::{Device, DeviceMemory, DeviceMemoryMut, Stream};
 use p2p_transport::config::Config;
-
-use crate::settings::{Algorithm, Settings};
-use p2p_mem::abort::{
-    AbortHandle, KERNEL_FAILED, KERNEL_FAILED_MISMATCH, KERNEL_FAILED_PEER_SHIFT,
-    KERNEL_FAILED_RANK_SHIFT,
-};
-use p2p_transport::peer::{LocalRegion, PeerRegion, Sharing};
-
-use crate::error::{Error, Result};
-use crate::plan::{self, Access, Plan, Tuning, MAX_RANKS};
-use crate::types::{DataType, Op, RedOp};
+use p2p_transport::peer::Sharing;
 use p2p_transport::rendezvous::{Group, Rendezvous};
 
-/// The collective kernels (`coll_f32` ... `coll_u8`, each in seven families) and the send/recv
-/// kernel (`p2p_sendrecv`), in one program: `coll.cu`, one translation unit made of the
-/// interface header and the parts in `src/kernels/coll/`, in this order (each part uses only
-/// what the ones before it define; see that folder's README).
-pub const COLL: Source = Source {
-    name: "coll.cu",
-    code: concat!(
-        include_str!("../kernels/coll_abi.h"),
-        include_str!("../kernels/coll/base.cuh"),
-        include_str!("../kernels/coll/sync.cuh"),
-        include_str!("../kernels/coll/copy.cuh"),
-        include_str!("../kernels/coll/reduce.cuh"),
-        include_str!("../kernels/coll/ll.cuh"),
-        include_str!("../kernels/coll/direct.cuh"),
-        include_str!("../kernels/coll/ce.cuh"),
-        include_str!("../kernels/coll/pipe.cuh"),
-        include_str!("../kernels/coll/steps.cuh"),
-        include_str!("../kernels/coll/p2p.cuh"),
-    ),
-    defines: &[],
-    shipped: SHIPPED,
-};
+use crate::call::{queue, Buffers};
+use crate::error::{Error, Result};
+use crate::plan::{Access, Forced, Plan, Planner, Tuning, MAX_RANKS};
+use crate::settings::Settings;
+use crate::types::{Call, DataType, Op, RedOp};
 
-/// [`COLL_PARTS`] compiled for sm_80 and sm_90 (`cargo xtask kernels`; see
-/// `p2p_mem::kernel::shipped`): a communicator needs no compiler on those GPUs.
-pub const SHIPPED: &[u8] = include_bytes!("../kernels/shipped.p2pk.zst");
+mod health;
+mod init;
+pub(crate) mod kernels;
+pub(crate) mod launcher;
+mod split;
+#[cfg(test)]
+mod tests;
+mod windows;
+pub(crate) mod workspace;
 
-/// [`COLL`] as the parts a communicator compiles, in parallel and cached each on its own: part
-/// `k` < 7 holds the kernels of `DataType::ALL[k]`, the last part `p2p_sendrecv`. Compiled
-/// whole, NVRTC takes about a minute on one thread; in parts on 16 cores, 8-11 s
-/// (docs/perf-notes.md section 39).
-pub const COLL_PARTS: [Source; crate::abi::COLL_PARTS] = {
-    const fn part(defines: &'static [&'static str]) -> Source {
-        Source { defines, ..COLL }
-    }
-    [
-        part(&["COLL_PART=0"]),
-        part(&["COLL_PART=1"]),
-        part(&["COLL_PART=2"]),
-        part(&["COLL_PART=3"]),
-        part(&["COLL_PART=4"]),
-        part(&["COLL_PART=5"]),
-        part(&["COLL_PART=6"]),
-        part(&["COLL_PART=7"]),
-    ]
-};
-const _: () = assert!(crate::abi::COLL_PART_P2P == crate::abi::COLL_PARTS - 1);
-const _: () = assert!(crate::abi::COLL_PART_P2P == DataType::ALL.len());
-
-use crate::abi::{CollArgs, F_ABORT, F_MISMATCH, F_TIMEOUT, STATUS_OFF, STATUS_WORDS, SYNC_BYTES};
-const _: () = assert!((STATUS_OFF + STATUS_WORDS) * 8 <= SYNC_BYTES);
-const _: () = assert!(STATUS_OFF + STATUS_WORDS <= crate::abi::P2P_FREED_OFF);
-const _: () = assert!(crate::abi::P2P_END_OFF * 8 <= SYNC_BYTES);
-const _: () = assert!((crate::abi::CE_FLAGS_OFF + crate::abi::CE_CHUNKS) * 8 <= SYNC_BYTES);
+pub(crate) use health::Health;
+pub(crate) use init::local_device;
+pub use kernels::{kernel_name, COLL, COLL_PARTS, KERNEL_ARGS_BYTES, SHIPPED};
+pub(crate) use launcher::Launcher;
+pub use windows::Registration;
+pub(crate) use windows::Windows;
+pub(crate) use workspace::Workspace;
 
 /// How far past the communicator's time limit [`Communicator::synchronize`] waits for its
 /// stream: every call of ours ends by its time limit, and an aborted one within milliseconds.
-pub const SYNC_GRACE: std::time::Duration = p2p_mem::DRAIN_GRACE;
-
-/// Bytes of the one argument block that every collective kernel launch passes by value (the
-/// `CollArgs` of `coll_abi.h`): what the driver copies into each launch. For host-cost
-/// experiments (`p2p-bench host` launches an empty kernel with a block of this size).
-pub const KERNEL_ARGS_BYTES: usize = std::mem::size_of::<CollArgs>();
-// The kernels' values for the abort flag are the GPU runtime's (AbortHandle reads them).
-const _: () = assert!(crate::abi::ABORT_KERNEL_FAILED == KERNEL_FAILED as usize);
-const _: () = assert!(crate::abi::ABORT_PEER_SHIFT == KERNEL_FAILED_PEER_SHIFT as usize);
-const _: () = assert!(crate::abi::ABORT_RANK_SHIFT == KERNEL_FAILED_RANK_SHIFT as usize);
-const _: () = assert!(crate::abi::ABORT_MISMATCH == KERNEL_FAILED_MISMATCH as usize);
+pub const SYNC_GRACE: Duration = p2p_mem::DRAIN_GRACE;
 
 /// How a communicator behaves; [`Options::from_env`] reads the `P2P_*` settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
-    /// Force one all-reduce algorithm (`None`: chosen by size and world size).
-    pub algorithm: Option<Algorithm>,
+    /// An algorithm, a protocol or both forced (`P2P_ALGO`, `P2P_PROTO`): every call they can
+    /// run runs with them; the others as planned, with the reason logged ([`Forced`]).
+    pub forced: Forced,
     /// Check on the GPU that every rank made the same call (operation, type, reduction,
     /// root, count); a mismatch fails with [`Error::Mismatch`]. Costs one extra store per
-    /// peer per block per call.
+    /// peer per block per call; turns LL and the copy engines off ([`Planner::new`]).
     pub check: bool,
     /// How long a kernel waits for a peer before giving up.
     pub timeout: Duration,
@@ -123,11 +80,11 @@ pub struct Options {
 }
 
 impl Options {
-    /// From the collectives' settings (`P2P_ALGO`, `P2P_CHECK`, `P2P_TIMEOUT_MS`) and the
-    /// transport's configuration.
+    /// From the collectives' settings (`P2P_ALGO`, `P2P_PROTO`, `P2P_CHECK`, `P2P_TIMEOUT_MS`)
+    /// and the transport's configuration.
     pub fn from_settings(settings: Settings, transport: Config) -> Options {
         Options {
-            algorithm: settings.algorithm,
+            forced: settings.forced,
             check: settings.check,
             timeout: settings.timeout,
             tuning: None,
@@ -151,99 +108,49 @@ impl Default for Options {
     }
 }
 
-/// One collective call, for [`Communicator::call`]: what the named methods build.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Call {
-    /// The operation.
-    pub op: Op,
-    /// The element type.
-    pub dtype: DataType,
-    /// Elements, in NCCL's convention (see [`Op::buffer_lens`]).
-    pub count: usize,
-    /// The reduction (ignored by operations that do not reduce).
-    pub redop: RedOp,
-    /// The root (ignored by operations without one).
-    pub root: usize,
-}
-
-impl Call {
-    /// `op` over `count` elements of `dtype`, with sum and root 0 until set otherwise.
-    pub fn new(op: Op, dtype: DataType, count: usize) -> Call {
-        Call {
-            op,
-            dtype,
-            count,
-            redop: RedOp::Sum,
-            root: 0,
-        }
-    }
-
-    /// The same call with reduction `redop`.
-    pub fn redop(self, redop: RedOp) -> Call {
-        Call { redop, ..self }
-    }
-
-    /// The same call with root `root`.
-    pub fn root(self, root: usize) -> Call {
-        Call { root, ..self }
-    }
-}
-
-pub(crate) mod calls;
-mod enqueue;
-mod init;
-mod kernel_set;
-mod register;
-mod split;
-mod status;
-#[cfg(test)]
-mod tests;
-
-pub(crate) use enqueue::*;
-pub(crate) use init::local_device;
-use init::*;
-pub(crate) use kernel_set::*;
-pub use register::Registration;
-use register::*;
-
 /// One rank of a communicator.
 ///
 /// Made by [`Communicator::init_all`] (one process, several GPUs: one handle per rank) or
-/// [`Communicator::init`] / [`Communicator::from_env`] (one process per GPU). Every call is
-/// asynchronous on the stream it is given; [`synchronize`](Self::synchronize) waits and
-/// reports a stalled, aborted or mismatched call as an error.
+/// [`Communicator::init`] / [`Communicator::from_env`] (one process per GPU). Its calls are
+/// NCCL's (all-reduce, broadcast, ...; send/recv in [`p2p`](crate::p2p)), each asynchronous on
+/// the stream it is given; [`synchronize`](Self::synchronize) waits and reports a stalled,
+/// aborted or mismatched call as an error.
+///
+/// `count` follows NCCL ([`Op::buffer_lens`]): the whole buffer for all-reduce, broadcast and
+/// reduce, one rank's part for all-gather, reduce-scatter and all-to-all.
 pub struct Communicator {
     pub(crate) rank: usize,
     pub(crate) world: usize,
     pub(crate) device: Device,
     pub(crate) options: Options,
-    pub(crate) tuning: Tuning,
-    pub(crate) bases: [u64; MAX_RANKS],
-    /// How the ranks reach each other's workspaces (the peer layer's choice).
-    sharing: Sharing,
-    pub(crate) abort: AbortHandle,
-    failed: Mutex<Option<String>>,
+    /// How every call is planned: the world size, what is forced, the tuning (already divided
+    /// among the ranks that share a GPU).
+    pub(crate) planner: Planner,
     /// The most ranks of this communicator on any one GPU (1 unless ranks share a GPU): each
     /// rank's grids are sized to fit beside the others' ([`Tuning::shared_by`]).
     pub(crate) share: usize,
-    pub(crate) kernels: Arc<Kernels>,
-    /// The other processes of the job (process-per-GPU communicators): exchanges and liveness.
-    group: Option<Group>,
-    /// How this rank joined (process-per-GPU communicators): what a split derives its child's
-    /// rendezvous from.
-    rendezvous: Option<Rendezvous>,
-    /// Splits made so far: every rank splits in the same order, so the count names the split.
-    splits: AtomicU64,
+    /// How the ranks reach each other's workspaces (the peer layer's choice).
+    pub(crate) sharing: Sharing,
+    /// Whether the communicator is usable, and how it stops.
+    pub(crate) health: Health,
+    /// The kernels and the second stream every call launches with.
+    pub(crate) launcher: Launcher,
     /// Registered buffers (symmetric windows): calls on them read and write peers directly.
-    windows: RwLock<Vec<Window>>,
-    /// Where the last call that used a window ends: what [`deregister`](Self::deregister)
-    /// waits for.
-    window_calls: WindowCalls,
-    /// The copy-engine plans' second stream.
-    side: SideStream,
-    // Freed last: peers' mappings, then this rank's workspace.
-    _peers: Vec<PeerMemory>,
-    workspace: Arc<LocalRegion>,
+    pub(crate) windows: Windows,
+    /// The other processes of the job (process-per-GPU communicators).
+    pub(crate) job: Option<Job>,
+    // Freed last: the peers' workspaces, then this rank's.
+    pub(crate) workspace: Workspace,
+}
+
+/// A process-per-GPU communicator's job: the other processes, and how this rank joined.
+pub(crate) struct Job {
+    /// Exchanges and liveness.
+    pub(crate) group: Group,
+    /// What a split derives its child's rendezvous from.
+    pub(crate) rendezvous: Rendezvous,
+    /// Splits made so far: every rank splits in the same order, so the count names the split.
+    pub(crate) splits: AtomicU64,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -257,55 +164,6 @@ impl std::fmt::Debug for Communicator {
     }
 }
 
-/// A stream beside the caller's for the copy-engine plans (the all-reduce's reduce kernel, the
-/// own part's copy of an all-gather or all-to-all), with the events that start it after the
-/// work queued so far on the caller's stream and make the caller's stream wait for it: a fork
-/// and a join, which CUDA graph capture follows too.
-struct SideStream {
-    stream: Stream,
-    fork: p2p_mem::Event,
-    join: p2p_mem::Event,
-}
-
-impl SideStream {
-    fn new(device: &Device) -> Result<SideStream> {
-        Ok(SideStream {
-            stream: Stream::new(device)?,
-            fork: p2p_mem::Event::new(device)?,
-            join: p2p_mem::Event::new(device)?,
-        })
-    }
-
-    /// Work queued next on the side stream starts after everything queued so far on `stream`.
-    fn fork(&self, stream: &Stream) -> Result<&Stream> {
-        self.fork.record(stream)?;
-        self.fork.wait_on(&self.stream)?;
-        Ok(&self.stream)
-    }
-
-    /// Work queued next on `stream` starts after everything queued so far on the side stream.
-    fn join(&self, stream: &Stream) -> Result<()> {
-        self.join.record(&self.stream)?;
-        self.join.wait_on(stream)?;
-        Ok(())
-    }
-}
-
-/// The sync area, the scratch (2 parities x `world` sources x a slot), the LL region
-/// (2 x `world` x `LL_SLOT_BYTES`), then the send/recv inboxes (one per source rank).
-fn workspace_bytes(world: usize, tuning: &Tuning) -> usize {
-    inbox_offset(world, tuning, world)
-}
-
-/// Where, from the start of a workspace, the send/recv inbox for messages from rank `source`
-/// begins (`source == world`: the end of the workspace).
-pub(crate) fn inbox_offset(world: usize, tuning: &Tuning, source: usize) -> usize {
-    SYNC_BYTES
-        + 2 * world * tuning.slot_bytes()
-        + 2 * world * plan::LL_SLOT_BYTES
-        + source * crate::abi::P2P_INBOX_BYTES
-}
-
 fn check_world(world: usize) -> Result<()> {
     if world == 0 || world > MAX_RANKS {
         return Err(Error::InvalidArgument {
@@ -317,11 +175,272 @@ fn check_world(world: usize) -> Result<()> {
     Ok(())
 }
 
-/// A peer's workspace, kept alive as long as this rank may write into it (held, never read).
-#[allow(dead_code)]
-enum PeerMemory {
-    Local(Arc<LocalRegion>),
-    Imported(PeerRegion),
+/// The NCCL-shaped calls: each builds its [`Call`] and runs it through `crate::call` (check,
+/// plan, launch).
+impl Communicator {
+    /// Runs `call` out of place: reads `send`, writes `recv`. Buffers a rank does not use
+    /// (the non-roots' `send` of a broadcast, `recv` of a reduce) are not touched.
+    ///
+    /// The buffers of a reduction (all-reduce, reduce, reduce-scatter) must start at a multiple
+    /// of their element's size ([`Error::InvalidArgument`] otherwise, before anything is
+    /// queued); the collectives that only move data copy bytes and are not checked. Buffers or
+    /// ranks' parts off a 16-byte boundary take kernels that realign their copies.
+    pub fn call(
+        &self,
+        call: &Call,
+        send: &dyn DeviceMemory,
+        recv: &mut dyn DeviceMemoryMut,
+        stream: &Stream,
+    ) -> Result<()> {
+        queue(self, call, Buffers::Apart { send, recv: &*recv }, stream)
+    }
+
+    /// Runs `call` in place in `buf`, as NCCL defines it: for all-gather this rank's input is
+    /// its part (`buf[rank * count..]`) of the output; for reduce-scatter its result lands in
+    /// its part of the input.
+    pub fn call_in_place(
+        &self,
+        call: &Call,
+        buf: &mut dyn DeviceMemoryMut,
+        stream: &Stream,
+    ) -> Result<()> {
+        queue(self, call, Buffers::InPlace(&*buf), stream)
+    }
+
+    /// All-reduce `count` elements of `send` into `recv` on every rank.
+    pub fn all_reduce(
+        &self,
+        send: &impl DeviceMemory,
+        recv: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: DataType,
+        redop: RedOp,
+        stream: &Stream,
+    ) -> Result<()> {
+        let call = Call {
+            op: Op::AllReduce,
+            dtype,
+            count,
+            redop,
+            root: 0,
+        };
+        self.call(&call, send, recv, stream)
+    }
+
+    /// All-reduce in place.
+    pub fn all_reduce_in_place(
+        &self,
+        buf: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: DataType,
+        redop: RedOp,
+        stream: &Stream,
+    ) -> Result<()> {
+        let call = Call {
+            op: Op::AllReduce,
+            dtype,
+            count,
+            redop,
+            root: 0,
+        };
+        self.call_in_place(&call, buf, stream)
+    }
+
+    /// Broadcast `count` elements from `root`'s `send` into every rank's `recv`.
+    pub fn broadcast(
+        &self,
+        send: &impl DeviceMemory,
+        recv: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let call = Call {
+            op: Op::Broadcast,
+            dtype,
+            count,
+            redop: RedOp::Sum,
+            root,
+        };
+        self.call(&call, send, recv, stream)
+    }
+
+    /// Broadcast in place: `root`'s `buf` into every rank's `buf`.
+    pub fn broadcast_in_place(
+        &self,
+        buf: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let call = Call {
+            op: Op::Broadcast,
+            dtype,
+            count,
+            redop: RedOp::Sum,
+            root,
+        };
+        self.call_in_place(&call, buf, stream)
+    }
+
+    /// Reduce every rank's `send` into `root`'s `recv`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce(
+        &self,
+        send: &impl DeviceMemory,
+        recv: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: DataType,
+        redop: RedOp,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let call = Call {
+            op: Op::Reduce,
+            dtype,
+            count,
+            redop,
+            root,
+        };
+        self.call(&call, send, recv, stream)
+    }
+
+    /// Reduce in place into `root`'s `buf`.
+    pub fn reduce_in_place(
+        &self,
+        buf: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: DataType,
+        redop: RedOp,
+        root: usize,
+        stream: &Stream,
+    ) -> Result<()> {
+        let call = Call {
+            op: Op::Reduce,
+            dtype,
+            count,
+            redop,
+            root,
+        };
+        self.call_in_place(&call, buf, stream)
+    }
+
+    /// Gather every rank's `count` elements into every rank's `recv` (`world * count`), in rank
+    /// order.
+    pub fn all_gather(
+        &self,
+        send: &impl DeviceMemory,
+        recv: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: DataType,
+        stream: &Stream,
+    ) -> Result<()> {
+        let call = Call {
+            op: Op::AllGather,
+            dtype,
+            count,
+            redop: RedOp::Sum,
+            root: 0,
+        };
+        self.call(&call, send, recv, stream)
+    }
+
+    /// All-gather in place: this rank's input is `buf[rank * count..][..count]`.
+    pub fn all_gather_in_place(
+        &self,
+        buf: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: DataType,
+        stream: &Stream,
+    ) -> Result<()> {
+        let call = Call {
+            op: Op::AllGather,
+            dtype,
+            count,
+            redop: RedOp::Sum,
+            root: 0,
+        };
+        self.call_in_place(&call, buf, stream)
+    }
+
+    /// Reduce every rank's `send` (`world * count`) and give rank r part r (`count`) in `recv`.
+    pub fn reduce_scatter(
+        &self,
+        send: &impl DeviceMemory,
+        recv: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: DataType,
+        redop: RedOp,
+        stream: &Stream,
+    ) -> Result<()> {
+        let call = Call {
+            op: Op::ReduceScatter,
+            dtype,
+            count,
+            redop,
+            root: 0,
+        };
+        self.call(&call, send, recv, stream)
+    }
+
+    /// Reduce-scatter in place: the result lands in `buf[rank * count..][..count]`.
+    pub fn reduce_scatter_in_place(
+        &self,
+        buf: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: DataType,
+        redop: RedOp,
+        stream: &Stream,
+    ) -> Result<()> {
+        let call = Call {
+            op: Op::ReduceScatter,
+            dtype,
+            count,
+            redop,
+            root: 0,
+        };
+        self.call_in_place(&call, buf, stream)
+    }
+
+    /// Send part q (`count` elements) of `send` to rank q; receive rank p's part r into part p
+    /// of `recv`.
+    pub fn all_to_all(
+        &self,
+        send: &impl DeviceMemory,
+        recv: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: DataType,
+        stream: &Stream,
+    ) -> Result<()> {
+        let call = Call {
+            op: Op::AllToAll,
+            dtype,
+            count,
+            redop: RedOp::Sum,
+            root: 0,
+        };
+        self.call(&call, send, recv, stream)
+    }
+
+    /// All-to-all in place.
+    pub fn all_to_all_in_place(
+        &self,
+        buf: &mut impl DeviceMemoryMut,
+        count: usize,
+        dtype: DataType,
+        stream: &Stream,
+    ) -> Result<()> {
+        let call = Call {
+            op: Op::AllToAll,
+            dtype,
+            count,
+            redop: RedOp::Sum,
+            root: 0,
+        };
+        self.call_in_place(&call, buf, stream)
+    }
 }
 
 impl Communicator {
@@ -360,47 +479,23 @@ impl Communicator {
 
     /// The planner's knobs.
     pub fn tuning(&self) -> &Tuning {
-        &self.tuning
+        &self.planner.tuning
     }
 
-    /// What the planner works from: the forced algorithm and the tuning. LL carries no call
-    /// signature, so checking mode runs one-shot where LL is forced and never picks LL itself.
-    fn planner_inputs(&self) -> (Option<Algorithm>, Tuning) {
-        let mut tuning = self.tuning;
-        if !self.options.check {
-            return (self.options.algorithm, tuning);
-        }
-        tuning.ll_max_bytes = 0;
-        // Nor the copy engines: their copies are queued whatever the first barrier finds, so
-        // a mismatch found there could not stop them.
-        tuning.ce_min_bytes = usize::MAX;
-        tuning.ce_min_bytes_more_ranks = usize::MAX;
-        tuning.ce_all_reduce_min_bytes = usize::MAX;
-        let forced = match self.options.algorithm {
-            Some(Algorithm::Ll) => Some(Algorithm::OneShot),
-            a => a,
-        };
-        (forced, tuning)
-    }
-
-    /// How a call on plain (unregistered) buffers would run (algorithm, grid, pieces),
-    /// without running it.
+    /// How a call on plain (unregistered) buffers would run (algorithm, protocol, grid,
+    /// pieces), without running it.
     pub fn plan(&self, call: &Call) -> Plan {
         self.plan_with(call, Access::NONE)
     }
 
-    /// How a call would run with the buffers `access` describes (registered or not).
+    /// How a call would run with the buffers `access` describes (registered or not). A count
+    /// of 0, which runs nothing, plans as 1.
     pub fn plan_with(&self, call: &Call, access: Access) -> Plan {
-        let (forced, tuning) = self.planner_inputs();
-        plan::plan_with(
-            call.op,
-            call.dtype,
-            call.count.max(1),
-            self.world,
-            forced,
-            &tuning,
-            access,
-        )
+        let call = Call {
+            count: call.count.max(1),
+            ..*call
+        };
+        self.planner.plan(&call, access)
     }
 }
 
@@ -420,7 +515,7 @@ impl Drop for Communicator {
                 "GPU {} still busy {limit:?} after the communicator was dropped: aborting its calls",
                 self.device.ordinal()
             );
-                self.abort.abort_because(
+                self.health.abort.abort_because(
                     self.rank,
                     "the communicator was dropped while its calls still ran",
                 );
@@ -429,14 +524,10 @@ impl Drop for Communicator {
         if !idle {
             tracing::error!(
                 rank = self.rank,
-                bytes = self.workspace.byte_len(),
-                "GPU {} is still busy: leaking this rank's workspace ({} bytes) and its {} peer mappings rather than freeing memory a kernel may use",
-                self.device.ordinal(),
-                self.workspace.byte_len(),
-                self._peers.len()
+                "GPU {} is still busy: leaking this rank's workspace and its peer mappings rather than freeing memory a kernel may use",
+                self.device.ordinal()
             );
-            std::mem::forget(std::mem::take(&mut self._peers));
-            std::mem::forget(self.workspace.clone());
+            self.workspace.leak();
         }
         tracing::debug!(
             rank = self.rank,
@@ -445,9 +536,9 @@ impl Drop for Communicator {
             if idle { "idle" } else { "still busy" },
             t.elapsed()
         );
-        if let Some(g) = &self.group {
+        if let Some(job) = &self.job {
             // Fails at once if a rank is known to have failed.
-            if let Err(e) = g.barrier() {
+            if let Err(e) = job.group.barrier() {
                 tracing::warn!(rank = self.rank, "the closing barrier failed: {e}");
             }
         }

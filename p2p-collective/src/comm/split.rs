@@ -11,7 +11,8 @@ use p2p_mem::Device;
 use crate::error::{Error, Result};
 use crate::exchange::SplitRequest;
 
-use super::*;
+use super::Communicator;
+use p2p_transport::rendezvous::Rendezvous;
 
 /// Where one rank lands in a split: its rank and the world of its child, or nowhere.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,15 +104,20 @@ impl Communicator {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Communicator>> {
-        let (Some(group), Some(rv)) = (&self.group, &self.rendezvous) else {
+        let Some(super::Job {
+            group,
+            rendezvous: rv,
+            splits,
+        }) = &self.job
+        else {
             return Err(Error::InvalidArgument {
                 op: "split",
                 rank: self.rank,
                 what: "this communicator's ranks live in one process (init_all): split them all at once with Communicator::split_all".into(),
             });
         };
-        self.usable("split")?;
-        let seq = self.splits.fetch_add(1, Ordering::SeqCst);
+        self.health.usable("split", self.rank)?;
+        let seq = splits.fetch_add(1, Ordering::SeqCst);
         let mine = SplitRequest { seq, color, key };
         let all = group
             .all_gather(&mine.encode())
@@ -223,7 +229,7 @@ impl Communicator {
         }
         let world = first.world;
         for (i, c) in comms.iter().enumerate() {
-            if c.group.is_some() {
+            if c.job.is_some() {
                 return Err(bad(format!(
                     "rank {} is one of a process-per-GPU communicator: every rank calls Communicator::split",
                     c.rank
@@ -235,7 +241,7 @@ impl Communicator {
                     c.rank, c.world
                 )));
             }
-            c.usable("split_all")?;
+            c.health.usable("split_all", c.rank)?;
         }
         let mut out: Vec<Option<Communicator>> = (0..world).map(|_| None).collect();
         for (color, members) in children(how) {

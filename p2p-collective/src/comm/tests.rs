@@ -1,40 +1,14 @@
-use super::{
+use super::init::{
     describe_planner_words, most_ranks_on_one_gpu, planner_words, queue_advice, unused_settings,
-    warn_shared_gpus, Options,
+    warn_shared_gpus,
 };
-use crate::settings::Algorithm;
+use super::Options;
+use crate::plan::{Algo, Forced, Proto};
 use p2p_transport::config::Config;
 
 #[test]
 fn the_shipped_cubins_are_those_of_the_sources() {
     p2p_testkit::assert_shipped_current(&super::COLL_PARTS);
-}
-
-/// The `_shift` kernels run only all-gather, all-to-all and reduce-scatter through the
-/// scratch (coll.cu returns at once from every other kind, and its peers would wait): the
-/// host picks them for those kinds off a 16-byte boundary, and for nothing else.
-#[test]
-fn the_shift_kernels_are_picked_only_off_a_boundary_and_only_for_the_kinds_they_run() {
-    use super::Family;
-    use crate::plan::Kind;
-    let shifted = [Kind::AllGather, Kind::AllToAll, Kind::ReduceScatter];
-    for kind in Kind::ALL {
-        for world in 2..=8 {
-            let aligned = Family::of(kind, world, false);
-            assert_ne!(aligned, Family::Shift, "{kind:?} on {world} ranks, aligned");
-            let off = Family::of(kind, world, true);
-            if shifted.contains(&kind) {
-                assert_eq!(aligned, Family::Steps, "{kind:?}");
-                assert_eq!(
-                    off,
-                    Family::Shift,
-                    "{kind:?} on {world} ranks, off a boundary"
-                );
-            } else {
-                assert_eq!(off, aligned, "{kind:?} on {world} ranks: its family stays");
-            }
-        }
-    }
 }
 
 #[test]
@@ -67,22 +41,28 @@ fn the_most_ranks_on_one_gpu_sizes_every_ranks_grid() {
 }
 
 #[test]
-fn ranks_compare_the_forced_algorithm_and_checking_mode() {
+fn ranks_compare_what_is_forced_and_checking_mode() {
     let auto = Options::from_settings(Default::default(), Config::default());
     assert_eq!(planner_words(&auto), [0, 0]);
     let mut seen = vec![planner_words(&auto)];
-    for (name, algorithm) in Algorithm::NAMES.into_iter().skip(1) {
-        let forced = Options {
-            algorithm,
-            ..auto.clone()
-        };
-        let w = planner_words(&forced);
-        assert!(!seen.contains(&w), "{name}: {w:?} taken");
-        assert_eq!(
-            describe_planner_words(w),
-            format!("P2P_ALGO={name} P2P_CHECK=0")
-        );
-        seen.push(w);
+    let algos = Algo::ALL.map(Some).into_iter().chain([None]);
+    for algo in algos {
+        for proto in Proto::ALL.map(Some).into_iter().chain([None]) {
+            if (algo, proto) == (None, None) {
+                continue;
+            }
+            let forced = Options {
+                forced: Forced { algo, proto },
+                ..auto.clone()
+            };
+            let w = planner_words(&forced);
+            assert!(!seen.contains(&w), "{algo:?} {proto:?}: {w:?} taken");
+            assert_eq!(
+                describe_planner_words(w),
+                format!("{} P2P_CHECK=0", forced.forced.describe())
+            );
+            seen.push(w);
+        }
     }
     let check = Options {
         check: true,
@@ -91,11 +71,11 @@ fn ranks_compare_the_forced_algorithm_and_checking_mode() {
     assert_ne!(planner_words(&check), planner_words(&auto));
     assert_eq!(
         describe_planner_words(planner_words(&check)),
-        "P2P_ALGO=auto P2P_CHECK=1"
+        "P2P_ALGO=auto P2P_PROTO=auto P2P_CHECK=1"
     );
     assert_eq!(
         describe_planner_words([99, 0]),
-        "P2P_ALGO=(unknown) P2P_CHECK=0"
+        "P2P_ALGO=(unknown) P2P_PROTO=auto P2P_CHECK=0"
     );
 }
 

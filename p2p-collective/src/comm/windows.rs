@@ -1,7 +1,8 @@
-//! Registered buffers (symmetric windows): registering, the calls that use them, and
-//! deregistering with a deadline.
+//! Registered buffers (symmetric windows): registering, where a call's buffers lie in them,
+//! and deregistering with a deadline.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::RwLock;
 use std::time::Instant;
 
 use p2p_mem::{check_peer_mappable, Device, DeviceMemory, Stream};
@@ -9,21 +10,64 @@ use p2p_mem::{check_peer_mappable, Device, DeviceMemory, Stream};
 use p2p_transport::peer::{self, PeerRegion, Sharing};
 
 use crate::error::{Error, Result};
-use crate::exchange::{self};
+use crate::exchange;
 use crate::plan::MAX_RANKS;
 
-use super::*;
+use super::{Communicator, SYNC_GRACE};
+
+/// A communicator's registered buffers, and what deregistering must wait for.
+pub(crate) struct Windows {
+    table: RwLock<Vec<Window>>,
+    /// Where the last call that used a window ends.
+    pub(crate) calls: WindowCalls,
+}
+
+impl Windows {
+    pub(crate) fn new(device: &Device) -> Result<Windows> {
+        Ok(Windows {
+            table: RwLock::new(Vec::new()),
+            calls: WindowCalls::new(device)?,
+        })
+    }
+
+    /// Every rank's address, on `world` ranks, of each of `ranges` (`(ptr, bytes)`) that lies in
+    /// one registered buffer (at the same offset on every rank, as symmetric windows require),
+    /// `None` for one that does not. One read of the table (the common case: empty).
+    pub(crate) fn find<const N: usize>(
+        &self,
+        world: usize,
+        ranges: [(u64, usize); N],
+    ) -> [Option<[u64; MAX_RANKS]>; N] {
+        let Ok(windows) = self.table.read() else {
+            return [None; N];
+        };
+        if windows.is_empty() {
+            return [None; N];
+        }
+        ranges.map(|(ptr, bytes)| {
+            let w = windows
+                .iter()
+                .find(|w| ptr >= w.base && ptr + bytes as u64 <= w.base + w.len as u64)?;
+            let off = ptr - w.base;
+            let mut at = [0u64; MAX_RANKS];
+            for (a, p) in at.iter_mut().zip(&w.peers).take(world) {
+                *a = p + off;
+            }
+            Some(at)
+        })
+    }
+}
 
 /// A buffer registered on every rank: this rank's range, and where every rank's registered
 /// buffer is as this GPU addresses it.
-pub(super) struct Window {
-    pub(super) id: u64,
-    pub(super) base: u64,
-    pub(super) len: usize,
+struct Window {
+    id: u64,
+    base: u64,
+    len: usize,
     /// Rank r's buffer as this GPU addresses it (this rank's: `base`).
-    pub(super) peers: [u64; MAX_RANKS],
+    peers: [u64; MAX_RANKS],
     /// Process per GPU: the peers' buffers mapped by the peer layer, held while registered.
-    pub(super) _mappings: Vec<PeerRegion>,
+    _mappings: Vec<PeerRegion>,
 }
 
 /// One registered buffer on one rank, from [`Communicator::register`] or
@@ -50,20 +94,21 @@ impl Registration {
 }
 
 /// What [`Communicator::deregister`] knows of the calls that may still use a window: the
-/// calls whose plans read or write the peers' registered buffers (the direct and copy-engine
-/// kinds; below the LL threshold, and on unregistered buffers, calls record nothing). Calls on
+/// calls whose plans read or write the peers' registered buffers (the direct algorithm and
+/// the copy engines; below the LL threshold, and on unregistered buffers, calls record
+/// nothing). Calls on
 /// one communicator run in order on the GPU (its documented rule), so the end of the last such
 /// call is the end of them all: one event, recorded on the caller's stream after each, marks it.
-pub(super) struct WindowCalls {
+pub(crate) struct WindowCalls {
     /// Recorded after the last eager call that used a window.
-    pub(super) done: p2p_mem::Event,
+    done: p2p_mem::Event,
     /// A call that used a window was captured into a graph (its replays are not recorded here),
     /// or its event could not be recorded: from then on deregister waits for the whole GPU.
-    pub(super) untracked: AtomicBool,
+    untracked: AtomicBool,
 }
 
 impl WindowCalls {
-    pub(super) fn new(device: &Device) -> Result<WindowCalls> {
+    fn new(device: &Device) -> Result<WindowCalls> {
         Ok(WindowCalls {
             done: p2p_mem::Event::new(device)?,
             untracked: AtomicBool::new(false),
@@ -73,7 +118,7 @@ impl WindowCalls {
     /// After a call that used a window was queued on `stream`: its end is now the one to wait
     /// for. Never fails the call (it is queued): what cannot be recorded makes deregister wait
     /// for the whole GPU instead.
-    pub(super) fn queued(&self, rank: usize, stream: &Stream) {
+    pub(crate) fn queued(&self, rank: usize, stream: &Stream) {
         let recorded = match stream.is_capturing() {
             Ok(false) => self.done.record(stream).map(|()| true),
             Ok(true) => Ok(false),
@@ -98,7 +143,7 @@ impl Communicator {
     /// Returns once every rank has registered and mapped every other rank's buffer (through
     /// CUDA IPC). Afterwards, calls whose input or output lies in the window at the same offset
     /// on every rank read and write the peers' buffers directly, with no staging copy
-    /// ([`Access`]); calls on other buffers keep going through the scratch.
+    /// ([`Access`](crate::Access)); calls on other buffers keep going through the scratch.
     ///
     /// The buffer must come from `cuMemAlloc` (a [`DeviceBuffer`](p2p_mem::DeviceBuffer), `cudaMalloc`, PyTorch's
     /// caching allocator); memory from a stream-ordered pool (cudarc's `CudaSlice`) or cuMem
@@ -126,8 +171,8 @@ impl Communicator {
     #[allow(unsafe_code)] // an unsafe contract (the buffer's lifetime); no unsafe inside
     pub unsafe fn register(&self, buf: &dyn DeviceMemory) -> Result<Registration> {
         let op = "register";
-        self.usable(op)?;
-        let Some(group) = &self.group else {
+        self.health.usable(op, self.rank)?;
+        let Some(group) = self.job.as_ref().map(|j| &j.group) else {
             return Err(Error::InvalidArgument {
                 op,
                 rank: self.rank,
@@ -242,13 +287,13 @@ impl Communicator {
         }
         let mut peers = [0u64; MAX_RANKS];
         for (r, (c, b)) in comms.iter().zip(bufs).enumerate() {
-            if c.rank != r || c.group.is_some() || c.bases != first.bases {
+            if c.rank != r || c.job.is_some() || c.workspace.bases != first.workspace.bases {
                 return Err(bad(
                     r,
                     "comms must be the communicators of one init_all, in rank order".into(),
                 ));
             }
-            c.usable(op)?;
+            c.health.usable(op, r)?;
             c.check_registrable(*b)?;
             if b.byte_len() != bufs[0].byte_len() {
                 return Err(bad(
@@ -294,11 +339,15 @@ impl Communicator {
         }
         self.wait_windows_unused()?;
         let removed = {
-            let mut windows = self.windows.write().map_err(|_| Error::InvalidArgument {
-                op: "deregister",
-                rank: self.rank,
-                what: "the registration table's lock is poisoned".into(),
-            })?;
+            let mut windows = self
+                .windows
+                .table
+                .write()
+                .map_err(|_| Error::InvalidArgument {
+                    op: "deregister",
+                    rank: self.rank,
+                    what: "the registration table's lock is poisoned".into(),
+                })?;
             windows
                 .iter()
                 .position(|w| w.id == reg.id)
@@ -324,14 +373,15 @@ impl Communicator {
 
     /// Waits, at most the limit of [`synchronize`](Self::synchronize), until no call queued so
     /// far on this rank can still use a window (see [`deregister`](Self::deregister)).
-    pub(super) fn wait_windows_unused(&self) -> Result<()> {
+    fn wait_windows_unused(&self) -> Result<()> {
         let limit = self.options.timeout.saturating_add(SYNC_GRACE);
-        let whole_gpu = self.window_calls.untracked.load(Ordering::Relaxed);
+        let calls = &self.windows.calls;
+        let whole_gpu = calls.untracked.load(Ordering::Relaxed);
         let t = Instant::now();
         let idle = if whole_gpu {
             self.device.synchronize_within(limit)?
         } else {
-            self.window_calls.done.synchronize_within(limit)?
+            calls.done.synchronize_within(limit)?
         };
         tracing::debug!(
             rank = self.rank,
@@ -360,7 +410,7 @@ impl Communicator {
     }
 
     /// Checks one rank's buffer before registering it.
-    pub(super) fn check_registrable(&self, buf: &dyn DeviceMemory) -> Result<()> {
+    fn check_registrable(&self, buf: &dyn DeviceMemory) -> Result<()> {
         let bad = |what: String| Error::InvalidArgument {
             op: "register",
             rank: self.rank,
@@ -383,6 +433,7 @@ impl Communicator {
         let (lo, hi) = (buf.device_ptr(), buf.device_ptr() + buf.byte_len() as u64);
         let windows = self
             .windows
+            .table
             .read()
             .map_err(|_| bad("the registration table's lock is poisoned".into()))?;
         if let Some(w) = windows
@@ -399,7 +450,7 @@ impl Communicator {
         Ok(())
     }
 
-    pub(super) fn add_window(
+    fn add_window(
         &self,
         buf: &dyn DeviceMemory,
         peers: [u64; MAX_RANKS],
@@ -421,7 +472,7 @@ impl Communicator {
             reg.len,
             reg.ptr
         );
-        if let Ok(mut w) = self.windows.write() {
+        if let Ok(mut w) = self.windows.table.write() {
             w.push(Window {
                 id,
                 base: reg.ptr,
@@ -431,24 +482,5 @@ impl Communicator {
             });
         }
         reg
-    }
-
-    /// Every rank's address of the `bytes` at `ptr` if they lie in one of `windows` (at the same
-    /// offset on every rank, as symmetric windows require).
-    pub(super) fn peers_of(
-        &self,
-        windows: &[Window],
-        ptr: u64,
-        bytes: usize,
-    ) -> Option<[u64; MAX_RANKS]> {
-        let w = windows
-            .iter()
-            .find(|w| ptr >= w.base && ptr + bytes as u64 <= w.base + w.len as u64)?;
-        let off = ptr - w.base;
-        let mut at = [0u64; MAX_RANKS];
-        for (a, p) in at.iter_mut().zip(&w.peers).take(self.world) {
-            *a = p + off;
-        }
-        Some(at)
     }
 }

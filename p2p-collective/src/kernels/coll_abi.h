@@ -1,9 +1,10 @@
-// The interface between the host (comm.rs, plan.rs) and coll.cu, written once. NVRTC compiles
-// it in front of coll.cu; p2p-collective's build.rs turns the same text into Rust
-// (`crate::abi`): every #define below becomes a `usize` constant, every enum entry an `i32`
-// constant, and `struct CollArgs` a #[repr(C)] struct (pointers as u64). Keep to those forms:
-// `#define NAME <integer expression of numbers and earlier names>`, `enum X { NAME = n, ... };`,
-// and struct fields of the types build.rs maps.
+// The interface between the host (p2p-collective's `plan` and `call`) and the collective
+// kernels (`coll/`), written once. Every kernel header includes it; p2p-collective's build.rs
+// turns the same text into Rust (`crate::abi`): every #define below becomes a `usize` constant,
+// every enum entry an `i32` constant, and `struct CollArgs` a #[repr(C)] struct (pointers as
+// u64). Keep to those forms: `#define NAME <integer expression of numbers and earlier names>`,
+// `enum X { NAME = n, ... };`, and struct fields of the types build.rs maps.
+#pragma once
 
 #define MAX_RANKS 8
 #define MAX_BLOCKS 256
@@ -15,7 +16,7 @@
 #define COUNTERS_OFF (3 * MAX_BLOCKS * MAX_RANKS)              // [MAX_BLOCKS]
 #define FAIL_OFF (COUNTERS_OFF + MAX_BLOCKS)                   // 1 word
 #define STATUS_OFF (FAIL_OFF + 1)                              // STATUS_WORDS words
-#define STATUS_WORDS 6  // code, kind, peer, block, this rank's signature, the peer's
+#define STATUS_WORDS 6  // failure, what failed (a plan's code or K_SEND ...), peer, block, this rank's signature, the peer's
 // Point-to-point (send/recv): per peer and per block of a direction, lifetime counts of chunks.
 #define P2P_BLOCKS 32      // blocks (lanes) per direction of a send/recv kernel
 #define P2P_SLOTS 2        // slots per (source, block) in a receiver's inbox
@@ -34,7 +35,7 @@
 #define P2P_RECVD_OFF (P2P_SENT_OFF + MAX_RANKS * P2P_BLOCKS)   // [MAX_RANKS src][P2P_BLOCKS], local
 #define P2P_MSGS_OFF (P2P_RECVD_OFF + MAX_RANKS * P2P_BLOCKS)   // [2 send/recv][MAX_RANKS][P2P_BLOCKS], local
 #define P2P_END_OFF (P2P_MSGS_OFF + 2 * MAX_RANKS * P2P_BLOCKS)
-// The copy-engine all-reduce on two ranks (K_ALLREDUCE_CE): the peer's copy engines write its
+// The copy-engine all-reduce on two ranks (proto/ce.cuh): the peer's copy engines write its
 // whole input into this rank's output in CE_CHUNKS chunks of halving size (half the data, a
 // quarter, ..., the last chunk the rest: little reduction is left once the last copy lands),
 // each chunk's edge rounded down to CE_ALIGN bytes; after each chunk the peer's stream writes 1
@@ -42,23 +43,30 @@
 #define CE_FLAGS_OFF P2P_END_OFF  // [CE_CHUNKS], written by the peer's stream
 #define CE_CHUNKS 6
 #define CE_ALIGN 65536
-// How often waits read the host's abort flag (coll.cu `Limits`): each waiting thread at most
+// How often waits read the host's abort flag (sync.cuh `Limits`): each waiting thread at most
 // once every HOST_POLL_NS * min(blocks, HOST_POLL_SPREAD) ns, the blocks staggered.
 #define HOST_POLL_NS 100000
 #define HOST_POLL_SPREAD 64
-// The pipelined all-reduce (K_ALLREDUCE_PIPE): warps [0, PIPE_PUSH_WARPS) of a block push, the
+// The pipelined all-reduce (algo/pipe.cuh): warps [0, PIPE_PUSH_WARPS) of a block push, the
 // rest reduce.
 #define PIPE_PUSH_WARPS 8
-// The status word `kind` of a failed send or recv (the collectives use `enum Kind`).
+// What failed, in status word 1: a collective records its plan's code (`Plan::code`: CODE_TAG
+// | op << CODE_OP_SHIFT | algorithm << CODE_ALGO_SHIFT | protocol, so at least CODE_TAG), a
+// send or recv one of these.
 #define K_SEND 64
 #define K_RECV 65
 #define K_RECV_ORDER 66  // a recv met another message number than its own: words 4, 5 are the two numbers
-// The kernels compile as COLL_PARTS programs, in parallel (docs/perf-notes.md section 39): part
-// k < COLL_PART_P2P holds the seven families of the k-th type (`DataType::ALL`'s order),
-// part COLL_PART_P2P the send/recv kernel. The host defines COLL_PART for each compile (NVRTC's
-// -D); coll.cu compiled without it holds every kernel.
-#define COLL_PARTS 8
-#define COLL_PART_P2P 7
+#define CODE_TAG 4096
+#define CODE_OP_SHIFT 8
+#define CODE_ALGO_SHIFT 4
+// The element types (`DataType::ALL`'s order: entry.cuh gives each its kernels).
+#define COLL_TYPES 7
+// The kernels compile as COLL_PARTS programs, in parallel (docs/performance.md, "The first
+// compile and the kernel cache"): part k < COLL_PART_P2P holds every kernel of the k-th type,
+// part COLL_PART_P2P the send/recv kernel. The host defines COLL_PART for each compile
+// (NVRTC's -D); the program compiled without it holds every kernel.
+#define COLL_PARTS (COLL_TYPES + 1)
+#define COLL_PART_P2P COLL_TYPES
 #define SYNC_BYTES (64 * 1024)  // the sync area at the start of a workspace; the scratch follows
 // The host's abort flag (p2p_transport::conn::AbortHandle): a failing kernel sets it to
 // ABORT_KERNEL_FAILED | (the rank it waited for + 1) << ABORT_PEER_SHIFT
@@ -74,39 +82,10 @@
 #define LL_SLOT_BYTES (2 * LL_MAX_BYTES)
 #define LL_LINES_PER_BLOCK THREADS
 
-enum Kind {
-    K_ALLREDUCE_ONESHOT = 0,
-    K_ALLREDUCE_TWOSHOT = 1,
-    K_REDUCE = 2,
-    K_BROADCAST = 3,
-    K_ALLGATHER = 4,
-    K_REDUCESCATTER = 5,
-    K_ALLTOALL = 6,
-    K_ALLREDUCE_RING = 7,
-    K_ALLREDUCE_LL = 8,
-    K_BROADCAST_SPLIT = 9,
-    K_REDUCE_SPLIT = 10,
-    K_ALLGATHER_LL = 11,
-    K_REDUCESCATTER_LL = 12,
-    K_ALLTOALL_LL = 13,
-    K_BROADCAST_LL = 14,
-    K_REDUCE_LL = 15,
-    K_ALLREDUCE_DIRECT = 16,
-    K_ALLGATHER_DIRECT = 17,
-    K_REDUCESCATTER_DIRECT = 18,
-    K_ALLTOALL_DIRECT = 19,
-    // The copy engines between two barriers: the direct kernel (coll_<type>_direct) with no
-    // data under this kind, so that a barrier's failure names the collective.
-    K_ALLGATHER_CE = 20,
-    // Two ranks: a barrier (as above), then the copy engines carry each rank's input into the
-    // peer's output (CE_FLAGS_OFF above) while this kind's kernel (coll_<type>_ce) reduces.
-    K_ALLREDUCE_CE = 21,
-    K_ALLTOALL_CE = 22,
-    // All-reduce, one-shot through the scratch with each block's push and reduction overlapped
-    // (coll_<type>_pipe; one chunk: count <= grid * piece).
-    K_ALLREDUCE_PIPE = 23,
-};  // plan.rs `Kind`, code for code (checked in plan.rs's tests)
+// The collectives (`Op::ALL`'s order; checked in types.rs's tests).
+enum Op { OP_ALLREDUCE = 0, OP_BROADCAST = 1, OP_REDUCE = 2, OP_ALLGATHER = 3, OP_REDUCESCATTER = 4, OP_ALLTOALL = 5 };
 
+// The reductions (`RedOp::ALL`'s order; each a functor in coll/redop.cuh).
 enum RedOp { R_SUM = 0, R_PROD = 1, R_MIN = 2, R_MAX = 3, R_AVG = 4 };
 
 // Failure codes in the status words (F_ELSEWHERE: another block failed first; never recorded).
@@ -119,18 +98,19 @@ struct CollArgs {
     unsigned char* output;
     unsigned char* scratch[MAX_RANKS];  // every rank's scratch, as addressed from this GPU
     u64* sync[MAX_RANKS];               // every rank's sync area, as addressed from this GPU
-    const unsigned char* peer_in[MAX_RANKS];  // direct kinds: every rank's input, from this GPU
-    unsigned char* peer_out[MAX_RANKS];       // direct kinds: every rank's output, from this GPU
+    const unsigned char* peer_in[MAX_RANKS];  // direct: every rank's input, from this GPU
+    unsigned char* peer_out[MAX_RANKS];       // direct, copy engines: every rank's output, from this GPU
     volatile int* abort_flag;           // pinned host memory: every wait polls it; a failing kernel sets it (ABORT_KERNEL_FAILED ...)
-    u64 count;                          // elements per segment (see each kind)
+    u64 count;                          // elements per segment (the whole buffer, or one rank's part)
     u64 piece;                          // elements per block per chunk, a multiple of 16 bytes
-    u64 sub;                            // K_ALLREDUCE_PIPE: elements per sub-piece (else 0)
+    u64 sub;                            // the pipelined all-reduce: elements per sub-piece (else 0)
     u64 slot_bytes;                     // bytes per (parity, source rank) slot of scratch
     u64 stride;                         // bytes between blocks' regions of a slot (the largest piece)
     u64 timeout_ns;
     u64 sig;
-    int kind, redop, rank, nranks, root, check;
-    int own_done;                       // K_ALLGATHER, K_ALLTOALL: the own part is copied elsewhere (the copy engine)
+    int op, redop, rank, nranks, root, check;  // op: enum Op; redop: enum RedOp
+    int own_done;                       // one-shot all-gather, all-to-all: the own part is copied elsewhere (the copy engine)
+    int code;                           // the plan's code, recorded in the status words on a failure
 };
 
 // Point-to-point groups (NCCL's ncclGroupStart/End around ncclSend/ncclRecv): one kernel runs
@@ -159,5 +139,5 @@ static_assert(sizeof(P2pArgs) == 1568, "P2pArgs changed: p2p-abigen checks the R
 // An LL message's chunks are P2P_MIN_CHUNK bytes (p2p_chunk), whose lines fill P2P_LL_AREA.
 static_assert(P2P_LL_BYTES <= P2P_BLOCKS * P2P_MIN_CHUNK, "an LL chunk must fit its slot's LL area");
 
-// The host's `CollArgs` (comm.rs) has the same layout and checks the same size.
+// The host's `CollArgs` (generated from this header) has the same layout and checks the same size.
 static_assert(sizeof(CollArgs) == 368, "CollArgs changed: p2p-abigen checks the Rust struct against this size");

@@ -1,11 +1,23 @@
 use super::*;
+use crate::types::RedOp;
 
-/// Which of a call's buffers are registered, and whether it is in place.
+/// The paths the planner picks, by algorithm and protocol.
+const ONESHOT: (Algo, Proto) = (Algo::OneShot, Proto::Simple);
+const TWOSHOT: (Algo, Proto) = (Algo::TwoShot, Proto::Simple);
+const RING: (Algo, Proto) = (Algo::Ring, Proto::Simple);
+const SPLIT: (Algo, Proto) = (Algo::Split, Proto::Simple);
+const DIRECT: (Algo, Proto) = (Algo::Direct, Proto::Simple);
+const PIPE: (Algo, Proto) = (Algo::Pipe, Proto::Simple);
+const LL: (Algo, Proto) = (Algo::OneShot, Proto::Ll);
+const CE: (Algo, Proto) = (Algo::OneShot, Proto::CopyEngine);
+
+/// Which of a call's buffers are registered, and whether it is in place (aligned).
 fn access(input: bool, output: bool, in_place: bool) -> Access {
     Access {
         input,
         output,
         in_place,
+        unaligned: false,
     }
 }
 
@@ -14,15 +26,9 @@ fn t() -> Tuning {
 }
 
 /// The plan of an all-reduce of `count` elements of `dtype` on `world` ranks with
-/// `algorithm` forced.
-fn forced(
-    dtype: DataType,
-    count: usize,
-    world: usize,
-    algorithm: Algorithm,
-    tuning: &Tuning,
-) -> Plan {
-    plan(Op::AllReduce, dtype, count, world, Some(algorithm), tuning)
+/// `forced` forced.
+fn forced(dtype: DataType, count: usize, world: usize, forced: Forced, tuning: &Tuning) -> Plan {
+    plan(Op::AllReduce, dtype, count, world, forced, tuning)
 }
 
 /// As `t()` with LL off: the plans of the pushed-data kinds at every size.
@@ -37,21 +43,45 @@ fn no_ll() -> Tuning {
 fn without_ll_two_ranks_go_one_shot_and_more_go_two_shot_when_large() {
     for count in [1, 1000, 1 << 28] {
         assert_eq!(
-            plan(Op::AllReduce, DataType::F32, count, 2, None, &no_ll()).kind,
-            Kind::AllReduceOneShot
+            plan(
+                Op::AllReduce,
+                DataType::F32,
+                count,
+                2,
+                Forced::AUTO,
+                &no_ll()
+            )
+            .path(),
+            ONESHOT
         );
     }
     assert_eq!(
-        plan(Op::AllReduce, DataType::F32, 1024, 8, None, &no_ll()).kind,
-        Kind::AllReduceOneShot
+        plan(
+            Op::AllReduce,
+            DataType::F32,
+            1024,
+            8,
+            Forced::AUTO,
+            &no_ll()
+        )
+        .path(),
+        ONESHOT
     );
     assert_eq!(
-        plan(Op::AllReduce, DataType::F32, 1 << 20, 8, None, &no_ll()).kind,
-        Kind::AllReduceTwoShot
+        plan(
+            Op::AllReduce,
+            DataType::F32,
+            1 << 20,
+            8,
+            Forced::AUTO,
+            &no_ll()
+        )
+        .path(),
+        TWOSHOT
     );
     assert_eq!(
-        forced(DataType::F32, 7, 2, Algorithm::Ring, &no_ll()).kind,
-        Kind::AllReduceRing
+        forced(DataType::F32, 7, 2, Forced::algo(Algo::Ring), &no_ll()).path(),
+        RING
     );
 }
 
@@ -68,7 +98,7 @@ fn pieces_cover_every_element_in_whole_vectors_and_fit_the_scratch() {
         for dtype in DataType::ALL {
             for count in [1usize, 7, 1023, 65537, (1 << 20) + 3, 64 << 20] {
                 for world in [2, 3, 8] {
-                    let p = plan(op, dtype, count, world, None, &tuning);
+                    let p = plan(op, dtype, count, world, Forced::AUTO, &tuning);
                     let elem = p.kernel_type.size();
                     assert_eq!(p.units as usize * elem, count * dtype.size());
                     assert!(p.grid >= 1 && p.grid <= tuning.max_blocks);
@@ -86,16 +116,30 @@ fn pieces_cover_every_element_in_whole_vectors_and_fit_the_scratch() {
 
 #[test]
 fn small_calls_use_one_block_and_large_ones_all() {
-    let p = plan(Op::AllReduce, DataType::F32, 2048, 2, None, &no_ll());
+    let p = plan(
+        Op::AllReduce,
+        DataType::F32,
+        2048,
+        2,
+        Forced::AUTO,
+        &no_ll(),
+    );
     assert_eq!((p.grid, p.chunks), (1, 1));
-    let p = plan(Op::AllReduce, DataType::F32, 1 << 28, 2, None, &no_ll());
+    let p = plan(
+        Op::AllReduce,
+        DataType::F32,
+        1 << 28,
+        2,
+        Forced::AUTO,
+        &no_ll(),
+    );
     assert_eq!(p.grid, 132);
     assert_eq!(p.piece * 4, 64 << 10);
     // Two resident blocks per SM double the grid, within MAX_BLOCKS.
     let two = Tuning::for_device(132, 2);
     assert_eq!(two.max_blocks, 256);
     assert_eq!(
-        plan(Op::AllReduce, DataType::F32, 1 << 28, 2, None, &two).grid,
+        plan(Op::AllReduce, DataType::F32, 1 << 28, 2, Forced::AUTO, &two).grid,
         256
     );
     assert_eq!(Tuning::for_device(100, 4).max_blocks, 200);
@@ -103,9 +147,9 @@ fn small_calls_use_one_block_and_large_ones_all() {
 
 #[test]
 fn copies_move_bytes_and_reductions_elements() {
-    let p = plan(Op::AllGather, DataType::F64, 10, 2, None, &t());
+    let p = plan(Op::AllGather, DataType::F64, 10, 2, Forced::AUTO, &t());
     assert_eq!((p.kernel_type, p.units), (DataType::U8, 80));
-    let p = plan(Op::ReduceScatter, DataType::BF16, 10, 2, None, &t());
+    let p = plan(Op::ReduceScatter, DataType::BF16, 10, 2, Forced::AUTO, &t());
     assert_eq!((p.kernel_type, p.units), (DataType::BF16, 10));
 }
 
@@ -122,18 +166,26 @@ fn the_planner_never_overflows_on_extreme_counts_or_tunings() {
     let registered = Access {
         input: true,
         output: true,
-        in_place: false,
+        ..Access::NONE
     };
     for world in [1, 2, 3, 8] {
         for op in Op::ALL {
             for count in [1024, 1 << 40, usize::MAX] {
-                let p = plan_with(op, DataType::F32, count, world, None, &t, registered);
+                let p = plan_with(
+                    op,
+                    DataType::F32,
+                    count,
+                    world,
+                    Forced::AUTO,
+                    &t,
+                    registered,
+                );
                 // (All-reduce has thresholds of its own.)
                 if matches!(op, Op::AllGather | Op::ReduceScatter | Op::AllToAll) {
                     assert!(
-                        !p.kind.is_direct(),
+                        p.algo != Algo::Direct,
                         "{op:?} {count} on {world}: {:?}",
-                        p.kind
+                        p.path()
                     );
                 }
                 assert!(p.steps(world) >= 1);
@@ -153,18 +205,19 @@ fn the_planner_never_overflows_on_extreme_counts_or_tunings() {
 
 #[test]
 fn a_forced_ring_on_one_rank_runs_one_shot() {
-    let p = forced(DataType::F32, 1 << 20, 1, Algorithm::Ring, &t());
-    assert_eq!(p.kind, Kind::AllReduceOneShot);
-    assert!(p.reason.contains("ring of one rank"), "{}", p.reason);
-    let p = forced(DataType::F32, 1 << 20, 2, Algorithm::Ring, &t());
-    assert_eq!(p.kind, Kind::AllReduceRing);
+    let p = forced(DataType::F32, 1 << 20, 1, Forced::algo(Algo::Ring), &t());
+    assert_eq!(p.path(), ONESHOT);
+    let why = p.refused.unwrap_or_default();
+    assert!(why.contains("ring of one rank"), "{why}");
+    let p = forced(DataType::F32, 1 << 20, 2, Forced::algo(Algo::Ring), &t());
+    assert_eq!(p.path(), RING);
 }
 
 #[test]
 fn steps_count_the_barriers_per_block() {
-    let p = forced(DataType::F32, 1 << 26, 4, Algorithm::Ring, &t());
+    let p = forced(DataType::F32, 1 << 26, 4, Forced::algo(Algo::Ring), &t());
     assert_eq!(p.steps(4), p.chunks * 6);
-    let p = forced(DataType::F32, 1 << 26, 4, Algorithm::TwoShot, &t());
+    let p = forced(DataType::F32, 1 << 26, 4, Forced::algo(Algo::TwoShot), &t());
     assert_eq!(p.steps(4), p.chunks * 2);
 }
 
@@ -190,26 +243,48 @@ fn auto_picks_ll_up_to_the_tuned_size_and_only_where_the_grid_fits() {
     ] {
         assert_eq!(tuning.ll_limit(world), limit);
         let most = limit / 4;
-        let p = plan(Op::AllReduce, DataType::F32, most, world, None, &tuning);
-        assert_eq!(p.kind, Kind::AllReduceLl, "world {world}");
+        let p = plan(
+            Op::AllReduce,
+            DataType::F32,
+            most,
+            world,
+            Forced::AUTO,
+            &tuning,
+        );
+        assert_eq!(p.path(), LL, "world {world}");
         assert!(p.reason.contains("LL"));
-        let p = plan(Op::AllReduce, DataType::F32, most + 1, world, None, &tuning);
-        assert_ne!(p.kind, Kind::AllReduceLl, "world {world}");
+        let p = plan(
+            Op::AllReduce,
+            DataType::F32,
+            most + 1,
+            world,
+            Forced::AUTO,
+            &tuning,
+        );
+        assert_ne!(p.path(), LL, "world {world}");
     }
     tuning.ll_max_bytes = 0;
-    let p = plan(Op::AllReduce, DataType::F32, 1, 2, None, &tuning);
-    assert_eq!(p.kind, Kind::AllReduceOneShot);
+    let p = plan(Op::AllReduce, DataType::F32, 1, 2, Forced::AUTO, &tuning);
+    assert_eq!(p.path(), ONESHOT);
     // A GPU with few resident blocks: LL only where its grid is resident.
     tuning.ll_max_bytes = LL_MAX_BYTES;
     tuning.max_blocks = 4;
     let fits = 4 * THREADS as usize * 8;
     assert_eq!(
-        plan(Op::AllReduce, DataType::U8, fits, 2, None, &tuning).kind,
-        Kind::AllReduceLl
+        plan(Op::AllReduce, DataType::U8, fits, 2, Forced::AUTO, &tuning).path(),
+        LL
     );
     assert_eq!(
-        plan(Op::AllReduce, DataType::U8, fits + 1, 2, None, &tuning).kind,
-        Kind::AllReduceOneShot
+        plan(
+            Op::AllReduce,
+            DataType::U8,
+            fits + 1,
+            2,
+            Forced::AUTO,
+            &tuning
+        )
+        .path(),
+        ONESHOT
     );
 }
 
@@ -218,8 +293,15 @@ fn two_ranks_pipeline_all_reduces_from_ll_up_to_one_round_of_the_scratch() {
     // Off by default until measured (perf-notes §33).
     let default = Tuning::for_device(132, 2);
     assert_eq!(default.pipe_max_bytes, 0);
-    let p = plan(Op::AllReduce, DataType::F32, 1 << 20, 2, None, &default);
-    assert_eq!(p.kind, Kind::AllReduceOneShot);
+    let p = plan(
+        Op::AllReduce,
+        DataType::F32,
+        1 << 20,
+        2,
+        Forced::AUTO,
+        &default,
+    );
+    assert_eq!(p.path(), ONESHOT);
     let tuning = Tuning {
         pipe_max_bytes: 16 << 20,
         ..default
@@ -236,8 +318,8 @@ fn two_ranks_pipeline_all_reduces_from_ll_up_to_one_round_of_the_scratch() {
             tuning.pipe_max_bytes,
         ] {
             let count = bytes / e;
-            let p = plan(Op::AllReduce, dtype, count, 2, None, &tuning);
-            assert_eq!(p.kind, Kind::AllReducePipe, "{dtype} {bytes}");
+            let p = plan(Op::AllReduce, dtype, count, 2, Forced::AUTO, &tuning);
+            assert_eq!(p.path(), PIPE, "{dtype} {bytes}");
             assert_eq!(p.chunks, 1);
             assert!(
                 p.grid as u64 * p.piece >= p.units,
@@ -253,19 +335,48 @@ fn two_ranks_pipeline_all_reduces_from_ll_up_to_one_round_of_the_scratch() {
             assert_eq!(p.steps(2), p.piece.div_ceil(p.sub) | 1);
         }
         // Past the knob or one round: one-shot; more ranks: not by default.
-        let big = plan(Op::AllReduce, dtype, (round + 16) / e, 2, None, &tuning);
-        assert_eq!(big.kind, Kind::AllReduceOneShot);
-        let four = plan(Op::AllReduce, dtype, (4 << 20) / e, 4, None, &tuning);
-        assert_ne!(four.kind, Kind::AllReducePipe);
+        let big = plan(
+            Op::AllReduce,
+            dtype,
+            (round + 16) / e,
+            2,
+            Forced::AUTO,
+            &tuning,
+        );
+        assert_eq!(big.path(), ONESHOT);
+        let four = plan(
+            Op::AllReduce,
+            dtype,
+            (4 << 20) / e,
+            4,
+            Forced::AUTO,
+            &tuning,
+        );
+        assert_ne!(four.path(), PIPE);
     }
     // Forced (whatever the knob): on any world size within one round; past it, one-shot,
     // saying why.
-    let forced = |count, world| forced(DataType::F32, count, world, Algorithm::Pipe, &default);
-    assert_eq!(forced(1 << 20, 4).kind, Kind::AllReducePipe);
-    // No data: no pipe shape (the public planner must not panic on a count of 0).
-    assert_eq!(forced(0, 2).kind, Kind::AllReduceOneShot);
+    let forced = |count, world| {
+        forced(
+            DataType::F32,
+            count,
+            world,
+            Forced::algo(Algo::Pipe),
+            &default,
+        )
+    };
+    assert_eq!(forced(1 << 20, 4).path(), PIPE);
+    // No data: no pipe shape (the public planner must not panic on a count of 0): planned as
+    // usual, saying why.
+    let empty = forced(0, 2);
+    assert_ne!(empty.path(), PIPE);
+    assert!(empty.refused.is_some(), "{empty:?}");
     for op in Op::ALL {
-        for algorithm in [None, Some(Algorithm::Ring), Some(Algorithm::TwoShot)] {
+        for algorithm in [
+            Forced::AUTO,
+            Forced::algo(Algo::Ring),
+            Forced::algo(Algo::TwoShot),
+        ] {
             for world in [1, 2, 3, 8] {
                 let p = plan(op, DataType::F32, 0, world, algorithm, &default);
                 assert_eq!(p.units, 0, "{op} {world} {p:?}");
@@ -273,8 +384,9 @@ fn two_ranks_pipeline_all_reduces_from_ll_up_to_one_round_of_the_scratch() {
         }
     }
     let p = forced(64 << 20, 2);
-    assert_eq!(p.kind, Kind::AllReduceOneShot);
-    assert!(p.reason.contains("pipe forced"), "{}", p.reason);
+    assert_eq!(p.path(), ONESHOT);
+    let why = p.refused.unwrap_or_default();
+    assert!(why.contains("one round of the scratch"), "{why}");
 }
 
 #[test]
@@ -291,7 +403,7 @@ fn the_own_part_goes_to_the_copy_engine_only_out_of_place_through_the_scratch() 
     // 32 MiB per part on 2 ranks: 64 MiB in all.
     let count = 8 << 20;
     let own = |op, tuning: &Tuning, access| {
-        plan_with(op, DataType::F32, count, 2, None, tuning, access).own_by_copy_engine
+        plan_with(op, DataType::F32, count, 2, Forced::AUTO, tuning, access).own_by_copy_engine
     };
     for op in [Op::AllGather, Op::AllToAll] {
         assert!(!own(op, &default, out_of_place), "{op}");
@@ -299,17 +411,21 @@ fn the_own_part_goes_to_the_copy_engine_only_out_of_place_through_the_scratch() 
         assert!(!own(op, &on, in_place), "{op}");
         // Registered: the direct kinds (all-gather), which copy the own part their way; an
         // all-to-all on two ranks stays on the scratch below the copy engines' size.
-        let r = plan_with(op, DataType::F32, count, 2, None, &on, registered);
-        assert_eq!(
-            r.own_by_copy_engine,
-            r.kind == Kind::AllToAll,
-            "{op}: {r:?}"
-        );
+        let r = plan_with(op, DataType::F32, count, 2, Forced::AUTO, &on, registered);
+        assert_eq!(r.own_by_copy_engine, r.path() == ONESHOT, "{op}: {r:?}");
         // Below the knob (all parts together), and LL-sized calls.
-        let small = plan_with(op, DataType::F32, count / 2 - 4, 2, None, &on, out_of_place);
+        let small = plan_with(
+            op,
+            DataType::F32,
+            count / 2 - 4,
+            2,
+            Forced::AUTO,
+            &on,
+            out_of_place,
+        );
         assert!(!small.own_by_copy_engine, "{op}");
-        let ll = plan_with(op, DataType::F32, 16, 2, None, &on, out_of_place);
-        assert!(ll.kind.is_ll() && !ll.own_by_copy_engine, "{op}");
+        let ll = plan_with(op, DataType::F32, 16, 2, Forced::AUTO, &on, out_of_place);
+        assert!(ll.proto == Proto::Ll && !ll.own_by_copy_engine, "{op}");
     }
     for op in [Op::AllReduce, Op::Broadcast, Op::Reduce, Op::ReduceScatter] {
         assert!(!own(op, &on, out_of_place), "{op}");
@@ -323,12 +439,12 @@ fn every_collective_runs_ll_while_each_source_sends_little() {
         for world in [2, 3, 4, 8] {
             // `count` is per rank for the parted collectives: the limit is per source.
             let most = tuning.ll_limit(world) / 4;
-            let p = plan(op, DataType::F32, most, world, None, &tuning);
-            assert!(p.kind.is_ll(), "{op} world {world}: {:?}", p.kind);
-            assert_eq!(p.kind.op(), op);
+            let p = plan(op, DataType::F32, most, world, Forced::AUTO, &tuning);
+            assert!(p.proto == Proto::Ll, "{op} world {world}: {:?}", p.path());
+            assert_eq!(p.op, op);
             assert_eq!(p.steps(world), 1);
-            let p = plan(op, DataType::F32, most + 1, world, None, &tuning);
-            assert!(!p.kind.is_ll(), "{op} world {world}");
+            let p = plan(op, DataType::F32, most + 1, world, Forced::AUTO, &tuning);
+            assert!(p.proto != Proto::Ll, "{op} world {world}");
         }
     }
     // Checking mode turns LL off through the tuning.
@@ -337,8 +453,8 @@ fn every_collective_runs_ll_while_each_source_sends_little() {
         ..tuning
     };
     assert_eq!(
-        plan(Op::AllGather, DataType::F32, 1, 4, None, &off).kind,
-        Kind::AllGather
+        plan(Op::AllGather, DataType::F32, 1, 4, Forced::AUTO, &off).path(),
+        ONESHOT
     );
 }
 
@@ -347,17 +463,26 @@ fn large_broadcasts_and_reduces_split_among_the_non_roots_on_more_than_two_ranks
     let tuning = no_ll();
     let big = tuning.split_min_bytes / 4;
     for (op, split, plain) in [
-        (Op::Broadcast, Kind::BroadcastSplit, Kind::Broadcast),
-        (Op::Reduce, Kind::ReduceSplit, Kind::Reduce),
+        (Op::Broadcast, SPLIT, ONESHOT),
+        (Op::Reduce, SPLIT, ONESHOT),
     ] {
-        assert_eq!(plan(op, DataType::F32, big, 4, None, &tuning).kind, split);
-        assert_eq!(plan(op, DataType::F32, big, 3, None, &tuning).kind, split);
-        assert_eq!(plan(op, DataType::F32, big, 2, None, &tuning).kind, plain);
         assert_eq!(
-            plan(op, DataType::F32, big - 1, 4, None, &tuning).kind,
+            plan(op, DataType::F32, big, 4, Forced::AUTO, &tuning).path(),
+            split
+        );
+        assert_eq!(
+            plan(op, DataType::F32, big, 3, Forced::AUTO, &tuning).path(),
+            split
+        );
+        assert_eq!(
+            plan(op, DataType::F32, big, 2, Forced::AUTO, &tuning).path(),
             plain
         );
-        let p = plan(op, DataType::F32, 1 << 28, 4, None, &tuning);
+        assert_eq!(
+            plan(op, DataType::F32, big - 1, 4, Forced::AUTO, &tuning).path(),
+            plain
+        );
+        let p = plan(op, DataType::F32, 1 << 28, 4, Forced::AUTO, &tuning);
         assert_eq!(p.steps(4), 2 * p.chunks);
     }
 }
@@ -365,12 +490,22 @@ fn large_broadcasts_and_reduces_split_among_the_non_roots_on_more_than_two_ranks
 #[test]
 fn one_shot_gives_way_to_two_shot_at_three_mib_over_n() {
     let tuning = no_ll();
-    let f = |count, world| plan(Op::AllReduce, DataType::F32, count, world, None, &tuning).kind;
+    let f = |count, world| {
+        plan(
+            Op::AllReduce,
+            DataType::F32,
+            count,
+            world,
+            Forced::AUTO,
+            &tuning,
+        )
+        .path()
+    };
     // 3 ranks: one-shot up to 1 MiB; 4 ranks: up to 768 KiB.
-    assert_eq!(f(256 << 10, 3), Kind::AllReduceOneShot);
-    assert_eq!(f((256 << 10) + 1, 3), Kind::AllReduceTwoShot);
-    assert_eq!(f(192 << 10, 4), Kind::AllReduceOneShot);
-    assert_eq!(f((192 << 10) + 1, 4), Kind::AllReduceTwoShot);
+    assert_eq!(f(256 << 10, 3), ONESHOT);
+    assert_eq!(f((256 << 10) + 1, 3), TWOSHOT);
+    assert_eq!(f(192 << 10, 4), ONESHOT);
+    assert_eq!(f((192 << 10) + 1, 4), TWOSHOT);
 }
 
 #[test]
@@ -378,22 +513,22 @@ fn registered_buffers_go_direct_where_the_kernel_can_reach_them() {
     let tuning = t();
     let big = 1 << 24; // 64 MiB of f32
     let both = access(true, true, false);
-    let f = |op, access| plan_with(op, DataType::F32, big, 4, None, &tuning, access);
-    assert_eq!(f(Op::AllReduce, both).kind, Kind::AllReduceDirect);
-    assert_eq!(f(Op::AllGather, both).kind, Kind::AllGatherDirect);
-    assert_eq!(f(Op::ReduceScatter, both).kind, Kind::ReduceScatterDirect);
-    assert_eq!(f(Op::AllToAll, both).kind, Kind::AllToAllDirect);
+    let f = |op, access| plan_with(op, DataType::F32, big, 4, Forced::AUTO, &tuning, access);
+    assert_eq!(f(Op::AllReduce, both).path(), DIRECT);
+    assert_eq!(f(Op::AllGather, both).path(), DIRECT);
+    assert_eq!(f(Op::ReduceScatter, both).path(), DIRECT);
+    assert_eq!(f(Op::AllToAll, both).path(), DIRECT);
     // What each needs: all-reduce both sides, all-gather and all-to-all the output,
     // reduce-scatter the input; all-to-all never in place.
     let only_in = access(true, false, false);
     let only_out = access(false, true, false);
-    assert_eq!(f(Op::AllReduce, only_in).kind, Kind::AllReduceTwoShot);
-    assert_eq!(f(Op::AllGather, only_in).kind, Kind::AllGather);
-    assert_eq!(f(Op::ReduceScatter, only_out).kind, Kind::ReduceScatter);
-    assert_eq!(f(Op::AllGather, only_out).kind, Kind::AllGatherDirect);
+    assert_eq!(f(Op::AllReduce, only_in).path(), TWOSHOT);
+    assert_eq!(f(Op::AllGather, only_in).path(), ONESHOT);
+    assert_eq!(f(Op::ReduceScatter, only_out).path(), ONESHOT);
+    assert_eq!(f(Op::AllGather, only_out).path(), DIRECT);
     let in_place = access(true, true, true);
-    assert_eq!(f(Op::AllToAll, in_place).kind, Kind::AllToAll);
-    assert_eq!(f(Op::AllReduce, in_place).kind, Kind::AllReduceDirect);
+    assert_eq!(f(Op::AllToAll, in_place).path(), ONESHOT);
+    assert_eq!(f(Op::AllReduce, in_place).path(), DIRECT);
     // Below the direct threshold, with parts not 16-byte aligned, and on two ranks for
     // all-reduce and all-to-all, the scratch path (measured faster there).
     let small = plan_with(
@@ -401,26 +536,26 @@ fn registered_buffers_go_direct_where_the_kernel_can_reach_them() {
         DataType::F32,
         1 << 19,
         4,
-        None,
+        Forced::AUTO,
         &tuning,
         both,
     );
-    assert_eq!(small.kind, Kind::AllGather);
+    assert_eq!(small.path(), ONESHOT);
     let odd = plan_with(
         Op::AllGather,
         DataType::F32,
         (1 << 22) + 1,
         4,
-        None,
+        Forced::AUTO,
         &tuning,
         both,
     );
-    assert_eq!(odd.kind, Kind::AllGather);
-    let two = |op| plan_with(op, DataType::F32, big, 2, None, &tuning, both).kind;
-    assert_eq!(two(Op::AllReduce), Kind::AllReduceOneShot);
-    assert_eq!(two(Op::AllToAll), Kind::AllToAll);
-    assert_eq!(two(Op::AllGather), Kind::AllGatherDirect);
-    assert_eq!(two(Op::ReduceScatter), Kind::ReduceScatterDirect);
+    assert_eq!(odd.path(), ONESHOT);
+    let two = |op| plan_with(op, DataType::F32, big, 2, Forced::AUTO, &tuning, both).path();
+    assert_eq!(two(Op::AllReduce), ONESHOT);
+    assert_eq!(two(Op::AllToAll), ONESHOT);
+    assert_eq!(two(Op::AllGather), DIRECT);
+    assert_eq!(two(Op::ReduceScatter), DIRECT);
     // Reduce-scatter on two ranks reads directly only below RS_DIRECT_MAX_BYTES_TWO_RANKS
     // (all parts); on more ranks at any size.
     let rs = |count, world| {
@@ -429,22 +564,30 @@ fn registered_buffers_go_direct_where_the_kernel_can_reach_them() {
             DataType::F32,
             count,
             world,
-            None,
+            Forced::AUTO,
             &tuning,
             both,
         )
-        .kind
+        .path()
     };
     let under = (RS_DIRECT_MAX_BYTES_TWO_RANKS - 16 * 2) / 4 / 2;
     let at = RS_DIRECT_MAX_BYTES_TWO_RANKS / 4 / 2;
-    assert_eq!(rs(under, 2), Kind::ReduceScatterDirect);
-    assert_eq!(rs(at, 2), Kind::ReduceScatter);
-    assert_eq!(rs(at, 4), Kind::ReduceScatterDirect);
+    assert_eq!(rs(under, 2), DIRECT);
+    assert_eq!(rs(at, 2), ONESHOT);
+    assert_eq!(rs(at, 4), DIRECT);
     // Small calls still run LL; a forced algorithm wins over registration.
     assert!(
-        plan_with(Op::AllReduce, DataType::F32, 16, 4, None, &tuning, both)
-            .kind
-            .is_ll()
+        plan_with(
+            Op::AllReduce,
+            DataType::F32,
+            16,
+            4,
+            Forced::AUTO,
+            &tuning,
+            both
+        )
+        .proto
+            == Proto::Ll
     );
     assert_eq!(
         plan_with(
@@ -452,12 +595,12 @@ fn registered_buffers_go_direct_where_the_kernel_can_reach_them() {
             DataType::F32,
             big,
             4,
-            Some(Algorithm::Ring),
+            Forced::algo(Algo::Ring),
             &tuning,
             both
         )
-        .kind,
-        Kind::AllReduceRing
+        .path(),
+        RING
     );
 }
 
@@ -474,11 +617,11 @@ fn direct_shares_cover_every_element_in_whole_vectors() {
         for dtype in DataType::ALL {
             for count in [(1usize << 22) + 4, 64 << 20] {
                 for world in [3, 4, 8] {
-                    let p = plan_with(op, dtype, count * 16, world, None, &tuning, both);
-                    assert!(p.kind.is_direct(), "{op} {dtype} {count} {world}");
+                    let p = plan_with(op, dtype, count * 16, world, Forced::AUTO, &tuning, both);
+                    assert!(p.algo == Algo::Direct, "{op} {dtype} {count} {world}");
                     let elem = p.kernel_type.size() as u64;
                     assert_eq!(p.piece * elem % 16, 0);
-                    let share = if p.kind == Kind::AllReduceDirect {
+                    let share = if p.path() == DIRECT {
                         p.units.div_ceil(world as u64)
                     } else {
                         p.units
@@ -495,38 +638,80 @@ fn direct_shares_cover_every_element_in_whole_vectors() {
 }
 
 #[test]
-fn the_kernel_enum_matches_kind_code_for_code() {
-    // `enum Kind` in coll_abi.h, e.g. `K_ALLREDUCE_LL = 8,`: same names (case and underscores
-    // aside) and the same numbers, in order.
-    let src = include_str!("../kernels/coll_abi.h");
-    let start = src.find("enum Kind {").expect("enum Kind in coll_abi.h");
-    let body = &src[start..start + src[start..].find("};").expect("end of enum Kind")];
-    let entries: Vec<(String, usize)> = body
-        .lines()
-        .filter_map(|l| {
-            let (name, value) = l.trim().trim_end_matches(',').split_once(" = ")?;
-            Some((
-                name.trim_start_matches("K_")
-                    .replace('_', "")
-                    .to_lowercase(),
-                value.parse().ok()?,
-            ))
-        })
-        .collect();
-    assert_eq!(entries.len(), Kind::ALL.len(), "{entries:?}");
-    for (k, (name, value)) in Kind::ALL.iter().zip(&entries) {
-        assert_eq!(*k as usize, *value, "{k:?}");
-        assert_eq!(format!("{k:?}").to_lowercase(), *name, "{k:?}");
+fn every_plans_code_names_its_op_algorithm_and_protocol() {
+    let mut codes = Vec::new();
+    for op in Op::ALL {
+        for algo in Algo::ALL {
+            for proto in Proto::ALL {
+                let c = code::code(op, algo, proto);
+                assert_eq!(describe_code(c), Some((op, algo, proto)));
+                assert!(c >= crate::abi::CODE_TAG as u64, "{c}");
+                assert!(!codes.contains(&c), "{op} {algo} {proto}: {c} taken");
+                codes.push(c);
+            }
+        }
+    }
+    // The send/recv codes, and anything else, are no plan's.
+    for other in [
+        0,
+        crate::abi::K_SEND as u64,
+        crate::abi::K_RECV_ORDER as u64,
+        1 << 20,
+    ] {
+        assert_eq!(describe_code(other), None, "{other}");
     }
 }
 
 #[test]
-fn every_kind_round_trips_through_its_code() {
-    for (i, k) in Kind::ALL.iter().enumerate() {
-        assert_eq!(*k as usize, i);
-        assert_eq!(Kind::from_code(i as u64), Some(*k));
+fn every_entry_has_its_own_index_and_name() {
+    let all: Vec<Entry> = Entry::all().collect();
+    assert_eq!(all.len(), Entry::COUNT);
+    for (i, e) in all.iter().enumerate() {
+        assert_eq!(e.index(), i, "{e}");
+        assert!(all[..i].iter().all(|o| o.name() != e.name()), "{e}");
     }
-    assert_eq!(Kind::from_code(Kind::ALL.len() as u64), None);
+    // An algorithm's own kernel is named after it.
+    for a in Algo::ALL {
+        assert_eq!(Entry::Algo(a).name(), a.name());
+    }
+}
+
+/// The kernel of one-shot parts off a 16-byte boundary runs only all-gather, all-to-all and
+/// reduce-scatter (its file returns at once for the others, and their peers would wait): the
+/// planner picks it for those collectives off a boundary, and for nothing else.
+#[test]
+fn the_unaligned_kernel_is_picked_only_off_a_boundary_and_only_for_what_it_runs() {
+    let unaligned = Access {
+        unaligned: true,
+        ..Access::NONE
+    };
+    for op in Op::ALL {
+        for world in 1..=8 {
+            for forced in [Forced::AUTO, Forced::algo(Algo::OneShot)] {
+                for bytes in [8usize, 1 << 20, 1 << 30] {
+                    let count = bytes / 4;
+                    let aligned =
+                        plan_with(op, DataType::F32, count, world, forced, &t(), Access::NONE);
+                    assert_ne!(
+                        aligned.entry,
+                        Entry::OneShotUnaligned,
+                        "{op} {world} {bytes}"
+                    );
+                    let off = plan_with(op, DataType::F32, count, world, forced, &t(), unaligned);
+                    let runs = matches!(op, Op::AllGather | Op::ReduceScatter | Op::AllToAll)
+                        && off.path() == ONESHOT;
+                    assert_eq!(
+                        off.entry == Entry::OneShotUnaligned,
+                        runs,
+                        "{op} {world} {bytes}: {off:?}"
+                    );
+                    if !runs {
+                        assert_eq!(off.entry, aligned.entry, "{op} {world} {bytes}");
+                    }
+                }
+            }
+        }
+    }
 }
 
 #[test]
@@ -545,89 +730,106 @@ fn copy_engines_for_large_registered_calls_on_two_ranks_and_more_when_asked() {
         DataType::F32,
         whole,
         2,
-        None,
+        Forced::AUTO,
         &tuning,
         out_only,
     );
-    assert_eq!(p.kind, Kind::AllReduceOneShot);
+    assert_eq!(p.path(), ONESHOT);
     tuning.ce_all_reduce_min_bytes = 64 << 20;
     for world in [2, 3, 4] {
         let two = world == 2;
         let count = (64 << 20) / 4 / world;
         let kind = |op, count, access| {
-            plan_with(op, DataType::F32, count, world, None, &tuning, access).kind
+            plan_with(
+                op,
+                DataType::F32,
+                count,
+                world,
+                Forced::AUTO,
+                &tuning,
+                access,
+            )
+            .path()
         };
         let p = plan_with(
             Op::AllGather,
             DataType::F32,
             count,
             world,
-            None,
+            Forced::AUTO,
             &tuning,
             in_place,
         );
         if two {
-            assert_eq!((p.kind, p.grid, p.threads), (Kind::AllGatherCe, 1, THREADS));
-            assert_eq!((p.kind.variant(), p.kind.op()), ("ce", Op::AllGather));
+            assert_eq!((p.path(), p.grid, p.threads), (CE, 1, THREADS));
+            assert_eq!((p.proto, p.op), (Proto::CopyEngine, Op::AllGather));
         } else {
             // More ranks: off by default (not measured), the kernels.
-            assert!(!p.kind.is_ce(), "{p:?}");
+            assert!(p.proto != Proto::CopyEngine, "{p:?}");
         }
         for access in [out, out_only] {
             let k = kind(Op::AllGather, count, access);
-            assert_eq!(k == Kind::AllGatherCe, two, "{k:?}");
+            assert_eq!(k == CE, two, "{k:?}");
         }
         // All-to-all and all-reduce: out of place only, into a registered output.
         let a2a = kind(Op::AllToAll, count, out_only);
-        assert_eq!(a2a == Kind::AllToAllCe, two, "{a2a:?}");
-        assert!(!kind(Op::AllToAll, count, in_place).is_ce());
+        assert_eq!(a2a == CE, two, "{a2a:?}");
+        assert_ne!(kind(Op::AllToAll, count, in_place), CE);
         let whole = count * world; // an all-reduce's count is the whole buffer
         let ar = plan_with(
             Op::AllReduce,
             DataType::F32,
             whole,
             world,
-            None,
+            Forced::AUTO,
             &tuning,
             out_only,
         );
-        assert_eq!(ar.kind == Kind::AllReduceCe, two, "{ar:?}");
+        assert_eq!(ar.path() == CE, two, "{ar:?}");
         if two {
             assert_eq!(
                 (ar.grid, ar.threads, ar.kernel_type),
                 (tuning.max_blocks / 2, THREADS, DataType::F32)
             );
-            assert_eq!(ar.kind.op(), Op::AllReduce);
+            assert_eq!(ar.op, Op::AllReduce);
             // Forcing an algorithm turns the copy engines off.
             let forced = plan_with(
                 Op::AllReduce,
                 DataType::F32,
                 whole,
                 world,
-                Some(Algorithm::OneShot),
+                Forced::algo(Algo::OneShot),
                 &tuning,
                 out_only,
             );
-            assert_eq!(forced.kind, Kind::AllReduceOneShot);
+            assert_eq!(forced.path(), ONESHOT);
         }
-        assert!(!kind(Op::AllReduce, whole, in_place).is_ce());
+        assert_ne!(kind(Op::AllReduce, whole, in_place), CE);
         // Below the threshold or not registered: no copy engines.
         for op in [Op::AllGather, Op::AllToAll] {
-            assert!(!kind(op, count - 4, out).is_ce(), "{op}");
-            assert!(!kind(op, count, Access::NONE).is_ce(), "{op}");
+            assert_ne!(kind(op, count - 4, out), CE, "{op}");
+            assert_ne!(kind(op, count, Access::NONE), CE, "{op}");
         }
-        assert!(!kind(Op::AllReduce, whole - 4, out).is_ce());
-        assert!(!kind(Op::AllReduce, whole, Access::NONE).is_ce());
+        assert_ne!(kind(Op::AllReduce, whole - 4, out), CE);
+        assert_ne!(kind(Op::AllReduce, whole, Access::NONE), CE);
         // The other collectives never.
         for op in [Op::ReduceScatter, Op::Broadcast, Op::Reduce] {
             for access in [in_place, out] {
-                assert!(!kind(op, count, access).is_ce(), "{op} {access:?}");
+                assert_ne!(kind(op, count, access), CE, "{op} {access:?}");
             }
         }
     }
     // Small calls stay LL.
-    let p = plan_with(Op::AllGather, DataType::F32, 16, 2, None, &tuning, in_place);
-    assert_eq!(p.kind, Kind::AllGatherLl);
+    let p = plan_with(
+        Op::AllGather,
+        DataType::F32,
+        16,
+        2,
+        Forced::AUTO,
+        &tuning,
+        in_place,
+    );
+    assert_eq!(p.path(), LL);
 
     // More ranks with their own threshold: all-gather and all-to-all (the all-reduce by the
     // copy engines is for two ranks only); two ranks keep theirs.
@@ -640,21 +842,29 @@ fn copy_engines_for_large_registered_calls_on_two_ranks_and_more_when_asked() {
     for world in [2, 3, 4, 8] {
         let count = (64usize << 20).div_ceil(4 * world);
         let kind = |op, count, access| {
-            plan_with(op, DataType::F32, count, world, None, &more, access).kind
+            plan_with(op, DataType::F32, count, world, Forced::AUTO, &more, access).path()
         };
         for access in [in_place, out, out_only] {
             let k = kind(Op::AllGather, count, access);
-            assert_eq!(k == Kind::AllGatherCe, world > 2, "{world} {k:?}");
-            assert!(!kind(Op::AllGather, count - 4, access).is_ce());
+            assert_eq!(k == CE, world > 2, "{world} {k:?}");
+            assert_ne!(kind(Op::AllGather, count - 4, access), CE);
         }
         let a2a = kind(Op::AllToAll, count, out_only);
-        assert_eq!(a2a == Kind::AllToAllCe, world > 2, "{world} {a2a:?}");
-        assert!(!kind(Op::AllToAll, count, in_place).is_ce());
-        assert!(!kind(Op::AllToAll, count, Access::NONE).is_ce());
+        assert_eq!(a2a == CE, world > 2, "{world} {a2a:?}");
+        assert_ne!(kind(Op::AllToAll, count, in_place), CE);
+        assert_ne!(kind(Op::AllToAll, count, Access::NONE), CE);
         let ar = kind(Op::AllReduce, count * world, out_only);
-        assert_eq!(ar == Kind::AllReduceCe, world == 2, "{world} {ar:?}");
+        assert_eq!(ar == CE, world == 2, "{world} {ar:?}");
         if world > 2 {
-            let p = plan_with(Op::AllGather, DataType::F32, count, world, None, &more, out);
+            let p = plan_with(
+                Op::AllGather,
+                DataType::F32,
+                count,
+                world,
+                Forced::AUTO,
+                &more,
+                out,
+            );
             assert_eq!(
                 (p.grid, p.threads, p.kernel_type),
                 (1, THREADS, DataType::U8)
@@ -706,8 +916,14 @@ fn two_rank_ll_runs_small_blocks_and_more_ranks_full_ones() {
         (256 << 10, 128, 256, 256),
         (LL_MAX_BYTES, 128, 512, 512),
     ] {
-        let p = forced(DataType::U8, bytes, 2, Algorithm::Ll, &tuning);
-        assert_eq!(p.kind, Kind::AllReduceLl, "{bytes}");
+        let p = forced(
+            DataType::U8,
+            bytes,
+            2,
+            Forced::pair(Algo::OneShot, Proto::Ll),
+            &tuning,
+        );
+        assert_eq!(p.path(), LL, "{bytes}");
         assert_eq!(
             (p.grid, p.piece, p.threads),
             (grid, piece, threads),
@@ -715,15 +931,32 @@ fn two_rank_ll_runs_small_blocks_and_more_ranks_full_ones() {
         );
     }
     // More ranks: one block per THREADS units, THREADS threads, as before.
-    let p = forced(DataType::U8, 4096, 4, Algorithm::Ll, &tuning);
-    assert_eq!((p.grid, p.piece, p.threads), (1, 512, THREADS));
-    let p = plan(Op::AllGather, DataType::U8, 64 << 10, 3, None, &tuning);
-    assert_eq!(
-        (p.kind, p.grid, p.threads),
-        (Kind::AllGatherLl, 16, THREADS)
+    let p = forced(
+        DataType::U8,
+        4096,
+        4,
+        Forced::pair(Algo::OneShot, Proto::Ll),
+        &tuning,
     );
+    assert_eq!((p.grid, p.piece, p.threads), (1, 512, THREADS));
+    let p = plan(
+        Op::AllGather,
+        DataType::U8,
+        64 << 10,
+        3,
+        Forced::AUTO,
+        &tuning,
+    );
+    assert_eq!((p.path(), p.grid, p.threads), (LL, 16, THREADS));
     // Every other kind launches THREADS threads.
-    let p = plan(Op::AllReduce, DataType::F32, 1 << 24, 2, None, &tuning);
+    let p = plan(
+        Op::AllReduce,
+        DataType::F32,
+        1 << 24,
+        2,
+        Forced::AUTO,
+        &tuning,
+    );
     assert_eq!(p.threads, THREADS);
 }
 
@@ -732,8 +965,15 @@ fn ll_covers_every_byte_in_one_round_and_only_small_calls() {
     let tuning = t();
     for dtype in DataType::ALL {
         for count in [1usize, 7, 1023, 8191, 50_001, LL_MAX_BYTES / dtype.size()] {
-            let p = plan(Op::AllReduce, dtype, count, 2, Some(Algorithm::Ll), &tuning);
-            assert_eq!(p.kind, Kind::AllReduceLl, "{dtype} {count}");
+            let p = plan(
+                Op::AllReduce,
+                dtype,
+                count,
+                2,
+                Forced::pair(Algo::OneShot, Proto::Ll),
+                &tuning,
+            );
+            assert_eq!(p.path(), LL, "{dtype} {count}");
             let units = (count * dtype.size()).div_ceil(8) as u64;
             assert_eq!((p.chunks, p.units), (1, count as u64));
             assert!(p.piece * p.grid as u64 >= units && p.piece * (p.grid as u64 - 1) < units);
@@ -750,25 +990,66 @@ fn ll_covers_every_byte_in_one_round_and_only_small_calls() {
         DataType::F32,
         LL_MAX_BYTES / 4 + 1,
         2,
-        Algorithm::Ll,
+        Forced::pair(Algo::OneShot, Proto::Ll),
         &tuning,
     );
-    assert_eq!(big.kind, Kind::AllReduceOneShot);
-    assert!(big.reason.contains("512 KiB"));
+    assert_eq!(big.path(), ONESHOT);
+    let why = big.refused.unwrap_or_default();
+    assert!(why.contains("512 KiB"), "{why}");
 }
 
 #[test]
 fn signatures_round_trip_into_words() {
-    let s = signature(Kind::AllReduceOneShot, DataType::F32, 0, 0, 1024);
-    assert_eq!(describe(s), "all_reduce (oneshot) float sum, count 1024");
-    let s = signature(Kind::Broadcast, DataType::BF16, 0, 3, 7);
-    assert_eq!(describe(s), "broadcast bfloat16 root 3, count 7");
-    let s = signature(Kind::AllToAllDirect, DataType::F16, 0, 0, 1 << 40);
-    assert_eq!(describe(s), "all_to_all (direct) half, count 1099511627776");
-    let s = signature(Kind::ReduceSplit, DataType::I64, 4, 7, 3);
-    assert_eq!(describe(s), "reduce (split) int64 avg root 7, count 3");
+    let sig =
+        |op, (algo, proto): (Algo, Proto), call: Call| code::signature((op, algo, proto), &call);
+    let s = sig(
+        Op::AllReduce,
+        ONESHOT,
+        Call::new(Op::AllReduce, DataType::F32, 1024),
+    );
+    assert_eq!(
+        describe(s),
+        "all_reduce (oneshot/simple) float sum, count 1024"
+    );
+    let s = sig(
+        Op::Broadcast,
+        ONESHOT,
+        Call::new(Op::Broadcast, DataType::BF16, 7).root(3),
+    );
+    assert_eq!(
+        describe(s),
+        "broadcast (oneshot/simple) bfloat16 root 3, count 7"
+    );
+    let s = sig(
+        Op::AllToAll,
+        DIRECT,
+        Call::new(Op::AllToAll, DataType::F16, 1 << 40),
+    );
+    assert_eq!(
+        describe(s),
+        "all_to_all (direct/simple) half, count 1099511627776"
+    );
+    let s = sig(
+        Op::Reduce,
+        SPLIT,
+        Call::new(Op::Reduce, DataType::I64, 3)
+            .redop(RedOp::Avg)
+            .root(7),
+    );
+    assert_eq!(
+        describe(s),
+        "reduce (split/simple) int64 avg root 7, count 3"
+    );
+    let reduce = |count| Call::new(Op::Reduce, DataType::I32, count).redop(RedOp::Prod);
     assert_ne!(
-        signature(Kind::Reduce, DataType::I32, 1, 0, 5),
-        signature(Kind::Reduce, DataType::I32, 1, 0, 6)
+        sig(Op::Reduce, ONESHOT, reduce(5)),
+        sig(Op::Reduce, ONESHOT, reduce(6))
+    );
+    // A reduction or root the collective has none of is left out: ranks agree whatever they
+    // pass there.
+    let gather = Call::new(Op::AllGather, DataType::U8, 9);
+    assert_eq!(
+        sig(Op::AllGather, ONESHOT, gather),
+        sig(Op::AllGather, ONESHOT, gather.redop(RedOp::Max).root(2))
     );
 }

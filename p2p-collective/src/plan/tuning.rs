@@ -31,15 +31,15 @@ pub struct Tuning {
     /// All-gathers, reduce-scatters and (on more than two ranks) all-to-alls on registered
     /// buffers run the direct kernels from this many bytes (all ranks' parts together) on more
     /// than two ranks, and from twice as many on two; below, the scratch path is faster
-    /// (measured on 2 and 4 x H200: perf-notes section 18). On two ranks a reduce-scatter
+    /// (measured on 2 and 4 x H200: docs/performance.md, "Planner thresholds at four ranks"). On two ranks a reduce-scatter
     /// reads directly only below [`RS_DIRECT_MAX_BYTES_TWO_RANKS`].
     pub direct_min_bytes: usize,
     /// On two ranks, all-gathers and all-to-alls on registered buffers of at least this many
     /// bytes (all ranks' parts together) move the data with the copy engines instead of SMs,
     /// after a barrier kernel: one `cuMemcpyAsync` into each peer's registered output (an
     /// all-to-all out of place only), the own part copied beside it on a second stream when
-    /// out of place, then a second barrier. Measured on 2 x H200 (perf-notes sections 29 and
-    /// 30): all-gather 381-385 GB/s busbw at 1 GiB in or out of place against 361-362 for the
+    /// out of place, then a second barrier. Measured on 2 x H200 (docs/performance.md, "Copy
+    /// engines for all-gather and all-to-all"): all-gather 381-385 GB/s busbw at 1 GiB in or out of place against 361-362 for the
     /// direct kernel, all-to-all 380-382 against 350 for the SMs and 357-359 for NCCL's
     /// symmetric mode; slower below about 256 MiB. On more than two ranks
     /// [`ce_min_bytes_more_ranks`](Self::ce_min_bytes_more_ranks) takes its place; never in
@@ -58,21 +58,22 @@ pub struct Tuning {
     /// writes to r + 1 first), under the same conditions. Default `usize::MAX` (off): not yet
     /// run on more than two ranks. What it aims at: on 4 x H200 NCCL's copy-engine all-gather
     /// and all-to-all reached 361-387 GB/s busbw at 1 GiB where the direct kernels reached
-    /// 342-348 (perf-notes sections 18 and 35).
+    /// 342-348 (docs/performance.md, "Copy engines for all-gather and all-to-all").
     pub ce_min_bytes_more_ranks: usize,
     /// On two ranks, out-of-place all-reduces into a registered output of at least this many
-    /// bytes run by the copy engines ([`Kind::AllReduceCe`]: each rank's input copied into the
+    /// bytes run by the copy engines (the copy-engine protocol: each rank's input copied into the
     /// peer's output in [`CE_CHUNKS`] halving chunks while a kernel reduces each chunk as it
     /// lands), with [`ce_min_bytes`](Self::ce_min_bytes)'s conditions. Default 256 MiB: on 2 x
     /// H200 it measured 342-345 / 359-362 / 371-372 GB/s busbw at 256 MiB / 512 MiB / 1 GiB
     /// against 333-337 / 349-351 / 354-357 for one-shot in the same runs (f32 and bf16;
-    /// perf-notes section 31). `usize::MAX` turns it off.
+    /// docs/performance.md, "The copy-engine all-reduce on two ranks"). `usize::MAX` turns it
+    /// off.
     pub ce_all_reduce_min_bytes: usize,
     /// On two ranks, all-reduces above LL's sizes and up to this many bytes run the pipelined
-    /// one-shot ([`Kind::AllReducePipe`]: each block's push and reduction overlapped), when
+    /// one-shot ([`Algo::Pipe`]: each block's push and reduction overlapped), when
     /// they fit one round of the scratch (`max_blocks * piece_bytes`, 16 MiB on H200). Default
     /// 0 (off): correct in the suites with ranks sharing one GPU, but not yet run across GPUs
-    /// or measured (docs/perf-notes.md §33); `P2P_ALGO=pipe` forces it.
+    /// or measured (docs/performance.md, "The pipelined one-shot all-reduce"); `P2P_ALGO=pipe` forces it.
     pub pipe_max_bytes: usize,
     /// Bytes per sub-piece of the pipelined one-shot: each block pushes its piece in
     /// sub-pieces of this size, and gives its peers a flag after each. A multiple of 16.
@@ -82,13 +83,13 @@ pub struct Tuning {
     /// engine, on the communicator's second stream beside the kernel, instead of with the
     /// kernel's SMs ([`Plan::own_by_copy_engine`]). In place, nothing is copied either way.
     /// Default `usize::MAX` (off): correct with ranks sharing one GPU, not yet run across GPUs
-    /// (docs/perf-notes.md §34).
+    /// (docs/performance.md, "The own part by the copy engine").
     pub ce_own_min_bytes: usize,
     /// Streams that share each copy of an all-gather or all-to-all by the copy engines: 1 (the
     /// default) copies each peer's part in one `cuMemcpyAsync` on the caller's stream; 2 splits
     /// it in halves, the second on the communicator's second stream, so that two copy engines
     /// (an H200 has three) may carry one direction at once. Correct with ranks sharing one
-    /// GPU, not yet run across GPUs (docs/perf-notes.md §36). 1 or 2.
+    /// GPU, not yet run across GPUs (docs/performance.md, "Copy engines for all-gather and all-to-all"). 1 or 2.
     pub ce_streams: usize,
 }
 
@@ -96,8 +97,8 @@ impl Tuning {
     /// The defaults for a GPU with `sm_count` SMs that holds `blocks_per_sm` resident blocks
     /// of the collective kernel: up to two blocks per SM (measured on H200: 256 blocks reach
     /// 355 GB/s all-reduce busbw at 1 GiB where 132 reach 310, as one block pushes while
-    /// another on the same SM reduces; docs/perf-notes.md, section 10). The size thresholds
-    /// come from the sweeps on 2, 3 and 4 x H200 (perf-notes section 18).
+    /// another on the same SM reduces; docs/performance.md, "Grid and blocks per SM"). The size thresholds
+    /// come from the sweeps on 2, 3 and 4 x H200 (docs/performance.md, "Planner thresholds at four ranks").
     pub fn for_device(sm_count: i32, blocks_per_sm: i32) -> Tuning {
         let per_sm = blocks_per_sm.clamp(1, 2) as u32;
         Tuning {

@@ -29,9 +29,9 @@ pub(super) fn only(mut cubins: Vec<Vec<u8>>, source: &Source, arch: &str) -> Res
 /// of its own, each taking the next source), NVRTC's optimiser splitting each over the cores
 /// left (`-split-compile`). Returns the cubins in the order of `sources`, or the error of a
 /// source that failed. One large program cut into parts compiles several times faster this
-/// way than whole (docs/perf-notes.md sections 39 and 41). It waits for NVRTC however long the
-/// compile takes (work on the CPU, which ends): the compile at first use
-/// ([`compile_cached_all`]) is the one with a limit.
+/// way than whole (docs/performance.md, "The first compile and the kernel cache"). It waits
+/// for NVRTC however long the compile takes (work on the CPU, which ends): the compile at
+/// first use ([`compile_cached_all`]) is the one with a limit.
 pub fn compile_all(sources: &[Source], arch: &str) -> Result<Vec<Vec<u8>>> {
     use std::sync::atomic::{AtomicUsize, Ordering};
     p2p_sys::probe::require(Library::Nvrtc)?;
@@ -44,8 +44,9 @@ pub fn compile_all(sources: &[Source], arch: &str) -> Result<Vec<Vec<u8>>> {
             .collect();
     }
     // Not more compiles at once than cores: on 2 cores, eight at once took 28-31 s against
-    // 20-22 s two at a time (perf-notes section 41). Threads of our own, not a pool shared with
-    // the caller's work (a pool's worker could wait on itself through the compile lock).
+    // 20-22 s two at a time (docs/performance.md, "The first compile and the kernel cache").
+    // Threads of our own, not a pool shared with the caller's work (a pool's worker could wait
+    // on itself through the compile lock).
     let next = AtomicUsize::new(0);
     let work = || {
         let mut done = Vec::new();

@@ -8,7 +8,8 @@ use crate::error::Result;
 
 /// Copy-engine calls are split into chunks of this size, so a very long copy does not hold a
 /// copy engine against other streams for its whole length. Each chunk costs a little: 64 MiB
-/// chunks lost 1.5% at 256 MiB against one call (docs/perf-notes.md), so chunks are large.
+/// chunks lost 1.5% at 256 MiB against one call (docs/performance.md, "The transport's
+/// paths"), so chunks are large.
 pub const CE_CHUNK: usize = 1 << 30;
 /// `cuMemcpyPeerAsync` in [`CE_CHUNK`] pieces on `stream`.
 pub(crate) fn copy_engine(

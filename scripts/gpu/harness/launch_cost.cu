@@ -1,5 +1,6 @@
-// Host cost of one kernel launch by the driver's entry points (perf-notes §38): what
-// p2p's collectives pay per call before any code of ours. No Rust needed (sweep.sh launch-cost).
+// Host cost of one kernel launch by the driver's entry points (docs/performance.md, "Host cost
+// of a call"): what p2p's collectives pay per call before any code of ours. No Rust needed
+// (sweep.sh launch-cost).
 //
 // Built twice: with -DKERNELS -cubin for the empty kernels, and as the host program (driver API
 // only, -lcuda), which loads the cubin into each context it makes. Each variant queues CALLS

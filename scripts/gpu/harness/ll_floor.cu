@@ -1,6 +1,7 @@
-// Where a small all-reduce's time goes on 2 GPUs (perf-notes §28): appended by sweep.sh ll-floor
-// coll_abi.h and coll.cu (only coll_f32's kernels kept). Times, per call under CUDA graph (100
-// calls captured per graph on each GPU, both GPUs replaying at once, like nccl-tests -G 100):
+// Where a small all-reduce's time goes on 2 GPUs (docs/performance.md, "All-reduce, LL"): appended
+// by sweep.sh ll-floor after the LL kernels (`coll/proto/ll.cuh`, the f32 part). Times, per call
+// under CUDA graph (100 calls captured per graph on each GPU, both GPUs replaying at once, like
+// nccl-tests -G 100):
 //   empty      a kernel that only does the PDL handshake (griddepcontrol): the launch floor
 //   flag       one thread: reads its step counter, stores one LL line into the peer, polls its
 //              own line for the peer's, writes the counter back: the exchange floor
@@ -8,10 +9,10 @@
 //              the store): what the counter costs; its graph holds every call (no replays, so
 //              no flag repeats)
 //   real       the real coll_f32_ll, all-reduce of 8 B, 4 KiB and 64 KiB (checked)
-//   realar     run_ll with the kind fixed at compile time (all-reduce), 8 B and 4 KiB
-//   realar2    run_ll with the kind and the world size (2) fixed, 8 B and 4 KiB
+//   realar     run_ll with the collective fixed at compile time (all-reduce), 8 B and 4 KiB
+//   realar2    run_ll with the collective and the world size (2) fixed, 8 B and 4 KiB
 // each with programmatic dependent launch (pdl) and without (plain). Built with LL_PROBE_ON
-// (ll_probe.cuh in front of coll.cu), the real kernels also print where thread 0's time went
+// (ll_probe.cuh in front of the kernels), the real kernels also print where thread 0's time went
 // between the marks of run_ll (SM cycles and ns at the GPU's clock) and the gap between calls.
 // Usage: ll_floor [REPLAYS]; prints `variant launch bytes us-per-call`. harness.cuh (CK,
 // open_pair) comes before this file.
@@ -56,12 +57,12 @@ extern "C" __global__ void __launch_bounds__(512, 2) floor_flagnoctr(FloorArgs f
 
 extern "C" __global__ void __launch_bounds__(512, 2) realar(CollArgs a) {
     pdl();
-    run_ll<float, K_ALLREDUCE_LL>(a);
+    run_ll<float, OP_ALLREDUCE>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 2) realar2(CollArgs a) {
     pdl();
-    run_ll<float, K_ALLREDUCE_LL, 2>(a);
+    run_ll<float, OP_ALLREDUCE, 2>(a);
 }
 
 int main(int argc, char** argv) {
@@ -163,7 +164,7 @@ int main(int argc, char** argv) {
                             a.piece = piece;
                             a.slot_bytes = 0;
                             a.timeout_ns = 5000000000ull;
-                            a.kind = K_ALLREDUCE_LL;
+                            a.op = OP_ALLREDUCE;
                             a.redop = R_SUM;
                             a.rank = d;
                             a.nranks = 2;

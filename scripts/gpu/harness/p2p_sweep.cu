@@ -1,5 +1,6 @@
-// Host side of the send/recv sweep (perf-notes §25), appended by sweep.sh p2p after coll_abi.h
-// (with the P2P_* constants of the variant) and coll.cu (without the collective kernels): the
+// Host side of the send/recv sweep (docs/performance.md, "Send and receive"), appended by
+// sweep.sh p2p after the send/recv kernel (`coll/p2p.cuh`, from a copy of the kernels whose
+// coll_abi.h holds the variant's P2P_* constants): the
 // real `p2p_sendrecv`, driven as `Communicator::send_recv` drives it for a 2-rank ring
 // exchange (channel 0 receives from the peer, channel 1 sends to it), in one process with peer
 // access. Times many back-to-back launches with events and checks every byte after each size.
@@ -9,7 +10,7 @@
 // The one-copy bound (MODE=pull or MODE=push): no inbox, no flags; each GPU's GRID blocks copy
 // the message straight from the peer's send buffer (pull) or into the peer's receive buffer
 // (push), both GPUs at once, with the kernel's own unrolled copy. What a send/recv on
-// registered buffers could reach (perf-notes §26).
+// registered buffers could reach (docs/performance.md, "Send and receive").
 extern "C" __global__ void __launch_bounds__(512, 2) sweep_one_copy(unsigned char* dst, const unsigned char* src,
                                                                    u64 bytes) {
     const u64 per = ((bytes + gridDim.x - 1) / gridDim.x + 15) / 16 * 16;

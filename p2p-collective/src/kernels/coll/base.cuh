@@ -1,4 +1,6 @@
-// The collective kernels: one kernel per element type, `coll_<type>`, that runs every collective.
+// The collective kernels: one entry point per algorithm (`algo/`) and protocol (`proto/`) and
+// element type, `coll_<type>_<name>` (entry.cuh), each running every collective its file
+// carries.
 //
 // Every rank owns a scratch buffer and a sync area that every peer can write (peer pointers in
 // one process, CUDA IPC mappings between processes). A collective is a sequence of steps; in
@@ -10,30 +12,35 @@
 //   3. combines what arrived (a reduction in rank order, or a copy) into its output.
 //
 // Counters are per block, live in device memory and only grow: block b reads counters[b] when
-// it starts and stores the last step it runs (the stepped kinds when they end; LL as soon as
-// every thread of the block has read it). Every kernel that reads the counters first runs
-// `griddepcontrol.wait` (or is stream-ordered), so it sees the previous call's stores. Nothing the host passes changes from
-// call to call except buffer addresses and sizes, so a call captured in a CUDA graph replays
-// correctly. Every rank launches the same grid and the same number of steps for a call (both
-// follow from the count alone), so block b's counter agrees on every rank.
+// it starts and stores the last step it runs (the stepped algorithms when they end; LL as soon
+// as every thread of the block has read it). Every kernel that reads the counters first runs
+// `griddepcontrol.wait` (or is stream-ordered), so it sees the previous call's stores. Nothing
+// the host passes changes from call to call except buffer addresses and sizes, so a call
+// captured in a CUDA graph replays correctly. Every rank launches the same grid and the same
+// number of steps for a call (both follow from the count alone), so block b's counter agrees
+// on every rank.
 //
 // Scratch is double-buffered by step parity, and each half holds one region per block index,
 // used by that block index alone on every rank. Writing into a peer's half for step s is safe
 // because this block waited, in step s-1, for the peer's signal of s-1, which the peer gave
 // after it finished reading step s-2 (the last use of that half). (The pipelined all-reduce
-// keeps the same rule with its own argument: see run_pipe.)
+// keeps the same rule with its own argument: see algo/pipe.cuh.)
 //
 // No hangs: every wait polls the abort flag (pinned host memory) and the device's failure word,
 // and gives up after `timeout_ns`; a kernel that fails sets the abort flag so that the ranks
-// sharing it stop too. The first failure is recorded in `status` (code, kind, peer,
-// block, this rank's signature and the peer's), and later kernels return at once.
+// sharing it stop too. The first failure is recorded in `status` (failure, the plan's code,
+// peer, block, this rank's signature and the peer's), and later kernels return at once.
 //
-// With `check` on, each signal also carries a 64-bit signature of the call (kind, type, redop,
-// root, count); a waiter that sees a different one from a peer stops with code 3.
+// With `check` on, each signal also carries a 64-bit signature of the call (op, algorithm,
+// protocol, type, redop, root, count); a waiter that sees a different one from a peer stops
+// with code F_MISMATCH.
+//
+// This file: element types and accumulators, the clock and fences, the threads that run a
+// loop, and the failure record.
+#pragma once
+#include "../coll_abi.h"
 
-// Constants, enums and the argument block: coll_abi.h, compiled in front of this file.
-
-// Timing marks for experiments (scripts/gpu/ll_floor.cu defines LL_PROBE before this file);
+// Timing marks for experiments (scripts/gpu/harness/ll_probe.cuh defines LL_PROBE first);
 // nothing in the library's build.
 #ifndef LL_PROBE
 #define LL_PROBE(i)
@@ -71,19 +78,6 @@ template <> struct Ty<bhalf_t> {
     }
 };
 
-template <typename A> __device__ __forceinline__ A combine(int op, A x, A y) {
-    switch (op) {
-        case R_PROD: return x * y;
-        case R_MIN: return y < x ? y : x;
-        case R_MAX: return y > x ? y : x;
-        default: return x + y;  // sum, and avg before its division
-    }
-}
-
-template <typename A> __device__ __forceinline__ A finish(int op, A x, int nranks) {
-    return op == R_AVG ? (A)(x / (A)nranks) : x;
-}
-
 __device__ __forceinline__ u64 now_ns() {
     u64 t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -91,6 +85,17 @@ __device__ __forceinline__ u64 now_ns() {
 }
 
 __device__ __forceinline__ void fence_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+
+__device__ __forceinline__ bool aligned16(const void* p) { return (((u64)p) & 15ull) == 0; }
+
+// The threads of a block that run a loop: [FIRST, FIRST + COUNT), or from FIRST to the block's
+// end when COUNT is 0. Template parameters, not arguments: as arguments they cost the
+// whole-block loops spills.
+template <unsigned FIRST, unsigned COUNT> struct Threads {
+    static __device__ __forceinline__ unsigned tid() { return threadIdx.x - FIRST; }
+    static __device__ __forceinline__ unsigned count() { return COUNT ? COUNT : blockDim.x - FIRST; }
+};
+typedef Threads<0, 0> Block;
 
 // The abort flag's value for rank `rank`'s kernel that failed (`code`) waiting for `peer`
 // (coll_abi.h).
@@ -109,7 +114,7 @@ __device__ void record_failure(const CollArgs& a, int code, int peer, u64 peer_s
     if (code == F_TIMEOUT && *a.abort_flag == 0) *a.abort_flag = abort_value(a.rank, peer, code);
     if (atomicCAS((unsigned long long*)(my + FAIL_OFF), 0ull, (unsigned long long)code) == 0ull) {
         volatile u64* st = my + STATUS_OFF;
-        st[1] = (u64)a.kind;
+        st[1] = (u64)a.code;
         st[2] = (u64)peer;
         st[3] = (u64)blockIdx.x;
         st[4] = a.sig;
@@ -118,4 +123,3 @@ __device__ void record_failure(const CollArgs& a, int code, int peer, u64 peer_s
         st[0] = (u64)code;
     }
 }
-

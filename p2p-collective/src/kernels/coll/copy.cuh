@@ -1,3 +1,7 @@
+// Byte copies: vector widths, unaligned and realigned (shifted) copies, one-to-many copies.
+#pragma once
+#include "base.cuh"
+
 // The widest access, 16, 8, 4, 2 or 1 bytes, at which addresses a and b are aligned alike
 // (their low bits equal): a copy between them runs at that width after a head of bytes.
 __device__ __forceinline__ unsigned common_width(u64 a, u64 b) {
@@ -12,15 +16,6 @@ template <> struct Word<8> { typedef uint2 T; };
 template <> struct Word<4> { typedef unsigned T; };
 template <> struct Word<2> { typedef unsigned short T; };
 template <> struct Word<1> { typedef unsigned char T; };
-
-// The threads of a block that run a loop: [FIRST, FIRST + COUNT), or from FIRST to the block's
-// end when COUNT is 0. (Template parameters, not arguments, so that the whole-block loops
-// compile as they did before the pipelined kernel split its block: arguments cost spills.)
-template <unsigned FIRST, unsigned COUNT> struct Threads {
-    static __device__ __forceinline__ unsigned tid() { return threadIdx.x - FIRST; }
-    static __device__ __forceinline__ unsigned count() { return COUNT ? COUNT : blockDim.x - FIRST; }
-};
-typedef Threads<0, 0> Block;
 
 // Where a copy stores: one destination (ToOne), or up to MAX_RANKS with null entries skipped
 // (ToMany). `word(off, i, v)` stores the i-th T after byte off; `byte(j, v)` byte j; `low()`
@@ -126,10 +121,11 @@ template <typename TH> __device__ __forceinline__ bool whole_warps() {
 
 // A copy whose ends are not all 16-byte aligned, out of line: the many callers of the copies
 // inline only the path where every end is, so that path and the compile stay as they were.
-// With SHIFT (only in the `_shift` kernels: in the others the larger callee costs the
-// kernel's register allocation 2-3 % on aligned copies, perf-notes §44), destinations all
-// aligned alike but not like the source go through copy_shifted; otherwise copy_at at the
-// widest width src and every destination share (common_width).
+// With SHIFT (only in the one-shot kernel for parts off a 16-byte boundary: in the others the
+// larger callee costs the kernel's register allocation 2-3 % on aligned copies,
+// docs/performance.md, "Unaligned copies and reductions"), destinations all aligned alike but
+// not like the source go through copy_shifted; otherwise copy_at at the widest width src and
+// every destination share (common_width).
 template <typename TH, bool SHIFT, typename To>
 __device__ __noinline__ void copy_unaligned(To to, unsigned w, const unsigned char* src, u64 n) {
     if (SHIFT && w < 16 && n >= SHIFT_MIN_BYTES && whole_warps<TH>()) {

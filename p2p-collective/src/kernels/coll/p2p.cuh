@@ -1,5 +1,5 @@
-// ---------------------------------------------------------------------------------------------
-// Point-to-point: the sends and receives of a group, outside the collectives' step counters.
+// Point-to-point: the send/recv kernel of a group (`p2p_sendrecv`), outside the collectives'
+// step counters.
 //
 // Rank s sends to rank d through d's inbox for s: P2P_BLOCKS lanes, each a ring of P2P_SLOTS
 // slots. A message of n bytes is cut into chunks of p2p_chunk(n) bytes (n spread over the
@@ -30,11 +30,18 @@
 // waits for a slot: a sender only ever waits for receivers, which never wait for a block that
 // is not running.
 
+#pragma once
+#include "copy.cuh"
+#include "entry.cuh"
+#include "lines.cuh"
+#include "sync.cuh"
+
 // The chunk size of a message of `bytes`: one chunk per lane, so that a 128 KiB message keeps
 // every lane busy rather than two of them; once a lane's share passes P2P_PIPE_CHUNK, at least
-// two chunks per lane, so that one chunk's copy overlaps the other's flag round trip (the send/
-// recv sweep of perf-notes §25 measured both rules). At least P2P_MIN_CHUNK, at most a slot.
-// Both sides compute it from the size alone; a mismatched size is still caught by the header.
+// two chunks per lane, so that one chunk's copy overlaps the other's flag round trip (the
+// send/recv sweep measured both rules: docs/performance.md, "Send and receive"). At least
+// P2P_MIN_CHUNK, at most a slot. Both sides compute it from the size alone; a mismatched size
+// is still caught by the header.
 __device__ __forceinline__ u64 p2p_chunk(u64 bytes) {
     u64 c = (bytes + P2P_BLOCKS - 1) / P2P_BLOCKS;
     if (c > P2P_PIPE_CHUNK) c = (bytes + 2 * P2P_BLOCKS - 1) / (2 * P2P_BLOCKS);

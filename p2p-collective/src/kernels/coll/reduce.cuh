@@ -1,3 +1,8 @@
+// Element loads past L1, 16-byte vectors and their accumulators, and the reductions of many
+// elements in rank order (reduce_into), for every path that reduces through the SMs.
+#pragma once
+#include "redop.cuh"
+
 // One element, read past L1 as copy_bytes reads (the scratch is written by other GPUs): by
 // its bits, as an unsigned integer of its size.
 template <typename T> __device__ __forceinline__ T ld_cg(const T* p) {
@@ -88,12 +93,12 @@ template <> struct Pack<half_t> {
 // this is bit-for-bit the f32-then-round result (the f32 sum or product of two f16/bf16 values
 // is exact or, where not, so far from a rounding boundary of the 16-bit type that both round
 // the same way), so results do not depend on the path. fma.rn.{f16,bf16}x2: sm_53/sm_80+.
-template <typename T, int OP> struct Pair {
+template <typename T, typename Func> struct Pair {
     static const bool ok = false;
     static __device__ __forceinline__ unsigned apply(unsigned x, unsigned) { return x; }
 };
-#define PAIR(T, OP, PTX, B, C)                                                                   \
-    template <> struct Pair<T, OP> {                                                              \
+#define PAIR(T, Func, PTX, B, C)                                                                 \
+    template <> struct Pair<T, Func> {                                                            \
         static const bool ok = true;                                                              \
         static __device__ __forceinline__ unsigned apply(unsigned x, unsigned y) {               \
             unsigned d;                                                                           \
@@ -102,25 +107,25 @@ template <typename T, int OP> struct Pair {
         }                                                                                         \
     };
 // sum: x * 1 + y; product: x * y + (-0), which keeps the sign of a zero product.
-PAIR(bhalf_t, R_SUM, "fma.rn.bf16x2", 0x3f803f80u, y)
-PAIR(bhalf_t, R_PROD, "fma.rn.bf16x2", y, 0x80008000u)
-PAIR(half_t, R_SUM, "fma.rn.f16x2", 0x3c003c00u, y)
-PAIR(half_t, R_PROD, "fma.rn.f16x2", y, 0x80008000u)
+PAIR(bhalf_t, FuncSum, "fma.rn.bf16x2", 0x3f803f80u, y)
+PAIR(bhalf_t, FuncProd, "fma.rn.bf16x2", y, 0x80008000u)
+PAIR(half_t, FuncSum, "fma.rn.f16x2", 0x3c003c00u, y)
+PAIR(half_t, FuncProd, "fma.rn.f16x2", y, 0x80008000u)
 #undef PAIR
 
 // The vector loop of reduce_into for one reduction, known at compile time so that the loop
 // body holds no branch on it.
-template <typename T, int OP, typename TH>
+template <typename T, typename Func, typename TH>
 __device__ void reduce_vecs(uint4* out, unsigned char* const* extra, int nextra, const T* const* srcs, int nsrc,
                             u64 nv, int nranks) {
     typedef typename Ty<T>::acc A;
     const int E = 16 / sizeof(T);
-    if (Pair<T, OP>::ok && nsrc == 2) {
+    if (Pair<T, Func>::ok && nsrc == 2) {
         for (u64 i = TH::tid(); i < nv; i += TH::count()) {
             const uint4 x = __ldcg((const uint4*)srcs[0] + i);
             const uint4 y = __ldcg((const uint4*)srcs[1] + i);
-            const uint4 v = make_uint4(Pair<T, OP>::apply(x.x, y.x), Pair<T, OP>::apply(x.y, y.y),
-                                       Pair<T, OP>::apply(x.z, y.z), Pair<T, OP>::apply(x.w, y.w));
+            const uint4 v = make_uint4(Pair<T, Func>::apply(x.x, y.x), Pair<T, Func>::apply(x.y, y.y),
+                                       Pair<T, Func>::apply(x.z, y.z), Pair<T, Func>::apply(x.w, y.w));
             out[i] = v;
             for (int k = 0; k < nextra; ++k) ((uint4*)extra[k])[i] = v;
         }
@@ -133,12 +138,10 @@ __device__ void reduce_vecs(uint4* out, unsigned char* const* extra, int nextra,
             A w[16 / sizeof(T)];
             Pack<T>::up(__ldcg((const uint4*)srcs[k] + i), w);
 #pragma unroll
-            for (int e = 0; e < E; ++e) acc[e] = combine<A>(OP, acc[e], w[e]);
+            for (int e = 0; e < E; ++e) acc[e] = Func::apply(acc[e], w[e]);
         }
-        if (OP == R_AVG) {
 #pragma unroll
-            for (int e = 0; e < E; ++e) acc[e] = finish<A>(OP, acc[e], nranks);
-        }
+        for (int e = 0; e < E; ++e) acc[e] = Func::finish(acc[e], nranks);
         const uint4 v = Pack<T>::down(acc);
         out[i] = v;
         for (int k = 0; k < nextra; ++k) ((uint4*)extra[k])[i] = v;
@@ -160,13 +163,9 @@ __device__ void reduce_into(T* out, unsigned char* const* extra, int nextra, con
     if (vec) {
         const u64 nv = n / E;
         uint4* o = (uint4*)out;
-        switch (op) {
-            case R_PROD: reduce_vecs<T, R_PROD, TH>(o, extra, nextra, srcs, nsrc, nv, nranks); break;
-            case R_MIN: reduce_vecs<T, R_MIN, TH>(o, extra, nextra, srcs, nsrc, nv, nranks); break;
-            case R_MAX: reduce_vecs<T, R_MAX, TH>(o, extra, nextra, srcs, nsrc, nv, nranks); break;
-            case R_AVG: reduce_vecs<T, R_AVG, TH>(o, extra, nextra, srcs, nsrc, nv, nranks); break;
-            default: reduce_vecs<T, R_SUM, TH>(o, extra, nextra, srcs, nsrc, nv, nranks); break;
-        }
+        with_redop(op, [&](auto func) {
+            reduce_vecs<T, decltype(func), TH>(o, extra, nextra, srcs, nsrc, nv, nranks);
+        });
         head = nv * E;
     }
     for (u64 j = head + TH::tid(); j < n; j += TH::count()) {

@@ -1,3 +1,7 @@
+// The limits of every wait between ranks, the step signals and barriers, and piece arithmetic.
+#pragma once
+#include "base.cuh"
+
 // The limits of every wait (wait_ge, ll_wait_all, the send/recv waits), checked once every 1024
 // rounds of its poll: the failure word and the clock (both on this GPU), and the host's abort
 // flag (pinned memory: a read across PCIe) by each waiting thread at most once every
@@ -5,7 +9,7 @@
 // staggered HOST_POLL_NS apart, so that a grid whose blocks all wait reads it about
 // max(1, gridDim.x / HOST_POLL_SPREAD) times every HOST_POLL_NS. (Every waiting block reading
 // it once every 1024 polls cost the copy-engine all-reduce ~100-170 us a call at 1 GiB:
-// perf-notes §30-31.) An abort, or a failure on another GPU of this process (which arrives
+// docs/performance.md, "Who reads the abort flag".) An abort, or a failure on another GPU of this process (which arrives
 // through the same flag), reaches every waiting thread within HOST_POLL_NS * HOST_POLL_SPREAD
 // (6.4 ms) plus 1024 polls; at the time limit the flag is read once more, so that a wait
 // aborted late reports the abort, not a time-out.
@@ -48,7 +52,7 @@ __device__ int wait_ge(const CollArgs& a, volatile u64* flag, u64 want) {
 // so that the block's pushes that happened before it are visible first); wait_one waits for
 // peer p's signal of `step` and acquires its pushes. wait_one returns the failure (recorded,
 // unless it happened elsewhere) or 0. In checking mode the signature travels in the slot of
-// parity `par`: the step's parity for the stepped kinds (a peer gives step s + 2 only after
+// parity `par`: the step's parity for the stepped algorithms (a peer gives step s + 2 only after
 // this rank gave s + 1, so the two slots are enough); one slot for a whole pipelined call.
 __device__ __forceinline__ void signal_one(const CollArgs& a, int p, u64 step, int par) {
     const int b = blockIdx.x;
@@ -74,7 +78,7 @@ __device__ __forceinline__ int wait_one(const CollArgs& a, int p, u64 step, int 
     return e;
 }
 
-// The step barrier of one block with every peer (see the file comment), in two halves so that a
+// The step barrier of one block with every peer (see base.cuh), in two halves so that a
 // block can do local work while its signal travels: signal_peers, then wait_peers. Thread
 // p < nranks handles peer p.
 __device__ void signal_peers(const CollArgs& a, u64 step) {
@@ -98,15 +102,13 @@ __device__ int barrier(const CollArgs& a, u64 step, int* err) {
     return wait_peers(a, step, err);
 }
 
-__device__ __forceinline__ bool aligned16(const void* p) { return (((u64)p) & 15ull) == 0; }
-
 // Elements [lo, hi) of part j, `sub` elements each, of a piece of n elements (empty past its end).
 __device__ __forceinline__ void part_of(u64 j, u64 sub, u64 n, u64& lo, u64& hi) {
     lo = j * sub < n ? j * sub : n;
     hi = lo + sub < n ? lo + sub : n;
 }
 
-// Kinds split among the non-roots: rank of the j-th non-root, and the index of non-root q.
+// The split broadcast and reduce: rank of the j-th non-root, and the index of non-root q.
 __device__ __forceinline__ int nonroot_rank(int j, int root) { return j < root ? j : j + 1; }
 __device__ __forceinline__ int nonroot_index(int q, int root) { return q < root ? q : q - 1; }
 

@@ -1,0 +1,61 @@
+// The frame of the kernels that keep a step counter per block (every kernel but LL's and the
+// send/recv kernel): the counter and the failure word read at the start, the scratch regions,
+// and the chunk loop of the stepped algorithms.
+#pragma once
+#include "sync.cuh"
+
+// This block's regions of the ranks' scratch: `slot(r, par, src)` is its region of rank r's
+// scratch for parity `par` and source rank `src`. Block b's region starts at b * stride (the
+// tuning's largest piece) whatever this call's piece, so it is only ever used by block b, on
+// every rank: blocks' counters differ after calls of different grids, and the parity argument
+// of base.cuh holds per block. (The world size and block index are read once, into registers:
+// read at each use they cost the two-shot kernel more spills.)
+struct Slots {
+    const CollArgs& a;
+    const int n, b;
+    __device__ __forceinline__ explicit Slots(const CollArgs& args) : a(args), n(args.nranks), b(blockIdx.x) {}
+    __device__ __forceinline__ unsigned char* operator()(int r, int par, int src) const {
+        return a.scratch[r] + ((u64)par * n + src) * a.slot_bytes + (u64)b * a.stride;
+    }
+};
+
+// body(base, err) for this block, `base` its step counter and `*err` a word the block shares
+// (the first failure it meets), unless an earlier call failed: the communicator is then
+// unusable, and the kernel drains at once.
+template <typename Body> __device__ __forceinline__ void with_counter(const CollArgs& a, Body body) {
+    __shared__ int err;
+    __shared__ u64 base;
+    u64* mine = a.sync[a.rank];
+    if (threadIdx.x == 0) {
+        err = (int)((volatile u64*)mine)[FAIL_OFF];
+        base = mine[COUNTERS_OFF + blockIdx.x];
+    }
+    __syncthreads();
+    if (err) return;
+    body(base, &err);
+}
+
+// The block's last step becomes its counter (every thread of the block is past its steps).
+__device__ __forceinline__ void end_steps(const CollArgs& a, u64 step) {
+    __syncthreads();
+    if (threadIdx.x == 0) a.sync[a.rank][COUNTERS_OFF + blockIdx.x] = step;
+}
+
+// A stepped algorithm through the scratch: `chunks` rounds over the data; in each, block b
+// takes the `piece` elements from chunk * grid * piece + b * piece (fewer at the end), and
+// chunk(lo, n, step, err) moves them, advancing `step` by the barriers it takes; a nonzero
+// return ends the call (a failure, recorded where it happened).
+template <typename Chunk> __device__ __forceinline__ void run_stepped(const CollArgs& a, Chunk chunk) {
+    with_counter(a, [&](u64 base, int* err) {
+        u64 step = base;
+        const u64 span = a.piece * (u64)gridDim.x;
+        const u64 chunks = (a.count + span - 1) / span;
+        for (u64 c = 0; c < chunks; ++c) {
+            const u64 lo0 = c * span + (u64)blockIdx.x * a.piece;
+            const u64 lo = lo0 < a.count ? lo0 : a.count;
+            const u64 hi = lo + a.piece < a.count ? lo + a.piece : a.count;
+            if (chunk(lo, hi - lo, step, err)) return;
+        }
+        end_steps(a, step);
+    });
+}
