@@ -9,40 +9,29 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use p2p_collective::plan::{plan_with, Tuning};
-use p2p_collective::{Access, DataType, Forced, Op};
+use p2p_collective::plan::{Planner, Tuning};
+use p2p_collective::{Access, Call, DataType, Forced, Op};
 use p2p_mem::wire::{self, HandleKind};
 
 fn planner(c: &mut Criterion) {
     let tuning = Tuning::for_device(132, 2);
+    let planner = |world| Planner {
+        world,
+        forced: Forced::AUTO,
+        tuning,
+    };
     let mut g = c.benchmark_group("plan");
     for (name, count) in [("8B", 2usize), ("1MiB", 1 << 18), ("1GiB", 1 << 28)] {
         g.bench_function(format!("all_reduce f32 {name} 8 ranks"), |b| {
-            b.iter(|| {
-                plan_with(
-                    Op::AllReduce,
-                    DataType::F32,
-                    black_box(count),
-                    8,
-                    Forced::AUTO,
-                    &tuning,
-                    Access::NONE,
-                )
-            })
+            let call = Call::new(Op::AllReduce, DataType::F32, count);
+            b.iter(|| planner(8).plan(black_box(&call), Access::NONE))
         });
     }
     g.bench_function("every op, 64 KiB, 4 ranks", |b| {
         b.iter(|| {
             for op in Op::ALL {
-                black_box(plan_with(
-                    op,
-                    DataType::BF16,
-                    black_box(1 << 15),
-                    4,
-                    Forced::AUTO,
-                    &tuning,
-                    Access::NONE,
-                ));
+                let call = Call::new(op, DataType::BF16, black_box(1 << 15));
+                black_box(planner(4).plan(&call, Access::NONE));
             }
         })
     });

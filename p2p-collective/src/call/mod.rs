@@ -5,19 +5,23 @@
 //!    (regions, lengths, in place or not, alignment, which buffers lie in registered windows);
 //! 2. **plan** (`crate::plan`): the call and what its buffers are in, a
 //!    [`Plan`](crate::plan::Plan) out (algorithm, protocol, kernel, grid, pieces);
-//! 3. **launch**: the plan in, queued work out, by the kernel (`kernel.rs`) or by the copy
-//!    engines (`copy_engine.rs`).
+//! 3. **launch**: the plan in, its work (`comm::launcher::Work`: kernels, copies, flag writes,
+//!    on which stream) out, from the kernel's arguments (`args.rs`) by the kernel
+//!    (`kernel.rs`) or by the copy engines (`copy_engine.rs`), then queued in one place
+//!    (`Launcher::queue_work`).
 //!
 //! Nothing is queued before the check passes; an error while queueing aborts the
 //! communicator, since the peers may already wait for this rank's work.
 
 use p2p_mem::Stream;
 
+use crate::comm::launcher::Launcher;
 use crate::comm::Communicator;
 use crate::error::Result;
-use crate::plan::{Planner, Proto};
+use crate::plan::{Plan, Planner, Proto};
 use crate::types::Call;
 
+mod args;
 pub(crate) mod check;
 mod copy_engine;
 mod kernel;
@@ -25,6 +29,14 @@ mod region;
 
 pub(crate) use check::Buffers;
 pub(crate) use region::Region;
+
+/// A call checked and planned: what the launch takes.
+pub(super) struct Planned<'a> {
+    pub(super) comm: &'a Communicator,
+    pub(super) call: &'a Call,
+    pub(super) checked: check::Checked<'a>,
+    pub(super) plan: Plan,
+}
 
 /// Checks, plans and launches `call` on `comm` with `buffers` on `stream`.
 pub(crate) fn queue(
@@ -59,11 +71,29 @@ pub(crate) fn queue(
             ""
         }
     );
-    let queued = match plan.proto {
-        Proto::CopyEngine => copy_engine::launch(comm, call, &checked, &plan, stream),
-        Proto::Ll | Proto::Simple => kernel::launch(comm, call, &checked, &plan, stream),
+    let uses_windows = plan.uses_windows();
+    let planned = Planned {
+        comm,
+        call,
+        checked,
+        plan,
     };
-    if plan.uses_windows() {
+    let prepared = args::prepare(&planned);
+    let work = match planned.plan.proto {
+        Proto::CopyEngine => copy_engine::copy_work(&planned, prepared),
+        Proto::Ll | Proto::Simple => kernel::kernel_work(&planned, prepared),
+    };
+    let queued = work.and_then(|work| {
+        // SAFETY: `work` holds the checked call's buffers (their lengths checked against the
+        // plan: `check`), the ranks' workspaces (alive while the communicator is) and the
+        // registered windows of its buffers (mapped while registered), each range inside its
+        // memory as `args.rs`, `kernel.rs` and `copy_engine.rs` say where they derive it.
+        #[allow(unsafe_code)]
+        unsafe {
+            Launcher::queue_work(&comm.launcher, &work, stream)
+        }
+    });
+    if uses_windows {
         // It reads or writes the peers' registered buffers: what deregister waits for. (After
         // a copy-engine plan's join, the side stream's copies are behind it on `stream` too.)
         comm.windows.calls.queued(comm.rank, stream);

@@ -171,8 +171,9 @@ impl Plan {
     }
 }
 
-/// What [`plan_with`] plans from besides the call: the world size, what is forced, and the
-/// tuning. A communicator makes one at init and plans every call with it.
+/// What a call is planned from besides the call: the world size, what is forced, and the
+/// tuning. A communicator makes one at init and plans every call with it; a test or a tool
+/// makes one as it likes (`Planner { world, forced, tuning }`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Planner {
     /// Ranks.
@@ -215,38 +216,12 @@ impl Planner {
     }
 
     /// The plan of `call`, with the buffers `access` describes.
+    ///
+    /// `count` follows NCCL (see [`Op::buffer_lens`]). A count of 0 plans too, though
+    /// communicators never launch one (zero counts are no-ops).
     pub fn plan(&self, call: &Call, access: Access) -> Plan {
         plan_call(call, self.world, self.forced, &self.tuning, access)
     }
-}
-
-/// Plans `op` over `count` elements of `dtype` on `world` ranks, through the scratch (no
-/// registered buffers).
-///
-/// `count` follows NCCL (see [`Op::buffer_lens`]). A count of 0 plans too, though
-/// communicators never launch one (zero counts are no-ops).
-pub fn plan(
-    op: Op,
-    dtype: DataType,
-    count: usize,
-    world: usize,
-    forced: Forced,
-    tuning: &Tuning,
-) -> Plan {
-    plan_with(op, dtype, count, world, forced, tuning, Access::NONE)
-}
-
-/// As [`plan`], knowing which buffers peers can reach directly.
-pub fn plan_with(
-    op: Op,
-    dtype: DataType,
-    count: usize,
-    world: usize,
-    forced: Forced,
-    tuning: &Tuning,
-    access: Access,
-) -> Plan {
-    plan_call(&Call::new(op, dtype, count), world, forced, tuning, access)
 }
 
 /// The plan of `call` on `world` ranks with `forced`, `tuning` and the buffers `access` says.

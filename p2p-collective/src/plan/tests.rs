@@ -21,6 +21,30 @@ fn access(input: bool, output: bool, in_place: bool) -> Access {
     }
 }
 
+/// The plan of `op` over `count` elements of `dtype` on `world` ranks with `forced`, on plain
+/// buffers.
+fn plan(op: Op, dtype: DataType, count: usize, world: usize, forced: Forced, t: &Tuning) -> Plan {
+    plan_with(op, dtype, count, world, forced, t, Access::NONE)
+}
+
+/// As `plan`, with the buffers `access` describes.
+fn plan_with(
+    op: Op,
+    dtype: DataType,
+    count: usize,
+    world: usize,
+    forced: Forced,
+    tuning: &Tuning,
+    access: Access,
+) -> Plan {
+    let planner = Planner {
+        world,
+        forced,
+        tuning: *tuning,
+    };
+    planner.plan(&Call::new(op, dtype, count), access)
+}
+
 fn t() -> Tuning {
     Tuning::for_device(132, 1)
 }
@@ -41,44 +65,21 @@ fn no_ll() -> Tuning {
 
 #[test]
 fn without_ll_two_ranks_go_one_shot_and_more_go_two_shot_when_large() {
+    let all_reduce = |count, world| {
+        plan(
+            Op::AllReduce,
+            DataType::F32,
+            count,
+            world,
+            Forced::AUTO,
+            &no_ll(),
+        )
+    };
     for count in [1, 1000, 1 << 28] {
-        assert_eq!(
-            plan(
-                Op::AllReduce,
-                DataType::F32,
-                count,
-                2,
-                Forced::AUTO,
-                &no_ll()
-            )
-            .path(),
-            ONESHOT
-        );
+        assert_eq!(all_reduce(count, 2).path(), ONESHOT);
     }
-    assert_eq!(
-        plan(
-            Op::AllReduce,
-            DataType::F32,
-            1024,
-            8,
-            Forced::AUTO,
-            &no_ll()
-        )
-        .path(),
-        ONESHOT
-    );
-    assert_eq!(
-        plan(
-            Op::AllReduce,
-            DataType::F32,
-            1 << 20,
-            8,
-            Forced::AUTO,
-            &no_ll()
-        )
-        .path(),
-        TWOSHOT
-    );
+    assert_eq!(all_reduce(1024, 8).path(), ONESHOT);
+    assert_eq!(all_reduce(1 << 20, 8).path(), TWOSHOT);
     assert_eq!(
         forced(DataType::F32, 7, 2, Forced::algo(Algo::Ring), &no_ll()).path(),
         RING
