@@ -626,7 +626,7 @@ impl MultiHostCommunicator {
             world: self.layout.world,
             device: self.device(),
         };
-        Ok(check_args(shape, call, buffers, stream)?.is_some())
+        Ok(check_args(&shape, call, buffers, stream)?.is_some())
     }
 
     /// [`in_job_numbering`] for this rank.

@@ -364,7 +364,7 @@ impl<'a> P2pGroup<'a> {
     /// Checks `call` now (the whole call is checked again when the group launches), and keeps
     /// its regions.
     fn add_call(&mut self, call: &Call, buffers: Buffers<'a>) -> Result<&mut Self> {
-        if let Some(args) = check_args(Shape::of(self.comm), call, buffers, self.stream)? {
+        if let Some(args) = check_args(&Shape::of(self.comm), call, buffers, self.stream)? {
             self.calls.push((*call, args.input, args.output));
         }
         Ok(self)
@@ -407,7 +407,7 @@ impl<'a> P2pGroup<'a> {
         }
         if bytes > 0 {
             region.holds(
-                Shape::of(comm),
+                &Shape::of(comm),
                 self.op,
                 what,
                 count,

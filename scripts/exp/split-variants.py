@@ -33,36 +33,34 @@ import sys
 
 SPLIT = "p2p-collective/src/kernels/coll/algo/split.cuh"
 
-SEND = """            copy_bytes(slot(q, par1, me) + jlo * E, (const unsigned char*)(in + lo + jlo), (jhi - jlo) * E);
-        }
-        if (barrier(a, ++step, err)) return 1;
-        if (me != a.root) {"""
-REDUCE = """            reduce_into<T>((T*)(slot(a.root, par2, me) + mlo * E), dsts, 0, srcs, N, mhi - mlo, a.redop, N);"""
-OUT = """        if (barrier(a, ++step, err)) return 1;
-        if (me == a.root) {
-            for (int q = 0; q < N; ++q) {
-                if (q == me) continue;
-                const int j = nonroot_index(q, a.root);
-                u64 qlo, qhi;
-                part_of(j, sub, n, qlo, qhi);
-                copy_bytes((unsigned char*)(out + lo + qlo), slot(me, par2, q) + qlo * E, (qhi - qlo) * E);
-            }
-        }
-        return 0;
-    });"""
+# Each edit: (the text to find, how many times the file holds it, which of them to edit, the
+# text that takes its place). The counts check that the kernel is the one this script knows.
+# The reduce branch follows the broadcast branch in the file, so its lines are the later ones.
+SEND = "copy_bytes(slot(q, par1, me) + jlo * E"
+REDUCE = "reduce_into<T>((T*)(slot(a.root, par2, me) + mlo * E)"
+OUT_IF = "        if (me == a.root) {\n            for (int q = 0; q < N; ++q) {\n                if (q == me) continue;"
+BARRIER = "        if (barrier(a, ++step, err)) return 1;\n" + OUT_IF
 
 VARIANTS = {
     "base": [],
-    "nosend": [(SEND, SEND.replace("            copy_bytes(slot(q, par1, me)",
-                                   "            if (0) copy_bytes(slot(q, par1, me)", 1))],
-    "copy2": [(REDUCE, "            copy_bytes(slot(a.root, par2, me) + mlo * E, "
-                       "(const unsigned char*)(in + lo + mlo), (mhi - mlo) * E);")],
-    "noout": [(OUT, OUT.replace("        if (me == a.root) {",
-                                "        if (0) {", 1))],
-    "nobar2": [(OUT, OUT.replace("        if (barrier(a, ++step, err)) return 1;\n"
-                                 "        if (me == a.root) {",
-                                 "        if (0) {", 1))],
+    "nosend": [(SEND, 2, 1, "if (0) " + SEND)],
+    "copy2": [(REDUCE + ", dsts, 0, srcs, N, mhi - mlo, a.redop, N);", 1, 0,
+               "copy_bytes(slot(a.root, par2, me) + mlo * E, "
+               "(const unsigned char*)(in + lo + mlo), (mhi - mlo) * E);")],
+    "noout": [(OUT_IF, 1, 0, OUT_IF.replace("if (me == a.root)", "if (0)", 1))],
+    "nobar2": [(BARRIER, 1, 0, OUT_IF.replace("if (me == a.root)", "if (0)", 1))],
 }
+
+
+def edit(text, old, count, which, new, label):
+    """`text` with occurrence `which` of `old` (of exactly `count`) replaced by `new`."""
+    if text.count(old) != count:
+        sys.exit(f"{label}: {old!r} is not in {SPLIT} {count} times: the kernel changed; update "
+                 "this script")
+    at = -1
+    for _ in range(which + 1):
+        at = text.index(old, at + 1)
+    return text[:at] + new + text[at + len(old):]
 
 
 def run(*cmd, **kw):
@@ -89,11 +87,8 @@ def main(labels):
     try:
         for label in labels or list(VARIANTS):
             text = original
-            for old, new in VARIANTS[label]:
-                if text.count(old) != 1:
-                    sys.exit(f"{label}: the code to edit is not in {SPLIT} once: the kernel "
-                             "changed; update this script")
-                text = text.replace(old, new)
+            for old, count, which, new in VARIANTS[label]:
+                text = edit(text, old, count, which, new, label)
             open(split, "w").write(text)
             run("cargo", "test", "-p", "p2p-collective", "--test", "kernels", "--",
                 "--ignored", "every_kernel_header_compiles_alone", cwd=tree, env=env)

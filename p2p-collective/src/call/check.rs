@@ -33,7 +33,6 @@ pub(crate) enum Buffers<'a> {
 
 /// Which rank a call runs on, of how many, on which GPU: what its arguments are checked
 /// against.
-#[derive(Clone, Copy)]
 pub(crate) struct Shape<'a> {
     pub(crate) rank: usize,
     pub(crate) world: usize,
@@ -95,7 +94,7 @@ pub(crate) fn check<'a>(
             ),
         });
     }
-    let Some(args) = check_args(Shape::of(comm), call, buffers, stream)? else {
+    let Some(args) = check_args(&Shape::of(comm), call, buffers, stream)? else {
         return Ok(None);
     };
     let size = call.dtype.size();
@@ -143,7 +142,7 @@ pub(crate) fn check<'a>(
 /// fault, which ends the context); the collectives that only move data copy bytes, at any
 /// address, and are not checked.
 pub(crate) fn check_args<'a>(
-    shape: Shape<'_>,
+    shape: &Shape<'_>,
     call: &Call,
     buffers: Buffers<'a>,
     stream: &Stream,

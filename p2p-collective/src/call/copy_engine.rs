@@ -20,12 +20,7 @@ use super::Planned;
 
 /// The work of a planned call by the copy engines.
 pub(super) fn copy_work(planned: &Planned<'_>, prepared: Prepared) -> Result<Work> {
-    let Planned {
-        comm,
-        call,
-        checked,
-        plan,
-    } = planned;
+    let (comm, call, checked) = (planned.comm, planned.call, &planned.checked);
     // Every rank registered an output of the same length (the window these addresses come
     // from), which stays mapped while registered.
     let peers = checked.peer_out.ok_or_else(|| Error::InvalidArgument {
@@ -55,11 +50,8 @@ pub(super) fn copy_work(planned: &Planned<'_>, prepared: Prepared) -> Result<Wor
     copies.work.push(barrier)?;
     if call.op == Op::AllReduce {
         let flags = |r: usize| comm.workspace.sync(r) + (crate::abi::CE_FLAGS_OFF * 8) as u64;
-        copies.all_reduce(
-            plan,
-            (flags(comm.rank), flags(1 - comm.rank)),
-            call.dtype.size(),
-        )?;
+        let flags = (flags(comm.rank), flags(1 - comm.rank));
+        copies.all_reduce(&planned.plan, flags, call.dtype.size())?;
     } else {
         let out = checked.args.output.ptr + comm.rank as u64 * copies.seg;
         let streams = comm.tuning().ce_streams;

@@ -29,7 +29,7 @@ impl<'a> Region<'a> {
     /// `len` elements of `size` bytes (of the type named `name`).
     pub(crate) fn holds(
         &self,
-        shape: Shape<'_>,
+        shape: &Shape<'_>,
         op: &'static str,
         what: &str,
         len: usize,

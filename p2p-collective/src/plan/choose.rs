@@ -40,12 +40,7 @@ pub(super) fn choose(
 
 /// What the planner picks for `need` with nothing forced.
 fn planners_choice(need: Need, tuning: &Tuning) -> (Algo, Proto, &'static str) {
-    let Need {
-        op,
-        seg_bytes,
-        world,
-        access,
-    } = need;
+    let (op, seg_bytes, world, access) = (need.op, need.seg_bytes, need.world, need.access);
     // All ranks' parts together, for the collectives of parts.
     let all_parts = seg_bytes.saturating_mul(world);
     // The direct kernels on rank parts need the parts 16-byte aligned (else they copy bytes: 3

@@ -55,6 +55,19 @@ fn forced(dtype: DataType, count: usize, world: usize, forced: Forced, tuning: &
     plan(Op::AllReduce, dtype, count, world, forced, tuning)
 }
 
+/// The path of an f32 all-reduce of `count` elements on `world` ranks, nothing forced.
+fn all_reduce_path(count: usize, world: usize, tuning: &Tuning) -> (Algo, Proto) {
+    plan(
+        Op::AllReduce,
+        DataType::F32,
+        count,
+        world,
+        Forced::AUTO,
+        tuning,
+    )
+    .path()
+}
+
 /// As `t()` with LL off: the plans of the pushed-data kinds at every size.
 fn no_ll() -> Tuning {
     Tuning {
@@ -65,21 +78,11 @@ fn no_ll() -> Tuning {
 
 #[test]
 fn without_ll_two_ranks_go_one_shot_and_more_go_two_shot_when_large() {
-    let all_reduce = |count, world| {
-        plan(
-            Op::AllReduce,
-            DataType::F32,
-            count,
-            world,
-            Forced::AUTO,
-            &no_ll(),
-        )
-    };
     for count in [1, 1000, 1 << 28] {
-        assert_eq!(all_reduce(count, 2).path(), ONESHOT);
+        assert_eq!(all_reduce_path(count, 2, &no_ll()), ONESHOT);
     }
-    assert_eq!(all_reduce(1024, 8).path(), ONESHOT);
-    assert_eq!(all_reduce(1 << 20, 8).path(), TWOSHOT);
+    assert_eq!(all_reduce_path(1024, 8, &no_ll()), ONESHOT);
+    assert_eq!(all_reduce_path(1 << 20, 8, &no_ll()), TWOSHOT);
     assert_eq!(
         forced(DataType::F32, 7, 2, Forced::algo(Algo::Ring), &no_ll()).path(),
         RING
@@ -491,17 +494,7 @@ fn large_broadcasts_and_reduces_split_among_the_non_roots_on_more_than_two_ranks
 #[test]
 fn one_shot_gives_way_to_two_shot_at_three_mib_over_n() {
     let tuning = no_ll();
-    let f = |count, world| {
-        plan(
-            Op::AllReduce,
-            DataType::F32,
-            count,
-            world,
-            Forced::AUTO,
-            &tuning,
-        )
-        .path()
-    };
+    let f = |count, world| all_reduce_path(count, world, &tuning);
     // 3 ranks: one-shot up to 1 MiB; 4 ranks: up to 768 KiB.
     assert_eq!(f(256 << 10, 3), ONESHOT);
     assert_eq!(f((256 << 10) + 1, 3), TWOSHOT);
