@@ -15,11 +15,15 @@ use crate::error::{Error, Result};
 use crate::plan::{self, Entry, MAX_RANKS, THREADS};
 use crate::types::{DataType, Op};
 
-use super::args::Prepared;
 use super::Planned;
 
-/// The work of a planned call by the copy engines.
-pub(super) fn copy_work(planned: &Planned<'_>, prepared: Prepared) -> Result<Work> {
+/// The work of a planned call by the copy engines, into `work` (which holds its argument
+/// block); `own` is its own part's copy (`args.rs`).
+pub(super) fn copy_work(
+    planned: &Planned<'_>,
+    own: (u64, u64, usize),
+    work: &mut Work,
+) -> Result<()> {
     let (comm, call, checked) = (planned.comm, planned.call, &planned.checked);
     // Every rank registered an output of the same length (the window these addresses come
     // from), which stays mapped while registered.
@@ -35,7 +39,7 @@ pub(super) fn copy_work(planned: &Planned<'_>, prepared: Prepared) -> Result<Wor
         input: checked.args.input.ptr,
         all_to_all: call.op == Op::AllToAll,
         peers,
-        work: Work::new(prepared.args),
+        work,
     };
     // The barrier kernel has no data; it runs under the plan's own code, so that a failure in
     // a barrier names this collective.
@@ -55,14 +59,14 @@ pub(super) fn copy_work(planned: &Planned<'_>, prepared: Prepared) -> Result<Wor
     } else {
         let out = checked.args.output.ptr + comm.rank as u64 * copies.seg;
         let streams = comm.tuning().ce_streams;
-        copies.parts(prepared.own, out, streams)?;
+        copies.parts(own, out, streams)?;
         copies.work.push(barrier)?;
     }
-    Ok(copies.work)
+    Ok(())
 }
 
 /// The copies of one call, after its first barrier.
-struct Copies {
+struct Copies<'w> {
     rank: usize,
     world: usize,
     /// Bytes of one rank's part.
@@ -73,10 +77,10 @@ struct Copies {
     all_to_all: bool,
     /// Every rank's registered output, as this GPU addresses it.
     peers: [u64; MAX_RANKS],
-    work: Work,
+    work: &'w mut Work,
 }
 
-impl Copies {
+impl Copies<'_> {
     /// All-gather and all-to-all: this rank's part (its input; its part `q` of the input for an
     /// all-to-all) into part `rank` of every peer's output, one `cuMemcpyAsync` each (with
     /// `Tuning::ce_streams` 2, its second half on the side stream beside the first), and out of

@@ -6,11 +6,15 @@ use crate::comm::launcher::{Args, Lane, Step, Work};
 use crate::error::Result;
 use crate::plan::Proto;
 
-use super::args::Prepared;
 use super::Planned;
 
-/// The work of a planned call whose kernel moves the data.
-pub(super) fn kernel_work(planned: &Planned<'_>, prepared: Prepared) -> Result<Work> {
+/// The work of a planned call whose kernel moves the data, into `work` (which holds its
+/// argument block); `own` is its own part's copy (`args.rs`).
+pub(super) fn kernel_work(
+    planned: &Planned<'_>,
+    own: (u64, u64, usize),
+    work: &mut Work,
+) -> Result<()> {
     let Planned { checked, plan, .. } = planned;
     debug_assert!(plan.proto != Proto::CopyEngine, "{plan:?}");
     // LL runs one 8-byte unit per thread: a piece larger than the block would drop units.
@@ -23,11 +27,9 @@ pub(super) fn kernel_work(planned: &Planned<'_>, prepared: Prepared) -> Result<W
     // nor writing its source (`own_done`). A partial overlap (undefined; only unsafe code
     // makes one) keeps the kernel's copy.
     let beside = plan.own_by_copy_engine && !checked.partial;
-    let mut args = prepared.args;
-    args.own_done = beside as i32;
-    let mut work = Work::new(args);
+    work.args.own_done = beside as i32;
     if beside {
-        let (dst, src, bytes) = prepared.own;
+        let (dst, src, bytes) = own;
         work.push(Step::Fork)?;
         work.push(Step::Copy {
             dst,
@@ -47,5 +49,5 @@ pub(super) fn kernel_work(planned: &Planned<'_>, prepared: Prepared) -> Result<W
     if beside {
         work.push(Step::Join)?;
     }
-    Ok(work)
+    Ok(())
 }

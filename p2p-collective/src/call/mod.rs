@@ -15,7 +15,7 @@
 
 use p2p_mem::Stream;
 
-use crate::comm::launcher::Launcher;
+use crate::comm::launcher::{Launcher, Work};
 use crate::comm::Communicator;
 use crate::error::Result;
 use crate::plan::{Plan, Planner, Proto};
@@ -79,11 +79,12 @@ pub(crate) fn queue(
         plan,
     };
     let prepared = args::prepare(&planned);
-    let work = match planned.plan.proto {
-        Proto::CopyEngine => copy_engine::copy_work(&planned, prepared),
-        Proto::Ll | Proto::Simple => kernel::kernel_work(&planned, prepared),
+    let mut work = Work::new(prepared.args);
+    let built = match planned.plan.proto {
+        Proto::CopyEngine => copy_engine::copy_work(&planned, prepared.own, &mut work),
+        Proto::Ll | Proto::Simple => kernel::kernel_work(&planned, prepared.own, &mut work),
     };
-    let queued = work.and_then(|work| {
+    let queued = built.and_then(|()| {
         // SAFETY: `work` holds the checked call's buffers (their lengths checked against the
         // plan: `check`), the ranks' workspaces (alive while the communicator is) and the
         // registered windows of its buffers (mapped while registered), each range inside its

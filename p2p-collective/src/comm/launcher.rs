@@ -72,18 +72,16 @@ pub(crate) enum Step {
 /// [`Launcher::queue_work`].
 #[derive(Debug, Clone)]
 pub(crate) struct Work {
-    steps: [Step; MAX_STEPS],
-    len: usize,
+    steps: arrayvec::ArrayVec<Step, MAX_STEPS>,
     /// The call's argument block ([`Args::Call`]).
-    args: CollArgs,
+    pub(crate) args: CollArgs,
 }
 
 impl Work {
     /// No steps yet; the kernel steps take `args` (the call's argument block).
     pub(crate) fn new(args: CollArgs) -> Work {
         Work {
-            steps: [Step::Join; MAX_STEPS],
-            len: 0,
+            steps: arrayvec::ArrayVec::new(),
             args,
         }
     }
@@ -91,21 +89,18 @@ impl Work {
     /// Appends `step`, or the error past [`MAX_STEPS`] (which a plan's work never reaches: it is
     /// bounded by the world size, see [`MAX_STEPS`]).
     pub(crate) fn push(&mut self, step: Step) -> Result<()> {
-        let Some(slot) = self.steps.get_mut(self.len) else {
-            return Err(Error::InvalidArgument {
+        self.steps
+            .try_push(step)
+            .map_err(|_| Error::InvalidArgument {
                 op: "launch",
                 rank: self.args.rank.max(0) as usize,
                 what: format!("a call's work passed {MAX_STEPS} steps (a defect of p2p)"),
-            });
-        };
-        *slot = step;
-        self.len += 1;
-        Ok(())
+            })
     }
 
     /// The steps, in order.
     pub(crate) fn steps(&self) -> &[Step] {
-        &self.steps[..self.len]
+        &self.steps
     }
 }
 
@@ -143,11 +138,8 @@ impl Launcher {
     pub(crate) unsafe fn queue_work(&self, work: &Work, stream: &Stream) -> Result<()> {
         let mut forked = false;
         let mut queued = Ok(());
-        let no_data = CollArgs {
-            count: 0,
-            piece: 1,
-            ..work.args
-        };
+        // The barrier kernels' block, made where one is queued.
+        let mut no_data = None;
         for step in work.steps() {
             let on = |lane: Lane| match lane {
                 Lane::Caller => stream,
@@ -164,7 +156,11 @@ impl Launcher {
                 } => {
                     let a = match args {
                         Args::Call => &work.args,
-                        Args::NoData => &no_data,
+                        Args::NoData => &*no_data.get_or_insert(CollArgs {
+                            count: 0,
+                            piece: 1,
+                            ..work.args
+                        }),
                     };
                     self.launch(entry, dtype, (grid, threads), a, on(lane))
                 }
