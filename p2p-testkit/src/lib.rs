@@ -198,19 +198,22 @@ pub fn join(mut child: Child, limit: Duration) {
 
 /// A kernel held on a stream until its flag is set ([`Held::release`], or the drop), with a
 /// time limit of its own (60 s) so that a failed test never leaves the GPU busy for good: for
-/// the tests of waits with a deadline. Compiled by NVRTC at first use.
+/// the tests of waits with a deadline. Compiled by NVRTC at first use, and loaded once per GPU
+/// for the process: a module loaded while a held kernel runs can wait for that kernel to end
+/// (the driver's module loads wait for the GPU's running work), which would stall a second
+/// hold on a GPU that ranks share.
 pub struct Held {
     flag: p2p_mem::abort::AbortHandle,
-    _module: p2p_mem::kernel::Module,
 }
 
-impl Held {
-    /// Launches the held kernel on `stream`; panics (a test helper) if it cannot.
-    pub fn on(stream: &Stream) -> Held {
-        use p2p_mem::kernel::{LaunchConfig, Module, Source};
-        const HOLD: Source = Source {
-            name: "hold.cu",
-            code: r#"extern "C" __global__ void hold(volatile int* flag, unsigned long long max_ns) {
+/// The hold kernel's module on each GPU that held one, by ordinal; loaded once and kept for
+/// the process (a test helper: one small module per GPU).
+fn hold_module(d: &Device) -> &'static p2p_mem::kernel::Module {
+    use p2p_mem::kernel::{Module, Source};
+    use std::sync::Mutex;
+    const HOLD: Source = Source {
+        name: "hold.cu",
+        code: r#"extern "C" __global__ void hold(volatile int* flag, unsigned long long max_ns) {
     unsigned long long t0, t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
     do {
@@ -219,11 +222,27 @@ impl Held {
     } while (t - t0 < max_ns);
 }
 "#,
-            defines: &[],
-            shipped: &[],
-        };
+        defines: &[],
+        shipped: &[],
+    };
+    static LOADED: Mutex<Vec<(i32, &'static Module)>> = Mutex::new(Vec::new());
+    let mut loaded = LOADED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((_, m)) = loaded.iter().find(|(o, _)| *o == d.ordinal()) {
+        return m;
+    }
+    let m: &'static Module = Box::leak(Box::new(Module::build(d, &HOLD).expect("the hold kernel")));
+    loaded.push((d.ordinal(), m));
+    m
+}
+
+impl Held {
+    /// Launches the held kernel on `stream`; panics (a test helper) if it cannot.
+    pub fn on(stream: &Stream) -> Held {
+        use p2p_mem::kernel::LaunchConfig;
         let d = stream.device();
-        let module = Module::build(d, &HOLD).expect("the hold kernel");
+        let module = hold_module(d);
         let f = module.function::<(u64, u64)>("hold").expect("hold");
         let flag = p2p_mem::abort::AbortHandle::new(d).expect("a flag in pinned memory");
         let max_ns: u64 = 60_000_000_000;
@@ -239,10 +258,7 @@ impl Held {
             )
         }
         .expect("launch");
-        Held {
-            flag,
-            _module: module,
-        }
+        Held { flag }
     }
 
     /// A new stream of `d` and the held kernel on it.

@@ -18,9 +18,10 @@
 #   procs [W]          the process-per-rank suite at W ranks (default 2). ~1-3 min.
 #   sharings           the process-per-rank matrix at 2 ranks with P2P_CUMEM=0 (legacy IPC)
 #                      and P2P_DISABLE=1 (host-staged). ~1 min.
-#   host               p2p-bench host at 2 and 4 ranks on the GPU, two rounds (BASE=path: A/B
-#                      against another build's p2p-bench; docs/performance.md, "Host cost of
-#                      a call"). ~2 min.
+#   host               p2p-bench host at 2 and 4 ranks on the GPU, HOST_ROUNDS rounds (default
+#                      2; BASE=path: A/B against another build's p2p-bench, first in odd
+#                      rounds, second in even ones; docs/performance.md, "Host cost of a
+#                      call"). ~2 min.
 #   compile            the time to a first communicator with an empty kernel cache (BASE=path:
 #                      another build's p2p-bench after this one's; ROUNDS), then with a warm one
 #                      (docs/performance.md, "The first compile and the kernel cache"). ~1 min
@@ -139,13 +140,16 @@ phase_extra() {
 
 phase_host() {
   # p2p-bench host (docs/performance.md, "Host cost of a call"): the host's cost of one call, split
-  # into the launch, the argument block and ours, with 2 and 4 ranks on the GPU, two rounds; with
-  # BASE=path (a p2p-bench of another tree, e.g. ../ab/p2p-bench-X) that build runs first in each
-  # round.
-  local round w b tag f
-  for round in 1 2; do
+  # into the launch, the argument block and ours, with 2 and 4 ranks on the GPU, HOST_ROUNDS
+  # rounds (default 2); with BASE=path (a p2p-bench of another tree, e.g. ../ab/p2p-bench-X)
+  # that build runs first in odd rounds and second in even ones, so that what runs first (or
+  # drift) does not favour either.
+  local round w b tag f order
+  for round in $(seq 1 "${HOST_ROUNDS:-2}"); do
     for w in 2 4; do
-      for b in ${BASE:-} "$here/p2p-bench"; do
+      order="${BASE:-} $here/p2p-bench"
+      if [ $((round % 2)) -eq 0 ]; then order="$here/p2p-bench ${BASE:-}"; fi
+      for b in $order; do
         if [ "$b" = "$here/p2p-bench" ]; then tag=new; else tag=base; fi
         f=$res/host-w$w-$tag-r$round
         timeout 150 "$b" host --share-gpu "$w" --samples "${HOST_SAMPLES:-50}" --json "$f.json" >"$f.md" 2>"$f.err"
