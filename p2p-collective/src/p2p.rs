@@ -427,18 +427,7 @@ impl<'a> P2pGroup<'a> {
     /// every send and receive. Everything is checked before anything is queued.
     pub fn launch(self) -> Result<()> {
         let comm = self.comm;
-        comm.health.usable(self.op, comm.rank)?;
-        if self.stream.device() != comm.device() {
-            return Err(Error::InvalidArgument {
-                op: self.op,
-                rank: comm.rank,
-                what: format!(
-                    "the stream is on GPU {}, this rank's GPU is {}",
-                    self.stream.device().ordinal(),
-                    comm.device().ordinal()
-                ),
-            });
-        }
+        crate::call::check::usable_on(comm, self.op, self.stream)?;
         let bad = |e: GroupError| Error::InvalidArgument {
             op: self.op,
             rank: comm.rank,

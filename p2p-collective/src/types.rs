@@ -381,6 +381,26 @@ impl Call {
     pub fn root(self, root: usize) -> Call {
         Call { root, ..self }
     }
+
+    /// The reduction the call means: its own for a reduction, `Sum` for the collectives that
+    /// only move data (what the kernels and the call's signature take, so that ranks giving
+    /// different ones where they mean nothing still agree).
+    pub(crate) fn effective_redop(&self) -> RedOp {
+        if self.op.reduces() {
+            self.redop
+        } else {
+            RedOp::Sum
+        }
+    }
+
+    /// The root the call means: its own for broadcast and reduce, 0 for the others.
+    pub(crate) fn effective_root(&self) -> usize {
+        if self.op.rooted() {
+            self.root
+        } else {
+            0
+        }
+    }
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! own part would be copied from and to.
 
 use crate::abi::CollArgs;
-use crate::types::{Op, RedOp};
+use crate::types::Op;
 
 use super::Planned;
 
@@ -29,11 +29,6 @@ pub(super) fn prepare(planned: &Planned<'_>) -> Prepared {
     } = planned;
     let (input, output) = (checked.args.input, checked.args.output);
     let tuning = comm.tuning();
-    let redop = if call.op.reduces() {
-        call.redop
-    } else {
-        RedOp::Sum
-    };
     let mut args = CollArgs {
         input: input.ptr,
         output: output.ptr,
@@ -50,16 +45,13 @@ pub(super) fn prepare(planned: &Planned<'_>) -> Prepared {
             .as_nanos() as u64,
         sig: plan.sig,
         op: call.op.code(),
-        redop: redop.code(),
+        redop: call.effective_redop().code(),
         rank: comm.rank as i32,
         nranks: comm.world as i32,
-        root: if call.op.rooted() {
-            call.root as i32
-        } else {
-            0
-        },
+        root: call.effective_root() as i32,
         check: comm.options.check as i32,
         code: plan.code() as i32,
+        own_done: plan.own_by_copy_engine as i32,
         ..CollArgs::default()
     };
     for r in 0..comm.world {

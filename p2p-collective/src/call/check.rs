@@ -68,20 +68,11 @@ pub(crate) struct Checked<'a> {
     pub(crate) peer_in: Option<[u64; MAX_RANKS]>,
     /// Every rank's output, likewise.
     pub(crate) peer_out: Option<[u64; MAX_RANKS]>,
-    /// The buffers overlap without being in place (undefined, as in NCCL; only unsafe code
-    /// makes such buffers): the scratch path, with the kernel's own copies.
-    pub(crate) partial: bool,
 }
 
-/// Checks `call` on `comm` with `buffers` queued on `stream`; `None` for a call with nothing
-/// to do (count 0).
-pub(crate) fn check<'a>(
-    comm: &Communicator,
-    call: &Call,
-    buffers: Buffers<'a>,
-    stream: &Stream,
-) -> Result<Option<Checked<'a>>> {
-    let op = call.op.name();
+/// Refuses `op` on `comm` unless the communicator is usable (not aborted, no failure recorded)
+/// and `stream` is on its GPU: what every call and group checks first.
+pub(crate) fn usable_on(comm: &Communicator, op: &'static str, stream: &Stream) -> Result<()> {
     comm.health.usable(op, comm.rank)?;
     if stream.device() != comm.device() {
         return Err(Error::InvalidArgument {
@@ -94,6 +85,18 @@ pub(crate) fn check<'a>(
             ),
         });
     }
+    Ok(())
+}
+
+/// Checks `call` on `comm` with `buffers` queued on `stream`; `None` for a call with nothing
+/// to do (count 0).
+pub(crate) fn check<'a>(
+    comm: &Communicator,
+    call: &Call,
+    buffers: Buffers<'a>,
+    stream: &Stream,
+) -> Result<Option<Checked<'a>>> {
+    usable_on(comm, call.op.name(), stream)?;
     let Some(args) = check_args(&Shape::of(comm), call, buffers, stream)? else {
         return Ok(None);
     };
@@ -110,7 +113,9 @@ pub(crate) fn check<'a>(
         && output.ptr < input.ptr + (args.in_len * size) as u64;
     // An all-gather is in place only with its input exactly this rank's part of the output
     // (the copy engines' plan copies no own part then). Any other overlap takes the scratch
-    // path: the direct and copy-engine plans assume separate buffers.
+    // path: the direct and copy-engine plans assume separate buffers. Such a partial overlap
+    // (undefined, as in NCCL; only unsafe code makes one) plans as in place, so the kernel keeps
+    // its own copies (no own part by the copy engine).
     let (in_place, partial) = match call.op {
         Op::AllGather => {
             let exact = input.ptr == output.ptr + (comm.rank * args.in_len * size) as u64;
@@ -129,7 +134,6 @@ pub(crate) fn check<'a>(
         },
         peer_in,
         peer_out,
-        partial,
     }))
 }
 

@@ -57,9 +57,8 @@ pub(super) fn copy_work(
         let flags = (flags(comm.rank), flags(1 - comm.rank));
         copies.all_reduce(&planned.plan, flags, call.dtype.size())?;
     } else {
-        let out = checked.args.output.ptr + comm.rank as u64 * copies.seg;
         let streams = comm.tuning().ce_streams;
-        copies.parts(own, out, streams)?;
+        copies.parts(own, streams)?;
         copies.work.push(barrier)?;
     }
     Ok(())
@@ -84,16 +83,16 @@ impl Copies<'_> {
     /// All-gather and all-to-all: this rank's part (its input; its part `q` of the input for an
     /// all-to-all) into part `rank` of every peer's output, one `cuMemcpyAsync` each (with
     /// `Tuning::ce_streams` 2, its second half on the side stream beside the first), and out of
-    /// place its own part (`own`) into its own output (part `rank` is at `out`) on the side
+    /// place its own part (`own`: destination, source, bytes) into its own output on the side
     /// stream, first there. The caller then queues a second barrier: every peer's copy into
     /// this rank's output has finished (each peer runs it after its copies).
-    fn parts(&mut self, own: (u64, u64, usize), out: u64, streams: usize) -> Result<()> {
+    fn parts(&mut self, own: (u64, u64, usize), streams: usize) -> Result<()> {
         let seg = self.seg;
         // Out of place, this rank's own part is one more copy, on the side stream beside the
         // peers' (first there: a local copy, it ends long before the peer copies). (An
         // all-gather here is out of place with its buffers apart, or in place: the check makes
         // a partial overlap take no copy engines; an all-to-all in place is never planned here.)
-        let copy_own = self.part(self.rank) != out;
+        let copy_own = own.0 != own.1;
         // With two streams, each peer copy's second half goes on the side stream, from a 4 KiB
         // boundary.
         let half = if streams > 1 {

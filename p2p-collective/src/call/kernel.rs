@@ -15,7 +15,7 @@ pub(super) fn kernel_work(
     own: (u64, u64, usize),
     work: &mut Work,
 ) -> Result<()> {
-    let Planned { checked, plan, .. } = planned;
+    let Planned { plan, .. } = planned;
     debug_assert!(plan.proto != Proto::CopyEngine, "{plan:?}");
     // LL runs one 8-byte unit per thread: a piece larger than the block would drop units.
     debug_assert!(
@@ -24,11 +24,9 @@ pub(super) fn kernel_work(
     );
     // Large out of place: this rank's own part by the copy engine on the side stream (the fork
     // orders it after the caller's earlier work), the kernel neither reading its destination
-    // nor writing its source (`own_done`). A partial overlap (undefined; only unsafe code
-    // makes one) keeps the kernel's copy.
-    let beside = plan.own_by_copy_engine && !checked.partial;
-    work.args.own_done = beside as i32;
-    if beside {
+    // nor writing its source (`own_done`, set by `args.rs`). A partial overlap plans as in
+    // place (`check.rs`), which keeps the kernel's copy.
+    if plan.own_by_copy_engine {
         let (dst, src, bytes) = own;
         work.push(Step::Fork)?;
         work.push(Step::Copy {
@@ -46,7 +44,7 @@ pub(super) fn kernel_work(
         args: Args::Call,
         lane: Lane::Caller,
     })?;
-    if beside {
+    if plan.own_by_copy_engine {
         work.push(Step::Join)?;
     }
     Ok(())

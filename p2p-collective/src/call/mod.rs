@@ -65,7 +65,7 @@ pub(crate) fn queue(
         plan.refused
             .map(|why| format!("; the forced choice cannot run it: {why}"))
             .unwrap_or_default(),
-        if plan.own_by_copy_engine && !checked.partial {
+        if plan.own_by_copy_engine {
             "; own part by the copy engine beside the kernel (out of place, large)"
         } else {
             ""

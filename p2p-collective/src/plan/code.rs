@@ -31,8 +31,7 @@ pub fn describe_code(code: u64) -> Option<(Op, Algo, Proto)> {
 /// reduction or root the collective has none of is left out (0), so that ranks that give
 /// different ones where they mean nothing still agree.
 pub(crate) fn signature((op, algo, proto): (Op, Algo, Proto), call: &Call) -> u64 {
-    let redop = if op.reduces() { call.redop } else { RedOp::Sum };
-    let root = if op.rooted() { call.root } else { 0 };
+    let (redop, root) = (call.effective_redop(), call.effective_root());
     let (dtype, count) = (call.dtype, call.count);
     let head = op.index() | algo.index() << 3 | proto.index() << 7;
     (head as u64 & 0x1ff)

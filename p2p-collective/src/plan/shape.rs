@@ -37,11 +37,17 @@ pub(super) fn shape(
         sub,
         chunks: 1,
     };
-    match (algo, proto) {
+    // (`algo::fits` never lets a call past one round of the scratch plan `Pipe`.)
+    let pipe = if algo == Algo::Pipe {
+        pipe_shape(seg_bytes, elem, tuning)
+    } else {
+        None
+    };
+    match (algo, proto, pipe) {
         // No kernel moves data: one block runs each barrier around the copies; the all-reduce's
         // reduce kernel runs a block per SM (32 blocks lost 10-15 % at 256 MiB-1 GiB:
         // docs/performance.md, "The copy-engine all-reduce on two ranks").
-        (_, Proto::CopyEngine) => whole(
+        (_, Proto::CopyEngine, _) => whole(
             if op == Op::AllReduce {
                 (tuning.max_blocks / 2).max(1)
             } else {
@@ -53,7 +59,7 @@ pub(super) fn shape(
         // 8-byte units, one per thread; one round. Each block owns THREADS lines of each LL
         // slot whatever the grid, so at most LL_GRID = 128 blocks; `ll_fits` kept the grid
         // within the tuning's resident blocks.
-        (_, Proto::Ll) => {
+        (_, Proto::Ll, _) => {
             let (grid, piece, threads) = ll_shape(seg_bytes, world);
             Shape {
                 threads,
@@ -62,7 +68,7 @@ pub(super) fn shape(
         }
         // One pass, no scratch: each block takes a contiguous share of what this rank handles
         // (its part of the data for all-reduce, a rank's part for the others).
-        (Algo::Direct, _) => {
+        (Algo::Direct, _, _) => {
             let grid = grid_for(bytes, tuning);
             let share = if op == Op::AllReduce {
                 // This rank's part of the whole buffer.
@@ -74,11 +80,7 @@ pub(super) fn shape(
             let piece = share.div_ceil(grid as u64).div_ceil(per_vec).max(1) * per_vec;
             whole(grid, piece, 0)
         }
-        // (`algo::fits` never lets a call past one round of the scratch plan `Pipe`.)
-        (Algo::Pipe, _) if pipe_shape(seg_bytes, elem, tuning).is_some() => {
-            let (grid, piece, sub) = pipe_shape(seg_bytes, elem, tuning).unwrap_or((1, 1, 1));
-            whole(grid, piece, sub)
-        }
+        (Algo::Pipe, _, Some((grid, piece, sub))) => whole(grid, piece, sub),
         // The stepped algorithms through the scratch: pieces of at most `piece_bytes` (a
         // block's region of a slot), as many rounds as it takes.
         _ => {
