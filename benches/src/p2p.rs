@@ -609,7 +609,7 @@ pub fn render(r: &Value) -> String {
         r["method"].as_str().unwrap_or("")
     );
     let mb = r["options"]["matrix_bytes"].as_u64().unwrap_or(0) as usize;
-    // Targets (TARGETS.md, nvidia-h200-x2): the worst pair counts.
+    // Targets (TARGETS.md, 2 x H200 SXM joined by NVLink): the worst pair counts.
     let worst = |kind: &str, m: &str| -> Option<f64> {
         let mat = &r["bandwidth_gbps"][kind][m];
         (0..n)

@@ -290,7 +290,7 @@ fn unreported_nvlink_ends_are_inferred_from_nvml() {
 
 #[test]
 fn h200x4_behind_an_nvswitch_recorded_on_the_machine() {
-    // Recorded on nvidia-h200-x4 (2026-11-22): the VM masks every link's far end
+    // Recorded on 4 x H200 SXM behind an NVSwitch: the VM masks every link's far end
     // (ffffffff:ff:ff.0), and NVML's remote device type says NVSwitch. nvidia-smi prints NV18
     // for every pair; the model must too, with the 18 links shared by the three peers.
     let t = load("h200x4-nvswitch.json");
