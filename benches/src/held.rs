@@ -42,7 +42,7 @@ fn settled(devices: &[Device], base: &[i64]) -> Result<Vec<i64>, String> {
 }
 
 fn line(rank: usize, what: &str, cycle: usize, held: &[i64]) {
-    println!(
+    crate::outln!(
         "HELD {}",
         json!({"rank": rank, "phase": what, "cycle": cycle, "held_bytes": held})
     );

@@ -10,6 +10,7 @@
 pub mod coll;
 #[allow(unsafe_code)] // kernel launches and getrlimit, each with its SAFETY line
 pub mod doctor;
+pub mod exit;
 pub mod faults;
 pub mod floor;
 #[allow(unsafe_code)] // the gate's launch and its pinned flags
@@ -22,8 +23,11 @@ pub mod kernels;
 pub mod latency;
 #[allow(unsafe_code)]
 pub mod nccl;
+pub mod out;
 pub mod p2p;
+pub mod render;
 pub mod sendrecv;
+pub mod settings;
 /// `p2p-bench kernels --ship`: the crates' shipped kernel archives.
 pub mod ship;
 pub mod timing;

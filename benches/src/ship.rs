@@ -44,7 +44,7 @@ pub fn ship(dir: &Path, archs: &[String]) -> Result<(), String> {
         let archive = shipped::write(&name, &images);
         let file = dir.join(format!("{krate}.p2pk"));
         std::fs::write(&file, &archive).map_err(|e| format!("writing {}: {e}", file.display()))?;
-        println!(
+        crate::outln!(
             "{krate}: {} images ({} sources x {} targets), {} bytes, with {name}, in {:.1} s",
             images.len(),
             sources.len(),

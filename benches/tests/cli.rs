@@ -62,7 +62,7 @@ fn faults_without_a_gpu_refuses_at_once_and_writes_no_report() {
     assert_fails(
         &["faults", "-n", "2", "--out", out],
         &[("CUDA_VISIBLE_DEVICES", "")],
-        2,
+        1,
         "p2p-bench faults: no GPU found",
     );
     assert!(t.elapsed().as_secs() < 30, "took {:?}", t.elapsed());
@@ -70,9 +70,9 @@ fn faults_without_a_gpu_refuses_at_once_and_writes_no_report() {
 }
 
 #[test]
-fn kernels_without_a_gpu_or_a_target_exits_2_and_says_what_to_name() {
-    let text = "no GPU found here: name the targets, e.g. --arch sm_90";
-    assert_fails(&["kernels"], &[("CUDA_VISIBLE_DEVICES", "")], 2, text);
+fn kernels_without_a_gpu_or_a_target_exits_1_and_says_what_to_name() {
+    let text = "): name the targets, e.g. --arch sm_90";
+    assert_fails(&["kernels"], &[("CUDA_VISIBLE_DEVICES", "")], 1, text);
 }
 
 #[test]
@@ -136,4 +136,209 @@ fn coll_refuses_an_unknown_collective_by_name() {
         err.contains("unknown collective \"allreduce\"") && err.contains("all_reduce"),
         "{err}"
     );
+}
+
+/// Every command that needs a GPU answers its absence alike: one message, exit status 1 (what
+/// `p2p-bench --help` lists), and nothing written.
+#[test]
+fn every_command_that_needs_a_gpu_says_so_alike() {
+    let dir = std::env::temp_dir().join(format!("p2p-no-gpu-{}", std::process::id()));
+    let out = dir.to_str().expect("a UTF-8 temporary path");
+    for args in [
+        &["list"][..],
+        &["list", "--json"],
+        &["topo"],
+        &["p2p", "--out", out],
+        &["coll", "--out", out],
+        &["sendrecv", "--out", out],
+        &["host"],
+        &["faults", "-n", "2", "--out", out],
+        &["kernels"],
+    ] {
+        let (code, _, err) = p2p_bench(args, &[("CUDA_VISIBLE_DEVICES", "")]);
+        assert_eq!(code, 1, "p2p-bench {args:?}: {err}");
+        let text = format!("p2p-bench {}: no GPU found (", args[0]);
+        assert!(err.contains(&text), "p2p-bench {args:?}: {err}");
+    }
+    assert!(!dir.exists(), "something was written into {out}");
+}
+
+#[test]
+fn list_without_a_gpu_still_names_the_libraries_it_found() {
+    let (code, out, err) = p2p_bench(&["list"], &[("CUDA_VISIBLE_DEVICES", "")]);
+    assert_eq!(code, 1, "{err}");
+    assert!(out.starts_with("libraries:\n"), "{out}");
+    let (code, json, err) = p2p_bench(&["list", "--json"], &[("CUDA_VISIBLE_DEVICES", "")]);
+    assert_eq!(code, 1, "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&json).expect("list --json prints JSON");
+    assert!(
+        doc["error"].is_string() && doc["gpus"] == serde_json::json!([]),
+        "{doc}"
+    );
+}
+
+#[test]
+fn the_help_lists_the_exit_statuses() {
+    let (code, out, _) = p2p_bench(&["--help"], &[]);
+    assert_eq!(code, 0);
+    for status in [
+        "0  done",
+        "1  could not do it: no GPU",
+        "2  usage",
+        "3  coll",
+    ] {
+        assert!(out.contains(status), "{status}: {out}");
+    }
+}
+
+/// The collectives' settings are checked before any command, by p2p-collective's own reader,
+/// as the transport's are by its own.
+#[test]
+fn a_bad_collective_setting_exits_2_naming_it() {
+    for (var, value, accepted) in [
+        (
+            "P2P_TIMEOUT_MS",
+            "abc",
+            "a whole number of milliseconds, 1 to 86400000",
+        ),
+        ("P2P_ALGO", "fast", "auto or one of oneshot"),
+        ("P2P_PROTO", "ring", "auto or one of ll"),
+        ("P2P_CHECK", "maybe", "0, 1, true, false"),
+    ] {
+        let text = format!("{var}=\"{value}\" is not valid: accepted values are {accepted}");
+        assert_fails(&["doctor"], &[(var, value)], 2, &text);
+        assert_fails(&["list"], &[(var, value)], 2, &text);
+    }
+}
+
+/// A temporary folder of this test's own, removed when dropped.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("p2p-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("create a temporary folder");
+        TempDir(dir)
+    }
+
+    fn file(&self, name: &str, text: &str) -> String {
+        let path = self.0.join(name);
+        std::fs::write(&path, text).expect("write a temporary file");
+        path.to_str().expect("a UTF-8 temporary path").to_string()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn render_refuses_what_is_not_a_coll_results_file_and_writes_nothing() {
+    let dir = TempDir::new("render-refuses");
+    for (name, text, lacks) in [
+        ("empty.json", "{}", "missing field `benchmark`"),
+        ("list.json", "[1,2]", "it is an array, not a JSON object"),
+        (
+            "hosts.json",
+            r#"{"benchmark": "hosts"}"#,
+            "unknown variant `hosts`",
+        ),
+    ] {
+        let path = dir.file(name, text);
+        assert_fails(&["render", &path], &[], 1, lacks);
+        assert_fails(&["render", &path], &[], 1, &path);
+        for ext in ["md", "svg"] {
+            let written = std::path::Path::new(&path).with_extension(ext);
+            assert!(!written.exists(), "{} was written", written.display());
+        }
+    }
+}
+
+/// Results files of two generations of `coll` (before and after registered buffers and the
+/// `complete` mark), as `docs/results` holds them.
+#[test]
+fn render_draws_a_coll_results_file() {
+    let dir = TempDir::new("render-draws");
+    for (name, text) in [
+        (
+            "old.json",
+            include_str!("../../docs/results/2026-11-22-4xh200-sweeps/baseline/sweep-ring-w2.json"),
+        ),
+        (
+            "new.json",
+            include_str!(
+                "../../docs/results/2026-11-26-2xh100-hang-gate-table/probe/hang-default/coll-2026-11-26-2xh100-80gb-hbm3.json"
+            ),
+        ),
+    ] {
+        let path = dir.file(name, text);
+        let (code, _, err) = p2p_bench(&["render", &path], &[]);
+        assert_eq!(code, 0, "{name}: {err}");
+        let md = std::fs::read_to_string(std::path::Path::new(&path).with_extension("md"))
+            .expect("render writes the table");
+        assert!(md.starts_with("# p2p collectives beside NCCL"), "{md}");
+        assert!(md.contains("\n| size | count | type |"), "{md}");
+        let svg = std::fs::read_to_string(std::path::Path::new(&path).with_extension("svg"))
+            .expect("render writes the plot");
+        assert!(svg.starts_with("<svg"), "{svg}");
+    }
+}
+
+/// A reader that goes away (`p2p-bench topo --load F | head -1`) ends no command with a
+/// panic: the command stops writing and exits with its own status. Its standard output is a
+/// socket whose other end is closed before it starts, so every write meets `EPIPE`.
+#[test]
+fn a_closed_standard_output_is_no_panic() {
+    use std::os::fd::OwnedFd;
+    use std::os::unix::net::UnixStream;
+    let dir = std::env::var("P2PTEST_FIXTURES").unwrap_or_else(|_| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../p2p-transport/fixtures").into()
+    });
+    let fixture = format!("{dir}/dgx-h100-8gpu-nvswitch.json");
+    let exe = std::env::var("P2PTEST_BENCH_EXE")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_p2p-bench").into());
+    for (args, status) in [
+        (&["topo", "--load", fixture.as_str()][..], 0),
+        (&["topo", "--load", fixture.as_str(), "--json"], 0),
+        (&["list"], 1),
+        (&["--help"], 0),
+    ] {
+        let (ours, theirs) = UnixStream::pair().expect("a socket pair");
+        drop(theirs);
+        let out = std::process::Command::new(&exe)
+            .args(args)
+            .env("CUDA_VISIBLE_DEVICES", "")
+            .stdout(std::process::Stdio::from(OwnedFd::from(ours)))
+            .output()
+            .expect("run p2p-bench");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "p2p-bench {args:?}: {err}");
+        assert_eq!(out.status.code(), Some(status), "p2p-bench {args:?}: {err}");
+    }
+}
+
+/// The log goes to stderr in colour only on a terminal: a pipe gets plain text.
+#[test]
+fn launch_writes_no_colour_into_a_pipe() {
+    let (code, _, err) = p2p_bench(
+        &[
+            "launch",
+            "-n",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            "[ $RANK = 1 ] && exit 3; exec sleep 20",
+        ],
+        &[],
+    );
+    assert_eq!(code, 3, "{err}");
+    // The launcher's own log line (an ERROR through tracing) is there, without escapes.
+    assert!(
+        err.contains("ERROR") && err.contains("a rank failed"),
+        "{err}"
+    );
+    assert!(!err.contains('\u{1b}'), "colour codes in a pipe: {err:?}");
 }

@@ -10,8 +10,12 @@
 //! - `hosts`: (as the ranks of a job over hosts) MultiHostCommunicator beside NCCL.
 //! - `faults -n N`: the fault-injection suite (ranks killed, stalled, aborted; strangers).
 //!
-//! The `P2P_*` configuration is validated first: a bad value exits with status 2 and a message
-//! naming the variable. `P2P_DEBUG` and `P2P_DEBUG_SUBSYS` set the log output (stderr).
+//! Every crate's `P2P_*` settings are validated first: a bad value exits with status 2 and a
+//! message naming the variable. `P2P_DEBUG` and `P2P_DEBUG_SUBSYS` set the log output (stderr,
+//! coloured only on a terminal without `NO_COLOR`). The exit statuses, the same in every
+//! command, are [`p2p_benches::exit::HELP`]; standard output goes through
+//! [`p2p_benches::out`](mod@p2p_benches::out), so a reader that closes the pipe ends no
+//! command with a panic.
 
 #![forbid(unsafe_code)]
 
@@ -20,18 +24,19 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use p2p_benches::doctor::{self, Status};
-use p2p_benches::{gpu_table, libraries, GpuInfo};
+use p2p_benches::exit::{self, no_gpu, require_gpus};
+use p2p_benches::{gpu_table, libraries, out, outln, GpuInfo};
 use p2p_collective::plan::Tuning;
 use p2p_collective::Op;
 use p2p_mem::Device;
-use p2p_transport::config::Config;
 use p2p_transport::topo::{self, P2pMatrix, Topology};
 
 #[derive(Parser)]
 #[command(
     name = "p2p-bench",
     version,
-    about = "GPU peer-to-peer benchmarks and diagnostics"
+    about = "GPU peer-to-peer benchmarks and diagnostics",
+    after_help = exit::HELP
 )]
 struct Cli {
     #[command(subcommand)]
@@ -313,6 +318,9 @@ enum Command {
     },
 }
 
+/// What the benchmarks answer where there is no GPU.
+const MEASURES: &str = "it measures GPUs; `p2p-bench render FILE` draws a saved `coll` run again";
+
 /// `$XDG_DATA_HOME/p2p/results`, else `$HOME/.local/share/p2p/results`, else
 /// `./p2p-results`: where results go unless `--out` names a folder.
 fn default_results() -> PathBuf {
@@ -329,17 +337,18 @@ fn default_results() -> PathBuf {
 }
 
 fn main() -> ExitCode {
-    // As the library reads them: an unknown `P2P_*` variable is a warning, a bad value an error.
-    let config = match Config::from_env_lenient() {
+    // As the libraries read them: an unknown `P2P_*` variable is a warning, a bad value an error.
+    let config = match p2p_benches::settings::check() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("p2p-bench: {e}");
-            return ExitCode::from(2);
+            return ExitCode::from(exit::USAGE);
         }
     };
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(config.tracing_filter()))
         .with_writer(std::io::stderr)
+        .with_ansi(p2p_benches::out::colour_stderr())
         .init();
     match Cli::parse().command {
         Command::List { json } => list(json),
@@ -353,7 +362,10 @@ fn main() -> ExitCode {
             matrix_mib,
             max_mib,
             samples,
-        } => p2p_cmd(out, matrix_mib, max_mib, samples),
+        } => match require_gpus("p2p", MEASURES) {
+            Ok(_) => p2p_cmd(out, matrix_mib, max_mib, samples),
+            Err(code) => code,
+        },
         Command::Kernels {
             arch,
             ship: Some(dir),
@@ -367,7 +379,7 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("p2p-bench kernels --ship: {e}");
-                    ExitCode::FAILURE
+                    ExitCode::from(exit::FAILED)
                 }
             }
         }
@@ -379,6 +391,9 @@ fn main() -> ExitCode {
             calls,
             json,
         } => {
+            if let Err(code) = require_gpus("host", MEASURES) {
+                return code;
+            }
             let opts = p2p_benches::host::Options {
                 gpus,
                 share_gpu,
@@ -389,15 +404,15 @@ fn main() -> ExitCode {
                 Ok(v) => v,
                 Err(e) => {
                     eprintln!("p2p-bench host: {e}");
-                    return ExitCode::FAILURE;
+                    return ExitCode::from(exit::FAILED);
                 }
             };
-            print!("{}", p2p_benches::host::markdown(&v));
+            out!("{}", p2p_benches::host::markdown(&v));
             if let Some(path) = json {
                 let text = serde_json::to_string_pretty(&v).unwrap_or_default();
                 if let Err(e) = std::fs::write(&path, text) {
                     eprintln!("p2p-bench host: writing {}: {e}", path.display());
-                    return ExitCode::FAILURE;
+                    return ExitCode::from(exit::FAILED);
                 }
             }
             ExitCode::SUCCESS
@@ -416,9 +431,12 @@ fn main() -> ExitCode {
                 Ok(p) => p,
                 Err(e) => {
                     eprintln!("p2p-bench sendrecv: {e}");
-                    return ExitCode::from(2);
+                    return ExitCode::from(exit::USAGE);
                 }
             };
+            if let Err(code) = require_gpus("sendrecv", MEASURES) {
+                return code;
+            }
             let opts = p2p_benches::sendrecv::Options {
                 pattern,
                 min_bytes,
@@ -433,7 +451,7 @@ fn main() -> ExitCode {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("p2p-bench sendrecv: {e}");
-                    ExitCode::FAILURE
+                    ExitCode::from(exit::FAILED)
                 }
             }
         }
@@ -472,7 +490,7 @@ fn main() -> ExitCode {
                         eprintln!(
                             "p2p-bench coll: unknown NCCL mode {name:?}; choose from plain, symmetric, copy_engine"
                         );
-                        return ExitCode::from(2);
+                        return ExitCode::from(exit::USAGE);
                     }
                 }
             }
@@ -488,9 +506,12 @@ fn main() -> ExitCode {
                             "p2p-bench coll: unknown type {name:?}; choose from {}",
                             p2p_collective::DataType::ALL.map(|d| d.name()).join(", ")
                         );
-                        return ExitCode::from(2);
+                        return ExitCode::from(exit::USAGE);
                     }
                 }
+            }
+            if let Err(code) = require_gpus("coll", MEASURES) {
+                return code;
             }
             let defaults = p2p_benches::coll::Options::default();
             let opts = p2p_benches::coll::Options {
@@ -528,7 +549,7 @@ fn main() -> ExitCode {
             };
             if let Err(e) = std::fs::create_dir_all(&out) {
                 eprintln!("p2p-bench coll: creating {}: {e}", out.display());
-                return ExitCode::FAILURE;
+                return ExitCode::from(exit::FAILED);
             }
             coll_cmd(out, &opts)
         }
@@ -562,7 +583,7 @@ fn main() -> ExitCode {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("p2p-bench hosts: {e}");
-                    ExitCode::FAILURE
+                    ExitCode::from(exit::FAILED)
                 }
             }
         }
@@ -575,7 +596,7 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("p2p-bench held-memory: {e}");
-                ExitCode::FAILURE
+                ExitCode::from(exit::FAILED)
             }
         },
         Command::Faults {
@@ -634,7 +655,8 @@ struct TuningArgs {
     #[arg(long)]
     ce_all_reduce_mib: Option<usize>,
     /// Planner: on two ranks, all-reduces above LL's sizes and up to this many KiB run the
-    /// pipelined one-shot (default 0: never, until measured; 16384 was the experiment's).
+    /// pipelined one-shot (default 0: never; docs/performance.md, "The pipelined one-shot
+    /// all-reduce").
     #[arg(long)]
     pipe_max_kib: Option<usize>,
     /// Planner: bytes per sub-piece of the pipelined one-shot, KiB (default 4).
@@ -774,7 +796,7 @@ fn report_and_write<E: std::fmt::Display>(
         }
     };
     let report = render(&results);
-    println!("{report}");
+    outln!("{report}");
     let svg = svg.map(|svg| svg(&results));
     match write_results(out, name, &results, &report, svg.as_deref()) {
         Ok(stem) if svg.is_some() => eprintln!("wrote {}.json, .md and .svg", stem.display()),
@@ -792,7 +814,7 @@ fn coll_cmd(out: PathBuf, opts: &p2p_benches::coll::Options) -> ExitCode {
     let results = coll::run(opts);
     let Some(results) = report_and_write(&out, "coll", results, coll::render, Some(coll::svg))
     else {
-        return ExitCode::FAILURE;
+        return ExitCode::from(exit::FAILED);
     };
     let wrong: u64 = results["rows"]
         .as_array()
@@ -804,39 +826,24 @@ fn coll_cmd(out: PathBuf, opts: &p2p_benches::coll::Options) -> ExitCode {
         .sum();
     if wrong > 0 {
         eprintln!("p2p-bench coll: {wrong} wrong elements in our results: see the #wrong columns");
-        return ExitCode::FAILURE;
+        return ExitCode::from(exit::FAILED);
     }
     if let Some(why) = results["incomplete"].as_str() {
         eprintln!("p2p-bench coll: the run ended early: {why}");
-        return ExitCode::from(3);
+        return ExitCode::from(exit::INCOMPLETE);
     }
     ExitCode::SUCCESS
 }
 
 fn render_cmd(json: &std::path::Path) -> ExitCode {
-    let results = match std::fs::read_to_string(json)
-        .map_err(|e| e.to_string())
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).map_err(|e| e.to_string()))
-    {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("p2p-bench render: {}: {e}", json.display());
-            return ExitCode::FAILURE;
-        }
-    };
-    let written = std::fs::write(
-        json.with_extension("md"),
-        p2p_benches::coll::render(&results),
-    )
-    .and_then(|_| std::fs::write(json.with_extension("svg"), p2p_benches::coll::svg(&results)));
-    match written {
-        Ok(()) => {
-            eprintln!("wrote {} and .svg", json.with_extension("md").display());
+    match p2p_benches::render::render_file(json) {
+        Ok(md) => {
+            eprintln!("wrote {} and .svg", md.display());
             ExitCode::SUCCESS
         }
         Err(e) => {
             eprintln!("p2p-bench render: {e}");
-            ExitCode::FAILURE
+            ExitCode::from(exit::FAILED)
         }
     }
 }
@@ -845,26 +852,18 @@ fn faults_cmd(options: &p2p_benches::faults::SuiteOptions, out: &std::path::Path
     let ranks = options.world;
     if ranks < 2 {
         eprintln!("p2p-bench faults: a fault needs at least 2 ranks (-n 2)");
-        return ExitCode::from(2);
+        return ExitCode::from(exit::USAGE);
     }
     // Its trials run ranks on GPUs: without one every trial would fail at init, and a report
     // of "0 hangs, 0 wrong" would claim what was never tested.
-    match Device::all() {
-        Ok(gpus) if !gpus.is_empty() => {}
-        Ok(_) => {
-            eprintln!("p2p-bench faults: no GPU found (the CUDA driver reports none; check nvidia-smi and CUDA_VISIBLE_DEVICES): fault injection runs ranks on GPUs");
-            return ExitCode::from(2);
-        }
-        Err(e) => {
-            eprintln!("p2p-bench faults: no GPU found ({e}): fault injection runs ranks on GPUs");
-            return ExitCode::from(2);
-        }
+    if let Err(code) = require_gpus("faults", "fault injection runs ranks on GPUs") {
+        return code;
     }
     let exe = match std::env::current_exe() {
         Ok(e) => e.to_string_lossy().into_owned(),
         Err(e) => {
             eprintln!("p2p-bench faults: finding this executable: {e}");
-            return ExitCode::FAILURE;
+            return ExitCode::from(exit::FAILED);
         }
     };
     let (json, md) = p2p_benches::faults::run_suite(&exe, options);
@@ -879,7 +878,7 @@ fn faults_cmd(options: &p2p_benches::faults::SuiteOptions, out: &std::path::Path
             )
         })
         .and_then(|()| std::fs::write(stem.with_extension("md"), &md));
-    print!("{md}");
+    out!("{md}");
     match written {
         Ok(()) => {
             eprintln!("wrote {}.{{json,md}}", stem.display());
@@ -890,14 +889,14 @@ fn faults_cmd(options: &p2p_benches::faults::SuiteOptions, out: &std::path::Path
                 // Not measured is not clean.
                 || json["gpu_bytes_held_after_exit"].as_i64().unwrap_or(1) > 0;
             if bad {
-                ExitCode::FAILURE
+                ExitCode::from(exit::FAILED)
             } else {
                 ExitCode::SUCCESS
             }
         }
         Err(e) => {
             eprintln!("p2p-bench faults: writing {}: {e}", stem.display());
-            ExitCode::FAILURE
+            ExitCode::from(exit::FAILED)
         }
     }
 }
@@ -916,7 +915,7 @@ fn parse_ops(tool: &str, names: &[String]) -> Result<Vec<Op>, ExitCode> {
                         "p2p-bench {tool}: unknown collective {name:?}; choose from {}",
                         Op::ALL.map(|o| o.name()).join(", ")
                     );
-                    ExitCode::from(2)
+                    ExitCode::from(exit::USAGE)
                 })
         })
         .collect()
@@ -925,11 +924,11 @@ fn parse_ops(tool: &str, names: &[String]) -> Result<Vec<Op>, ExitCode> {
 fn launch_cmd(n: usize, hosts: usize, command: &[String]) -> ExitCode {
     let Some((program, args)) = command.split_first() else {
         eprintln!("p2p-bench launch: no command given (p2p-bench launch -n 2 -- CMD ARGS)");
-        return ExitCode::from(2);
+        return ExitCode::from(exit::USAGE);
     };
     if n == 0 {
         eprintln!("p2p-bench launch: -n must be at least 1");
-        return ExitCode::from(2);
+        return ExitCode::from(exit::USAGE);
     }
     match p2p_collective::launch::launch_hosts(n, hosts, program, args) {
         Ok(out) if out.status.success() => ExitCode::SUCCESS,
@@ -949,7 +948,7 @@ fn launch_cmd(n: usize, hosts: usize, command: &[String]) -> ExitCode {
         }
         Err(e) => {
             eprintln!("p2p-bench launch: {e}");
-            ExitCode::FAILURE
+            ExitCode::from(exit::FAILED)
         }
     }
 }
@@ -959,17 +958,16 @@ fn kernels_cmd(mut archs: Vec<String>) -> ExitCode {
     use p2p_collective::comm::COLL_PARTS;
     use p2p_mem::kernel::cache_dir;
     if archs.is_empty() {
-        archs = match Device::all() {
-            Ok(gpus) if !gpus.is_empty() => p2p_benches::gpu_archs(&gpus),
-            Ok(_) | Err(_) => {
-                eprintln!("p2p-bench kernels: no GPU found here: name the targets, e.g. --arch sm_90 (H100, H200) --arch sm_80 (A100)");
-                return ExitCode::from(2);
-            }
-        };
+        let gpus = Device::all();
+        if let Some(reason) = exit::no_gpu_reason(&gpus) {
+            let then = "name the targets, e.g. --arch sm_90 (H100, H200) --arch sm_80 (A100)";
+            return no_gpu("kernels", &reason, then);
+        }
+        archs = gpus.map_or_else(|_| Vec::new(), |g| p2p_benches::gpu_archs(&g));
     }
     let Some(dir) = cache_dir() else {
         eprintln!("p2p-bench kernels: no cache folder: set XDG_CACHE_HOME or HOME");
-        return ExitCode::FAILURE;
+        return ExitCode::from(exit::FAILED);
     };
     for arch in &archs {
         let t = std::time::Instant::now();
@@ -977,63 +975,68 @@ fn kernels_cmd(mut archs: Vec<String>) -> ExitCode {
             Ok(n) => n,
             Err(e) => {
                 eprintln!("p2p-bench kernels: {arch}: {e}");
-                return ExitCode::FAILURE;
+                return ExitCode::from(exit::FAILED);
             }
         };
         let parts = COLL_PARTS.len();
         if compiled == 0 {
-            println!("{arch}: the {parts} parts of the collective kernels were cached already");
+            outln!("{arch}: the {parts} parts of the collective kernels were cached already");
         } else {
-            println!(
+            outln!(
                 "{arch}: compiled {compiled} of the {parts} parts of the collective kernels in {:.1} s",
                 t.elapsed().as_secs_f64()
             );
         }
     }
-    println!("cache: {}", dir.display());
+    outln!("cache: {}", dir.display());
     if let Ok(nvrtc) = p2p_mem::kernel::compiler() {
-        println!("compiler: {nvrtc}");
+        outln!("compiler: {nvrtc}");
     }
     ExitCode::SUCCESS
 }
 
+/// `p2p-bench list`: the CUDA libraries found and the GPUs; with no GPU, the libraries still,
+/// then the [`no_gpu`] answer.
 fn list(json: bool) -> ExitCode {
     let libs = libraries();
     let gpus = Device::all().map(|ds| ds.iter().map(GpuInfo::of).collect::<Vec<_>>());
+    let missing = exit::no_gpu_reason(&gpus);
+    let gpus = gpus.unwrap_or_default();
     if json {
         let doc = serde_json::json!({
             "libraries": libs.iter().map(|(l, r)| (l.name().to_string(), match r {
                 Ok(f) => serde_json::json!({"found": f}),
                 Err(e) => serde_json::json!({"error": e}),
             })).collect::<serde_json::Map<_, _>>(),
-            "gpus": match &gpus { Ok(g) => g.iter().map(GpuInfo::to_json).collect(), Err(_) => vec![] },
-            "error": gpus.as_ref().err().map(|e| e.to_string()),
+            "gpus": gpus.iter().map(GpuInfo::to_json).collect::<Vec<_>>(),
+            "error": missing,
         });
-        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
-        return ExitCode::SUCCESS;
-    }
-    println!("libraries:");
-    for (lib, r) in &libs {
-        match r {
-            Ok(file) => println!("  {:<13} {file}", lib.name()),
-            Err(_) => println!("  {:<13} not found", lib.name()),
+        outln!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+    } else {
+        outln!("libraries:");
+        for (lib, r) in &libs {
+            match r {
+                Ok(file) => outln!("  {:<13} {file}", lib.name()),
+                Err(_) => outln!("  {:<13} not found", lib.name()),
+            }
         }
-    }
-    match gpus {
-        Ok(g) if g.is_empty() => {
-            println!("\nno GPU found: the CUDA driver loaded but reports no device")
-        }
-        Ok(g) => {
-            println!("\n{} GPU(s):", g.len());
-            print!("{}", gpu_table(&g));
+        if missing.is_none() {
+            outln!("\n{} GPU(s):", gpus.len());
+            out!("{}", gpu_table(&gpus));
             print_peer_matrix();
+            outln!(
+                "\nNext: `p2p-bench doctor` (does P2P work, and why not), `p2p-bench p2p` (bandwidth and latency), `p2p-bench coll` (collectives beside NCCL), `p2p-bench faults -n 2` (fault injection)."
+            );
         }
-        Err(e) => println!("\nno GPU found: {e}"),
     }
-    println!(
-        "\nNext: `p2p-bench doctor` (does P2P work, and why not), `p2p-bench p2p` (bandwidth and latency), `p2p-bench coll` (collectives beside NCCL), `p2p-bench faults -n 2` (fault injection)."
-    );
-    ExitCode::SUCCESS
+    match missing {
+        Some(reason) => no_gpu(
+            "list",
+            &reason,
+            "the CUDA libraries that load are listed above; `p2p-bench topo --load FILE` shows a saved topology",
+        ),
+        None => ExitCode::SUCCESS,
+    }
 }
 
 /// Which pairs can access each other (`cuDeviceCanAccessPeer`) and their P2P performance rank.
@@ -1042,14 +1045,14 @@ fn print_peer_matrix() {
     if devs.len() < 2 {
         return;
     }
-    println!("\npeer access (rank; '-' = none):");
-    print!("     ");
+    outln!("\npeer access (rank; '-' = none):");
+    out!("     ");
     for d in &devs {
-        print!("GPU{:<3}", d.ordinal());
+        out!("GPU{:<3}", d.ordinal());
     }
-    println!();
+    outln!();
     for a in &devs {
-        print!("GPU{:<2}", a.ordinal());
+        out!("GPU{:<2}", a.ordinal());
         for b in &devs {
             let cell = if a == b {
                 "X".to_string()
@@ -1060,9 +1063,9 @@ fn print_peer_matrix() {
                     (Err(e), _) | (_, Err(e)) => format!("err: {e}"),
                 }
             };
-            print!("{cell:<6}");
+            out!("{cell:<6}");
         }
-        println!();
+        outln!();
     }
 }
 
@@ -1075,23 +1078,27 @@ fn topo_cmd(json: bool, load: Option<PathBuf>) -> ExitCode {
             Ok(t) => t,
             Err(e) => {
                 eprintln!("p2p-bench topo: {}: {e}", path.display());
-                return ExitCode::FAILURE;
+                return ExitCode::from(exit::FAILED);
             }
         },
-        None => match topo::discover() {
-            Ok(t) => t,
-            Err(e) => {
-                eprintln!("p2p-bench topo: no topology to show: {e}");
-                return ExitCode::FAILURE;
+        None => {
+            match require_gpus("topo", "show a saved topology with --load FILE").and_then(|_| {
+                topo::discover().map_err(|e| {
+                    eprintln!("p2p-bench topo: no topology to show: {e}");
+                    ExitCode::from(exit::FAILED)
+                })
+            }) {
+                Ok(t) => t,
+                Err(code) => return code,
             }
-        },
+        }
     };
     if json {
-        println!("{}", t.to_json());
+        outln!("{}", t.to_json());
         return ExitCode::SUCCESS;
     }
-    println!("{}\n", t.source);
-    println!("{}", topo::render_matrix(&t));
+    outln!("{}\n", t.source);
+    outln!("{}", topo::render_matrix(&t));
     if t.gpus.len() > 1 {
         for m in [
             P2pMatrix::Read,
@@ -1100,16 +1107,16 @@ fn topo_cmd(json: bool, load: Option<PathBuf>) -> ExitCode {
             P2pMatrix::Atomics,
             P2pMatrix::Cuda,
         ] {
-            println!("{}", topo::render_p2p_matrix(&t, m));
+            outln!("{}", topo::render_p2p_matrix(&t, m));
         }
-        println!("Legend: OK = supported; NS = not supported; CNS = chipset not supported; GNS = GPU not\n\
+        outln!("Legend: OK = supported; NS = not supported; CNS = chipset not supported; GNS = GPU not\n\
                   supported; TNS = topology not supported; DR = disabled by regkey; - = unknown.\n");
     }
-    println!("{}", topo::render_links(&t));
+    outln!("{}", topo::render_links(&t));
     if t.gpus.len() > 1 {
-        println!("{}", topo::render_paths(&t));
+        outln!("{}", topo::render_paths(&t));
     } else {
-        println!("One GPU: no paths between GPUs.");
+        outln!("One GPU: no paths between GPUs.");
     }
     ExitCode::SUCCESS
 }
@@ -1123,23 +1130,73 @@ fn p2p_cmd(out: PathBuf, matrix_mib: usize, max_mib: usize, samples: usize) -> E
     let results = p2p_benches::p2p::run(&opts);
     match report_and_write(&out, "p2p", results, p2p_benches::p2p::render, None) {
         Some(_) => ExitCode::SUCCESS,
-        None => ExitCode::FAILURE,
+        None => ExitCode::from(exit::FAILED),
     }
 }
 
 fn doctor_cmd(json: bool, functional: bool) -> ExitCode {
     let report = doctor::run(functional);
     if json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&report).unwrap_or_default()
         );
     } else {
-        print!("{}", report.render());
+        out!("{}", report.render());
     }
     if report.worst() == Status::Fail {
-        ExitCode::FAILURE
+        ExitCode::from(exit::FAILED)
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Every help text of the tool: the commands' and their arguments'.
+    fn help_texts(cmd: &clap::Command) -> Vec<String> {
+        let mut texts: Vec<String> = [cmd.get_about(), cmd.get_long_about(), cmd.get_after_help()]
+            .into_iter()
+            .flatten()
+            .map(|t| t.to_string())
+            .collect();
+        for arg in cmd.get_arguments() {
+            texts.extend(
+                [arg.get_help(), arg.get_long_help()]
+                    .into_iter()
+                    .flatten()
+                    .map(|t| t.to_string()),
+            );
+        }
+        for sub in cmd.get_subcommands() {
+            texts.extend(help_texts(sub));
+        }
+        texts
+    }
+
+    /// The help cites a part of docs/performance.md by its title (`docs/performance.md, "The
+    /// title"`), which the document has, and never by a section number.
+    #[test]
+    fn the_help_names_sections_by_their_titles() {
+        let performance = include_str!("../../../docs/performance.md");
+        let mut cited = 0;
+        for text in help_texts(&Cli::command()) {
+            assert!(
+                !text.contains('§') && !text.contains("perf-notes"),
+                "{text}"
+            );
+            for (at, _) in text.match_indices("docs/performance.md, \"") {
+                let title = text[at..].split('"').nth(1).unwrap_or_default();
+                assert!(
+                    performance.contains(&format!("\n## {title}\n")),
+                    "docs/performance.md has no section {title:?}"
+                );
+                cited += 1;
+            }
+        }
+        assert!(cited > 0, "no help text cites docs/performance.md");
     }
 }
