@@ -36,6 +36,9 @@
 //! each call binds the device's context to the calling thread first. Shared references only
 //! read; anything that writes device memory takes `&mut`.
 
+// Feature badges on docs.rs (`--cfg docsrs`, nightly); nothing without the cfg.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod abort;
 #[cfg(feature = "cudarc")]
 pub mod cudarc_interop;

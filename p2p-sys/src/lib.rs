@@ -36,6 +36,9 @@
 //! }
 //! ```
 
+// Feature badges on docs.rs (`--cfg docsrs`, nightly); nothing without the cfg.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod checkpoint;
 pub mod ctx_event;
 mod ctypes;

@@ -34,6 +34,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+// Feature badges on docs.rs (`--cfg docsrs`, nightly); nothing without the cfg.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod config;
 #[cfg(feature = "conn")]
 pub mod conn;
