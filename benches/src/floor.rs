@@ -8,7 +8,7 @@ use p2p_mem::Device;
 
 /// 64-bit words in the argument block of `empty_args_kernel`: the collectives' block
 /// ([`p2p_collective::comm::KERNEL_ARGS_BYTES`]; a test checks the two agree).
-pub const ARGS_WORDS: usize = 46;
+pub const ARGS_WORDS: usize = 47;
 
 /// The argument block of `empty_args_kernel` (`struct EmptyArgs` in [`EMPTY`]).
 #[repr(C)]

@@ -94,7 +94,12 @@ fn gave_up_at(limit: Duration, took: Duration) {
 }
 
 fn matrix(ops: &[Op], options: Options) {
-    let counts = counts();
+    matrix_up_to(ops, options, usize::MAX);
+}
+
+/// [`matrix`] over the counts up to `most`.
+fn matrix_up_to(ops: &[Op], options: Options, most: usize) {
+    let counts: Vec<usize> = counts().into_iter().filter(|&c| c <= most).collect();
     let max = counts.iter().copied().max().unwrap_or(1);
     let mut ls = locals(options, max);
     run_matrix(&mut ls, ops, &counts).assert_exact("matrix");
@@ -1206,6 +1211,50 @@ fn gpu2_split_broadcast_and_reduce_matrix() {
         assert_eq!(comms[0].comm.plan(&call).algo, Algo::Split);
     }
     matrix(&[Op::Broadcast, Op::Reduce], options);
+}
+
+/// The two-shot all-reduce and the split broadcast and reduce with their chunks' steps
+/// overlapped (`Tuning::overlap_min_bytes` 0, so at every count; pieces of 1 KiB and at least
+/// three chunks, so that most counts run many chunks and a short last one): every count up to
+/// 2^22 (above it, thousands of 1 KiB chunks add time, not cases), type, reduction and root, in
+/// and out of place; then two-shot all-reduces replayed in a CUDA graph with changing inputs.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_overlapped_steps_matrix_and_graph_replay() {
+    let overlapped = |t: &mut p2p_collective::plan::Tuning| {
+        t.overlap_min_bytes = 0;
+        t.overlap_chunks = 3;
+        t.piece_bytes = 1 << 10;
+        t.split_min_bytes = 0;
+    };
+    let two_shot = Options {
+        forced: Forced::algo(Algo::TwoShot),
+        ..without_ll(overlapped)
+    };
+    let comms = locals(two_shot.clone(), 1);
+    let p = comms[0]
+        .comm
+        .plan(&Call::new(Op::AllReduce, DataType::F32, 100_000));
+    assert!(
+        p.overlap && p.algo == Algo::TwoShot && p.chunks >= 3,
+        "{p:?}"
+    );
+    drop(comms);
+    matrix_up_to(&[Op::AllReduce], two_shot.clone(), 1 << 22);
+    if world() > 2 {
+        let comms = locals(without_ll(overlapped), 1);
+        for op in [Op::Broadcast, Op::Reduce] {
+            let p = comms[0].comm.plan(&Call::new(op, DataType::F32, 100_000));
+            assert!(p.overlap && p.algo == Algo::Split, "{op}: {p:?}");
+        }
+        drop(comms);
+        matrix_up_to(
+            &[Op::Broadcast, Op::Reduce],
+            without_ll(overlapped),
+            1 << 22,
+        );
+    }
+    graph_replay_with_changing_inputs(two_shot, false);
 }
 
 /// All-gather and all-to-all through the scratch with the own part copied by the copy engine on

@@ -35,20 +35,19 @@ SPLIT = "p2p-collective/src/kernels/coll/algo/split.cuh"
 
 # Each edit: (the text to find, how many times the file holds it, which of them to edit, the
 # text that takes its place). The counts check that the kernel is the one this script knows.
-# The reduce branch follows the broadcast branch in the file, so its lines are the later ones.
-SEND = "copy_bytes(slot(q, par1, me) + jlo * E"
-REDUCE = "reduce_into<T>((T*)(slot(a.root, par2, me) + mlo * E)"
-OUT_IF = "        if (me == a.root) {\n            for (int q = 0; q < N; ++q) {\n                if (q == me) continue;"
-BARRIER = "        if (barrier(a, ++step, err)) return 1;\n" + OUT_IF
+SEND = "copy_bytes(slot(q, wpar, me) + jlo * E"
+REDUCE = "reduce_into<T>((T*)(slot(a.root, wpar, me) + mlo * E)"
+OUT_IF = "} else if (k == 2 && root) {"
 
 VARIANTS = {
     "base": [],
-    "nosend": [(SEND, 2, 1, "if (0) " + SEND)],
+    "nosend": [(SEND, 1, 0, "if (0) " + SEND)],
     "copy2": [(REDUCE + ", dsts, 0, srcs, N, mhi - mlo, a.redop, N);", 1, 0,
-               "copy_bytes(slot(a.root, par2, me) + mlo * E, "
+               "copy_bytes(slot(a.root, wpar, me) + mlo * E, "
                "(const unsigned char*)(in + lo + mlo), (mhi - mlo) * E);")],
-    "noout": [(OUT_IF, 1, 0, OUT_IF.replace("if (me == a.root)", "if (0)", 1))],
-    "nobar2": [(BARRIER, 1, 0, OUT_IF.replace("if (me == a.root)", "if (0)", 1))],
+    "noout": [(OUT_IF, 1, 0, "} else if (0) {")],
+    # Two stages: the barrier before the copies out goes, and the copies with it.
+    "nobar2": [("run_staged<3>(a", 1, 0, "run_staged<2>(a")],
 }
 
 

@@ -47,7 +47,7 @@
 #   launch-cost [CALLS [SAMPLES [ROUNDS]]]  the host cost of one kernel launch by the driver's entry
 #               points (docs/performance.md, "Host cost of a call"; harness/launch_cost.cu):
 #               cuLaunchKernel, cuLaunchKernelEx with no attribute and with programmatic dependent
-#               launch, with and without the collectives' 368-byte argument block, on one and two
+#               launch, with and without the collectives' 376-byte argument block, on one and two
 #               streams, and with the context switched among 1, 2 and 4 contexts. Needs nvcc, 1 GPU.
 #               ~1 min.
 source "$(dirname "$0")/common.sh"

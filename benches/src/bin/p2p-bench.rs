@@ -671,6 +671,13 @@ struct TuningArgs {
     /// engines, 1 or 2 (default 1).
     #[arg(long)]
     ce_streams: Option<usize>,
+    /// Planner: two-shot all-reduces and split broadcasts and reduces of at least this many
+    /// KiB per source overlap their chunks' steps (default: never; 0: at every size).
+    #[arg(long)]
+    overlap_min_kib: Option<usize>,
+    /// Planner: the fewest chunks an overlapped call is cut into, 1 to 64 (default 4).
+    #[arg(long)]
+    overlap_chunks: Option<usize>,
 }
 
 fn tuning_from(args: &TuningArgs) -> Option<Tuning> {
@@ -687,6 +694,8 @@ fn tuning_from(args: &TuningArgs) -> Option<Tuning> {
         pipe_sub_kib,
         ce_own_mib,
         ce_streams,
+        overlap_min_kib,
+        overlap_chunks,
     } = *args;
     if piece_kib.is_none()
         && blocks.is_none()
@@ -700,6 +709,8 @@ fn tuning_from(args: &TuningArgs) -> Option<Tuning> {
         && pipe_sub_kib.is_none()
         && ce_own_mib.is_none()
         && ce_streams.is_none()
+        && overlap_min_kib.is_none()
+        && overlap_chunks.is_none()
     {
         return None;
     }
@@ -740,6 +751,12 @@ fn tuning_from(args: &TuningArgs) -> Option<Tuning> {
     }
     if let Some(c) = ce_streams {
         t.ce_streams = c; // init refuses anything but 1 or 2, saying so
+    }
+    if let Some(k) = overlap_min_kib {
+        t.overlap_min_bytes = k.saturating_mul(1 << 10);
+    }
+    if let Some(c) = overlap_chunks {
+        t.overlap_chunks = c; // init refuses anything but 1 to 64, saying so
     }
     Some(t)
 }

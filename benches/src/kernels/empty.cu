@@ -1,5 +1,5 @@
 
-#define ARGS_WORDS 46
+#define ARGS_WORDS 47
 struct EmptyArgs { unsigned long long w[ARGS_WORDS]; };
 
 __device__ __forceinline__ void overlap() {

@@ -52,6 +52,7 @@ pub(super) fn prepare(planned: &Planned<'_>) -> Prepared {
         check: comm.options.check as i32,
         code: plan.code() as i32,
         own_done: plan.own_by_copy_engine as i32,
+        overlap: plan.overlap as i32,
         ..CollArgs::default()
     };
     for r in 0..comm.world {

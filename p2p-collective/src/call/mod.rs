@@ -51,7 +51,7 @@ pub(crate) fn queue(
     let plan = Planner::plan(&comm.planner, call, checked.access);
     tracing::debug!(
         rank = comm.rank,
-        "{} {} {} x {}: {} by {}, {} blocks of {} threads x {} chunks ({}){}{}",
+        "{} {} {} x {}: {} by {}, {} blocks of {} threads x {} chunks{} ({}){}{}",
         call.op,
         call.dtype,
         call.count,
@@ -61,6 +61,11 @@ pub(crate) fn queue(
         plan.grid,
         plan.threads,
         plan.chunks,
+        if plan.overlap {
+            ", steps overlapped (at least overlap_min_bytes a source)"
+        } else {
+            ""
+        },
         plan.reason,
         plan.refused
             .map(|why| format!("; the forced choice cannot run it: {why}"))

@@ -111,6 +111,7 @@ struct CollArgs {
     int op, redop, rank, nranks, root, check;  // op: enum Op; redop: enum RedOp
     int own_done;                       // one-shot all-gather, all-to-all: the own part is copied elsewhere (the copy engine)
     int code;                           // the plan's code, recorded in the status words on a failure
+    int overlap;                        // two-shot, split: the chunks' steps overlap (steps.cuh, run_staged)
 };
 
 // Point-to-point groups (NCCL's ncclGroupStart/End around ncclSend/ncclRecv): one kernel runs
@@ -140,4 +141,4 @@ static_assert(sizeof(P2pArgs) == 1568, "P2pArgs changed: p2p-abigen checks the R
 static_assert(P2P_LL_BYTES <= P2P_BLOCKS * P2P_MIN_CHUNK, "an LL chunk must fit its slot's LL area");
 
 // The host's `CollArgs` (generated from this header) has the same layout and checks the same size.
-static_assert(sizeof(CollArgs) == 368, "CollArgs changed: p2p-abigen checks the Rust struct against this size");
+static_assert(sizeof(CollArgs) == 376, "CollArgs changed: p2p-abigen checks the Rust struct against this size");

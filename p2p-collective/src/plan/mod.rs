@@ -29,7 +29,7 @@ pub use algo::{Algo, Forced, Proto};
 pub use code::{describe, describe_code};
 pub use entry::Entry;
 pub use shape::ce_chunk;
-pub use tuning::{Tuning, TuningError};
+pub use tuning::{Tuning, TuningError, MAX_OVERLAP_CHUNKS};
 
 /// Largest all-reduce, in bytes, that can run LL (its lines take twice the data's size in
 /// scratch); [`Tuning::ll_max_bytes`] is where the planner switches by default.
@@ -127,6 +127,9 @@ pub struct Plan {
     pub own_by_copy_engine: bool,
     /// Rounds over the data.
     pub chunks: u64,
+    /// A two-shot all-reduce or split broadcast or reduce whose chunks' steps overlap: at step
+    /// t stage k of chunk t - k, one barrier a step ([`Tuning::overlap_min_bytes`]).
+    pub overlap: bool,
     /// Why this algorithm and protocol, for the log.
     pub reason: &'static str,
     /// Where an algorithm or protocol was forced and cannot run this call: why (the call runs
@@ -141,10 +144,15 @@ impl Plan {
     /// Barrier steps each block takes (each a flag exchange with every peer, or for LL one
     /// exchange of lines).
     pub fn steps(&self, world: usize) -> u64 {
-        self.chunks.saturating_mul(
-            self.algo
-                .steps_per_chunk(self.proto, world, self.piece, self.sub),
-        )
+        let per_chunk = self
+            .algo
+            .steps_per_chunk(self.proto, world, self.piece, self.sub);
+        if self.overlap {
+            // chunks + stages - 1 steps, a barrier between each two.
+            self.chunks.saturating_add(per_chunk).saturating_sub(1)
+        } else {
+            self.chunks.saturating_mul(per_chunk)
+        }
     }
 
     /// Whether it reads or writes the peers' registered buffers (what
@@ -251,9 +259,12 @@ fn plan_call(call: &Call, world: usize, forced: Forced, tuning: &Tuning, access:
         Op::AllGather | Op::ReduceScatter | Op::AllToAll => seg_bytes.saturating_mul(world),
         _ => seg_bytes,
     };
+    let overlap = matches!(algo, Algo::TwoShot | Algo::Split)
+        && proto == Proto::Simple
+        && seg_bytes >= tuning.overlap_min_bytes;
     let s = shape::shape(
         op,
-        (algo, proto),
+        (algo, proto, overlap),
         (seg_bytes, bytes),
         units,
         elem,
@@ -278,6 +289,7 @@ fn plan_call(call: &Call, world: usize, forced: Forced, tuning: &Tuning, access:
         sub: s.sub,
         own_by_copy_engine,
         chunks: s.chunks,
+        overlap,
         reason,
         refused,
         sig: code::signature((op, algo, proto), call),

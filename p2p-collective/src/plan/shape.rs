@@ -20,10 +20,12 @@ pub(super) struct Shape {
 }
 
 /// The shape of `op` by `(algo, proto)` over `units` elements of `elem` bytes per source
-/// (`seg_bytes`), of which one rank moves `bytes` in all, on `world` ranks.
+/// (`seg_bytes`), of which one rank moves `bytes` in all, on `world` ranks; `overlap`: a
+/// stepped algorithm whose chunks' steps overlap, cut into at least
+/// [`Tuning::overlap_chunks`] chunks.
 pub(super) fn shape(
     op: Op,
-    (algo, proto): (Algo, Proto),
+    (algo, proto, overlap): (Algo, Proto, bool),
     (seg_bytes, bytes): (usize, usize),
     units: u64,
     elem: usize,
@@ -85,9 +87,14 @@ pub(super) fn shape(
         // block's region of a slot), as many rounds as it takes.
         _ => {
             let grid = grid_for(seg_bytes, tuning);
+            let rounds = if overlap {
+                tuning.overlap_chunks.max(1)
+            } else {
+                1
+            };
             // (At least one vector: a count of 0, which communicators never launch, plans too.)
             let piece_bytes = seg_bytes
-                .div_ceil(grid as usize)
+                .div_ceil(grid as usize * rounds)
                 .next_multiple_of(16)
                 .clamp(16, tuning.piece_bytes.max(16) / 16 * 16);
             let piece = (piece_bytes / elem) as u64;

@@ -226,9 +226,69 @@ fn steps_count_the_barriers_per_block() {
 }
 
 #[test]
+fn two_shot_and_split_overlap_their_chunks_only_from_the_tuned_size() {
+    let default = t();
+    assert_eq!(default.overlap_min_bytes, usize::MAX, "off until measured");
+    let tuning = Tuning {
+        overlap_min_bytes: 2 << 20,
+        ..default
+    };
+    let at = |op, bytes: usize, world, tuning: &Tuning| {
+        plan(
+            op,
+            DataType::F32,
+            bytes / 4,
+            world,
+            Forced::default(),
+            tuning,
+        )
+    };
+    // 16 MiB on 4 ranks: split and two-shot (forced) cut into overlap_chunks chunks or more,
+    // a barrier a step: chunks + 2 steps of 3 stages, less one.
+    for (op, path, forced) in [
+        (Op::Reduce, SPLIT, Forced::default()),
+        (Op::Broadcast, SPLIT, Forced::default()),
+        (Op::AllReduce, TWOSHOT, Forced::algo(Algo::TwoShot)),
+    ] {
+        let p = plan(op, DataType::F32, 4 << 20, 4, forced, &tuning);
+        assert_eq!(p.path(), path, "{op:?}");
+        assert!(p.overlap, "{op:?}");
+        assert!(p.chunks >= tuning.overlap_chunks as u64, "{op:?}: {p:?}");
+        assert_eq!(p.steps(4), p.chunks + 1, "{op:?}");
+        // The same call untuned: chunks of pieces of 64 KiB, two barriers each.
+        let q = plan(op, DataType::F32, 4 << 20, 4, forced, &default);
+        assert!(!q.overlap);
+        assert_eq!(
+            q.piece * q.kernel_type.size() as u64,
+            default.piece_bytes as u64
+        );
+        assert_eq!(q.steps(4), 2 * q.chunks, "{op:?}");
+    }
+    // Below the tuned size, and the algorithms that have no stages to overlap, as before.
+    let below = at(Op::Reduce, 1 << 20, 4, &tuning);
+    assert_eq!((below.path(), below.overlap), (SPLIT, false));
+    for (op, world) in [(Op::AllGather, 4), (Op::AllToAll, 4), (Op::AllReduce, 2)] {
+        let p = at(op, 16 << 20, world, &tuning);
+        assert!(!p.overlap, "{op:?} on {world}: {p:?}");
+    }
+    let ring = forced(DataType::F32, 4 << 20, 4, Forced::algo(Algo::Ring), &tuning);
+    assert_eq!((ring.path(), ring.overlap), (RING, false));
+    // Large calls: pieces stay within piece_bytes, so more chunks than asked.
+    let big = at(Op::Reduce, 1 << 30, 4, &tuning);
+    assert!(big.overlap);
+    assert_eq!(big.piece * 4, tuning.piece_bytes as u64);
+    assert_eq!(
+        big.chunks,
+        (1u64 << 30).div_ceil(tuning.piece_bytes as u64 * big.grid as u64)
+    );
+}
+
+#[test]
 fn tuning_round_trips_through_words() {
     let t = Tuning {
         ll_max_bytes: 12345,
+        overlap_min_bytes: 1 << 21,
+        overlap_chunks: 7,
         ..t()
     };
     assert_eq!(Tuning::from_words(&t.to_words()), Some(t));

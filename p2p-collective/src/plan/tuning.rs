@@ -91,7 +91,19 @@ pub struct Tuning {
     /// (an H200 has three) may carry one direction at once. Correct with ranks sharing one
     /// GPU, not yet run across GPUs (docs/performance.md, "Copy engines for all-gather and all-to-all"). 1 or 2.
     pub ce_streams: usize,
+    /// Two-shot all-reduces and split broadcasts and reduces of at least this many bytes per
+    /// source overlap their chunks' steps ([`Plan::overlap`]): cut into at least
+    /// `overlap_chunks` chunks, chunk c + 1 travels while chunk c is reduced and chunk c - 1
+    /// copied out, one barrier a step. Default `usize::MAX` (off): correct with ranks sharing
+    /// one GPU, not yet measured across GPUs (docs/performance.md, "Overlapped steps").
+    pub overlap_min_bytes: usize,
+    /// The fewest chunks an overlapped call is cut into (more where a block's piece would pass
+    /// `piece_bytes`). 1 to [`MAX_OVERLAP_CHUNKS`].
+    pub overlap_chunks: usize,
 }
+
+/// The most chunks [`Tuning::overlap_chunks`] may ask for.
+pub const MAX_OVERLAP_CHUNKS: usize = 64;
 
 impl Tuning {
     /// The defaults for a GPU with `sm_count` SMs that holds `blocks_per_sm` resident blocks
@@ -116,6 +128,8 @@ impl Tuning {
             pipe_sub_bytes: 4 << 10,
             ce_own_min_bytes: usize::MAX,
             ce_streams: 1,
+            overlap_min_bytes: usize::MAX,
+            overlap_chunks: 4,
         }
     }
 
@@ -133,7 +147,7 @@ impl Tuning {
     }
 
     /// How many words [`to_words`](Self::to_words) gives.
-    pub const WORDS: usize = 14;
+    pub const WORDS: usize = 16;
 
     /// Every knob as a word, for ranks to compare at start-up.
     pub fn to_words(&self) -> [u64; Self::WORDS] {
@@ -152,13 +166,15 @@ impl Tuning {
             self.pipe_sub_bytes as u64,
             self.ce_own_min_bytes as u64,
             self.ce_streams as u64,
+            self.overlap_min_bytes as u64,
+            self.overlap_chunks as u64,
         ]
     }
 
     /// The inverse of [`to_words`](Self::to_words); `None` for a wrong length or a value out
     /// of range.
     pub fn from_words(w: &[u64]) -> Option<Tuning> {
-        let [b, p, bb, o, l, sp, d, ce, ce_more, ce_ar, pm, ps, own, ces] =
+        let [b, p, bb, o, l, sp, d, ce, ce_more, ce_ar, pm, ps, own, ces, ov, ovc] =
             <[u64; Self::WORDS]>::try_from(w).ok()?;
         Some(Tuning {
             max_blocks: u32::try_from(b).ok()?,
@@ -175,6 +191,8 @@ impl Tuning {
             pipe_sub_bytes: usize::try_from(ps).ok()?,
             ce_own_min_bytes: usize::try_from(own).ok()?,
             ce_streams: usize::try_from(ces).ok()?,
+            overlap_min_bytes: usize::try_from(ov).ok()?,
+            overlap_chunks: usize::try_from(ovc).ok()?,
         })
     }
 
@@ -182,7 +200,8 @@ impl Tuning {
     /// `resident` (the blocks the GPU holds at once: more would wait for peers that cannot
     /// start), `piece_bytes` a multiple of 16 (it is the distance between blocks' regions of the
     /// scratch) from 1 KiB to 64 MiB, `block_bytes` nonzero, `ll_max_bytes` at most
-    /// [`LL_MAX_BYTES`], `pipe_sub_bytes` a nonzero multiple of 16, `ce_streams` 1 or 2, and a
+    /// [`LL_MAX_BYTES`], `pipe_sub_bytes` a nonzero multiple of 16, `ce_streams` 1 or 2, `overlap_chunks` 1 to
+    /// [`MAX_OVERLAP_CHUNKS`], and a
     /// workspace for `world` ranks that fits a `usize`.
     pub fn validate(&self, resident: u32, world: usize) -> Result<(), TuningError> {
         let most = MAX_BLOCKS.min(resident.max(1));
@@ -204,6 +223,9 @@ impl Tuning {
         }
         if !(1..=2).contains(&self.ce_streams) {
             return Err(TuningError::CeStreams(self.ce_streams));
+        }
+        if !(1..=MAX_OVERLAP_CHUNKS).contains(&self.overlap_chunks) {
+            return Err(TuningError::OverlapChunks(self.overlap_chunks));
         }
         if self.ll_max_bytes > LL_MAX_BYTES {
             return Err(TuningError::LlMaxBytes(self.ll_max_bytes));
@@ -258,6 +280,9 @@ pub enum TuningError {
     /// `ce_streams` is not 1 or 2.
     #[error("ce_streams = {0} must be 1 or 2")]
     CeStreams(usize),
+    /// `overlap_chunks` is not 1 to [`MAX_OVERLAP_CHUNKS`].
+    #[error("overlap_chunks = {0} must be 1 to {MAX_OVERLAP_CHUNKS}")]
+    OverlapChunks(usize),
     /// `ll_max_bytes` is above [`LL_MAX_BYTES`].
     #[error("ll_max_bytes = {0} is above LL_MAX_BYTES = {LL_MAX_BYTES}")]
     LlMaxBytes(usize),

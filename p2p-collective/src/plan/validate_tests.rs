@@ -14,10 +14,6 @@ fn tuning_values_that_would_break_the_kernels_are_refused() {
             ..ok
         },
         Tuning {
-            max_blocks: 200,
-            ..ok
-        }, // more than 132 x 1 resident
-        Tuning {
             piece_bytes: 0,
             ..ok
         },
@@ -53,6 +49,14 @@ fn tuning_values_that_would_break_the_kernels_are_refused() {
             ce_streams: 3,
             ..ok
         },
+        Tuning {
+            overlap_chunks: 0,
+            ..ok
+        },
+        Tuning {
+            overlap_chunks: MAX_OVERLAP_CHUNKS + 1,
+            ..ok
+        },
     ];
     assert_eq!(
         Tuning {
@@ -63,8 +67,21 @@ fn tuning_values_that_would_break_the_kernels_are_refused() {
         Ok(())
     );
     for t in bad {
-        assert!(t.validate(132, 8).is_err(), "{t:?} accepted");
+        assert!(t.validate(264, 8).is_err(), "{t:?} accepted");
     }
+    // More blocks than the GPU holds at once (132 SMs x 1 resident).
+    let one_per_sm = |max_blocks| Tuning { max_blocks, ..ok }.validate(132, 8);
+    assert_eq!(one_per_sm(132), Ok(()));
+    assert!(one_per_sm(200).is_err());
+    assert_eq!(
+        Tuning {
+            overlap_chunks: MAX_OVERLAP_CHUNKS,
+            overlap_min_bytes: 0,
+            ..ok
+        }
+        .validate(264, 8),
+        Ok(())
+    );
 }
 
 #[test]

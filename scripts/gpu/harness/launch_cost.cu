@@ -9,7 +9,7 @@
 // the timing); SAMPLES batches per variant, the variants interleaved batch by batch so drift
 // hits them alike; reported per launch: median, min, max.
 #ifdef KERNELS
-#define ARGS_WORDS 46  // the collectives' argument block: 368 bytes (p2p-collective KERNEL_ARGS_BYTES)
+#define ARGS_WORDS 47  // the collectives' argument block: 376 bytes (p2p-collective KERNEL_ARGS_BYTES)
 struct Args { unsigned long long w[ARGS_WORDS]; };
 __device__ __forceinline__ void overlap() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -116,9 +116,9 @@ int main(int argc, char** argv) {
   CK(cuStreamCreate(&second, CU_STREAM_NON_BLOCKING));
   std::vector<Variant> vs = {
       {"legacy", "cuLaunchKernel, no parameters", LEGACY, false, 1, 1, false},
-      {"legacy_args", "cuLaunchKernel, 368-byte block", LEGACY, true, 1, 1, false},
-      {"ex_args", "cuLaunchKernelEx, no attribute, 368-byte block", EX, true, 1, 1, false},
-      {"ex_pdl_args", "cuLaunchKernelEx, dependent launch, 368-byte block", EX_PDL, true, 1, 1, false},
+      {"legacy_args", "cuLaunchKernel, 376-byte block", LEGACY, true, 1, 1, false},
+      {"ex_args", "cuLaunchKernelEx, no attribute, 376-byte block", EX, true, 1, 1, false},
+      {"ex_pdl_args", "cuLaunchKernelEx, dependent launch, 376-byte block", EX_PDL, true, 1, 1, false},
       {"ex_pdl_args_setctx", "as ex_pdl_args, cuCtxSetCurrent (same context) before each", EX_PDL, true, 1, 1, true},
       {"legacy_args_2streams", "as legacy_args, two streams in turn", LEGACY, true, 1, 2, true},
       {"ex_args_2streams", "as ex_args, two streams in turn", EX, true, 1, 2, true},

@@ -1,6 +1,7 @@
 // The frame of the kernels that keep a step counter per block (every kernel but LL's and the
 // send/recv kernel): the counter and the failure word read at the start, the scratch regions,
-// and the chunk loop of the stepped algorithms.
+// and the chunk loops of the stepped algorithms: chunk by chunk (`run_stepped`), or stage by
+// stage with the chunks' steps overlapped (`run_staged`).
 #pragma once
 #include "sync.cuh"
 
@@ -55,6 +56,49 @@ template <typename Chunk> __device__ __forceinline__ void run_stepped(const Coll
             const u64 lo = lo0 < a.count ? lo0 : a.count;
             const u64 hi = lo + a.piece < a.count ? lo + a.piece : a.count;
             if (chunk(lo, hi - lo, step, err)) return;
+        }
+        end_steps(a, step);
+    });
+}
+
+// A stepped algorithm of STAGES stages a chunk, with a barrier over every peer between one stage
+// and the next. stage(k, lo, n, whole, wpar, rpar) runs stage k of block b's piece of a chunk
+// (the n elements at lo): it writes the peers' slots of parity `wpar` and reads this rank's of
+// parity `rpar` (what the peers wrote in the step before), and cuts its parts from `whole`
+// elements.
+//   in turn (`a.overlap` 0): each chunk's stages one after another, STAGES - 1 barriers a
+//     chunk; parts cut from the chunk's own n.
+//   overlapped: step t runs stage k of chunk t - k for every k, then one barrier, so that chunk
+//     c + 1 travels while chunk c is reduced and chunk c - 1 copied out: chunks + STAGES - 2
+//     barriers in all. Parts are cut from the whole piece, so that every chunk's part j lies at
+//     the same place of a slot; the stages of one step write different parts or slots of
+//     different sources (each algorithm says which), and a slot of parity p is written again
+//     two barriers later, after every peer has read it.
+// (docs/performance.md, "Overlapped steps".)
+template <int STAGES, typename Stage> __device__ __forceinline__ void run_staged(const CollArgs& a, Stage stage) {
+    with_counter(a, [&](u64 base, int* err) {
+        u64 step = base;
+        const u64 span = a.piece * (u64)gridDim.x;
+        const u64 chunks = (a.count + span - 1) / span;
+        const auto run = [&](int k, u64 c) {
+            const u64 lo0 = c * span + (u64)blockIdx.x * a.piece;
+            const u64 lo = lo0 < a.count ? lo0 : a.count;
+            const u64 hi = lo + a.piece < a.count ? lo + a.piece : a.count;
+            stage(k, lo, hi - lo, a.overlap ? a.piece : hi - lo, (int)((step + 1) & 1), (int)(step & 1));
+        };
+        if (!a.overlap) {
+            for (u64 c = 0; c < chunks; ++c) {
+                for (int k = 0; k < STAGES; ++k) {
+                    if (k > 0 && barrier(a, ++step, err)) return;
+                    run(k, c);
+                }
+            }
+        } else {
+            for (u64 t = 0; t + 1 < chunks + STAGES; ++t) {
+                if (t > 0 && barrier(a, ++step, err)) return;
+                for (int k = 0; k < STAGES; ++k)
+                    if (t >= (u64)k && t - k < chunks) run(k, t - k);
+            }
         }
         end_steps(a, step);
     });

@@ -6,7 +6,12 @@
 //              part out and forwards it to the other non-roots
 //   reduce     step 1: every rank sends part j to its owner; step 2: each owner reduces its part
 //              over every rank, in rank order, straight into the root's scratch; the root copies
-// (docs/performance.md, "Two-shot and the split broadcast and reduce").
+// (docs/performance.md, "Two-shot and the split broadcast and reduce"). Three stages a chunk
+// (steps.cuh, run_staged): the two steps above, then the copies out of the scratch; the root's
+// copy of its own input runs in the second. Overlapped, the two stages of one step
+// that write peers' slots write them from different sources (broadcast: the root's stage 0, a
+// non-root's stage 1) or into different ranks (reduce: the owners' in stage 0, the root's in
+// stage 1, and the root owns no part).
 #pragma once
 #include "../copy.cuh"
 #include "../entry.cuh"
@@ -21,73 +26,62 @@ __device__ void run_split(const CollArgs& a) {
     const T* in = (const T*)a.input;
     T* out = (T*)a.output;
     const Slots slot(a);
-    run_stepped(a, [&](u64 lo, u64 n, u64& step, int* err) -> int {
-        unsigned char* dsts[MAX_RANKS];
-        const T* srcs[MAX_RANKS];
+    const bool root = me == a.root;
+    run_staged<3>(a, [&](int k, u64 lo, u64 n, u64 whole, int wpar, int rpar) {
         const u64 vecs = 16 / E;
-        const u64 sub = ((n + N - 2) / (N - 1) + vecs - 1) / vecs * vecs;
-        const int par1 = (int)((step + 1) & 1), par2 = (int)((step + 2) & 1);
+        const u64 sub = ((whole + N - 2) / (N - 1) + vecs - 1) / vecs * vecs;
         if (a.op == OP_BROADCAST) {
-            if (me == a.root) {
+            if (k == 0 && root) {
                 for (int j = 0; j < N - 1; ++j) {
-                    const int q = nonroot_rank(j, a.root);
                     u64 jlo, jhi;
                     part_of(j, sub, n, jlo, jhi);
-                    copy_bytes(slot(q, par1, me) + jlo * E, (const unsigned char*)(in + lo + jlo), (jhi - jlo) * E);
+                    copy_bytes(slot(nonroot_rank(j, a.root), wpar, me) + jlo * E, (const unsigned char*)(in + lo + jlo), (jhi - jlo) * E);
                 }
-            }
-            signal_peers(a, ++step);  // the root's own copy runs while its signal travels
-            if (me == a.root) copy_bytes((unsigned char*)(out + lo), (const unsigned char*)(in + lo), n * E);
-            if (wait_peers(a, step, err)) return 1;
-            if (me != a.root) {
-                const int j = nonroot_index(me, a.root);
+            } else if (k == 1 && root) {
+                copy_bytes((unsigned char*)(out + lo), (const unsigned char*)(in + lo), n * E);
+            } else if (k == 1) {
+                unsigned char* dsts[MAX_RANKS];
                 u64 mlo, mhi;
-                part_of(j, sub, n, mlo, mhi);
+                part_of(nonroot_index(me, a.root), sub, n, mlo, mhi);
                 int nd = 0;
                 dsts[nd++] = (unsigned char*)(out + lo + mlo);
                 for (int q = 0; q < N; ++q)
-                    if (q != me && q != a.root) dsts[nd++] = slot(q, par2, me) + mlo * E;
-                copy_bytes_multi(dsts, nd, slot(me, par1, a.root) + mlo * E, (mhi - mlo) * E);
-            }
-            if (barrier(a, ++step, err)) return 1;
-            if (me != a.root) {
+                    if (q != me && q != a.root) dsts[nd++] = slot(q, wpar, me) + mlo * E;
+                copy_bytes_multi(dsts, nd, slot(me, rpar, a.root) + mlo * E, (mhi - mlo) * E);
+            } else if (k == 2 && !root) {
                 for (int q = 0; q < N; ++q) {
                     if (q == me || q == a.root) continue;
-                    const int j = nonroot_index(q, a.root);
                     u64 qlo, qhi;
-                    part_of(j, sub, n, qlo, qhi);
-                    copy_bytes((unsigned char*)(out + lo + qlo), slot(me, par2, q) + qlo * E, (qhi - qlo) * E);
+                    part_of(nonroot_index(q, a.root), sub, n, qlo, qhi);
+                    copy_bytes((unsigned char*)(out + lo + qlo), slot(me, rpar, q) + qlo * E, (qhi - qlo) * E);
                 }
             }
-            return 0;
+            return;
         }
-        for (int j = 0; j < N - 1; ++j) {
-            const int q = nonroot_rank(j, a.root);
-            if (q == me) continue;
-            u64 jlo, jhi;
-            part_of(j, sub, n, jlo, jhi);
-            copy_bytes(slot(q, par1, me) + jlo * E, (const unsigned char*)(in + lo + jlo), (jhi - jlo) * E);
-        }
-        if (barrier(a, ++step, err)) return 1;
-        if (me != a.root) {
-            const int j = nonroot_index(me, a.root);
+        if (k == 0) {
+            for (int j = 0; j < N - 1; ++j) {
+                const int q = nonroot_rank(j, a.root);
+                if (q == me) continue;
+                u64 jlo, jhi;
+                part_of(j, sub, n, jlo, jhi);
+                copy_bytes(slot(q, wpar, me) + jlo * E, (const unsigned char*)(in + lo + jlo), (jhi - jlo) * E);
+            }
+        } else if (k == 1 && !root) {
+            unsigned char* dsts[MAX_RANKS];
+            const T* srcs[MAX_RANKS];
             u64 mlo, mhi;
-            part_of(j, sub, n, mlo, mhi);
+            part_of(nonroot_index(me, a.root), sub, n, mlo, mhi);
             for (int r = 0; r < N; ++r)
-                srcs[r] = r == me ? in + lo + mlo : (const T*)(slot(me, par1, r) + mlo * E);
-            reduce_into<T>((T*)(slot(a.root, par2, me) + mlo * E), dsts, 0, srcs, N, mhi - mlo, a.redop, N);
-        }
-        if (barrier(a, ++step, err)) return 1;
-        if (me == a.root) {
+                srcs[r] = r == me ? in + lo + mlo : (const T*)(slot(me, rpar, r) + mlo * E);
+            reduce_into<T>((T*)(slot(a.root, wpar, me) + mlo * E), dsts, 0, srcs, N, mhi - mlo, a.redop, N);
+        } else if (k == 2 && root) {
             for (int q = 0; q < N; ++q) {
                 if (q == me) continue;
-                const int j = nonroot_index(q, a.root);
                 u64 qlo, qhi;
-                part_of(j, sub, n, qlo, qhi);
-                copy_bytes((unsigned char*)(out + lo + qlo), slot(me, par2, q) + qlo * E, (qhi - qlo) * E);
+                part_of(nonroot_index(q, a.root), sub, n, qlo, qhi);
+                copy_bytes((unsigned char*)(out + lo + qlo), slot(me, rpar, q) + qlo * E, (qhi - qlo) * E);
             }
         }
-        return 0;
     });
 }
 
