@@ -99,7 +99,15 @@ fn matrix(ops: &[Op], options: Options) {
 
 /// [`matrix`] over the counts up to `most`.
 fn matrix_up_to(ops: &[Op], options: Options, most: usize) {
-    let counts: Vec<usize> = counts().into_iter().filter(|&c| c <= most).collect();
+    matrix_of(
+        ops,
+        options,
+        counts().into_iter().filter(|&c| c <= most).collect(),
+    );
+}
+
+/// [`matrix`] over `counts`.
+fn matrix_of(ops: &[Op], options: Options, counts: Vec<usize>) {
     let max = counts.iter().copied().max().unwrap_or(1);
     let mut ls = locals(options, max);
     run_matrix(&mut ls, ops, &counts).assert_exact("matrix");
@@ -1213,11 +1221,13 @@ fn gpu2_split_broadcast_and_reduce_matrix() {
     matrix(&[Op::Broadcast, Op::Reduce], options);
 }
 
-/// The two-shot all-reduce and the split broadcast and reduce with their chunks' steps
-/// overlapped (`Tuning::overlap_min_bytes` 0, so at every count; pieces of 1 KiB and at least
+/// The two-shot all-reduce, the split broadcast and reduce, and the one-shot all-gather,
+/// reduce-scatter and all-to-all with their chunks' steps overlapped (`Tuning::overlap_min_bytes` 0, so at every count; pieces of 1 KiB and at least
 /// three chunks, so that most counts run many chunks and a short last one): every count up to
 /// 2^22 (above it, thousands of 1 KiB chunks add time, not cases), type, reduction and root, in
-/// and out of place; then two-shot all-reduces replayed in a CUDA graph with changing inputs.
+/// and out of place; the one-shot all-gather, reduce-scatter and all-to-all likewise, with
+/// aligned counts added (the overlapped one-shot runs only on aligned parts); then two-shot
+/// all-reduces replayed in a CUDA graph with changing inputs.
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_overlapped_steps_matrix_and_graph_replay() {
@@ -1254,6 +1264,25 @@ fn gpu2_overlapped_steps_matrix_and_graph_replay() {
             1 << 22,
         );
     }
+    // One-shot all-gather, reduce-scatter and all-to-all: overlapped where every part lies on a
+    // 16-byte boundary, so aligned counts beside the usual ones (which take the realigning
+    // kernel, in turn).
+    let comms = locals(without_ll(overlapped), 1);
+    for op in [Op::AllGather, Op::ReduceScatter, Op::AllToAll] {
+        let p = comms[0].comm.plan(&Call::new(op, DataType::F32, 65536));
+        assert!(
+            p.overlap && p.entry == p2p_collective::plan::Entry::OneShotOverlapped,
+            "{op}: {p:?}"
+        );
+    }
+    drop(comms);
+    let mut scattered: Vec<usize> = counts().into_iter().filter(|&c| c <= 1 << 22).collect();
+    scattered.extend([4096, 65536, 1 << 20]);
+    matrix_of(
+        &[Op::AllGather, Op::ReduceScatter, Op::AllToAll],
+        without_ll(overlapped),
+        scattered,
+    );
     graph_replay_with_changing_inputs(two_shot, false);
 }
 

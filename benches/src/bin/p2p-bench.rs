@@ -671,8 +671,9 @@ struct TuningArgs {
     /// engines, 1 or 2 (default 1).
     #[arg(long)]
     ce_streams: Option<usize>,
-    /// Planner: two-shot all-reduces and split broadcasts and reduces of at least this many
-    /// KiB per source overlap their chunks' steps (default: never; 0: at every size).
+    /// Planner: two-shot all-reduces, split broadcasts and reduces, and one-shot all-gathers,
+    /// reduce-scatters and all-to-alls of at least this many KiB per source overlap their
+    /// chunks' steps (default: never; 0: at every size).
     #[arg(long)]
     overlap_min_kib: Option<usize>,
     /// Planner: the fewest chunks an overlapped call is cut into, 1 to 64 (default 4).

@@ -17,6 +17,9 @@ pub enum Entry {
     /// off a 16-byte boundary: copies that realign their words (`coll_<type>_oneshot_unaligned`;
     /// the realigning code in the plain kernel costs aligned copies 2-3 %).
     OneShotUnaligned,
+    /// One-shot all-gather, reduce-scatter and all-to-all, aligned, with their chunks' steps
+    /// overlapped ([`Plan::overlap`](super::Plan::overlap); `coll_<type>_oneshot_overlapped`).
+    OneShotOverlapped,
     /// LL, every collective on any world size (`coll_<type>_ll`).
     Ll,
     /// LL all-reduce on two ranks, the collective and world size compiled in
@@ -30,8 +33,9 @@ pub enum Entry {
 }
 
 /// The entries besides the algorithms' own, in index order.
-const OTHERS: [Entry; 5] = [
+const OTHERS: [Entry; 6] = [
     Entry::OneShotUnaligned,
+    Entry::OneShotOverlapped,
     Entry::Ll,
     Entry::LlAllReduceTwoRanks,
     Entry::CeBarrier,
@@ -52,19 +56,21 @@ impl Entry {
         match self {
             Entry::Algo(a) => a.index(),
             Entry::OneShotUnaligned => Algo::ALL.len(),
-            Entry::Ll => Algo::ALL.len() + 1,
-            Entry::LlAllReduceTwoRanks => Algo::ALL.len() + 2,
-            Entry::CeBarrier => Algo::ALL.len() + 3,
-            Entry::CeReduce => Algo::ALL.len() + 4,
+            Entry::OneShotOverlapped => Algo::ALL.len() + 1,
+            Entry::Ll => Algo::ALL.len() + 2,
+            Entry::LlAllReduceTwoRanks => Algo::ALL.len() + 3,
+            Entry::CeBarrier => Algo::ALL.len() + 4,
+            Entry::CeReduce => Algo::ALL.len() + 5,
         }
     }
 
-    /// The name after `coll_<type>_`: the algorithm's name, `oneshot_unaligned`, `ll`, `ll2`,
-    /// `ce_barrier` or `ce_reduce`.
+    /// The name after `coll_<type>_`: the algorithm's name, `oneshot_unaligned`,
+    /// `oneshot_overlapped`, `ll`, `ll2`, `ce_barrier` or `ce_reduce`.
     pub fn name(self) -> &'static str {
         match self {
             Entry::Algo(a) => a.name(),
             Entry::OneShotUnaligned => "oneshot_unaligned",
+            Entry::OneShotOverlapped => "oneshot_overlapped",
             Entry::Ll => "ll",
             Entry::LlAllReduceTwoRanks => "ll2",
             Entry::CeBarrier => "ce_barrier",
@@ -73,19 +79,25 @@ impl Entry {
     }
 
     /// The entry that runs `op` by `(algo, proto)` on `world` ranks; `unaligned`: a rank's part
-    /// or a buffer of the call lies off a 16-byte boundary. A copy-engine plan's entry is its
-    /// barrier (its all-reduce also runs [`CeReduce`](Self::CeReduce)).
-    pub fn of(op: Op, (algo, proto): (Algo, Proto), world: usize, unaligned: bool) -> Entry {
+    /// or a buffer of the call lies off a 16-byte boundary; `overlap`: the chunks' steps overlap
+    /// (the planner overlaps a one-shot call only where it is aligned). A copy-engine plan's
+    /// entry is its barrier (its all-reduce also runs [`CeReduce`](Self::CeReduce)).
+    pub fn of(
+        op: Op,
+        (algo, proto): (Algo, Proto),
+        world: usize,
+        (unaligned, overlap): (bool, bool),
+    ) -> Entry {
+        let scattered = matches!(op, Op::AllGather | Op::ReduceScatter | Op::AllToAll);
         match proto {
             Proto::CopyEngine => Entry::CeBarrier,
             Proto::Ll if op == Op::AllReduce && world == 2 => Entry::LlAllReduceTwoRanks,
             Proto::Ll => Entry::Ll,
-            Proto::Simple
-                if algo == Algo::OneShot
-                    && unaligned
-                    && matches!(op, Op::AllGather | Op::ReduceScatter | Op::AllToAll) =>
-            {
+            Proto::Simple if algo == Algo::OneShot && scattered && unaligned => {
                 Entry::OneShotUnaligned
+            }
+            Proto::Simple if algo == Algo::OneShot && scattered && overlap => {
+                Entry::OneShotOverlapped
             }
             Proto::Simple => Entry::Algo(algo),
         }

@@ -127,8 +127,9 @@ pub struct Plan {
     pub own_by_copy_engine: bool,
     /// Rounds over the data.
     pub chunks: u64,
-    /// A two-shot all-reduce or split broadcast or reduce whose chunks' steps overlap: at step
-    /// t stage k of chunk t - k, one barrier a step ([`Tuning::overlap_min_bytes`]).
+    /// A two-shot all-reduce, split broadcast or reduce, or one-shot all-gather, reduce-scatter
+    /// or all-to-all whose chunks' steps overlap: at step t stage k of chunk t - k, one barrier
+    /// a step ([`Tuning::overlap_min_bytes`]).
     pub overlap: bool,
     /// Why this algorithm and protocol, for the log.
     pub reason: &'static str,
@@ -259,9 +260,16 @@ fn plan_call(call: &Call, world: usize, forced: Forced, tuning: &Tuning, access:
         Op::AllGather | Op::ReduceScatter | Op::AllToAll => seg_bytes.saturating_mul(world),
         _ => seg_bytes,
     };
-    let overlap = matches!(algo, Algo::TwoShot | Algo::Split)
-        && proto == Proto::Simple
-        && seg_bytes >= tuning.overlap_min_bytes;
+    // Stages to overlap: two-shot's and the split's three; one-shot's two for the collectives
+    // that combine parts (aligned: the realigning kernel runs in turn).
+    let staged = match algo {
+        Algo::TwoShot | Algo::Split => true,
+        Algo::OneShot => {
+            matches!(op, Op::AllGather | Op::ReduceScatter | Op::AllToAll) && !access.unaligned
+        }
+        _ => false,
+    };
+    let overlap = staged && proto == Proto::Simple && seg_bytes >= tuning.overlap_min_bytes;
     let s = shape::shape(
         op,
         (algo, proto, overlap),
@@ -271,7 +279,7 @@ fn plan_call(call: &Call, world: usize, forced: Forced, tuning: &Tuning, access:
         world,
         tuning,
     );
-    let entry = Entry::of(op, (algo, proto), world, access.unaligned);
+    let entry = Entry::of(op, (algo, proto), world, (access.unaligned, overlap));
     let own_by_copy_engine = (algo, proto) == (Algo::OneShot, Proto::Simple)
         && matches!(op, Op::AllGather | Op::AllToAll)
         && !access.in_place

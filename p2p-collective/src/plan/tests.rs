@@ -267,9 +267,40 @@ fn two_shot_and_split_overlap_their_chunks_only_from_the_tuned_size() {
     // Below the tuned size, and the algorithms that have no stages to overlap, as before.
     let below = at(Op::Reduce, 1 << 20, 4, &tuning);
     assert_eq!((below.path(), below.overlap), (SPLIT, false));
-    for (op, world) in [(Op::AllGather, 4), (Op::AllToAll, 4), (Op::AllReduce, 2)] {
-        let p = at(op, 16 << 20, world, &tuning);
-        assert!(!p.overlap, "{op:?} on {world}: {p:?}");
+    let p = at(Op::AllReduce, 16 << 20, 2, &tuning);
+    assert!(!p.overlap, "{p:?}");
+    // One-shot all-gather, reduce-scatter and all-to-all: two stages, chunks barriers, their
+    // own entry; where a part lies off a 16-byte boundary, the realigning kernel in turn.
+    for op in [Op::AllGather, Op::ReduceScatter, Op::AllToAll] {
+        let p = at(op, 4 << 20, 4, &tuning);
+        assert_eq!((p.path(), p.overlap), (ONESHOT, true), "{op:?}");
+        assert_eq!(p.entry, Entry::OneShotOverlapped, "{op:?}");
+        assert!(p.chunks >= tuning.overlap_chunks as u64, "{op:?}: {p:?}");
+        assert_eq!(p.steps(4), p.chunks, "{op:?}");
+        let off = Access {
+            unaligned: true,
+            ..Access::NONE
+        };
+        let q = plan_with(
+            op,
+            DataType::F32,
+            1 << 20,
+            4,
+            Forced::default(),
+            &tuning,
+            off,
+        );
+        assert_eq!(
+            (q.entry, q.overlap),
+            (Entry::OneShotUnaligned, false),
+            "{op:?}"
+        );
+        let r = at(op, 4 << 20, 4, &default);
+        assert_eq!(
+            (r.entry, r.overlap),
+            (Entry::Algo(Algo::OneShot), false),
+            "{op:?}"
+        );
     }
     let ring = forced(DataType::F32, 4 << 20, 4, Forced::algo(Algo::Ring), &tuning);
     assert_eq!((ring.path(), ring.overlap), (RING, false));

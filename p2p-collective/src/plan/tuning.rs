@@ -91,10 +91,10 @@ pub struct Tuning {
     /// (an H200 has three) may carry one direction at once. Correct with ranks sharing one
     /// GPU, not yet run across GPUs (docs/performance.md, "Copy engines for all-gather and all-to-all"). 1 or 2.
     pub ce_streams: usize,
-    /// Two-shot all-reduces and split broadcasts and reduces of at least this many bytes per
-    /// source overlap their chunks' steps ([`Plan::overlap`]): cut into at least
-    /// `overlap_chunks` chunks, chunk c + 1 travels while chunk c is reduced and chunk c - 1
-    /// copied out, one barrier a step. Default `usize::MAX` (off): correct with ranks sharing
+    /// Two-shot all-reduces, split broadcasts and reduces, and one-shot all-gathers,
+    /// reduce-scatters and all-to-alls (aligned) of at least this many bytes per source overlap
+    /// their chunks' steps ([`Plan::overlap`]): cut into at least `overlap_chunks` chunks,
+    /// chunk c + 1 travels while chunk c is reduced or copied out, one barrier a step. Default `usize::MAX` (off): correct with ranks sharing
     /// one GPU, not yet measured across GPUs (docs/performance.md, "Overlapped steps").
     pub overlap_min_bytes: usize,
     /// The fewest chunks an overlapped call is cut into (more where a block's piece would pass
