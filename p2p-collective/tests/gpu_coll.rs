@@ -1323,6 +1323,33 @@ fn gpu2_registered_buffers_matrix() {
     );
 }
 
+/// The push all-reduce (forced) into registered outputs: every count, type and reduction, in
+/// and out of place, with its steps in turn and then overlapped (pieces of 1 KiB, at least three
+/// chunks, so that most counts run many chunks).
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_push_all_reduce_registered_matrix() {
+    for overlap in [false, true] {
+        let tuned = without_ll(|t| {
+            if overlap {
+                t.overlap_min_bytes = 0;
+                t.overlap_chunks = 3;
+                t.piece_bytes = 1 << 10;
+            }
+        });
+        let options = Options {
+            forced: Forced::algo(Algo::Push),
+            ..tuned
+        };
+        registered_matrix(options, &[Op::AllReduce], |op, plan, in_place| {
+            for p in [plan, in_place] {
+                assert_eq!((p.algo, p.overlap), (Algo::Push, overlap), "{op}: {p:?}");
+                assert!(p.uses_windows(), "{p:?}");
+            }
+        });
+    }
+}
+
 /// The copy-engine plans on registered buffers (`ce_min_bytes`, `ce_min_bytes_more_ranks` and
 /// `ce_all_reduce_min_bytes` 0, so every count LL does not take), at every count, type and
 /// reduction: all-gather in and out of place, all-to-all out of place (in place it runs the

@@ -36,6 +36,11 @@ pub enum Algo {
     /// sub-pieces and flag each, the other half reduce each sub-piece as its flags arrive. Up to
     /// one round of the scratch (`max_blocks x piece_bytes`).
     Pipe,
+    /// All-reduce into a registered output, by writes only: each rank pushes part q of its
+    /// input into rank q's scratch (two-shot's first step), then reduces its own part and
+    /// writes the sum straight into every rank's output, with no copy out of the scratch.
+    /// Forced only (`P2P_ALGO=push`) until measured across GPUs.
+    Push,
 }
 
 /// How each move of a call is carried and signalled.
@@ -54,17 +59,18 @@ pub enum Proto {
 
 impl Algo {
     /// Every algorithm, in code order.
-    pub const ALL: [Algo; 6] = [
+    pub const ALL: [Algo; 7] = [
         Algo::OneShot,
         Algo::TwoShot,
         Algo::Ring,
         Algo::Split,
         Algo::Direct,
         Algo::Pipe,
+        Algo::Push,
     ];
 
     /// The name `P2P_ALGO` and the logs use, which is also its kernel's (`coll_<type>_<name>`):
-    /// `oneshot`, `twoshot`, `ring`, `split`, `direct`, `pipe`.
+    /// `oneshot`, `twoshot`, `ring`, `split`, `direct`, `pipe`, `push`.
     pub fn name(self) -> &'static str {
         match self {
             Algo::OneShot => "oneshot",
@@ -73,6 +79,7 @@ impl Algo {
             Algo::Split => "split",
             Algo::Direct => "direct",
             Algo::Pipe => "pipe",
+            Algo::Push => "push",
         }
     }
 
@@ -91,7 +98,7 @@ impl Algo {
     pub fn runs(self, op: Op) -> bool {
         match self {
             Algo::OneShot => true,
-            Algo::TwoShot | Algo::Ring | Algo::Pipe => op == Op::AllReduce,
+            Algo::TwoShot | Algo::Ring | Algo::Pipe | Algo::Push => op == Op::AllReduce,
             Algo::Split => matches!(op, Op::Broadcast | Op::Reduce),
             Algo::Direct => matches!(
                 op,
@@ -110,7 +117,8 @@ impl Algo {
             // (its reduce kernel waits for flags, not steps).
             (_, Proto::CopyEngine) => 4,
             (_, Proto::Ll) => 1,
-            (Algo::OneShot, Proto::Simple) => 1,
+            // (The push all-reduce adds one closing barrier a call: `Plan::steps`.)
+            (Algo::OneShot | Algo::Push, Proto::Simple) => 1,
             (Algo::TwoShot | Algo::Split | Algo::Direct, Proto::Simple) => 2,
             (Algo::Ring, Proto::Simple) => (world as u64).saturating_sub(1).saturating_mul(2),
             (Algo::Pipe, Proto::Simple) => piece.div_ceil(sub.max(1)) | 1,
@@ -221,7 +229,10 @@ pub(super) fn fits(algo: Algo, proto: Proto, need: Need, tuning: &Tuning) -> Opt
         (Algo::Pipe, Proto::Simple) if super::shape::pipe_shape(seg_bytes, 1, tuning).is_none() => {
             Some("the pipelined one-shot runs up to one round of the scratch (max_blocks x piece_bytes)")
         }
-        (Algo::TwoShot | Algo::Ring | Algo::Split | Algo::Pipe, Proto::Simple) => None,
+        (Algo::Push, Proto::Simple) if !access.output => {
+            Some("the push all-reduce writes into every rank's output: it needs the output registered")
+        }
+        (Algo::TwoShot | Algo::Ring | Algo::Split | Algo::Pipe | Algo::Push, Proto::Simple) => None,
     }
 }
 

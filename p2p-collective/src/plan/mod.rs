@@ -148,18 +148,21 @@ impl Plan {
         let per_chunk = self
             .algo
             .steps_per_chunk(self.proto, world, self.piece, self.sub);
-        if self.overlap {
+        // The push all-reduce closes with one barrier more (its peers' writes have landed).
+        let closing = u64::from(self.algo == Algo::Push);
+        let stepped = if self.overlap {
             // chunks + stages - 1 steps, a barrier between each two.
             self.chunks.saturating_add(per_chunk).saturating_sub(1)
         } else {
             self.chunks.saturating_mul(per_chunk)
-        }
+        };
+        stepped.saturating_add(closing)
     }
 
     /// Whether it reads or writes the peers' registered buffers (what
     /// [`Communicator::deregister`](crate::Communicator::deregister) waits for).
     pub fn uses_windows(&self) -> bool {
-        self.algo == Algo::Direct || self.proto == Proto::CopyEngine
+        matches!(self.algo, Algo::Direct | Algo::Push) || self.proto == Proto::CopyEngine
     }
 
     /// The algorithm and protocol.
@@ -260,10 +263,10 @@ fn plan_call(call: &Call, world: usize, forced: Forced, tuning: &Tuning, access:
         Op::AllGather | Op::ReduceScatter | Op::AllToAll => seg_bytes.saturating_mul(world),
         _ => seg_bytes,
     };
-    // Stages to overlap: two-shot's and the split's three; one-shot's two for the collectives
-    // that combine parts (aligned: the realigning kernel runs in turn).
+    // Stages to overlap: two-shot's and the split's three, the push all-reduce's two; one-shot's
+    // two for the collectives that combine parts (aligned: the realigning kernel runs in turn).
     let staged = match algo {
-        Algo::TwoShot | Algo::Split => true,
+        Algo::TwoShot | Algo::Split | Algo::Push => true,
         Algo::OneShot => {
             matches!(op, Op::AllGather | Op::ReduceScatter | Op::AllToAll) && !access.unaligned
         }

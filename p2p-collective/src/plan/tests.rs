@@ -315,6 +315,48 @@ fn two_shot_and_split_overlap_their_chunks_only_from_the_tuned_size() {
 }
 
 #[test]
+fn the_push_all_reduce_runs_forced_on_a_registered_output_only() {
+    let out = access(false, true, false);
+    let push = Forced::algo(Algo::Push);
+    let p = plan_with(Op::AllReduce, DataType::F32, 1 << 22, 4, push, &t(), out);
+    assert_eq!(p.path(), (Algo::Push, Proto::Simple));
+    assert_eq!(p.entry, Entry::Algo(Algo::Push));
+    assert!(p.uses_windows());
+    // A barrier a chunk and one closing the call.
+    assert_eq!(p.steps(4), p.chunks + 1);
+    // Plain buffers: planned as usual, the reason logged.
+    let plain = plan(Op::AllReduce, DataType::F32, 1 << 22, 4, push, &t());
+    assert_eq!(plain.path(), TWOSHOT);
+    assert!(plain.refused.unwrap_or_default().contains("registered"));
+    // Nothing picks it unforced.
+    for world in [2, 4, 8] {
+        for count in [1 << 10, 1 << 22, 1 << 28] {
+            let auto = plan_with(
+                Op::AllReduce,
+                DataType::F32,
+                count,
+                world,
+                Forced::default(),
+                &t(),
+                out,
+            );
+            assert_ne!(auto.algo, Algo::Push, "{world} ranks, {count}");
+        }
+    }
+    // Overlapped: two stages, chunks + 1 steps with the closing one.
+    let tuning = Tuning {
+        overlap_min_bytes: 0,
+        ..t()
+    };
+    let o = plan_with(Op::AllReduce, DataType::F32, 1 << 22, 4, push, &tuning, out);
+    assert!(
+        o.overlap && o.chunks >= tuning.overlap_chunks as u64,
+        "{o:?}"
+    );
+    assert_eq!(o.steps(4), o.chunks + 1);
+}
+
+#[test]
 fn tuning_round_trips_through_words() {
     let t = Tuning {
         ll_max_bytes: 12345,

@@ -75,7 +75,10 @@ template <typename Chunk> __device__ __forceinline__ void run_stepped(const Coll
 //     different sources (each algorithm says which), and a slot of parity p is written again
 //     two barriers later, after every peer has read it.
 // (docs/performance.md, "Overlapped steps".)
-template <int STAGES, typename Stage> __device__ __forceinline__ void run_staged(const CollArgs& a, Stage stage) {
+// With CLOSE, one barrier more after the last stage: what the peers wrote straight into this
+// rank's own buffers (its registered output) has landed before the kernel ends.
+template <int STAGES, bool CLOSE = false, typename Stage>
+__device__ __forceinline__ void run_staged(const CollArgs& a, Stage stage) {
     with_counter(a, [&](u64 base, int* err) {
         u64 step = base;
         const u64 span = a.piece * (u64)gridDim.x;
@@ -100,6 +103,7 @@ template <int STAGES, typename Stage> __device__ __forceinline__ void run_staged
                     if (t >= (u64)k && t - k < chunks) run(k, t - k);
             }
         }
+        if (CLOSE && barrier(a, ++step, err)) return;
         end_steps(a, step);
     });
 }
