@@ -157,12 +157,30 @@ pub fn launch_hosts(
     .ok_or_else(|| std::io::Error::other("no rank reported an exit status"))
 }
 
+/// How long [`stop`] waits for the ranks it killed to be reaped.
+const REAP: Duration = Duration::from_secs(5);
+
+/// Kills every rank in `children` and reaps them, waiting at most [`REAP`] in all: a process
+/// that a kill does not end at once (stuck in the kernel, in an uninterruptible wait on the
+/// driver) is named in the log and left, rather than hold the launcher.
 fn stop(children: &mut Vec<(usize, Child)>) {
     for (_, c) in children.iter_mut() {
         let _ = c.kill();
     }
-    for (_, c) in children.iter_mut() {
-        let _ = c.wait();
+    let deadline = Instant::now() + REAP;
+    for (rank, c) in children.iter_mut() {
+        while let Ok(None) = c.try_wait() {
+            if Instant::now() >= deadline {
+                tracing::error!(
+                    rank = *rank,
+                    pid = c.id(),
+                    "rank {rank} (pid {}) was killed but has not ended within {REAP:?}: left running (look for it with ps; it may be stuck in the GPU driver)",
+                    c.id()
+                );
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
     children.clear();
 }
