@@ -143,7 +143,7 @@ pub const SUBSYSTEMS: [(&str, &str); 6] = [
     ("topo", "p2p_transport::topo"),
     ("config", "p2p_transport::config"),
     ("transport", "p2p_transport"),
-    ("doctor", "p2p_benches::doctor"),
+    ("doctor", "p2p_bench::doctor"),
     ("coll", "p2p_collective"),
 ];
 

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::config::PathLevel;
 
 mod discover;
+pub mod reference;
 mod render;
 pub use discover::discover;
 pub use render::{render_links, render_matrix, render_p2p_matrix, render_paths, P2pMatrix};

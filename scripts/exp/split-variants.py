@@ -91,7 +91,7 @@ def main(labels):
             open(split, "w").write(text)
             run("cargo", "test", "-p", "p2p-collective", "--test", "kernels", "--",
                 "--ignored", "every_kernel_header_compiles_alone", cwd=tree, env=env)
-            run("cargo", "build", "--release", "-p", "p2p-benches", "--bin", "p2p-bench",
+            run("cargo", "build", "--release", "-p", "p2p-bench", "--bin", "p2p-bench",
                 cwd=tree)
             dst = os.path.join(root, "target", "ab", f"p2p-bench-split-{label}")
             shutil.copy(os.path.join(tree, "target", "release", "p2p-bench"), dst)

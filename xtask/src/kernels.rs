@@ -15,7 +15,7 @@ const NVRTC_WHEEL: &str = "nvidia-cuda-nvrtc-cu12==12.4.127";
 const ARCHIVES: [(&str, &str); 3] = [
     ("transport", "p2p-transport/src/kernels/shipped.p2pk.zst"),
     ("collective", "p2p-collective/src/kernels/shipped.p2pk.zst"),
-    ("tools", "benches/src/kernels/shipped.p2pk.zst"),
+    ("tools", "p2p-bench/src/kernels/shipped.p2pk.zst"),
 ];
 
 pub fn kernels(root: &Path) -> Result<()> {
@@ -38,7 +38,7 @@ pub fn kernels(root: &Path) -> Result<()> {
         "build",
         "--release",
         "-p",
-        "p2p-benches",
+        "p2p-bench",
         "--bin",
         "p2p-bench",
     ]))?;

@@ -95,7 +95,7 @@ fn bench(args: &[String]) -> Result<()> {
         "--release",
         "--quiet",
         "--package",
-        "p2p-benches",
+        "p2p-bench",
         "--bin",
         "p2p-bench",
         "--",
@@ -118,7 +118,7 @@ fn bundle() -> Result<()> {
     std::fs::create_dir_all(out.join("tests"))
         .map_err(|e| format!("creating {}: {e}", out.display()))?;
 
-    build_release(&root, "p2p-benches", &["--bin", "p2p-bench"])?;
+    build_release(&root, "p2p-bench", &["--bin", "p2p-bench"])?;
     copy(
         &root.join("target/release/p2p-bench"),
         &out.join("p2p-bench"),

@@ -1,16 +1,18 @@
 //! `cargo xtask readme`: the README's Rust snippets pasted into new crates and compiled, as a
 //! user would (CI runs it). Each ```toml block with a `[dependencies]` table starts a group;
 //! the ```rust blocks after it, up to the next such table, are that group's programs. Each
-//! group becomes a crate outside the workspace with exactly those dependencies (the git URL
-//! replaced by the path of this checkout) and each program a binary of it.
+//! group becomes a crate outside the workspace with exactly those dependencies (the README's
+//! path into a clone, `../p2p/CRATE`, replaced by this checkout's) and each program a binary of
+//! it.
 
 use std::path::Path;
 use std::process::Command;
 
 use crate::Result;
 
-/// The repository URL the README's dependency lines name.
-const REPO_URL: &str = "https://github.com/p2p-rs/p2p";
+/// Where the README's dependency lines find the crates: a clone of this repository named `p2p`
+/// beside the user's crate (`path = "../p2p/p2p-mem"`).
+const CLONE: &str = "path = \"../p2p/";
 
 /// One `[dependencies]` table of the README and the Rust programs that follow it.
 #[derive(Debug, PartialEq, Eq)]
@@ -71,13 +73,13 @@ pub fn groups(readme: &str) -> Result<Vec<Group>> {
     Ok(groups)
 }
 
-/// The dependency line with the repository URL replaced by this checkout's crate directory.
+/// The dependency line with the clone's path replaced by this checkout's crate directory.
 fn local(line: &str, root: &Path) -> Result<String> {
     let Some((name, _)) = line.split_once('=') else {
         return Err(format!("cannot read the dependency line {line:?}"));
     };
     let name = name.trim();
-    if !line.contains(REPO_URL) {
+    if !name.starts_with("p2p-") {
         return Ok(line.to_string());
     }
     let dir = root.join(name);
@@ -86,17 +88,15 @@ fn local(line: &str, root: &Path) -> Result<String> {
             "the README depends on {name}, which is not a crate of this checkout"
         ));
     }
-    let local = line.replace(
-        &format!("git = \"{REPO_URL}\""),
-        &format!("path = \"{}\"", dir.display()),
-    );
-    if local.contains(REPO_URL) {
-        // Anything but the exact `git = "URL"` form would silently build the published crate.
+    let written = format!("{CLONE}{name}\"");
+    if !line.contains(&written) {
+        // Any other form (a registry version, a git address, another path) would build
+        // something other than this checkout.
         return Err(format!(
-            "the README's dependency line {line:?} names the repository in a form this check cannot point at the checkout: write `git = \"{REPO_URL}\"`"
+            "the README's dependency line {line:?} must name the crate as {written}"
         ));
     }
-    Ok(local)
+    Ok(line.replace(&written, &format!("path = \"{}\"", dir.display())))
 }
 
 /// Builds every group as its own crate under `target/readme-check`.
@@ -165,9 +165,10 @@ fn write(path: &Path, text: &str) -> Result<()> {
 mod tests {
     use super::*;
 
-    const DOC: &str = "intro\n```toml\n[dependencies]\np2p-mem = { git = \"https://github.com/p2p-rs/p2p\" }\n```\n\
+    const DOC: &str =
+        "intro\n```toml\n[dependencies]\np2p-mem = { path = \"../p2p/p2p-mem\" }\n```\n\
         ```rust\nfn main() {}\n```\n```sh\ncargo test\n```\n```rust,ignore\nnot compiled\n```\n\
-        ```toml\n[dependencies]\np2p-collective = { git = \"https://github.com/p2p-rs/p2p\" }\n```\n\
+        ```toml\n[dependencies]\np2p-collective = { path = \"../p2p/p2p-collective\" }\n```\n\
         ```rust\nuse p2p_collective::Communicator;\nfn main() {}\n```\n";
 
     #[test]
@@ -195,11 +196,7 @@ mod tests {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"))
             .parent()
             .expect("root");
-        let l = local(
-            "p2p-mem = { git = \"https://github.com/p2p-rs/p2p\" }",
-            root,
-        )
-        .expect("line");
+        let l = local("p2p-mem = { path = \"../p2p/p2p-mem\" }", root).expect("line");
         assert_eq!(
             l,
             format!(
@@ -207,12 +204,24 @@ mod tests {
                 root.join("p2p-mem").display()
             )
         );
+        let l = local(
+            "p2p-mem = { path = \"../p2p/p2p-mem\", features = [\"cudarc\"] }",
+            root,
+        )
+        .expect("line");
+        assert!(l.ends_with("p2p-mem\", features = [\"cudarc\"] }"), "{l}");
         assert_eq!(
             local("cudarc = \"0.19\"", root).expect("line"),
             "cudarc = \"0.19\""
         );
-        assert!(local("nope = { git = \"https://github.com/p2p-rs/p2p\" }", root).is_err());
-        // Another spelling of the repository would fall back to the network: refused.
-        assert!(local("p2p-mem = { git=\"https://github.com/p2p-rs/p2p\" }", root).is_err());
+        assert!(local("p2p-nope = { path = \"../p2p/p2p-nope\" }", root).is_err());
+        // Any other form would build something other than this checkout: refused.
+        for other in [
+            "p2p-mem = { git = \"https://github.com/p2p-rs/p2p\" }",
+            "p2p-mem = \"0.1\"",
+            "p2p-mem = { path = \"../other/p2p-mem\" }",
+        ] {
+            assert!(local(other, root).is_err(), "{other}");
+        }
     }
 }

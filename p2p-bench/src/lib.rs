@@ -25,6 +25,7 @@ pub mod latency;
 pub mod nccl;
 pub mod out;
 pub mod p2p;
+pub mod plan;
 pub mod render;
 pub mod sendrecv;
 pub mod settings;

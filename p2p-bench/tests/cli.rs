@@ -342,3 +342,110 @@ fn launch_writes_no_colour_into_a_pipe() {
     );
     assert!(!err.contains('\u{1b}'), "colour codes in a pipe: {err:?}");
 }
+
+#[test]
+fn plan_shows_a_reference_machine_with_its_measured_figures() {
+    let (code, out, err) = p2p_bench(
+        &[
+            "plan",
+            "--machine",
+            "h200x4-nvswitch",
+            "--ops",
+            "all_reduce",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("# p2p plan: h200x4-nvswitch"), "{out}");
+    assert!(
+        out.contains("## all_reduce") && !out.contains("## reduce\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("| 1 GiB ") && out.contains("NCCL best us"),
+        "{out}"
+    );
+}
+
+#[test]
+fn plan_with_no_argument_shows_this_machine_or_the_reference_one() {
+    let (code, out, err) = p2p_bench(&["plan", "--max-mib", "1"], &[]);
+    assert_eq!(code, 0, "{err}");
+    // With no GPU the tool says so and shows the default reference machine; with one, this
+    // machine.
+    assert!(
+        (err.contains("no GPU here") && out.starts_with("# p2p plan: h200x4-nvswitch"))
+            || out.starts_with("# p2p plan: this machine"),
+        "{err}\n{out}"
+    );
+}
+
+#[test]
+fn plan_refuses_what_it_cannot_show_with_status_2() {
+    assert_fails(
+        &["plan", "--machine", "dgx-a100"],
+        &[],
+        2,
+        "no reference machine \"dgx-a100\"; the reference machines: h200x4-nvswitch",
+    );
+    assert_fails(
+        &["plan", "--machine", "h200x2-nv18", "--gpus", "4"],
+        &[],
+        2,
+        "--gpus 4: h200x2-nv18 has 2 GPU(s)",
+    );
+    assert_fails(
+        &["plan", "--machine", "h200x4-nvswitch", "--ops", "allreduce"],
+        &[],
+        2,
+        "unknown collective \"allreduce\"",
+    );
+    assert_fails(
+        &["plan", "--machine", "h200x4-nvswitch"],
+        &[("P2P_ALGO", "fast")],
+        2,
+        "P2P_ALGO",
+    );
+}
+
+#[test]
+fn plan_follows_the_environment_and_the_knobs() {
+    let (code, out, err) = p2p_bench(
+        &[
+            "plan",
+            "--machine",
+            "h200x4-nvswitch",
+            "--ops",
+            "reduce",
+            "--min-bytes",
+            "16777216",
+            "--max-mib",
+            "16",
+            "--overlap-min-kib",
+            "0",
+            "--json",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(v["rows"][0]["route"], "split/simple", "{out}");
+    assert_eq!(v["rows"][0]["overlap"], true, "{out}");
+    // Knobs of their own: the figures measured under the defaults are not shown.
+    assert!(v["rows"][0]["measured"].is_null(), "{out}");
+    let (code, out, err) = p2p_bench(
+        &[
+            "plan",
+            "--machine",
+            "h200x4-nvswitch",
+            "--ops",
+            "all_reduce",
+            "--json",
+        ],
+        &[("P2P_ALGO", "ring")],
+    );
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    let rows = v["rows"].as_array().expect("rows");
+    assert!(rows.iter().any(|r| r["route"] == "ring/simple"), "{out}");
+}

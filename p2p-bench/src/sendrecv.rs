@@ -262,16 +262,8 @@ fn random_bytes(seed: u64, n: usize) -> Vec<u8> {
         .collect()
 }
 
-/// The sizes: `min`, `min * factor`, ... up to `max`.
-pub fn sizes(min: usize, max: usize, factor: usize) -> Vec<usize> {
-    let mut v = Vec::new();
-    let mut b = min.max(1);
-    while b <= max {
-        v.push(b);
-        b = b.saturating_mul(factor.max(2));
-    }
-    v
-}
+/// The sizes: `min`, `min * factor`, ... up to `max` (as `coll` steps them).
+pub use crate::coll::sizes;
 
 /// Runs the benchmark; writes `sendrecv[-alltoall]-DATE-NxGPU.{json,md}` under `opts.out`
 /// (GPU: the device's name, e.g. `h200`).

@@ -13,8 +13,8 @@
 //! Every crate's `P2P_*` settings are validated first: a bad value exits with status 2 and a
 //! message naming the variable. `P2P_DEBUG` and `P2P_DEBUG_SUBSYS` set the log output (stderr,
 //! coloured only on a terminal without `NO_COLOR`). The exit statuses, the same in every
-//! command, are [`p2p_benches::exit::HELP`]; standard output goes through
-//! [`p2p_benches::out`](mod@p2p_benches::out), so a reader that closes the pipe ends no
+//! command, are [`p2p_bench::exit::HELP`]; standard output goes through
+//! [`p2p_bench::out`](mod@p2p_bench::out), so a reader that closes the pipe ends no
 //! command with a panic.
 
 #![forbid(unsafe_code)]
@@ -23,9 +23,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use p2p_benches::doctor::{self, Status};
-use p2p_benches::exit::{self, no_gpu, require_gpus};
-use p2p_benches::{gpu_table, libraries, out, outln, GpuInfo};
+use p2p_bench::doctor::{self, Status};
+use p2p_bench::exit::{self, no_gpu, require_gpus};
+use p2p_bench::{gpu_table, libraries, out, outln, GpuInfo};
 use p2p_collective::plan::Tuning;
 use p2p_collective::Op;
 use p2p_mem::Device;
@@ -45,6 +45,48 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// What p2p does for each collective and size on this machine, and why: the algorithm,
+    /// protocol, what moves the bytes (SMs or copy engines), blocks, chunks and barrier steps,
+    /// as the planner chooses them with this environment's P2P_* settings. With no GPU (or
+    /// --machine), a reference machine built in: 4 x H200 behind an NVSwitch by default,
+    /// where the figures p2p and NCCL measured stand beside each plan.
+    Plan {
+        /// A reference machine instead of this one: h200x4-nvswitch, h200x2-nv18,
+        /// dgx-h100-8gpu-nvswitch, ring-4gpu-nvlink, a100-pcie-4gpu-2socket,
+        /// consumer-2gpu-no-p2p, single-h100.
+        #[arg(long, conflicts_with = "load")]
+        machine: Option<String>,
+        /// A topology saved with `p2p-bench topo --json` instead of this machine's.
+        #[arg(long, value_name = "FILE")]
+        load: Option<PathBuf>,
+        /// Ranks, one per GPU from the first (default: every GPU).
+        #[arg(long)]
+        gpus: Option<usize>,
+        /// Collectives (comma list of all_reduce, broadcast, reduce, all_gather,
+        /// reduce_scatter, all_to_all; default all).
+        #[arg(long, value_delimiter = ',')]
+        ops: Vec<String>,
+        /// Smallest size, bytes (a rank's part for all-gather, reduce-scatter, all-to-all).
+        #[arg(long, default_value_t = 8)]
+        min_bytes: usize,
+        /// Largest size, MiB.
+        #[arg(long, default_value_t = 1024)]
+        max_mib: usize,
+        /// Each size is this many times the one before.
+        #[arg(long, default_value_t = 8)]
+        factor: usize,
+        /// Every rank's buffers registered (Communicator::register).
+        #[arg(long)]
+        registered: bool,
+        /// In place.
+        #[arg(long)]
+        in_place: bool,
+        /// Print JSON instead of tables.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        tuning: Box<TuningArgs>,
+    },
     /// List the GPUs and CUDA libraries found on this machine.
     List {
         /// Print JSON instead of a table.
@@ -338,7 +380,7 @@ fn default_results() -> PathBuf {
 
 fn main() -> ExitCode {
     // As the libraries read them: an unknown `P2P_*` variable is a warning, a bad value an error.
-    let config = match p2p_benches::settings::check() {
+    let config = match p2p_bench::settings::check() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("p2p-bench: {e}");
@@ -348,9 +390,65 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(config.tracing_filter()))
         .with_writer(std::io::stderr)
-        .with_ansi(p2p_benches::out::colour_stderr())
+        .with_ansi(p2p_bench::out::colour_stderr())
         .init();
     match Cli::parse().command {
+        Command::Plan {
+            machine,
+            load,
+            gpus,
+            ops,
+            min_bytes,
+            max_mib,
+            factor,
+            registered,
+            in_place,
+            json,
+            tuning,
+        } => {
+            let ops = match parse_ops("plan", &ops) {
+                Ok(ops) => ops,
+                Err(code) => return code,
+            };
+            let machine = match plan_machine(machine.as_deref(), load) {
+                Ok(m) => m,
+                Err(code) => return code,
+            };
+            let sms = machine
+                .topology
+                .gpus
+                .iter()
+                .map(|g| g.sm_count)
+                .min()
+                .unwrap_or(1);
+            let settings = match p2p_collective::Settings::from_env() {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("p2p-bench plan: {e}");
+                    return ExitCode::from(exit::USAGE);
+                }
+            };
+            let defaults = p2p_bench::plan::Options::new(machine);
+            let opts = p2p_bench::plan::Options {
+                gpus,
+                ops: if ops.is_empty() {
+                    defaults.ops.clone()
+                } else {
+                    ops
+                },
+                min_bytes,
+                max_bytes: max_mib.saturating_mul(1 << 20),
+                factor,
+                registered,
+                in_place,
+                tuning: tuning_from(&tuning, || sms),
+                forced: settings.forced,
+                check: settings.check,
+                transport: config.clone(),
+                ..defaults
+            };
+            plan_cmd(&opts, json)
+        }
         Command::List { json } => list(json),
         Command::Topo { json, load } => topo_cmd(json, load),
         Command::Doctor {
@@ -375,7 +473,7 @@ fn main() -> ExitCode {
             } else {
                 arch
             };
-            match p2p_benches::ship::ship(&dir, &archs) {
+            match p2p_bench::ship::ship(&dir, &archs) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("p2p-bench kernels --ship: {e}");
@@ -394,20 +492,20 @@ fn main() -> ExitCode {
             if let Err(code) = require_gpus("host", MEASURES) {
                 return code;
             }
-            let opts = p2p_benches::host::Options {
+            let opts = p2p_bench::host::Options {
                 gpus,
                 share_gpu,
                 samples,
                 calls,
             };
-            let v = match p2p_benches::host::run(&opts) {
+            let v = match p2p_bench::host::run(&opts) {
                 Ok(v) => v,
                 Err(e) => {
                     eprintln!("p2p-bench host: {e}");
                     return ExitCode::from(exit::FAILED);
                 }
             };
-            out!("{}", p2p_benches::host::markdown(&v));
+            out!("{}", p2p_bench::host::markdown(&v));
             if let Some(path) = json {
                 let text = serde_json::to_string_pretty(&v).unwrap_or_default();
                 if let Err(e) = std::fs::write(&path, text) {
@@ -427,7 +525,7 @@ fn main() -> ExitCode {
             gpus,
             no_nccl,
         } => {
-            let pattern = match p2p_benches::sendrecv::Pattern::parse(&pattern) {
+            let pattern = match p2p_bench::sendrecv::Pattern::parse(&pattern) {
                 Ok(p) => p,
                 Err(e) => {
                     eprintln!("p2p-bench sendrecv: {e}");
@@ -437,7 +535,7 @@ fn main() -> ExitCode {
             if let Err(code) = require_gpus("sendrecv", MEASURES) {
                 return code;
             }
-            let opts = p2p_benches::sendrecv::Options {
+            let opts = p2p_bench::sendrecv::Options {
                 pattern,
                 min_bytes,
                 max_bytes: max_mib << 20,
@@ -447,7 +545,7 @@ fn main() -> ExitCode {
                 nccl: !no_nccl,
                 out,
             };
-            match p2p_benches::sendrecv::run(&opts) {
+            match p2p_bench::sendrecv::run(&opts) {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("p2p-bench sendrecv: {e}");
@@ -481,7 +579,7 @@ fn main() -> ExitCode {
             };
             let mut modes = Vec::new();
             for name in &nccl_modes {
-                match p2p_benches::nccl::NcclMode::ALL
+                match p2p_bench::nccl::NcclMode::ALL
                     .into_iter()
                     .find(|m| m.name() == name.trim())
                 {
@@ -513,8 +611,8 @@ fn main() -> ExitCode {
             if let Err(code) = require_gpus("coll", MEASURES) {
                 return code;
             }
-            let defaults = p2p_benches::coll::Options::default();
-            let opts = p2p_benches::coll::Options {
+            let defaults = p2p_bench::coll::Options::default();
+            let opts = p2p_bench::coll::Options {
                 ops: if chosen.is_empty() {
                     defaults.ops.clone()
                 } else {
@@ -540,7 +638,9 @@ fn main() -> ExitCode {
                 } else {
                     all_reduce_types
                 },
-                tuning: tuning_from(&tuning),
+                tuning: tuning_from(&tuning, || {
+                    Device::new(0).map(|d| d.sm_count()).unwrap_or(132)
+                }),
                 deadline: std::time::Duration::from_secs(deadline_s.max(1)),
                 partial: Some(out.join("coll-partial.json")),
                 graph_ungated,
@@ -571,7 +671,7 @@ fn main() -> ExitCode {
                 Ok(c) => c,
                 Err(code) => return code,
             };
-            let opts = p2p_benches::hosts::Options {
+            let opts = p2p_bench::hosts::Options {
                 ops: chosen,
                 min_bytes,
                 max_bytes: max_mib << 20,
@@ -579,7 +679,7 @@ fn main() -> ExitCode {
                 samples,
                 out,
             };
-            match p2p_benches::hosts::run(&opts) {
+            match p2p_bench::hosts::run(&opts) {
                 Ok(_) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("p2p-bench hosts: {e}");
@@ -587,12 +687,12 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::FaultWorker => ExitCode::from(p2p_benches::faults::worker() as u8),
+        Command::FaultWorker => ExitCode::from(p2p_bench::faults::worker() as u8),
         Command::HeldMemory {
             cycles,
             local,
             parts,
-        } => match p2p_benches::held::run(cycles, local, parts) {
+        } => match p2p_bench::held::run(cycles, local, parts) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("p2p-bench held-memory: {e}");
@@ -607,7 +707,7 @@ fn main() -> ExitCode {
             timeout_ms,
             out,
         } => faults_cmd(
-            &p2p_benches::faults::SuiteOptions {
+            &p2p_bench::faults::SuiteOptions {
                 world: ranks,
                 faults,
                 trials,
@@ -681,7 +781,9 @@ struct TuningArgs {
     overlap_chunks: Option<usize>,
 }
 
-fn tuning_from(args: &TuningArgs) -> Option<Tuning> {
+/// The knobs `args` gives over the defaults of a GPU with `sms()` SMs; `None` where it gives
+/// none (the communicator's own defaults).
+fn tuning_from(args: &TuningArgs, sms: impl FnOnce() -> i32) -> Option<Tuning> {
     let TuningArgs {
         piece_kib,
         blocks,
@@ -715,8 +817,7 @@ fn tuning_from(args: &TuningArgs) -> Option<Tuning> {
     {
         return None;
     }
-    let sms = Device::new(0).map(|d| d.sm_count()).unwrap_or(132);
-    let mut t = Tuning::for_device(sms, 2);
+    let mut t = Tuning::for_device(sms(), 2);
     if let Some(p) = piece_kib {
         t.piece_bytes = p.max(1) << 10;
     }
@@ -772,7 +873,7 @@ fn write_results(
     svg: Option<&str>,
 ) -> Result<PathBuf, String> {
     let n = results["gpus"].as_array().map_or(0, Vec::len);
-    let gpu = p2p_benches::gpu_slug(results["gpus"][0]["name"].as_str().unwrap_or("gpu"));
+    let gpu = p2p_bench::gpu_slug(results["gpus"][0]["name"].as_str().unwrap_or("gpu"));
     let date: String = results["date"]
         .as_str()
         .unwrap_or("date")
@@ -827,8 +928,8 @@ fn report_and_write<E: std::fmt::Display>(
     Some(results)
 }
 
-fn coll_cmd(out: PathBuf, opts: &p2p_benches::coll::Options) -> ExitCode {
-    use p2p_benches::coll;
+fn coll_cmd(out: PathBuf, opts: &p2p_bench::coll::Options) -> ExitCode {
+    use p2p_bench::coll;
     let results = coll::run(opts);
     let Some(results) = report_and_write(&out, "coll", results, coll::render, Some(coll::svg))
     else {
@@ -854,7 +955,7 @@ fn coll_cmd(out: PathBuf, opts: &p2p_benches::coll::Options) -> ExitCode {
 }
 
 fn render_cmd(json: &std::path::Path) -> ExitCode {
-    match p2p_benches::render::render_file(json) {
+    match p2p_bench::render::render_file(json) {
         Ok(md) => {
             eprintln!("wrote {} and .svg", md.display());
             ExitCode::SUCCESS
@@ -866,7 +967,7 @@ fn render_cmd(json: &std::path::Path) -> ExitCode {
     }
 }
 
-fn faults_cmd(options: &p2p_benches::faults::SuiteOptions, out: &std::path::Path) -> ExitCode {
+fn faults_cmd(options: &p2p_bench::faults::SuiteOptions, out: &std::path::Path) -> ExitCode {
     let ranks = options.world;
     if ranks < 2 {
         eprintln!("p2p-bench faults: a fault needs at least 2 ranks (-n 2)");
@@ -884,7 +985,7 @@ fn faults_cmd(options: &p2p_benches::faults::SuiteOptions, out: &std::path::Path
             return ExitCode::from(exit::FAILED);
         }
     };
-    let (json, md) = p2p_benches::faults::run_suite(&exe, options);
+    let (json, md) = p2p_bench::faults::run_suite(&exe, options);
     let date: String = p2p_transport::utc_now().chars().take(10).collect();
     let gpus = p2p_mem::Device::count().unwrap_or(0);
     let stem = out.join(format!("faults-{date}-{ranks}ranks-{gpus}xgpu"));
@@ -915,6 +1016,69 @@ fn faults_cmd(options: &p2p_benches::faults::SuiteOptions, out: &std::path::Path
         Err(e) => {
             eprintln!("p2p-bench faults: writing {}: {e}", stem.display());
             ExitCode::from(exit::FAILED)
+        }
+    }
+}
+
+/// The machine `p2p-bench plan` shows: the reference machine `name`, the topology in `load`,
+/// this machine where it has a GPU, else the default reference machine (saying so on stderr).
+fn plan_machine(
+    name: Option<&str>,
+    load: Option<PathBuf>,
+) -> Result<p2p_bench::plan::Machine, ExitCode> {
+    use p2p_bench::plan::Machine;
+    if let Some(name) = name {
+        return Machine::reference(name).map_err(|e| {
+            eprintln!("p2p-bench plan: {e}");
+            ExitCode::from(exit::USAGE)
+        });
+    }
+    if let Some(path) = load {
+        return std::fs::read_to_string(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|s| Topology::from_json(&s).map_err(|e| e.to_string()))
+            .map(|t| Machine::from_topology(path.display().to_string(), t))
+            .map_err(|e| {
+                eprintln!("p2p-bench plan: {}: {e}", path.display());
+                ExitCode::from(exit::FAILED)
+            });
+    }
+    let reference = p2p_transport::topo::reference::DEFAULT;
+    let why = match p2p_mem::Device::count() {
+        Ok(n) if n > 0 => match topo::discover() {
+            Ok(t) => return Ok(Machine::from_topology("this machine", t)),
+            Err(e) => format!("the topology could not be read: {e}"),
+        },
+        Ok(_) => exit::NO_DEVICE.to_string(),
+        Err(e) => e.to_string(),
+    };
+    eprintln!("p2p-bench plan: no GPU here ({why}); showing the reference machine {reference} (--machine picks another)");
+    Machine::reference(reference).map_err(|e| {
+        eprintln!("p2p-bench plan: {e}");
+        ExitCode::from(exit::FAILED)
+    })
+}
+
+/// Plans and prints `opts` (Markdown tables, or JSON).
+fn plan_cmd(opts: &p2p_bench::plan::Options, json: bool) -> ExitCode {
+    match p2p_bench::plan::run(opts) {
+        Ok(report) => {
+            if json {
+                match serde_json::to_string_pretty(&report) {
+                    Ok(text) => outln!("{text}"),
+                    Err(e) => {
+                        eprintln!("p2p-bench plan: {e}");
+                        return ExitCode::from(exit::FAILED);
+                    }
+                }
+            } else {
+                out!("{}", p2p_bench::plan::render(&report));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("p2p-bench plan: {e}");
+            ExitCode::from(exit::USAGE)
         }
     }
 }
@@ -981,7 +1145,7 @@ fn kernels_cmd(mut archs: Vec<String>) -> ExitCode {
             let then = "name the targets, e.g. --arch sm_90 (H100, H200) --arch sm_80 (A100)";
             return no_gpu("kernels", &reason, then);
         }
-        archs = gpus.map_or_else(|_| Vec::new(), |g| p2p_benches::gpu_archs(&g));
+        archs = gpus.map_or_else(|_| Vec::new(), |g| p2p_bench::gpu_archs(&g));
     }
     let Some(dir) = cache_dir() else {
         eprintln!("p2p-bench kernels: no cache folder: set XDG_CACHE_HOME or HOME");
@@ -1140,13 +1304,13 @@ fn topo_cmd(json: bool, load: Option<PathBuf>) -> ExitCode {
 }
 
 fn p2p_cmd(out: PathBuf, matrix_mib: usize, max_mib: usize, samples: usize) -> ExitCode {
-    let opts = p2p_benches::p2p::Options {
+    let opts = p2p_bench::p2p::Options {
         matrix_bytes: matrix_mib << 20,
         max_bytes: max_mib << 20,
         samples: samples.max(1),
     };
-    let results = p2p_benches::p2p::run(&opts);
-    match report_and_write(&out, "p2p", results, p2p_benches::p2p::render, None) {
+    let results = p2p_bench::p2p::run(&opts);
+    match report_and_write(&out, "p2p", results, p2p_bench::p2p::render, None) {
         Some(_) => ExitCode::SUCCESS,
         None => ExitCode::from(exit::FAILED),
     }

@@ -8,7 +8,7 @@ use support::{assert_fails, p2p_bench};
 #[test]
 #[ignore = "needs libnvrtc (CI installs it from PyPI)"]
 fn the_tools_kernels_compile_for_sm80_and_sm90() {
-    for source in p2p_benches::kernels::SOURCES {
+    for source in p2p_bench::kernels::SOURCES {
         for arch in ["sm_80", "sm_90"] {
             let cubin = p2p_mem::kernel::compile(&source, arch)
                 .unwrap_or_else(|e| panic!("{} for {arch}: {e}", source.name));
