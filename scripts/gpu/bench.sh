@@ -24,6 +24,16 @@
 #                 all-gather and all-to-all"; owed: docs/runbook.md, "Runs still owed") at W ranks
 #                 (default every GPU): all-gather and all-to-all from 16 MiB with
 #                 --ce-more-ranks-mib 0 against the defaults, two rounds (130 s each run). ~5 min.
+#   overlap [W]   overlapped steps (docs/performance.md, "Overlapped steps") against the steps in
+#                 turn at W ranks (default every GPU): every collective, f32, 2 MiB - 1 GiB by 8,
+#                 --overlap-min-kib 0 --overlap-chunks OVERLAP_CHUNKS (default 4) against the
+#                 defaults, beside NCCL's plain and symmetric modes, two rounds (120 s a run).
+#                 ~7 min at 4 ranks.
+#   push [W]      the push all-reduce (docs/performance.md, "The push all-reduce") at W ranks
+#                 (default every GPU): P2P_ALGO=push in turn, push overlapped, and the defaults
+#                 (the direct all-reduce on registered buffers), f32, 2 MiB - 1 GiB by 8,
+#                 beside NCCL's plain and symmetric modes, two rounds, the order alternating
+#                 (80 s a run). ~7 min at 4 ranks.
 #   host          `p2p-bench host` on 2, 3 and every GPU (those the machine has), two rounds: the
 #                 host's cost of one call, split (docs/performance.md, "Host cost of a call"; no
 #                 NCCL). ~2 min.
@@ -121,6 +131,35 @@ phase_ce() {
   same_nccl
   RUNS=2 COLL_TIMEOUT=130 coll_ab "ce-w$w" "--ce-more-ranks-mib 0" --gpus "$w" \
     --ops all_gather,all_to_all --min-bytes 16777216 --nccl-modes copy_engine
+}
+
+phase_overlap() {
+  local w=${1:-$n}
+  need "$w" || exit 0
+  same_nccl
+  RUNS=2 COLL_TIMEOUT=120 coll_ab "overlap-w$w" "--overlap-min-kib 0 --overlap-chunks ${OVERLAP_CHUNKS:-4}" \
+    --gpus "$w" --ops reduce,broadcast,all_reduce,all_gather,reduce_scatter,all_to_all --types float \
+    --min-bytes 2097152 --max-mib 1024 --factor 8 --samples 10 --nccl-modes plain,symmetric
+}
+
+phase_push() {
+  local w=${1:-$n} round v
+  local -a order
+  need "$w" || exit 0
+  same_nccl
+  for round in 1 2; do
+    order=(push push-overlap defaults)
+    [ "$round" = 2 ] && order=(defaults push-overlap push)
+    for v in "${order[@]}"; do
+      # Only a registered output can take the push: the plain rows of the push runs are
+      # planned as usual, with the reason logged ("... it needs the output registered").
+      case $v in
+        push) P2P_ALGO=push coll_run "push-w$w-$v-r$round" 80 --gpus "$w" --ops all_reduce --types float --min-bytes 2097152 --max-mib 1024 --factor 8 --samples 10 --nccl-modes plain,symmetric ;;
+        push-overlap) P2P_ALGO=push coll_run "push-w$w-$v-r$round" 80 --gpus "$w" --ops all_reduce --types float --min-bytes 2097152 --max-mib 1024 --factor 8 --samples 10 --nccl-modes plain,symmetric --overlap-min-kib 0 ;;
+        defaults) coll_run "push-w$w-$v-r$round" 80 --gpus "$w" --ops all_reduce --types float --min-bytes 2097152 --max-mib 1024 --factor 8 --samples 10 --nccl-modes plain,symmetric ;;
+      esac
+    done
+  done
 }
 
 phase_host() {
