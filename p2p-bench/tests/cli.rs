@@ -449,3 +449,17 @@ fn plan_follows_the_environment_and_the_knobs() {
     let rows = v["rows"].as_array().expect("rows");
     assert!(rows.iter().any(|r| r["route"] == "ring/simple"), "{out}");
 }
+
+#[test]
+fn a_bad_rendezvous_setting_exits_2_before_any_job_starts() {
+    assert_fails(
+        &["list"],
+        &[("P2P_RENDEZVOUS_TIMEOUT_MS", "abc")],
+        2,
+        "P2P_RENDEZVOUS_TIMEOUT_MS=\"abc\" is not valid",
+    );
+    let (code, _, err) = p2p_bench(&["list"], &[("P2P_JOB_SECRET", "short")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("P2P_JOB_SECRET=\"<5 characters>\""), "{err}");
+    assert!(!err.contains("short\""), "{err}");
+}

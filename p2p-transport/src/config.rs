@@ -272,6 +272,38 @@ pub fn invalid(variable: &str, value: &str, accepted: &str) -> ConfigError {
     }
 }
 
+/// `P2P_RENDEZVOUS_TIMEOUT_MS`: how long the rendezvous waits for the other ranks, 1 ms to
+/// [`crate::MAX_TIMEOUT`] (one day), or an error naming the variable and the range.
+pub(crate) fn rendezvous_timeout(value: &str) -> Result<std::time::Duration, ConfigError> {
+    value
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .map(std::time::Duration::from_millis)
+        .filter(|t| !t.is_zero() && *t <= crate::MAX_TIMEOUT)
+        .ok_or_else(|| {
+            invalid(
+                "P2P_RENDEZVOUS_TIMEOUT_MS",
+                value,
+                "a whole number of milliseconds from 1 to 86400000 (one day)",
+            )
+        })
+}
+
+/// `P2P_JOB_SECRET`: at least [`crate::rendezvous::MIN_SECRET_LEN`] characters. The error gives
+/// its length, never the value (it would land in logs).
+pub(crate) fn check_secret(value: &str) -> Result<(), ConfigError> {
+    let min = crate::rendezvous::MIN_SECRET_LEN;
+    if value.len() >= min {
+        return Ok(());
+    }
+    Err(invalid(
+        "P2P_JOB_SECRET",
+        &format!("<{} characters>", value.len()),
+        &format!("at least {min} characters (e.g. `openssl rand -hex 16`)"),
+    ))
+}
+
 /// Reads a boolean setting (`0`/`1`, `true`/`false`, `yes`/`no`, `on`/`off`), or an error naming
 /// the variable, the value and what is accepted. For the settings of higher layers too.
 pub fn parse_bool(variable: &str, value: &str) -> Result<bool, ConfigError> {
@@ -397,13 +429,20 @@ impl Config {
                     ];
                     cfg.force_mode = parse_choice(&name, &value, &choices)?
                 }
-                // The rendezvous's: `rendezvous::Rendezvous::from_env` reads them.
-                "P2P_JOB_ID"
-                | "P2P_JOB_SECRET"
-                | "P2P_RENDEZVOUS_DIR"
-                | "P2P_RENDEZVOUS_TIMEOUT_MS"
-                | "P2P_HOST_ID"
-                | "P2P_LAUNCH_FD"
+                // The rendezvous's: `rendezvous::Rendezvous::from_env` reads them when a job
+                // starts; the values it would refuse are refused here too, at once.
+                "P2P_RENDEZVOUS_TIMEOUT_MS" => {
+                    rendezvous_timeout(&value)?;
+                }
+                "P2P_JOB_SECRET" => check_secret(&value)?,
+                "P2P_HOST_ID" if value.trim().is_empty() => {
+                    return Err(invalid(
+                        &name,
+                        &value,
+                        "a name for this host (or leave it unset: the host name is used)",
+                    ))
+                }
+                "P2P_JOB_ID" | "P2P_RENDEZVOUS_DIR" | "P2P_HOST_ID" | "P2P_LAUNCH_FD"
                 | "P2P_LAUNCHER_PID" => {}
                 "P2P_DEBUG" => {
                     let levels = [
@@ -573,6 +612,29 @@ mod tests {
             c.tracing_filter(),
             "warn,p2p_mem=debug,p2p_transport::topo=debug"
         );
+    }
+
+    #[test]
+    fn the_rendezvous_settings_are_checked_at_start_and_a_secret_is_never_echoed() {
+        for ok in [
+            ("P2P_RENDEZVOUS_TIMEOUT_MS", "1"),
+            ("P2P_RENDEZVOUS_TIMEOUT_MS", " 86400000 "),
+            ("P2P_JOB_SECRET", "0123456789abcdef"),
+            ("P2P_HOST_ID", "host-a"),
+            ("P2P_JOB_ID", ""),
+        ] {
+            assert_eq!(cfg(&[ok]), Ok(Config::default()), "{ok:?}");
+        }
+        for bad in ["0", "86400001", "abc", "-5", "1.5"] {
+            refused(
+                &[("P2P_RENDEZVOUS_TIMEOUT_MS", bad)],
+                "a whole number of milliseconds from 1 to 86400000",
+            );
+        }
+        let e = refused(&[("P2P_JOB_SECRET", "hunter2")], "at least 16 characters");
+        assert!(e.to_string().contains("<7 characters>"), "{e}");
+        assert!(!e.to_string().contains("hunter2"), "{e}");
+        refused(&[("P2P_HOST_ID", "  ")], "a name for this host");
     }
 
     #[test]

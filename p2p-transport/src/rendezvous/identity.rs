@@ -166,16 +166,10 @@ impl Rendezvous {
             Some(s) => Some(Secret::from_text(&s)?),
             None => None,
         };
-        let timeout = match num("P2P_RENDEZVOUS_TIMEOUT_MS")? {
+        // The same reading as the configuration's check at start.
+        let timeout = match get("P2P_RENDEZVOUS_TIMEOUT_MS") {
             None => Duration::from_secs(60),
-            Some(ms) if ms >= 1 && Duration::from_millis(ms as u64) <= crate::MAX_TIMEOUT => {
-                Duration::from_millis(ms as u64)
-            }
-            Some(ms) => {
-                return Err(bad(format!(
-                    "P2P_RENDEZVOUS_TIMEOUT_MS={ms}: use 1 to 86400000 (one day)"
-                )))
-            }
+            Some(ms) => crate::config::rendezvous_timeout(&ms).map_err(|e| bad(e.to_string()))?,
         };
         Ok(Rendezvous {
             rank,
