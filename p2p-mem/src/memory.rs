@@ -597,8 +597,13 @@ impl<T: DeviceCopy> Drop for DeviceBuffer<T> {
         if self.ptr == 0 {
             return;
         }
-        // SAFETY: allocated by cuMemAlloc in `new` and freed once. cuMemFree waits for work
-        // still using the memory.
+        // cuMemFree waits, without a limit, for work still queued on the device: wait within
+        // DROP_WAIT first; past it, leak the memory (logged) rather than wait for good.
+        let bytes = self.len.saturating_mul(std::mem::size_of::<T>());
+        if !self.device.idle_before_free("a device buffer", bytes) {
+            return;
+        }
+        // SAFETY: allocated by cuMemAlloc in `new` and freed once; the device is idle.
         let free = || unsafe { cu!(cuMemFree_v2(self.ptr)) };
         self.device.release("freeing a device buffer", free);
     }
@@ -759,7 +764,13 @@ impl<T: DeviceCopy> Drop for PinnedHostBuffer<T> {
         if self.ptr.is_null() {
             return;
         }
-        // SAFETY: allocated by cuMemHostAlloc and freed once.
+        // cuMemFreeHost waits, without a limit, for work that may use the memory: wait within
+        // DROP_WAIT first; past it, leak it (logged) rather than wait for good.
+        let bytes = self.len.saturating_mul(std::mem::size_of::<T>());
+        if !self.device.idle_before_free("pinned host memory", bytes) {
+            return;
+        }
+        // SAFETY: allocated by cuMemHostAlloc and freed once; the device is idle.
         let free = || unsafe { cu!(cuMemFreeHost(self.ptr.cast())) };
         self.device.release("freeing pinned host memory", free);
     }

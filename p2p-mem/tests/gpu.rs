@@ -226,6 +226,48 @@ fn gpu1_no_leak_over_1000_alloc_free_cycles() {
     check("IPC export + event", before, free_now());
 }
 
+/// A buffer dropped while the GPU runs a kernel waits for the device (bounded by `DROP_WAIT`)
+/// and then frees its memory: nothing is freed under the kernel, and nothing leaks once the
+/// kernel ends.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu1_buffers_dropped_while_the_gpu_is_busy_wait_for_it_then_free() {
+    let d = &gpus(1)[0];
+    let free_now = || d.memory_info().expect("memory info").0;
+    drop(DeviceBuffer::<u8>::new(d, 64 << 20).expect("warm-up"));
+    drop(PinnedHostBuffer::<u8>::new(d, 1 << 20).expect("warm-up"));
+    let (stream, held) = Held::on_new_stream(d);
+    let before = free_now();
+    let device = DeviceBuffer::<u8>::new(d, 64 << 20).expect("alloc");
+    let pinned = PinnedHostBuffer::<u8>::new(d, 1 << 20).expect("alloc");
+    assert!(before - free_now() >= 64 << 20, "the buffer took no memory");
+    let hold = Duration::from_millis(1500);
+    let t0 = std::time::Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            std::thread::sleep(hold);
+            held.release();
+        });
+        drop(device);
+        drop(pinned);
+    });
+    let took = t0.elapsed();
+    eprintln!("the drops took {took:?} with the GPU held for {hold:?}");
+    assert!(
+        took >= hold - Duration::from_millis(100),
+        "a drop returned while the kernel still ran: {took:?}"
+    );
+    assert!(took < Duration::from_secs(30), "{took:?}");
+    assert!(stream
+        .synchronize_within(Duration::from_secs(10))
+        .expect("the held kernel ended"));
+    let drift = before.abs_diff(free_now());
+    assert!(
+        drift <= 4 << 20,
+        "the dropped buffers were not freed: free memory differs by {drift} bytes"
+    );
+}
+
 #[test]
 #[ignore = "needs a GPU"]
 fn gpu1_vmm_round_trip_and_granularity() {

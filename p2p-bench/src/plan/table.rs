@@ -24,7 +24,10 @@ pub fn render(r: &Report) -> String {
         },
     );
     if r.links.is_empty() {
-        out.push_str("Links: none (one rank).\n\n");
+        out.push_str(
+            "Links: none (one rank: each call is a copy or a reduction on the one GPU; \
+             `--machine` shows a machine of several).\n\n",
+        );
     } else {
         out.push_str("Links (each ordered pair of GPUs, one process per GPU):\n");
         for (how, n) in &r.links {
