@@ -78,6 +78,8 @@ mod call;
 pub mod comm;
 mod error;
 mod exchange;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod launch;
 mod multihost;
 pub mod p2p;

@@ -46,6 +46,8 @@ mod device;
 mod error;
 mod event;
 pub mod fdpass;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod graph;
 pub mod ipc;
 pub mod kernel;

@@ -305,3 +305,46 @@ pub fn assert_shipped_current(sources: &[p2p_mem::kernel::Source]) {
         t.elapsed()
     );
 }
+
+/// Feeds `target` inputs for a fixed time: mutations of `seeds` (and of earlier inputs), some
+/// random bytes, for `P2PTEST_FUZZ_MS` milliseconds (default 1000), from the seed
+/// `P2PTEST_SEED` or a fresh one (printed, to replay a failure). An input that makes `target`
+/// panic is printed in hex before the panic goes on. Returns how many inputs ran. The stable,
+/// time-boxed side of the `fuzz/` targets, which take the same entry points.
+pub fn fuzz(name: &str, seeds: &[Vec<u8>], target: impl Fn(&[u8])) -> usize {
+    let ms = std::env::var("P2PTEST_FUZZ_MS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(1000);
+    let seed = std::env::var("P2PTEST_SEED")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or_else(fresh_seed);
+    let mut rng = Rng::new(seed);
+    let deadline = Instant::now() + Duration::from_millis(ms);
+    let mut last: Vec<u8> = seeds.first().cloned().unwrap_or_default();
+    let mut runs = 0usize;
+    for s in seeds {
+        target(s);
+    }
+    while Instant::now() < deadline {
+        let base = if seeds.is_empty() || rng.below(4) == 0 {
+            last.clone()
+        } else {
+            seeds[rng.below(seeds.len())].clone()
+        };
+        let input = rng.mutated(&base);
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| target(&input)));
+        if let Err(panic) = outcome {
+            eprintln!(
+                "fuzz {name}: seed {seed}, input {} bytes: {input:02x?}",
+                input.len()
+            );
+            std::panic::resume_unwind(panic);
+        }
+        last = input;
+        runs += 1;
+    }
+    eprintln!("fuzz {name}: {runs} inputs in {ms} ms, seed {seed}");
+    runs
+}

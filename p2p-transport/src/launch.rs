@@ -134,14 +134,7 @@ impl Lines {
     /// Tells every rank but `rank` that `rank`'s process (`pid`) ended, and how. Never waits: a
     /// rank whose line is full or closed is skipped.
     pub fn tell_ended(&self, rank: usize, pid: u32, how: &str) {
-        let msg = wire::encode_message(
-            ENDED,
-            &Writer::new()
-                .u32(rank as u32)
-                .u32(pid)
-                .text_within(how, MAX_HOW)
-                .finish(),
-        );
+        let msg = encode(rank, pid, how);
         for (r, end) in self.ends.iter().enumerate() {
             if r != rank {
                 let _ = net::send(end, &msg, SendFlags::DONTWAIT | SendFlags::NOSIGNAL);
@@ -178,17 +171,33 @@ pub fn news() -> Option<Ended> {
     heard.clone()
 }
 
-fn decode(bytes: &[u8]) -> Option<Ended> {
+/// The news that `rank`'s process `pid` ended, and `how` (cut to [`MAX_HOW`] bytes).
+pub(crate) fn encode(rank: usize, pid: u32, how: &str) -> Vec<u8> {
+    wire::encode_message(
+        ENDED,
+        &Writer::new()
+            .u32(rank as u32)
+            .u32(pid)
+            .text_within(how, MAX_HOW)
+            .finish(),
+    )
+}
+
+/// The news in `bytes`, or `None` for anything else.
+pub(crate) fn decode(bytes: &[u8]) -> Option<Ended> {
     let (kind, p) = wire::decode_message(bytes, MAX_HOW + 16).ok()?;
     if kind != ENDED {
         return None;
     }
     let mut r = Reader::new(p);
-    Some(Ended {
+    let ended = Ended {
         rank: r.u32()? as usize,
         pid: r.u32()?,
         how: r.text(MAX_HOW)?.to_string(),
-    })
+    };
+    // Bytes after the reason are not news this format writes: refused, not ignored.
+    r.end()?;
+    Some(ended)
 }
 
 /// Takes this process's end of its line, if the variables name one that its parent, the
@@ -260,6 +269,17 @@ mod tests {
         // Rank 1 itself is not told about itself.
         let theirs1 = lines.theirs[1].take().expect("end");
         assert!(net::recv(&theirs1, &mut buf, RecvFlags::DONTWAIT).is_err());
+    }
+
+    /// Found by the fuzz target `launch_news`: news with bytes after its reason was read as the
+    /// news before them.
+    #[test]
+    fn news_with_bytes_after_its_reason_is_refused() {
+        let good = encode(2, 4242, "sig");
+        assert!(decode(&good).is_some());
+        let (kind, p) = wire::decode_message(&good, 64).expect("a message");
+        let longer = wire::encode_message(kind, &[p, b"nal: 9".as_slice()].concat());
+        assert_eq!(decode(&longer), None);
     }
 
     #[test]

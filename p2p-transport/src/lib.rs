@@ -43,6 +43,8 @@ pub mod conn;
 pub mod context;
 pub mod copy;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod kernels;
 pub mod launch;
 pub mod mode;

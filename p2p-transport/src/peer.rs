@@ -476,7 +476,7 @@ pub fn recv(chan: &FdChannel, sharing: Sharing) -> Result<(usize, Exported)> {
 }
 
 /// The message [`send`] writes: rank `from`, then the export's `header`.
-fn export_message(from: usize, header: &[u8]) -> Vec<u8> {
+pub(crate) fn export_message(from: usize, header: &[u8]) -> Vec<u8> {
     p2p_mem::wire::encode_message(
         EXPORT,
         &p2p_mem::wire::Writer::new()
@@ -488,7 +488,7 @@ fn export_message(from: usize, header: &[u8]) -> Vec<u8> {
 
 /// The export in a message that [`send`] wrote (`fd`: what came beside it), or why `msg` is not
 /// one.
-fn parse_export(msg: &[u8], fd: Option<OwnedFd>) -> Result<(usize, Exported)> {
+pub(crate) fn parse_export(msg: &[u8], fd: Option<OwnedFd>) -> Result<(usize, Exported)> {
     let bad = |why: String| Error::Handshake {
         peer: usize::MAX,
         why,

@@ -727,43 +727,70 @@ pub(super) fn monitor(sh: &Shared) {
 /// reasons of other ranks and layers) is cut to it on the sender's side.
 const WHY_MAX: usize = 4096;
 
+/// What a peer's message after the rendezvous says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Incoming {
+    /// A part of an exchange (`GATHER` or `TABLE`) and its payload.
+    Data(u16, Vec<u8>),
+    /// Rank `who` failed, and why (reported by the sender).
+    Failed {
+        /// The failed rank, below the world size.
+        who: usize,
+        /// Why.
+        why: String,
+    },
+    /// The sender is leaving.
+    Bye,
+    /// Not a message a peer may send: why.
+    Malformed(String),
+}
+
+impl Incoming {
+    /// The message in `bytes` from a peer of a group of `world` ranks.
+    pub(crate) fn parse(bytes: &[u8], world: usize) -> Incoming {
+        let (kind, p) = match wire::decode_message(bytes, fdpass::MAX_MESSAGE) {
+            Ok(x) => x,
+            Err(e) => return Incoming::Malformed(format!("it sent a malformed message: {e}")),
+        };
+        match kind {
+            GATHER | TABLE => Incoming::Data(kind, p.to_vec()),
+            FAIL => {
+                let mut r = Reader::new(p);
+                match (r.u32(), r.text(WHY_MAX)) {
+                    (Some(who), Some(why)) if (who as usize) < world => Incoming::Failed {
+                        who: who as usize,
+                        why: why.to_string(),
+                    },
+                    _ => Incoming::Malformed("it sent a malformed failure report".into()),
+                }
+            }
+            BYE => Incoming::Bye,
+            k => Incoming::Malformed(format!(
+                "it sent message kind {k}, unknown after the rendezvous"
+            )),
+        }
+    }
+}
+
 /// Handles one message from rank `from`.
 pub(super) fn dispatch(sh: &Shared, from: usize, bytes: &[u8]) {
-    let limit = fdpass::MAX_MESSAGE;
-    let (kind, p) = match wire::decode_message(bytes, limit) {
-        Ok(x) => x,
-        Err(e) => {
-            sh.fail(from, format!("it sent a malformed message: {e}"), None);
-            return;
-        }
-    };
-    match kind {
-        GATHER | TABLE => {
-            sh.lock().inbox.push_back((from, kind, p.to_vec()));
+    match Incoming::parse(bytes, sh.world) {
+        Incoming::Data(kind, p) => {
+            sh.lock().inbox.push_back((from, kind, p));
             sh.cv.notify_all();
         }
-        FAIL => {
-            let mut r = Reader::new(p);
-            match (r.u32(), r.text(WHY_MAX)) {
-                (Some(who), Some(why)) if (who as usize) < sh.world => {
-                    let why = if who as usize == from {
-                        why.to_string()
-                    } else {
-                        format!("{why} (reported by rank {from})")
-                    };
-                    sh.fail(who as usize, why, Some(from));
-                }
-                _ => sh.fail(from, "it sent a malformed failure report".into(), None),
-            }
+        Incoming::Failed { who, why } => {
+            let why = if who == from {
+                why
+            } else {
+                format!("{why} (reported by rank {from})")
+            };
+            sh.fail(who, why, Some(from));
         }
-        BYE => {
+        Incoming::Bye => {
             sh.lock().bye[from] = true;
         }
-        k => sh.fail(
-            from,
-            format!("it sent message kind {k}, unknown after the rendezvous"),
-            None,
-        ),
+        Incoming::Malformed(why) => sh.fail(from, why, None),
     }
 }
 

@@ -120,6 +120,41 @@ pub enum HandshakeError {
     NotRank0,
 }
 
+/// A client's hello: its rank and world size, its nonce, and its proof of the key over both
+/// nonces and the two numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Hello {
+    pub rank: u32,
+    pub world: u32,
+    pub nonce: [u8; 32],
+    pub mac: [u8; 32],
+}
+
+impl Hello {
+    /// The hello in `b`, or `None` for anything else.
+    pub(crate) fn parse(b: &[u8]) -> Option<Hello> {
+        let mut r = Reader::new(b);
+        let hello = Hello {
+            rank: r.u32()?,
+            world: r.u32()?,
+            nonce: r.array::<32>()?,
+            mac: r.array::<32>()?,
+        };
+        r.end()?;
+        Some(hello)
+    }
+
+    /// The bytes [`parse`](Self::parse) reads.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        Writer::new()
+            .u32(self.rank)
+            .u32(self.world)
+            .bytes(&self.nonce)
+            .bytes(&self.mac)
+            .finish()
+    }
+}
+
 /// Receives one message of `kind` within `timeout`; anything else is an error.
 pub(super) fn expect(
     link: &FdChannel,
@@ -130,8 +165,18 @@ pub(super) fn expect(
     let bytes = link
         .recv_msg_within(timeout)?
         .ok_or(HandshakeError::Silent { waited: timeout })?;
+    reply(&bytes, kind, max)
+}
+
+/// The payload of `bytes` if it is a message of `kind` of at most `max` bytes; a refusal, a
+/// message of another kind or a malformed one is an error.
+pub(crate) fn reply(
+    bytes: &[u8],
+    kind: u16,
+    max: usize,
+) -> std::result::Result<Vec<u8>, HandshakeError> {
     // A refusal carries its reason, so it may be longer than the message expected.
-    let (k, p) = wire::decode_message(&bytes, max.max(1024))?;
+    let (k, p) = wire::decode_message(bytes, max.max(1024))?;
     if k != REFUSED && p.len() > max {
         return Err(HandshakeError::TooLong {
             len: p.len(),
@@ -220,12 +265,13 @@ pub(super) fn client_handshake(
     let nonce_c = random::<32>().map_err(|e| (false, HandshakeError::Random(e)))?;
     let (rb, wb) = ((rank as u32).to_le_bytes(), (world as u32).to_le_bytes());
     let proof = mac(key, b"hello", &[&nonce_s, &nonce_c, &rb, &wb]);
-    let hello = Writer::new()
-        .u32(rank as u32)
-        .u32(world as u32)
-        .bytes(&nonce_c)
-        .bytes(&proof)
-        .finish();
+    let hello = Hello {
+        rank: rank as u32,
+        world: world as u32,
+        nonce: nonce_c,
+        mac: proof,
+    }
+    .encode();
     send(&link, HELLO, &hello).map_err(|e| (false, e.into()))?;
     let welcome = expect(&link, WELCOME, 32, HANDSHAKE_TIMEOUT).map_err(|w| (false, w))?;
     let theirs: [u8; 32] = welcome
@@ -258,16 +304,12 @@ pub(super) fn serve_handshake(
     let nonce_s = random::<32>().map_err(HandshakeError::Random)?;
     send(&link, CHALLENGE, &nonce_s)?;
     let hello = expect(&link, HELLO, 128, left())?;
-    let mut r = Reader::new(&hello);
-    let fields = (|| {
-        let rank = r.u32()?;
-        let world = r.u32()?;
-        let nonce_c = r.array::<32>()?;
-        let got = r.array::<32>()?;
-        r.end()?;
-        Some((rank, world, nonce_c, got))
-    })();
-    let (rank, world, nonce_c, got) = fields.ok_or(HandshakeError::MalformedHello)?;
+    let Hello {
+        rank,
+        world,
+        nonce: nonce_c,
+        mac: got,
+    } = Hello::parse(&hello).ok_or(HandshakeError::MalformedHello)?;
     let (rb, wb) = (rank.to_le_bytes(), world.to_le_bytes());
     if !mac_ok(&key, b"hello", &[&nonce_s, &nonce_c, &rb, &wb], &got) {
         let _ = send(

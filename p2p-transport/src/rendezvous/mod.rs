@@ -62,9 +62,12 @@ pub mod testing;
 mod tests;
 
 pub use exchange::JobExchange;
+// For `crate::fuzzing`: the parsers of what peers send during and after the rendezvous.
+pub(crate) use group::Incoming;
 pub use group::{Failure, Group};
 pub use handshake::HandshakeError;
 use handshake::*;
+pub(crate) use handshake::{reply as handshake_reply, Hello};
 pub use hosts::{host_id, HostLayout};
 use identity::*;
 pub use identity::{Rendezvous, Secret};
@@ -104,14 +107,14 @@ pub const VERDICT_GRACE: Duration = Duration::from_secs(1);
 const TICK: Duration = Duration::from_millis(5);
 
 // Message kinds (the payload layouts are in the functions that write them).
-const CHALLENGE: u16 = 1;
-const HELLO: u16 = 2;
-const WELCOME: u16 = 3;
-const REFUSED: u16 = 4;
+pub(crate) const CHALLENGE: u16 = 1;
+pub(crate) const HELLO: u16 = 2;
+pub(crate) const WELCOME: u16 = 3;
+pub(crate) const REFUSED: u16 = 4;
 const READY: u16 = 5;
-const GATHER: u16 = 10;
-const TABLE: u16 = 11;
-const FAIL: u16 = 12;
-const BYE: u16 = 13;
+pub(crate) const GATHER: u16 = 10;
+pub(crate) const TABLE: u16 = 11;
+pub(crate) const FAIL: u16 = 12;
+pub(crate) const BYE: u16 = 13;
 
 type HmacSha256 = Hmac<Sha256>;
