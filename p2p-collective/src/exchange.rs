@@ -46,6 +46,17 @@ impl Introduction {
             .finish()
     }
 
+    /// An introduction of made-up values, for the tests and the fuzz targets' seeds.
+    pub(crate) fn sample() -> Introduction {
+        Introduction {
+            host: "node-7".into(),
+            path: "/run/user/1000/p2p-coll-abc/ws".into(),
+            uuid: [7; 16],
+            tuning: std::array::from_fn(|i| i as u64 * 3),
+            planner: [1, 0],
+        }
+    }
+
     /// `None` for anything but an encoded introduction.
     pub fn decode(b: &[u8]) -> Option<Introduction> {
         let mut rd = wire::Reader::new(b);
@@ -210,13 +221,7 @@ mod tests {
     }
 
     fn introduction() -> Introduction {
-        Introduction {
-            host: "node-7".into(),
-            path: "/run/user/1000/p2p-coll-abc/ws".into(),
-            uuid: [7; 16],
-            tuning: std::array::from_fn(|i| i as u64 * 3),
-            planner: [1, 0],
-        }
+        Introduction::sample()
     }
 
     #[test]

@@ -30,14 +30,7 @@ pub fn exchange(data: &[u8]) {
 /// Valid inputs to start from: one of each exchange.
 pub fn seeds() -> Vec<Vec<u8>> {
     vec![
-        Introduction {
-            host: "node-7".into(),
-            path: "/run/user/1000/p2p-coll-abc/ws".into(),
-            uuid: [7; 16],
-            tuning: std::array::from_fn(|i| i as u64 * 3),
-            planner: [1, 0],
-        }
-        .encode(),
+        Introduction::sample().encode(),
         encode_proposal(2, "the weakest sharing every pair allows"),
         Registration::Exported {
             len: 64 << 20,

@@ -62,16 +62,8 @@ enum Command {
         /// Ranks, one per GPU from the first (default: every GPU).
         #[arg(long)]
         gpus: Option<usize>,
-        /// Collectives (comma list of all_reduce, broadcast, reduce, all_gather,
-        /// reduce_scatter, all_to_all; default all).
-        #[arg(long, value_delimiter = ',')]
-        ops: Vec<String>,
-        /// Smallest size, bytes (a rank's part for all-gather, reduce-scatter, all-to-all).
-        #[arg(long, default_value_t = 8)]
-        min_bytes: usize,
-        /// Largest size, MiB.
-        #[arg(long, default_value_t = 1024)]
-        max_mib: usize,
+        #[command(flatten)]
+        calls: Calls,
         /// Each size is this many times the one before.
         #[arg(long, default_value_t = 8)]
         factor: usize,
@@ -126,16 +118,8 @@ enum Command {
         /// data folder, outside any source tree.
         #[arg(long, default_value_os_t = default_results())]
         out: PathBuf,
-        /// Collectives to run (comma list of all_reduce, broadcast, reduce, all_gather,
-        /// reduce_scatter, all_to_all).
-        #[arg(long, value_delimiter = ',')]
-        ops: Vec<String>,
-        /// Smallest size, bytes.
-        #[arg(long, default_value_t = 8)]
-        min_bytes: usize,
-        /// Largest size, MiB.
-        #[arg(long, default_value_t = 1024)]
-        max_mib: usize,
+        #[command(flatten)]
+        calls: Calls,
         /// Timed samples per figure (the median is reported).
         #[arg(long, default_value_t = 20)]
         samples: usize,
@@ -397,9 +381,12 @@ fn main() -> ExitCode {
             machine,
             load,
             gpus,
-            ops,
-            min_bytes,
-            max_mib,
+            calls:
+                Calls {
+                    ops,
+                    min_bytes,
+                    max_mib,
+                },
             factor,
             registered,
             in_place,
@@ -555,9 +542,12 @@ fn main() -> ExitCode {
         }
         Command::Coll {
             out,
-            ops,
-            min_bytes,
-            max_mib,
+            calls:
+                Calls {
+                    ops,
+                    min_bytes,
+                    max_mib,
+                },
             samples,
             graph_max_mib,
             gpus,
@@ -717,6 +707,21 @@ fn main() -> ExitCode {
             &out,
         ),
     }
+}
+
+/// The calls `plan` and `coll` cover: which collectives, and their sizes.
+#[derive(clap::Args, Debug)]
+struct Calls {
+    /// Collectives (comma list of all_reduce, broadcast, reduce, all_gather, reduce_scatter,
+    /// all_to_all; default all).
+    #[arg(long, value_delimiter = ',')]
+    ops: Vec<String>,
+    /// Smallest size, bytes (a rank's part for all-gather, reduce-scatter and all-to-all).
+    #[arg(long, default_value_t = 8)]
+    min_bytes: usize,
+    /// Largest size, MiB.
+    #[arg(long, default_value_t = 1024)]
+    max_mib: usize,
 }
 
 /// `p2p-bench coll`'s planner knobs (tuning sweeps); none given: the device's defaults.
