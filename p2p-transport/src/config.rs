@@ -223,7 +223,7 @@ p2p_sys::debug_as_display!(ConfigError);
 pub static SETTINGS: [&'static [&'static str]];
 
 /// The transport's own variables (those [`Config`] reads), the rendezvous's (`P2P_JOB_ID`,
-/// `P2P_JOB_SECRET`, `P2P_RENDEZVOUS_DIR`, `P2P_RENDEZVOUS_TIMEOUT_MS`, `P2P_HOST_ID`, read by
+/// `P2P_JOB_SECRET`, `P2P_ALLOW_NO_SECRET`, `P2P_RENDEZVOUS_DIR`, `P2P_RENDEZVOUS_TIMEOUT_MS`, `P2P_HOST_ID`, read by
 /// [`crate::rendezvous`]; `P2P_LAUNCH_FD` and `P2P_LAUNCHER_PID`, set by a launcher for
 /// [`crate::launch`]), and the kernel runtime's `P2P_KERNELS` (p2p-mem, below the transport:
 /// checked here so that a bad value is an error like any other setting's).
@@ -239,6 +239,7 @@ static TRANSPORT_SETTINGS: &[&str] = &[
     "P2P_MODE",
     "P2P_JOB_ID",
     "P2P_JOB_SECRET",
+    "P2P_ALLOW_NO_SECRET",
     "P2P_RENDEZVOUS_DIR",
     "P2P_RENDEZVOUS_TIMEOUT_MS",
     "P2P_HOST_ID",
@@ -435,6 +436,9 @@ impl Config {
                     rendezvous_timeout(&value)?;
                 }
                 "P2P_JOB_SECRET" => check_secret(&value)?,
+                "P2P_ALLOW_NO_SECRET" => {
+                    parse_bool(&name, &value)?;
+                }
                 "P2P_HOST_ID" if value.trim().is_empty() => {
                     return Err(invalid(
                         &name,

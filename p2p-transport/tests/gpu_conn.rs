@@ -17,7 +17,7 @@ use p2p_transport::conn::{
     connect_in_process, connect_receiver, connect_sender, ConnOptions, RecvConn, Sharing,
 };
 use p2p_transport::mode::{Direction, Engine};
-use p2p_transport::rendezvous::{Group, Rendezvous};
+use p2p_transport::rendezvous::{Group, Rendezvous, Secret};
 use p2p_transport::Error;
 use p2p_transport::Transport;
 
@@ -477,6 +477,7 @@ fn gpu1_a_killed_peer_ends_a_watched_connection_wait() {
     .expect("connect");
     let mut rv = Rendezvous::new(0, 2, job);
     rv.dir = Some(dir.path().to_path_buf());
+    rv.secret = Some(test_secret());
     let group = Group::join(&rv).expect("join");
     rx.watch(&group);
     let stream = Stream::new(&g[0]).expect("stream");
@@ -521,8 +522,14 @@ fn doomed_sender() {
     .expect("connect");
     let mut rv = Rendezvous::new(1, 2, env("P2PTEST_JOB"));
     rv.dir = Some(PathBuf::from(env("P2PTEST_DIR")));
+    rv.secret = Some(test_secret());
     let _group = Group::join(&rv).expect("join");
     chan.send_msg(b"ready").expect("ready");
     // Killed by the parent; never sends.
     std::thread::sleep(Duration::from_secs(120));
+}
+
+/// The secret both sides of the rendezvous test share (a job of two ranks needs one).
+fn test_secret() -> Secret {
+    Secret::from_text("the gpu_conn test's secret").expect("a secret")
 }

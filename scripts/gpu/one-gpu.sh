@@ -127,8 +127,8 @@ phase_extra() {
   note "moe_dispatch, p2p-bench launch -n $w: exit $?: $(grep -h wrong "$res/moe_dispatch-launch-$w.log" | tail -n 1)"
   if command -v torchrun >/dev/null 2>&1; then
     for w in 2 4; do
-      timeout 100 torchrun --nproc_per_node="$w" --no-python "$here/examples/torchrun_job" >"$res/torchrun_job-torchrun-$w.log" 2>&1
-      note "torchrun_job, torchrun --nproc_per_node=$w: exit $?: $(grep -h wrong "$res/torchrun_job-torchrun-$w.log" | tail -n 1)"
+      timeout 100 torchrun --standalone --nproc_per_node="$w" --no-python "$here/examples/torchrun_job" >"$res/torchrun_job-torchrun-$w.log" 2>&1
+      note "torchrun_job, torchrun --standalone --nproc_per_node=$w: exit $?: $(grep -h wrong "$res/torchrun_job-torchrun-$w.log" | tail -n 1)"
     done
   else
     note "torchrun is not installed here: not run"

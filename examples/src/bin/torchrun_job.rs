@@ -1,5 +1,5 @@
 //! One process per GPU, started by a launcher: torchrun
-//! (`torchrun --nproc_per_node=2 --no-python ./torchrun_job`) or `p2p-bench launch -n 2 --
+//! (`torchrun --standalone --nproc_per_node=2 --no-python ./torchrun_job`) or `p2p-bench launch -n 2 --
 //! ./torchrun_job`. Each rank joins the communicator from the launcher's environment (`RANK`,
 //! `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, and torchrun's `MASTER_ADDR`/`MASTER_PORT`/
 //! `TORCHELASTIC_RUN_ID` as the job's identity; no port of its own), then all-reduces and

@@ -155,6 +155,7 @@ impl Communicator {
             local_rank: rv.local_rank,
             job: child_job(&rv.job, seq, at.color),
             secret: rv.secret.clone(),
+            allow_no_secret: rv.allow_no_secret,
             dir: rv.dir.clone(),
             timeout: rv.timeout,
         };

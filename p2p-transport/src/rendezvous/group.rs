@@ -187,10 +187,14 @@ impl Group {
                     rank,
                     "no P2P_JOB_SECRET: the job's key holds torchrun's random run id (TORCHELASTIC_RUN_ID)"
                 );
-            } else {
+            } else if rv.allow_no_secret {
                 crate::warn_user!(
-                    "rank {rank}: no P2P_JOB_SECRET, and the job's identity holds no random value, so another process of this user that knows the identity could join this job's rendezvous: export one P2P_JOB_SECRET to every rank (e.g. `export P2P_JOB_SECRET=$(openssl rand -hex 16)` before starting them), or start the job with `torchrun --standalone` (a random run id) or `p2p-bench launch` (a secret for every job)"
+                    "rank {rank}: no P2P_JOB_SECRET, and the job's identity holds no random value (P2P_ALLOW_NO_SECRET is set), so another process of this user that knows the identity could join this job's rendezvous"
                 );
+            } else {
+                return Err(fail(
+                    "no P2P_JOB_SECRET, and the job's identity holds no random value, so another process of this user that knows the identity could join this job: export one P2P_JOB_SECRET to every rank (e.g. `export P2P_JOB_SECRET=$(openssl rand -hex 16)` before starting them), or start the job with `torchrun --standalone` (a random run id) or `p2p-bench launch` (a secret for every job); P2P_ALLOW_NO_SECRET=1 starts it without one".into(),
+                ));
             }
         }
         // What the launcher says of its ranks is about the job it started: the one this

@@ -118,6 +118,7 @@ impl Rendezvous {
             local_rank: layout.local_rank,
             job: format!("{}/host-{}", self.job, layout.host),
             secret: self.secret.clone(),
+            allow_no_secret: self.allow_no_secret,
             dir: self.dir.clone(),
             timeout: self.timeout,
         }

@@ -69,6 +69,10 @@ pub struct Rendezvous {
     pub job: String,
     /// The job's secret, if the launcher gave one.
     pub secret: Option<Secret>,
+    /// Whether a job of more than one rank may meet with no secret where its identity holds no
+    /// random value (`P2P_ALLOW_NO_SECRET`): any process of this user that knows the identity
+    /// could then join it. Off: such a job refuses to start, saying how to give it a secret.
+    pub allow_no_secret: bool,
     /// The directory of the rendezvous socket (`None`: the default, see the module docs).
     pub dir: Option<PathBuf>,
     /// How long to wait for the others.
@@ -85,6 +89,7 @@ impl Rendezvous {
             local_rank: rank,
             job: job.into(),
             secret: None,
+            allow_no_secret: false,
             dir: None,
             timeout: Duration::from_secs(60),
         }
@@ -104,7 +109,8 @@ impl Rendezvous {
     ///   `MASTER_PORT`, `TORCHELASTIC_RUN_ID` and `TORCHELASTIC_RESTART_COUNT` (so a restarted
     ///   torchrun job never meets its previous attempt) and `WORLD_SIZE`; one of `P2P_JOB_ID` and
     ///   `MASTER_PORT` must be set. No port is opened: `MASTER_PORT` only names the job;
-    /// - `P2P_JOB_SECRET`: the job's secret (optional, recommended);
+    /// - `P2P_JOB_SECRET`: the job's secret (required for a job of more than one rank unless
+    ///   its identity holds torchrun's random run id or `P2P_ALLOW_NO_SECRET` is set);
     /// - `P2P_RENDEZVOUS_DIR`: where the socket lives (optional);
     /// - `P2P_RENDEZVOUS_TIMEOUT_MS`: how long to wait for the other ranks (default 60000).
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Rendezvous> {
@@ -171,12 +177,18 @@ impl Rendezvous {
             None => Duration::from_secs(60),
             Some(ms) => crate::config::rendezvous_timeout(&ms).map_err(|e| bad(e.to_string()))?,
         };
+        let allow_no_secret = match get("P2P_ALLOW_NO_SECRET") {
+            Some(v) => crate::config::parse_bool("P2P_ALLOW_NO_SECRET", &v)
+                .map_err(|e| bad(e.to_string()))?,
+            None => false,
+        };
         Ok(Rendezvous {
             rank,
             world,
             local_rank,
             job,
             secret,
+            allow_no_secret,
             dir: get("P2P_RENDEZVOUS_DIR").map(PathBuf::from),
             timeout,
         })

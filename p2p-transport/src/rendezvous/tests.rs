@@ -701,3 +701,40 @@ fn all_gather_protocol_errors_read_as_before() {
         assert_eq!(e.to_string(), words);
     }
 }
+
+#[test]
+fn a_job_without_a_secret_or_a_random_identity_refuses_to_start_unless_allowed() {
+    let bare = Rendezvous {
+        secret: None,
+        timeout: Duration::from_millis(300),
+        ..rv("no-secret", 0, 2)
+    };
+    let e = join_error(&bare, "must refuse");
+    assert!(
+        e.contains("no P2P_JOB_SECRET") && e.contains("P2P_ALLOW_NO_SECRET=1"),
+        "{e}"
+    );
+    // Allowed: it goes on to wait for rank 1, and fails only at its time limit.
+    let allowed = Rendezvous {
+        allow_no_secret: true,
+        ..bare.clone()
+    };
+    let e = join_error(&allowed, "rank 1 never comes");
+    assert!(!e.contains("no P2P_JOB_SECRET"), "{e}");
+    // A job of one rank needs none; the setting is read from the environment.
+    assert!(Group::join(&Rendezvous {
+        allow_no_secret: false,
+        ..rv_within("alone", 0, 1, Duration::from_secs(5))
+    })
+    .is_ok());
+    let env = Rendezvous::from_vars(vars(
+        "RANK=0 WORLD_SIZE=2 P2P_JOB_ID=j P2P_ALLOW_NO_SECRET=1",
+    ))
+    .expect("valid");
+    assert!(env.allow_no_secret);
+    let e = Rendezvous::from_vars(vars(
+        "RANK=0 WORLD_SIZE=2 P2P_JOB_ID=j P2P_ALLOW_NO_SECRET=maybe",
+    ))
+    .expect_err("not a boolean");
+    assert!(e.to_string().contains("P2P_ALLOW_NO_SECRET"), "{e}");
+}
