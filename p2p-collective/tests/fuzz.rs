@@ -2,10 +2,4 @@
 //! default 1 s; `P2PTEST_SEED` replays a run): what cargo-fuzz runs longer from `fuzz/`. Runs in
 //! CI (no GPU).
 
-use p2p_collective::fuzzing;
-use p2p_testkit::fuzz;
-
-#[test]
-fn fuzz_exchange() {
-    assert!(fuzz("exchange", &fuzzing::seeds(), fuzzing::exchange) > 1000);
-}
+p2p_testkit::fuzz_tests!(p2p_collective; exchange);

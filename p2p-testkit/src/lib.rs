@@ -348,3 +348,24 @@ pub fn fuzz(name: &str, seeds: &[Vec<u8>], target: impl Fn(&[u8])) -> usize {
     eprintln!("fuzz {name}: {runs} inputs in {ms} ms, seed {seed}");
     runs
 }
+
+/// One test per fuzz entry point of a crate's `fuzzing` module, each running [`fuzz`] from the
+/// module's `seeds()` and asking for more than a thousand inputs in its time:
+/// `fuzz_tests!(p2p_mem; handles, messages);` makes the tests `handles` and `messages` of
+/// `p2p_mem::fuzzing`.
+#[macro_export]
+macro_rules! fuzz_tests {
+    ($krate:ident; $($name:ident),+ $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                let runs = $crate::fuzz(
+                    stringify!($name),
+                    &$krate::fuzzing::seeds(),
+                    $krate::fuzzing::$name,
+                );
+                assert!(runs > 1000, "{} inputs only", runs);
+            }
+        )+
+    };
+}
