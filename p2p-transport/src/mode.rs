@@ -89,9 +89,9 @@ pub struct Route {
     pub reason: String,
 }
 
-impl std::fmt::Display for Route {
-    /// `0[0] -> 1[1] via P2P/direct pointer/read (NVLink x18)`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl Route {
+    /// How the bytes go, without the ranks: `P2P/direct pointer/read (NVLink x18)`.
+    pub fn how(&self) -> String {
         let dir = match self.direction {
             Direction::Read => "read",
             Direction::Write => "write",
@@ -109,10 +109,21 @@ impl std::fmt::Display for Route {
             Mode::Intermediate { via } => format!("P2P/intermediate GPU {via}/{dir}{engine}"),
             Mode::HostStaged => "host-staged (pinned double buffer)".to_string(),
         };
+        format!("{how} ({})", self.link)
+    }
+}
+
+impl std::fmt::Display for Route {
+    /// `0[0] -> 1[1] via P2P/direct pointer/read (NVLink x18)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}[{}] -> {}[{}] via {how} ({})",
-            self.from.rank, self.from.gpu, self.to.rank, self.to.gpu, self.link
+            "{}[{}] -> {}[{}] via {}",
+            self.from.rank,
+            self.from.gpu,
+            self.to.rank,
+            self.to.gpu,
+            self.how()
         )
     }
 }

@@ -401,13 +401,7 @@ fn main() -> ExitCode {
                 Ok(m) => m,
                 Err(code) => return code,
             };
-            let sms = machine
-                .topology
-                .gpus
-                .iter()
-                .map(|g| g.sm_count)
-                .min()
-                .unwrap_or(1);
+            let sms = machine.sm_count(gpus.unwrap_or(usize::MAX));
             let settings = match p2p_collective::Settings::from_env() {
                 Ok(s) => s,
                 Err(e) => {
@@ -1039,9 +1033,7 @@ fn plan_machine(
         });
     }
     if let Some(path) = load {
-        return std::fs::read_to_string(&path)
-            .map_err(|e| e.to_string())
-            .and_then(|s| Topology::from_json(&s).map_err(|e| e.to_string()))
+        return load_topology(&path)
             .map(|t| Machine::from_topology(path.display().to_string(), t))
             .map_err(|e| {
                 eprintln!("p2p-bench plan: {}: {e}", path.display());
@@ -1256,12 +1248,16 @@ fn print_peer_matrix() {
     }
 }
 
+/// The topology saved in `path` (`topo --json`), or why it could not be read.
+fn load_topology(path: &std::path::Path) -> Result<Topology, String> {
+    std::fs::read_to_string(path)
+        .map_err(|e| e.to_string())
+        .and_then(|s| Topology::from_json(&s).map_err(|e| e.to_string()))
+}
+
 fn topo_cmd(json: bool, load: Option<PathBuf>) -> ExitCode {
     let t = match load {
-        Some(path) => match std::fs::read_to_string(&path)
-            .map_err(|e| e.to_string())
-            .and_then(|s| Topology::from_json(&s).map_err(|e| e.to_string()))
-        {
+        Some(path) => match load_topology(&path) {
             Ok(t) => t,
             Err(e) => {
                 eprintln!("p2p-bench topo: {}: {e}", path.display());

@@ -55,6 +55,16 @@ impl Machine {
         })
     }
 
+    /// SMs per GPU, the fewest of its first `ranks` GPUs (what every rank's tuning is made for).
+    pub fn sm_count(&self, ranks: usize) -> i32 {
+        let gpus = &self.topology.gpus;
+        gpus[..ranks.min(gpus.len())]
+            .iter()
+            .map(|g| g.sm_count)
+            .min()
+            .unwrap_or(1)
+    }
+
     /// A machine from its topology (found here, or loaded from a file), with nothing measured.
     pub fn from_topology(name: impl Into<String>, topology: Topology) -> Machine {
         Machine {
@@ -223,11 +233,7 @@ pub fn run(opts: &Options) -> Result<Report, PlanError> {
         max: opts.max_bytes,
         factor: opts.factor,
     })?;
-    let sm_count = t.gpus[..world]
-        .iter()
-        .map(|g| g.sm_count)
-        .min()
-        .unwrap_or(1);
+    let sm_count = opts.machine.sm_count(world);
     // A communicator takes two blocks per SM where the kernel's occupancy allows it, which
     // the shipped kernels reach on every GPU they are built for ("Grid and blocks per SM").
     let tuning = opts
@@ -311,11 +317,7 @@ fn links(t: &Topology, world: usize, cfg: &Config) -> Result<Vec<(String, usize)
     let routes = mode::select(t, &mode::process_per_gpu(world), cfg)?;
     let mut kinds: Vec<(String, usize)> = Vec::new();
     for r in routes {
-        let text = r.to_string();
-        let how = text
-            .split_once(" via ")
-            .map_or(text.as_str(), |(_, how)| how)
-            .to_string();
+        let how = r.how();
         match kinds.iter_mut().find(|(k, _)| *k == how) {
             Some((_, n)) => *n += 1,
             None => kinds.push((how, 1)),
