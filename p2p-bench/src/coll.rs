@@ -10,6 +10,7 @@
 //! exact inputs and every output element is checked (`#wrong`, as nccl-tests does; NCCL up to
 //! `nccl_check_max_bytes`).
 
+use p2p_collective::Collectives;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -17,7 +17,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use p2p_collective::{Communicator, DataType, RedOp};
+use p2p_collective::{Collectives, Communicator, DataType, RedOp};
 use p2p_mem::{DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
 use p2p_transport::rendezvous::{testing, Rendezvous, Secret};
 use serde_json::{json, Value};

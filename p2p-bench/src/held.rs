@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use p2p_collective::{Communicator, DataType, RedOp};
+use p2p_collective::{Collectives, Communicator, DataType, RedOp};
 use p2p_mem::{Device, DeviceBuffer, Stream};
 use serde_json::json;
 

@@ -12,7 +12,7 @@
 
 use std::time::Instant;
 
-use p2p_collective::{Call, Communicator, DataType, Op, Options as CommOptions};
+use p2p_collective::{Call, Collectives, Communicator, DataType, Op, Options as CommOptions};
 use p2p_mem::{DeviceBuffer, Stream};
 use serde_json::{json, Value};
 

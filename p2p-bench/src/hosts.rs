@@ -12,7 +12,7 @@
 use std::time::Instant;
 
 use p2p_collective::verify::{compare, expected, input};
-use p2p_collective::{Call, DataType, MultiHostCommunicator, Op, RedOp};
+use p2p_collective::{Call, Collectives, DataType, MultiHostCommunicator, Op, RedOp};
 use p2p_mem::{DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
 use p2p_sys::nccl_rt::{ncclDataType_t, ncclRedOp_t};
 use p2p_transport::nccl;

@@ -94,36 +94,22 @@ fn topo_loads_a_saved_topology() {
     assert!(err.contains("/nonexistent.json"), "{err}");
 }
 
+/// `p2p-bench launch -n n -- sh -c script`: its status, stdout and stderr.
+fn launch_sh(n: usize, script: &str) -> (i32, String, String) {
+    p2p_bench(
+        &["launch", "-n", &n.to_string(), "--", "sh", "-c", script],
+        &[],
+    )
+}
+
 #[test]
 fn launch_runs_every_rank_and_returns_a_failing_ranks_status() {
-    let (code, out, err) = p2p_bench(
-        &[
-            "launch",
-            "-n",
-            "3",
-            "--",
-            "sh",
-            "-c",
-            "echo rank=$RANK of $WORLD_SIZE",
-        ],
-        &[],
-    );
+    let (code, out, err) = launch_sh(3, "echo rank=$RANK of $WORLD_SIZE");
     assert_eq!(code, 0, "{err}");
     for r in 0..3 {
         assert!(out.contains(&format!("rank={r} of 3")), "{out}");
     }
-    let (code, _, err) = p2p_bench(
-        &[
-            "launch",
-            "-n",
-            "2",
-            "--",
-            "sh",
-            "-c",
-            "[ $RANK = 1 ] && exit 7; exec sleep 20",
-        ],
-        &[],
-    );
+    let (code, _, err) = launch_sh(2, "[ $RANK = 1 ] && exit 7; exec sleep 20");
     assert_eq!(code, 7, "{err}");
     assert!(err.contains("a rank failed"), "{err}");
 }
@@ -312,18 +298,7 @@ fn a_closed_standard_output_is_no_panic() {
 /// The log goes to stderr in colour only on a terminal: a pipe gets plain text.
 #[test]
 fn launch_writes_no_colour_into_a_pipe() {
-    let (code, _, err) = p2p_bench(
-        &[
-            "launch",
-            "-n",
-            "2",
-            "--",
-            "sh",
-            "-c",
-            "[ $RANK = 1 ] && exit 3; exec sleep 20",
-        ],
-        &[],
-    );
+    let (code, _, err) = launch_sh(2, "[ $RANK = 1 ] && exit 3; exec sleep 20");
     assert_eq!(code, 3, "{err}");
     // The launcher's own log line (an ERROR through tracing) is there, without escapes.
     assert!(

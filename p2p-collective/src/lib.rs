@@ -44,7 +44,7 @@
 //! rank's calls stop with an error naming it.
 //!
 //! ```no_run
-//! use p2p_collective::{Communicator, DataType, RedOp};
+//! use p2p_collective::{Collectives, Communicator, DataType, RedOp};
 //! use p2p_mem::{Device, DeviceBuffer, DeviceMemory, Stream};
 //!
 //! // One process driving every GPU; `Communicator::from_env()` for one process per GPU.
@@ -75,6 +75,7 @@ mod abi {
     include!(concat!(env!("OUT_DIR"), "/coll_abi.rs"));
 }
 mod call;
+pub mod collectives;
 pub mod comm;
 mod error;
 mod exchange;
@@ -88,6 +89,7 @@ pub mod settings;
 pub mod types;
 pub mod verify;
 
+pub use collectives::{CallBuffers, Collectives};
 pub use comm::{Communicator, Options, Registration};
 pub use error::{Error, Result};
 pub use multihost::MultiHostCommunicator;

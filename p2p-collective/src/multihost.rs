@@ -41,6 +41,7 @@ use p2p_transport::rendezvous::{host_id, HostLayout, JobExchange, Rendezvous};
 
 use crate::call::check::{check_args, Shape};
 use crate::call::Buffers;
+use crate::collectives::{CallBuffers, Collectives};
 use crate::comm::{Communicator, Options};
 use crate::error::{Error, Result};
 use crate::types::{Call, DataType, Op, RedOp};
@@ -57,7 +58,7 @@ static MADE: AtomicUsize = AtomicUsize::new(0);
 /// ```no_run
 /// // Two hosts of 2 GPUs: `torchrun --nnodes 2 --nproc-per-node 2 ...` on each host, or on one
 /// // machine `p2p-bench launch -n 4 --hosts 2 -- ./my-program`.
-/// use p2p_collective::{DataType, MultiHostCommunicator, RedOp};
+/// use p2p_collective::{Collectives, DataType, MultiHostCommunicator, RedOp};
 /// use p2p_mem::{DeviceBuffer, Stream};
 /// let comm = MultiHostCommunicator::from_env()?;
 /// let stream = Stream::new(comm.device())?;
@@ -91,276 +92,19 @@ impl std::fmt::Debug for MultiHostCommunicator {
 }
 
 /// The NCCL-shaped calls, as [`Communicator`]'s (module docs: how each collective crosses
-/// hosts).
-impl MultiHostCommunicator {
-    /// Runs `call` out of place: reads `send`, writes `recv` (module docs: how each collective
-    /// crosses hosts). Buffers a rank does not use (the non-roots' `send` of a broadcast,
-    /// `recv` of a reduce) are not touched.
-    pub fn call(
-        &self,
-        call: &Call,
-        send: &dyn DeviceMemory,
-        recv: &mut dyn DeviceMemoryMut,
-        stream: &Stream,
-    ) -> Result<()> {
-        let buffers = Buffers::Apart { send, recv: &*recv };
-        if !self.check_call(call, buffers, stream)? {
+/// hosts); an all-to-all in place first copies `buf` aside (scratch memory).
+impl Collectives for MultiHostCommunicator {
+    fn queue(&self, call: &Call, buffers: CallBuffers<'_>, stream: &Stream) -> Result<()> {
+        if !self.check_call(call, buffers.given(), stream)? {
             return Ok(());
         }
-        let (send, recv) = (whole(send), whole(&*recv));
-        self.run(call, &send, &recv, stream)
-            .map_err(|e| self.in_job_numbering(e))
-    }
-
-    /// Runs `call` in place in `buf`, as NCCL defines it: for all-gather this rank's input is
-    /// its part (`buf[rank * count..]`) of the output; for reduce-scatter its result lands in
-    /// its part of the input; an all-to-all first copies `buf` aside (scratch memory).
-    pub fn call_in_place(
-        &self,
-        call: &Call,
-        buf: &mut dyn DeviceMemoryMut,
-        stream: &Stream,
-    ) -> Result<()> {
-        if !self.check_call(call, Buffers::InPlace(&*buf), stream)? {
-            return Ok(());
+        match buffers {
+            CallBuffers::Apart { send, recv } => {
+                self.run(call, &whole(send), &whole(&*recv), stream)
+            }
+            CallBuffers::InPlace(buf) => self.in_place(call, &whole(&*buf), stream),
         }
-        self.in_place(call, &whole(&*buf), stream)
-            .map_err(|e| self.in_job_numbering(e))
-    }
-
-    /// All-reduce `count` elements of `send` into `recv` on every rank.
-    pub fn all_reduce(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        redop: RedOp,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::AllReduce,
-            dtype,
-            count,
-            redop,
-            root: 0,
-        };
-        self.call(&call, send, recv, stream)
-    }
-
-    /// All-reduce in place.
-    pub fn all_reduce_in_place(
-        &self,
-        buf: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        redop: RedOp,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::AllReduce,
-            dtype,
-            count,
-            redop,
-            root: 0,
-        };
-        self.call_in_place(&call, buf, stream)
-    }
-
-    /// Broadcast `count` elements from `root`'s `send` into every rank's `recv`.
-    pub fn broadcast(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        root: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::Broadcast,
-            dtype,
-            count,
-            redop: RedOp::Sum,
-            root,
-        };
-        self.call(&call, send, recv, stream)
-    }
-
-    /// Broadcast in place: `root`'s `buf` into every rank's `buf`.
-    pub fn broadcast_in_place(
-        &self,
-        buf: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        root: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::Broadcast,
-            dtype,
-            count,
-            redop: RedOp::Sum,
-            root,
-        };
-        self.call_in_place(&call, buf, stream)
-    }
-
-    /// Reduce every rank's `send` into `root`'s `recv`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn reduce(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        redop: RedOp,
-        root: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::Reduce,
-            dtype,
-            count,
-            redop,
-            root,
-        };
-        self.call(&call, send, recv, stream)
-    }
-
-    /// Reduce in place into `root`'s `buf`.
-    pub fn reduce_in_place(
-        &self,
-        buf: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        redop: RedOp,
-        root: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::Reduce,
-            dtype,
-            count,
-            redop,
-            root,
-        };
-        self.call_in_place(&call, buf, stream)
-    }
-
-    /// Gather every rank's `count` elements into every rank's `recv` (`world * count`), in rank
-    /// order.
-    pub fn all_gather(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::AllGather,
-            dtype,
-            count,
-            redop: RedOp::Sum,
-            root: 0,
-        };
-        self.call(&call, send, recv, stream)
-    }
-
-    /// All-gather in place: this rank's input is `buf[rank * count..][..count]`.
-    pub fn all_gather_in_place(
-        &self,
-        buf: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::AllGather,
-            dtype,
-            count,
-            redop: RedOp::Sum,
-            root: 0,
-        };
-        self.call_in_place(&call, buf, stream)
-    }
-
-    /// Reduce every rank's `send` (`world * count`) and give rank r part r (`count`) in `recv`.
-    pub fn reduce_scatter(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        redop: RedOp,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::ReduceScatter,
-            dtype,
-            count,
-            redop,
-            root: 0,
-        };
-        self.call(&call, send, recv, stream)
-    }
-
-    /// Reduce-scatter in place: the result lands in `buf[rank * count..][..count]`.
-    pub fn reduce_scatter_in_place(
-        &self,
-        buf: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        redop: RedOp,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::ReduceScatter,
-            dtype,
-            count,
-            redop,
-            root: 0,
-        };
-        self.call_in_place(&call, buf, stream)
-    }
-
-    /// Send part q (`count` elements) of `send` to rank q; receive rank p's part r into part p
-    /// of `recv`.
-    pub fn all_to_all(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::AllToAll,
-            dtype,
-            count,
-            redop: RedOp::Sum,
-            root: 0,
-        };
-        self.call(&call, send, recv, stream)
-    }
-
-    /// All-to-all in place.
-    pub fn all_to_all_in_place(
-        &self,
-        buf: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::AllToAll,
-            dtype,
-            count,
-            redop: RedOp::Sum,
-            root: 0,
-        };
-        self.call_in_place(&call, buf, stream)
+        .map_err(|e| self.in_job_numbering(e))
     }
 }
 

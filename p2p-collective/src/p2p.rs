@@ -338,7 +338,7 @@ impl<'a> P2pGroup<'a> {
     }
 
     /// Adds the collective `call`, out of place (see
-    /// [`Communicator::call`]). It runs before the group's sends and
+    /// [`Collectives::call`](crate::Collectives::call)). It runs before the group's sends and
     /// receives.
     pub fn call(
         &mut self,
@@ -351,7 +351,7 @@ impl<'a> P2pGroup<'a> {
     }
 
     /// Adds the collective `call`, in place in `buf` (see
-    /// [`Communicator::call_in_place`]).
+    /// [`Collectives::call_in_place`](crate::Collectives::call_in_place)).
     pub fn call_in_place(
         &mut self,
         call: &Call,

@@ -344,7 +344,7 @@ impl std::fmt::Display for Op {
     }
 }
 
-/// One collective call, for [`Communicator::call`](crate::Communicator::call): what the named
+/// One collective call, for [`Collectives::call`](crate::Collectives::call): what the named
 /// methods build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Call {

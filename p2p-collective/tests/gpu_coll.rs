@@ -3,6 +3,7 @@
 
 mod common;
 
+use p2p_collective::Collectives;
 use std::time::{Duration, Instant};
 
 use common::{counts, gpus, run_case, run_matrix, Local};

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{counts, launch_or_run, launch_or_run_comm, run_matrix, world, Local};
-use p2p_collective::{Communicator, Op};
+use p2p_collective::{Collectives, Communicator, Op};
 use p2p_transport::peer::Sharing;
 
 #[test]

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use common::counts;
 use p2p_collective::verify::{compare, expected, in_place_input_offset, input, result_region};
-use p2p_collective::{Call, DataType, MultiHostCommunicator, Op, RedOp};
+use p2p_collective::{Call, Collectives, DataType, MultiHostCommunicator, Op, RedOp};
 use p2p_mem::{DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
 
 /// Ranks and hosts of the layout: `P2PTEST_WORLD` over `P2PTEST_HOSTS` (default 2 hosts; 4

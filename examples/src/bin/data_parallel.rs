@@ -8,7 +8,7 @@
 //! `P2P_EXAMPLE_GPUS=N` for fewer).
 
 use cudarc::driver::CudaSlice;
-use p2p_collective::{DataType, RedOp};
+use p2p_collective::{Collectives, DataType, RedOp};
 use p2p_examples::{run_world, sum, value, BoxError, World};
 use p2p_mem::cudarc_interop::view_mut;
 

@@ -7,7 +7,7 @@
 //! summary; any rank exits non-zero on a wrong element or an error.
 
 use cudarc::driver::CudaContext;
-use p2p_collective::{Communicator, DataType, RedOp};
+use p2p_collective::{Collectives, Communicator, DataType, RedOp};
 use p2p_examples::{count_wrong, run, sum, value, BoxError};
 use p2p_mem::cudarc_interop::{view, view_mut};
 use p2p_mem::Stream;

@@ -50,7 +50,7 @@ impl Communicator {
     /// its reason are logged; [`sharing`](Self::sharing) says which.
     ///
     /// ```no_run
-    /// use p2p_collective::{Communicator, DataType, RedOp};
+    /// use p2p_collective::{Collectives, Communicator, DataType, RedOp};
     /// use p2p_mem::{Device, DeviceBuffer, DeviceMemory, Stream};
     /// let gpus = Device::all()?;
     /// let comms = Communicator::init_all(&gpus)?;
@@ -175,7 +175,7 @@ impl Communicator {
     ///
     /// ```no_run
     /// // Run as `p2p-bench launch -n 2 -- ./my-program`.
-    /// use p2p_collective::{Communicator, DataType, RedOp};
+    /// use p2p_collective::{Collectives, Communicator, DataType, RedOp};
     /// use p2p_mem::{DeviceBuffer, Stream};
     /// let comm = Communicator::from_env()?;
     /// let stream = Stream::new(comm.device())?;

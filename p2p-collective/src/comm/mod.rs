@@ -10,7 +10,7 @@
 //!
 //! | room | what it holds |
 //! | --- | --- |
-//! | `mod.rs` | [`Communicator`] and [`Options`], the NCCL-shaped calls, the accessors, the plan of a call, `Drop` |
+//! | `mod.rs` | [`Communicator`] and [`Options`], its [`Collectives::queue`], the accessors, the plan of a call, `Drop` |
 //! | `init.rs` | making communicators: in one process, or one per GPU through the rendezvous |
 //! | `workspace.rs` | the workspaces: this rank's, the peers' mappings, their layout |
 //! | `health.rs` | aborting, synchronising with a deadline, what a failed call reports |
@@ -27,16 +27,17 @@
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
-use p2p_mem::{Device, DeviceMemory, DeviceMemoryMut, Stream};
+use p2p_mem::{Device, Stream};
 use p2p_transport::config::Config;
 use p2p_transport::peer::Sharing;
 use p2p_transport::rendezvous::{Group, Rendezvous};
 
-use crate::call::{queue, Buffers};
+use crate::call::queue;
+use crate::collectives::{CallBuffers, Collectives};
 use crate::error::{Error, Result};
 use crate::plan::{Access, Forced, Plan, Planner, Tuning, MAX_RANKS};
 use crate::settings::Settings;
-use crate::types::{Call, DataType, Op, RedOp};
+use crate::types::Call;
 
 mod health;
 mod init;
@@ -112,12 +113,10 @@ impl Default for Options {
 ///
 /// Made by [`Communicator::init_all`] (one process, several GPUs: one handle per rank) or
 /// [`Communicator::init`] / [`Communicator::from_env`] (one process per GPU). Its calls are
-/// NCCL's (all-reduce, broadcast, ...; send/recv in [`p2p`](crate::p2p)), each asynchronous on
-/// the stream it is given; [`synchronize`](Self::synchronize) waits and reports a stalled,
-/// aborted or mismatched call as an error.
-///
-/// `count` follows NCCL ([`Op::buffer_lens`]): the whole buffer for all-reduce, broadcast and
-/// reduce, one rank's part for all-gather, reduce-scatter and all-to-all.
+/// NCCL's (all-reduce, broadcast, ...: the trait [`Collectives`]; send/recv in
+/// [`p2p`](crate::p2p)), each asynchronous on the stream it is given;
+/// [`synchronize`](Self::synchronize) waits and reports a stalled, aborted or mismatched call
+/// as an error.
 pub struct Communicator {
     pub(crate) rank: usize,
     pub(crate) world: usize,
@@ -175,271 +174,12 @@ fn check_world(world: usize) -> Result<()> {
     Ok(())
 }
 
-/// The NCCL-shaped calls: each builds its [`Call`] and runs it through `crate::call` (check,
-/// plan, launch).
-impl Communicator {
-    /// Runs `call` out of place: reads `send`, writes `recv`. Buffers a rank does not use
-    /// (the non-roots' `send` of a broadcast, `recv` of a reduce) are not touched.
-    ///
-    /// The buffers of a reduction (all-reduce, reduce, reduce-scatter) must start at a multiple
-    /// of their element's size ([`Error::InvalidArgument`] otherwise, before anything is
-    /// queued); the collectives that only move data copy bytes and are not checked. Buffers or
-    /// ranks' parts off a 16-byte boundary take kernels that realign their copies.
-    pub fn call(
-        &self,
-        call: &Call,
-        send: &dyn DeviceMemory,
-        recv: &mut dyn DeviceMemoryMut,
-        stream: &Stream,
-    ) -> Result<()> {
-        queue(self, call, Buffers::Apart { send, recv: &*recv }, stream)
-    }
-
-    /// Runs `call` in place in `buf`, as NCCL defines it: for all-gather this rank's input is
-    /// its part (`buf[rank * count..]`) of the output; for reduce-scatter its result lands in
-    /// its part of the input.
-    pub fn call_in_place(
-        &self,
-        call: &Call,
-        buf: &mut dyn DeviceMemoryMut,
-        stream: &Stream,
-    ) -> Result<()> {
-        queue(self, call, Buffers::InPlace(&*buf), stream)
-    }
-
-    /// All-reduce `count` elements of `send` into `recv` on every rank.
-    pub fn all_reduce(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        redop: RedOp,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::AllReduce,
-            dtype,
-            count,
-            redop,
-            root: 0,
-        };
-        self.call(&call, send, recv, stream)
-    }
-
-    /// All-reduce in place.
-    pub fn all_reduce_in_place(
-        &self,
-        buf: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        redop: RedOp,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::AllReduce,
-            dtype,
-            count,
-            redop,
-            root: 0,
-        };
-        self.call_in_place(&call, buf, stream)
-    }
-
-    /// Broadcast `count` elements from `root`'s `send` into every rank's `recv`.
-    pub fn broadcast(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        root: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::Broadcast,
-            dtype,
-            count,
-            redop: RedOp::Sum,
-            root,
-        };
-        self.call(&call, send, recv, stream)
-    }
-
-    /// Broadcast in place: `root`'s `buf` into every rank's `buf`.
-    pub fn broadcast_in_place(
-        &self,
-        buf: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        root: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::Broadcast,
-            dtype,
-            count,
-            redop: RedOp::Sum,
-            root,
-        };
-        self.call_in_place(&call, buf, stream)
-    }
-
-    /// Reduce every rank's `send` into `root`'s `recv`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn reduce(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        redop: RedOp,
-        root: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::Reduce,
-            dtype,
-            count,
-            redop,
-            root,
-        };
-        self.call(&call, send, recv, stream)
-    }
-
-    /// Reduce in place into `root`'s `buf`.
-    pub fn reduce_in_place(
-        &self,
-        buf: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        redop: RedOp,
-        root: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::Reduce,
-            dtype,
-            count,
-            redop,
-            root,
-        };
-        self.call_in_place(&call, buf, stream)
-    }
-
-    /// Gather every rank's `count` elements into every rank's `recv` (`world * count`), in rank
-    /// order.
-    pub fn all_gather(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::AllGather,
-            dtype,
-            count,
-            redop: RedOp::Sum,
-            root: 0,
-        };
-        self.call(&call, send, recv, stream)
-    }
-
-    /// All-gather in place: this rank's input is `buf[rank * count..][..count]`.
-    pub fn all_gather_in_place(
-        &self,
-        buf: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::AllGather,
-            dtype,
-            count,
-            redop: RedOp::Sum,
-            root: 0,
-        };
-        self.call_in_place(&call, buf, stream)
-    }
-
-    /// Reduce every rank's `send` (`world * count`) and give rank r part r (`count`) in `recv`.
-    pub fn reduce_scatter(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        redop: RedOp,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::ReduceScatter,
-            dtype,
-            count,
-            redop,
-            root: 0,
-        };
-        self.call(&call, send, recv, stream)
-    }
-
-    /// Reduce-scatter in place: the result lands in `buf[rank * count..][..count]`.
-    pub fn reduce_scatter_in_place(
-        &self,
-        buf: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        redop: RedOp,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::ReduceScatter,
-            dtype,
-            count,
-            redop,
-            root: 0,
-        };
-        self.call_in_place(&call, buf, stream)
-    }
-
-    /// Send part q (`count` elements) of `send` to rank q; receive rank p's part r into part p
-    /// of `recv`.
-    pub fn all_to_all(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::AllToAll,
-            dtype,
-            count,
-            redop: RedOp::Sum,
-            root: 0,
-        };
-        self.call(&call, send, recv, stream)
-    }
-
-    /// All-to-all in place.
-    pub fn all_to_all_in_place(
-        &self,
-        buf: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::AllToAll,
-            dtype,
-            count,
-            redop: RedOp::Sum,
-            root: 0,
-        };
-        self.call_in_place(&call, buf, stream)
+/// The NCCL-shaped calls ([`Collectives`]): each runs through `crate::call` (check, plan,
+/// launch). Buffers or ranks' parts off a 16-byte boundary take kernels that realign their
+/// copies.
+impl Collectives for Communicator {
+    fn queue(&self, call: &Call, buffers: CallBuffers<'_>, stream: &Stream) -> Result<()> {
+        queue(self, call, buffers.given(), stream)
     }
 }
 

@@ -88,7 +88,7 @@ impl Communicator {
     /// [`split_all`](Self::split_all).
     ///
     /// ```no_run
-    /// use p2p_collective::{Communicator, DataType, RedOp};
+    /// use p2p_collective::{Collectives, Communicator, DataType, RedOp};
     /// use p2p_mem::{DeviceBuffer, Stream};
     ///
     /// // Every rank of a 4-rank job (torchrun or `p2p-bench launch`): two tensor-parallel

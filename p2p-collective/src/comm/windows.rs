@@ -156,7 +156,7 @@ impl Communicator {
     /// with NCCL's symmetric windows (`P2P_CHECK=1` checks the calls, not the offsets).
     ///
     /// ```no_run
-    /// # use p2p_collective::{Communicator, DataType, RedOp};
+    /// # use p2p_collective::{Collectives, Communicator, DataType, RedOp};
     /// # use p2p_mem::{DeviceBuffer, Stream};
     /// let comm = Communicator::from_env()?;
     /// let stream = Stream::new(comm.device())?;
@@ -236,7 +236,7 @@ impl Communicator {
     /// for one process driving every GPU; returns one registration per rank.
     ///
     /// ```no_run
-    /// use p2p_collective::{Communicator, DataType, RedOp};
+    /// use p2p_collective::{Collectives, Communicator, DataType, RedOp};
     /// use p2p_mem::{Device, DeviceBuffer, DeviceMemory, Stream};
     ///
     /// let gpus = Device::all()?;

@@ -10,7 +10,7 @@
 use std::time::Instant;
 
 use p2p_collective::verify::{compare, expected, in_place_input_offset, input, result_region};
-use p2p_collective::{Call, Communicator, DataType, Op, RedOp};
+use p2p_collective::{Call, Collectives, Communicator, DataType, Op, RedOp};
 use p2p_mem::{DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
 
 /// With `P2PTEST_LOG` set (a `tracing` filter such as `debug` or `p2p_collective=trace`),

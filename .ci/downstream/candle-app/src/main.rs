@@ -4,7 +4,7 @@
 use candle_core::{Device as CandleDevice, Storage, Tensor};
 use p2p_collective::p2p_mem::cudarc_interop::{view, view_mut};
 use p2p_collective::p2p_mem::{Device, Stream};
-use p2p_collective::{Communicator, DataType, RedOp};
+use p2p_collective::{Collectives, Communicator, DataType, RedOp};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -6,7 +6,7 @@ use std::time::Instant;
 use cudarc::driver::{CudaContext, CudaSlice};
 use p2p_collective::p2p_mem::cudarc_interop::view_mut;
 use p2p_collective::p2p_mem::{Device, Stream};
-use p2p_collective::{Communicator, DataType, RedOp};
+use p2p_collective::{Collectives, Communicator, DataType, RedOp};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
