@@ -26,6 +26,8 @@ struct DeviceInner {
     uuid: [u8; 16],
     sm_count: i32,
     total_memory: usize,
+    /// The stream and staging memory of the synchronous copies (`sync_copy.rs`).
+    copier: crate::sync_copy::Slot,
 }
 
 // SAFETY: a CUcontext handle may be used from any thread (the driver API is thread-safe and each
@@ -36,6 +38,7 @@ unsafe impl Sync for DeviceInner {}
 
 impl Drop for DeviceInner {
     fn drop(&mut self) {
+        self.copier.release(self.ctx, self.ordinal);
         // SAFETY: we retained the primary context in `Device::new` and release it exactly once.
         if let Err(e) = unsafe { cu!(cuDevicePrimaryCtxRelease_v2(self.cu)) } {
             tracing::error!(device = self.ordinal, "releasing the primary context: {e}");
@@ -133,6 +136,7 @@ impl Device {
                 uuid: uuid.bytes.map(|b| b as u8),
                 sm_count,
                 total_memory,
+                copier: Default::default(),
             }),
         };
         tracing::debug!(
@@ -188,6 +192,11 @@ impl Device {
     /// The raw primary context, for FFI.
     pub fn cu_context(&self) -> cuda::CUcontext {
         self.inner.ctx
+    }
+
+    /// The stream and staging memory of this device's synchronous copies.
+    pub(crate) fn copier(&self) -> &crate::sync_copy::Slot {
+        &self.inner.copier
     }
 
     /// Makes this device's primary context current on the calling thread.

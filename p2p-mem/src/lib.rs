@@ -54,6 +54,7 @@ pub mod kernel;
 mod memory;
 mod peer_access;
 pub mod shm;
+mod sync_copy;
 pub mod vmm;
 mod wait;
 pub mod wire;

@@ -12,6 +12,7 @@ use p2p_sys::{cu, cuda};
 
 use crate::device::{as_bytes, as_bytes_mut, Device, DeviceCopy, Stream};
 use crate::error::{Error, OnDevice, Result};
+use crate::sync_copy::Copy;
 
 /// Implements [`DeviceMemory`] (device, address, length; the other methods their defaults) and
 /// [`DeviceMemoryMut`] for a type of this crate from three of its fields: the `device`, the
@@ -47,11 +48,12 @@ pub(crate) use device_memory;
 /// stream), and, for memory bound to a stream ([`bound_stream`](Self::bound_stream)), after
 /// that stream's work; p2p's own streams are non-blocking and not waited for. Every wait has a
 /// limit ([`crate::HOST_WAIT`], or the one given to a `_within` method): the method first waits,
-/// polling, for the work it follows, then makes the copy or fill (which then waits only for
-/// work that another thread queued on those streams between the two: that short wait has no
-/// limit), then, where the driver returns before it lands, waits for it, at most the limit
-/// each time. Work still running at a limit is [`Error::Busy`], which says whether the
-/// operation was made; the host memory given is never written after the method returns.
+/// polling, for the work it follows, then makes the copy or fill on a non-blocking stream of
+/// the device's own (so it waits for nothing queued since), host data through pinned staging
+/// memory of its own in pieces of 8 MiB, and waits for each piece, at most the limit each
+/// time. Work still running at a limit is [`Error::Busy`], which says whether the operation
+/// was made; the host memory given is read and written by the host only, never after the
+/// method returns. Synchronous copies on one GPU take turns.
 ///
 /// # Safety
 /// The kernels and copies of p2p read `byte_len()` bytes at `device_ptr()` on `device()`
@@ -129,17 +131,11 @@ pub unsafe trait DeviceMemory {
         if dst.is_empty() {
             return Ok(());
         }
-        wait_before(self, "copy to host", limit)?;
-        // SAFETY: the range was checked to lie inside the region; `dst` is as long and alive
-        // for the synchronous copy, which returns once the bytes are in it.
-        unsafe {
-            cu!(cuMemcpyDtoH_v2(
-                dst.as_mut_ptr().cast(),
-                self.device_ptr() + offset as u64,
-                dst.len()
-            ))
-        }
-        .on(self.device().ordinal())
+        const OP: &str = "copy to host";
+        wait_before(self, OP, limit)?;
+        let copy = Copy::begin(self.device(), OP, limit)?;
+        // SAFETY: the range was checked to lie inside the region.
+        unsafe { copy.download(self.device_ptr() + offset as u64, dst) }
     }
 
     /// Copies the whole region into a new `Vec` (the length must divide evenly into `T`s).
@@ -181,19 +177,9 @@ pub unsafe trait DeviceMemoryMut: DeviceMemory {
             return Ok(());
         }
         wait_before(self, OP, crate::HOST_WAIT)?;
-        // SAFETY: both sides are `src.len()` bytes long and alive for the synchronous copy.
-        unsafe {
-            cu!(cuMemcpyHtoD_v2(
-                self.device_ptr(),
-                src.as_ptr().cast(),
-                src.len()
-            ))
-        }
-        .on(self.device().ordinal())?;
-        // From pageable memory the driver returns once the data is staged, before it lands:
-        // wait for the copy (queued on the legacy default stream), so that "synchronous" holds
-        // for every source. `src` is no longer read by then, whatever this wait finds.
-        wait_after(self.device(), OP, crate::HOST_WAIT)
+        let copy = Copy::begin(self.device(), OP, crate::HOST_WAIT)?;
+        // SAFETY: the region is `src.len()` bytes long, writable (`&mut self`).
+        unsafe { copy.upload(self.device_ptr(), src) }
     }
 
     /// Sets every byte to `value`. Synchronous, with [`crate::HOST_WAIT`] as its limit (see
@@ -207,11 +193,9 @@ pub unsafe trait DeviceMemoryMut: DeviceMemory {
             return Ok(());
         }
         wait_before(self, OP, crate::HOST_WAIT)?;
-        // SAFETY: the region is `byte_len` bytes of live device memory.
-        unsafe { cu!(cuMemsetD8_v2(self.device_ptr(), value, self.byte_len())) }
-            .on(self.device().ordinal())?;
-        // The fill is queued on the legacy default stream: wait for it alone.
-        wait_after(self.device(), OP, crate::HOST_WAIT)
+        let copy = Copy::begin(self.device(), OP, crate::HOST_WAIT)?;
+        // SAFETY: the region is `byte_len` bytes of live device memory, writable.
+        unsafe { copy.fill(self.device_ptr(), value, self.byte_len()) }
     }
 
     /// Queues a fill of every byte with `value` on `stream`.
@@ -252,25 +236,19 @@ pub unsafe trait DeviceMemoryMut: DeviceMemory {
         if src.byte_len() == 0 {
             return Ok(());
         }
-        let (dst_dev, src_dev) = (self.device().clone(), src.device().clone());
         wait_before(src, OP, crate::HOST_WAIT)?;
         wait_before(self, OP, crate::HOST_WAIT)?;
-        // SAFETY: both regions are live and `byte_len` bytes long; the contexts are retained;
-        // `wait_before(self)` left the destination's context current.
+        let copy = Copy::begin(self.device(), OP, crate::HOST_WAIT)?;
+        // SAFETY: both regions are live and `byte_len` bytes long, the destination writable
+        // (`&mut self`), so they do not overlap.
         unsafe {
-            cu!(cuMemcpyPeer(
+            copy.peer(
                 self.device_ptr(),
-                dst_dev.cu_context(),
+                src.device(),
                 src.device_ptr(),
-                src_dev.cu_context(),
-                src.byte_len()
-            ))
+                src.byte_len(),
+            )
         }
-        .between(dst_dev.ordinal(), src_dev.ordinal())?;
-        // Device-to-device copies return before they finish; the copy runs on the legacy
-        // default stream of the current (destination) context, so waiting for that stream
-        // waits for the copy.
-        wait_after(&dst_dev, OP, crate::HOST_WAIT)
     }
 }
 
@@ -342,14 +320,14 @@ pub fn check_stream<M: DeviceMemory + ?Sized>(memory: &M, stream: &Stream) -> Re
 /// What a synchronous operation waited for, as [`Error::Busy`] names it.
 const BOUND_WORK: &str = "the work queued before it on the stream the memory is bound to";
 const LEGACY_WORK: &str = "the work queued before it on the GPU's legacy default stream or a blocking stream (one made without CU_STREAM_NON_BLOCKING, such as cudarc's default stream)";
-const ITSELF: &str = "the operation itself, queued on the legacy default stream,";
 
-/// Before a synchronous operation on `memory` (the driver queues it on the legacy default
-/// stream): waits, at most `limit` each, for the stream the memory is bound to (a cudarc
-/// view's), so that the host access follows that stream's work on the memory, and for the work
-/// the legacy default stream orders the operation after, so that the operation itself then
-/// waits in the driver only for work queued in between by another thread. [`Error::Busy`] if either still runs (nothing was queued);
-/// otherwise the memory's device is left bound to the thread.
+/// Before a synchronous operation on `memory`: waits, at most `limit` each, for the stream
+/// the memory is bound to (a cudarc view's), so that the host access follows that stream's work
+/// on the memory, and for the work the legacy default stream orders after everything queued
+/// before it (that stream's and the blocking streams'). The operation itself then runs on the
+/// device's own stream (`sync_copy.rs`), which waits for nothing queued since.
+/// [`Error::Busy`] if either still runs (nothing was queued); otherwise the memory's device is
+/// left bound to the thread.
 fn wait_before<M: DeviceMemory + ?Sized>(
     memory: &M,
     op: &'static str,
@@ -375,21 +353,6 @@ fn wait_before<M: DeviceMemory + ?Sized>(
         return Err(busy(LEGACY_WORK));
     }
     device.bind_to_thread()
-}
-
-/// After a synchronous operation that the driver queued on `device`'s legacy default stream
-/// and returned before it finished: waits for it, at most `limit`.
-fn wait_after(device: &Device, op: &'static str, limit: std::time::Duration) -> Result<()> {
-    if device.default_stream_idle_within(limit)? {
-        return Ok(());
-    }
-    Err(Error::Busy {
-        op,
-        device: device.ordinal(),
-        waiting_for: ITSELF,
-        waited: limit,
-        outcome: "it is queued and lands when the work before it ends",
-    })
 }
 
 pub(crate) fn check_size(what: &'static str, expected: usize, got: usize) -> Result<()> {

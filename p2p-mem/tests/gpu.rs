@@ -925,3 +925,42 @@ fn gpu1_a_buffer_dropped_while_the_gpu_is_busy_is_freed_once_its_work_ends() {
         .synchronize_within(Duration::from_secs(10))
         .expect("wait"));
 }
+
+/// The synchronous copies and fills go through the device's own stream and staging memory in
+/// pieces of 8 MiB: every size across a piece's edge arrives whole, into pageable and pinned
+/// host memory alike, and between two buffers.
+#[test]
+#[ignore = "needs a GPU"]
+fn gpu1_synchronous_copies_cross_their_staging_pieces_intact() {
+    let d = &gpus(1)[0];
+    let seed = fresh_seed();
+    const PIECE: usize = 8 << 20;
+    for (i, n) in [1, PIECE - 1, PIECE, PIECE + 3, 2 * PIECE + 4097]
+        .into_iter()
+        .enumerate()
+    {
+        let data = random_u8(seed + i as u64, n);
+        let buf = DeviceBuffer::from_host(d, &data).expect("upload");
+        assert!(
+            buf.to_host_vec::<u8>().expect("download") == data,
+            "{n} bytes"
+        );
+        let mut pinned = PinnedHostBuffer::<u8>::new(d, n).expect("pinned");
+        buf.copy_to_host(&mut pinned[..])
+            .expect("download into pinned memory");
+        assert!(pinned[..] == data[..], "{n} bytes into pinned memory");
+        let mut copy = DeviceBuffer::<u8>::new(d, n).expect("alloc");
+        copy.copy_from_device(&buf).expect("device to device");
+        assert!(
+            copy.to_host_vec::<u8>().expect("download") == data,
+            "{n} bytes copied"
+        );
+        copy.memset_u8(0xA5).expect("fill");
+        let filled = copy.to_host_vec::<u8>().expect("download");
+        assert!(filled.iter().all(|&b| b == 0xA5), "{n} bytes filled");
+        let at = n / 2;
+        let mut tail = vec![0u8; n - at];
+        buf.copy_range_to_host(at, &mut tail).expect("a range");
+        assert!(tail[..] == data[at..], "{n} bytes from {at}");
+    }
+}
