@@ -14,6 +14,12 @@ pub const USAGE: u8 = 2;
 /// `coll` ended early (a deadline, a fatal error): the results so far are written.
 pub const INCOMPLETE: u8 = 3;
 
+/// `launch`: the job was stopped by a signal (SIGINT, SIGTERM, SIGHUP), every rank with it.
+pub const SIGNALLED: u8 = 130;
+
+/// `launch`: the job ran past `--time-limit` and was stopped, every rank with it.
+pub const TIME_LIMIT: u8 = 124;
+
 /// The exit statuses as `p2p-bench --help` lists them (and the README's section on the tool).
 pub const HELP: &str = "\
 Exit status (the same in every command):
@@ -21,7 +27,8 @@ Exit status (the same in every command):
   1  could not do it: no GPU or no CUDA driver, a failed check or run, a file not read or written
   2  usage: an unknown argument or value, or a bad P2P_* setting (the message names it)
   3  coll: the run ended early; the results so far are written
-  launch exits with the status of the rank that failed first.";
+  launch exits with the status of the rank that failed first; 124 past --time-limit, 130 when
+  stopped by a signal (every rank's process group stopped).";
 
 /// Why there is no GPU where the driver loaded and reports none.
 pub const NO_DEVICE: &str =

@@ -1,7 +1,7 @@
 //! The command-line tool as a user runs it: no GPU needed.
 
 mod support;
-use support::{assert_fails, p2p_bench};
+use support::{assert_fails, command, p2p_bench};
 
 #[test]
 fn a_bad_configuration_value_exits_2_naming_the_variable() {
@@ -429,4 +429,72 @@ fn a_bad_rendezvous_setting_exits_2_before_any_job_starts() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("P2P_JOB_SECRET=\"<5 characters>\""), "{err}");
     assert!(!err.contains("short\""), "{err}");
+}
+
+/// Past `--time-limit` the launcher stops every rank and exits 124, saying so.
+#[test]
+fn launch_stops_a_job_past_its_time_limit() {
+    let t = std::time::Instant::now();
+    let (code, _, err) = p2p_bench(
+        &[
+            "launch",
+            "-n",
+            "2",
+            "--time-limit",
+            "300ms",
+            "--",
+            "sh",
+            "-c",
+            "exec sleep 30",
+        ],
+        &[],
+    );
+    assert_eq!(code, 124, "{err}");
+    assert!(err.contains("ran past its time limit (300ms)"), "{err}");
+    assert!(t.elapsed().as_secs() < 5, "took {:?}", t.elapsed());
+}
+
+/// SIGTERM (or Ctrl-C's SIGINT) to the launcher stops every rank, process group and all,
+/// and the launcher exits 130: no rank is left running.
+#[test]
+fn launch_stopped_by_a_signal_stops_every_rank() {
+    let dir = std::env::temp_dir().join(format!("p2p-cli-signal-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let script = format!("sleep 30 & echo $! > {}/$RANK.pid; wait", dir.display());
+    let child = command()
+        .args(["launch", "-n", "2", "--", "sh", "-c", &script])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run p2p-bench launch");
+    let pid_file = |r: usize| dir.join(format!("{r}.pid"));
+    let t = std::time::Instant::now();
+    while !(pid_file(0).exists() && pid_file(1).exists()) {
+        assert!(t.elapsed().as_secs() < 10, "the ranks did not start");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let launcher = rustix::process::Pid::from_child(&child);
+    rustix::process::kill_process(launcher, rustix::process::Signal::TERM).expect("SIGTERM");
+    let out = child.wait_with_output().expect("the launcher ends");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(
+        err.contains("stopped by a signal: 2 rank(s) stopped"),
+        "{err}"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    for r in 0..2 {
+        let pid = std::fs::read_to_string(pid_file(r)).expect("a pid");
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()));
+        let running = stat.is_ok_and(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .is_some_and(|state| state != "Z" && state != "X")
+        });
+        assert!(
+            !running,
+            "rank {r}'s program (pid {}) outlived the launcher",
+            pid.trim()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

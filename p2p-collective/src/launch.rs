@@ -8,14 +8,26 @@
 //! ([`p2p_transport::launch`]): a rank still waiting in the rendezvous for one that died before
 //! it joined fails within milliseconds, naming it. After a rank fails, the others have
 //! [`GRACE`] to end by themselves (a communicator already tells them, naming the rank), then
-//! they are killed, so a crashed rank never leaves its peers waiting. Children share the
-//! launcher's process group, so Ctrl-C reaches every rank; what a rank itself started is not
-//! tracked.
+//! they are killed, so a crashed rank never leaves its peers waiting.
+//!
+//! Each rank runs in a process group of its own, and every stop is of the whole group: what a
+//! rank started (a wrapper script's program that it did not `exec`, a helper it spawned) ends
+//! with it, and whatever a rank left running in its group when the job ends is stopped too.
+//! A rank also dies with the launcher (`PR_SET_PDEATHSIG`). Since the groups are the ranks'
+//! own, Ctrl-C at a terminal reaches the launcher alone: give [`LaunchOptions::stop`] a flag
+//! that a signal handler sets (as `p2p-bench launch` does) and the launcher stops every rank
+//! (SIGTERM to each group, SIGKILL to what is left [`GRACE`] later). Every wait of the launcher
+//! has a deadline except the job itself, which runs as long as it runs unless
+//! [`LaunchOptions::time_limit`] says otherwise.
 
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use p2p_transport::launch::Lines;
+use rustix::process::{Pid, Signal};
 
 /// How long the other ranks have to end by themselves after one failed, before they are killed.
 pub const GRACE: Duration = Duration::from_secs(3);
@@ -27,8 +39,41 @@ pub struct Outcome {
     pub status: ExitStatus,
     /// The first rank that failed, if one did.
     pub failed_rank: Option<usize>,
-    /// The ranks that were still running [`GRACE`] after that and were killed.
+    /// The ranks that were still running [`GRACE`] after that and were killed, or that a stop
+    /// ended.
     pub killed: usize,
+    /// Why the launcher stopped the job itself, if it did.
+    pub stopped: Option<Stopped>,
+}
+
+/// Why the launcher stopped a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopped {
+    /// The [`LaunchOptions::stop`] flag was set (a signal, in `p2p-bench launch`).
+    Asked,
+    /// The job ran past [`LaunchOptions::time_limit`].
+    TimeLimit(Duration),
+}
+
+/// How to launch a job, beyond its ranks and program.
+#[derive(Debug, Clone)]
+pub struct LaunchOptions {
+    /// Pose as this many hosts ([`launch_hosts`]); 1 for one host.
+    pub hosts: usize,
+    /// Stop the job (every rank's group) once it has run this long.
+    pub time_limit: Option<Duration>,
+    /// Stop the job when this becomes true (polled every 5 ms): set it from a signal handler.
+    pub stop: Option<Arc<AtomicBool>>,
+}
+
+impl Default for LaunchOptions {
+    fn default() -> Self {
+        LaunchOptions {
+            hosts: 1,
+            time_limit: None,
+            stop: None,
+        }
+    }
 }
 
 /// Runs `program args` as `n` ranks on this host; returns the first failing rank and its
@@ -49,6 +94,21 @@ pub fn launch_hosts(
     program: &str,
     args: &[String],
 ) -> std::io::Result<Outcome> {
+    let opts = LaunchOptions {
+        hosts,
+        ..LaunchOptions::default()
+    };
+    launch_with(n, program, args, &opts)
+}
+
+/// [`launch`] with [`LaunchOptions`]: hosts to pose as, a time limit, a stop flag.
+pub fn launch_with(
+    n: usize,
+    program: &str,
+    args: &[String],
+    opts: &LaunchOptions,
+) -> std::io::Result<Outcome> {
+    let hosts = opts.hosts;
     let invalid = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, why);
     if n == 0 {
         return Err(invalid("no ranks to launch (n = 0)".into()));
@@ -99,6 +159,7 @@ pub fn launch_hosts(
                 .env("P2P_HOST_ID", &id)
                 .env("NCCL_HOSTID", &id);
         }
+        in_own_group(&mut cmd);
         let spawned = lines
             .attach(rank, &mut cmd)
             .map_err(|e| std::io::Error::other(e.to_string()))
@@ -106,7 +167,7 @@ pub fn launch_hosts(
         match spawned {
             Ok(c) => children.push((rank, c)),
             Err(e) => {
-                stop(&mut children);
+                stop(&mut children, Signal::KILL);
                 return Err(std::io::Error::new(
                     e.kind(),
                     format!("starting rank {rank} ({program}): {e}"),
@@ -114,6 +175,19 @@ pub fn launch_hosts(
             }
         }
     }
+    let groups: Vec<(usize, u32)> = children.iter().map(|(r, c)| (*r, c.id())).collect();
+    let outcome = run(&mut children, &mut lines, opts);
+    sweep(&groups);
+    outcome
+}
+
+/// Waits for the ranks: the first failure (then the others' [`GRACE`]), a stop, or all done.
+fn run(
+    children: &mut Vec<(usize, Child)>,
+    lines: &mut Lines,
+    opts: &LaunchOptions,
+) -> std::io::Result<Outcome> {
+    let started = Instant::now();
     let mut last = None;
     let mut failed: Option<(usize, ExitStatus, Instant)> = None;
     while !children.is_empty() {
@@ -139,13 +213,37 @@ pub fn launch_hosts(
         if let Some((rank, status, at)) = failed {
             if at.elapsed() >= GRACE || children.is_empty() {
                 let killed = children.len();
-                stop(&mut children);
+                stop(children, Signal::KILL);
                 return Ok(Outcome {
                     status,
                     failed_rank: Some(rank),
                     killed,
+                    stopped: None,
                 });
             }
+        }
+        let asked = opts
+            .stop
+            .as_ref()
+            .is_some_and(|f| f.load(Ordering::Relaxed));
+        let why = match opts.time_limit {
+            _ if asked => Some(Stopped::Asked),
+            Some(limit) if started.elapsed() >= limit => Some(Stopped::TimeLimit(limit)),
+            _ => None,
+        };
+        if let (Some(why), false) = (why, children.is_empty()) {
+            tracing::warn!(
+                "{why:?}: stopping the {} running rank(s) (SIGTERM, SIGKILL {GRACE:?} later)",
+                children.len()
+            );
+            let killed = children.len();
+            let status = stop(children, Signal::TERM);
+            return Ok(Outcome {
+                status: status.or(last).unwrap_or_else(killed_status),
+                failed_rank: None,
+                killed,
+                stopped: Some(why),
+            });
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -153,36 +251,104 @@ pub fn launch_hosts(
         status,
         failed_rank: None,
         killed: 0,
+        stopped: None,
     })
     .ok_or_else(|| std::io::Error::other("no rank reported an exit status"))
+}
+
+/// The status of a process ended by SIGKILL, for a stop whose ranks left none to report.
+fn killed_status() -> ExitStatus {
+    use std::os::unix::process::ExitStatusExt;
+    ExitStatus::from_raw(Signal::KILL.as_raw())
+}
+
+/// Makes `cmd`'s process the leader of a process group of its own, which dies with the
+/// launcher.
+fn in_own_group(cmd: &mut Command) {
+    cmd.process_group(0);
+    let launcher = Pid::from_raw(std::process::id() as i32);
+    // SAFETY: the closure runs in the child between fork and exec and makes only raw system
+    // calls (prctl, getppid), which are async-signal-safe; it allocates nothing.
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(move || {
+            rustix::process::set_parent_process_death_signal(Some(Signal::KILL))?;
+            // The launcher may have died before the prctl: then nobody would stop this rank.
+            if rustix::process::getppid() != launcher {
+                return Err(std::io::Error::other(
+                    "the launcher ended before the rank started",
+                ));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Sends `signal` to the process group of each rank in `pids` (each rank leads its own); a
+/// group that has ended already is passed over.
+fn signal_groups(pids: impl Iterator<Item = u32>, signal: Signal) {
+    for pid in pids.filter_map(|p| Pid::from_raw(p as i32)) {
+        let _ = rustix::process::kill_process_group(pid, signal);
+    }
+}
+
+/// Stops what the ranks left in their process groups after the job ended: a process a rank
+/// started and did not wait for. Logged, since a rank should not leave any.
+fn sweep(groups: &[(usize, u32)]) {
+    for &(rank, pid) in groups {
+        let Some(group) = Pid::from_raw(pid as i32) else {
+            continue;
+        };
+        if rustix::process::kill_process_group(group, Signal::KILL).is_ok() {
+            tracing::warn!(
+                rank,
+                "rank {rank} left processes running in its group (pgid {pid}) when the job ended: killed"
+            );
+        }
+    }
 }
 
 /// How long [`stop`] waits for the ranks it killed to be reaped.
 const REAP: Duration = Duration::from_secs(5);
 
-/// Kills every rank in `children` and reaps them, waiting at most [`REAP`] in all: a process
-/// that a kill does not end at once (stuck in the kernel, in an uninterruptible wait on the
-/// driver) is named in the log and left, rather than hold the launcher.
-fn stop(children: &mut Vec<(usize, Child)>) {
-    for (_, c) in children.iter_mut() {
-        let _ = c.kill();
-    }
-    let deadline = Instant::now() + REAP;
-    for (rank, c) in children.iter_mut() {
-        while let Ok(None) = c.try_wait() {
-            if Instant::now() >= deadline {
-                tracing::error!(
-                    rank = *rank,
-                    pid = c.id(),
-                    "rank {rank} (pid {}) was killed but has not ended within {REAP:?}: left running (look for it with ps; it may be stuck in the GPU driver)",
-                    c.id()
-                );
-                break;
+/// Stops every rank in `children`, group and all, and reaps them: `signal` first (SIGTERM:
+/// then [`GRACE`] to end before SIGKILL; SIGKILL: at once), waiting at most [`REAP`] after the
+/// SIGKILL. A process that a kill does not end at once (in an uninterruptible wait on the
+/// driver) is named in the log and left, rather than hold the launcher. Returns the first
+/// status reaped.
+fn stop(children: &mut Vec<(usize, Child)>, signal: Signal) -> Option<ExitStatus> {
+    let mut first = None;
+    let mut reap = |children: &mut Vec<(usize, Child)>, until: Instant, last: bool| {
+        children.retain_mut(|(rank, c)| loop {
+            match c.try_wait() {
+                Ok(Some(status)) => {
+                    first.get_or_insert(status);
+                    return false;
+                }
+                Ok(None) if Instant::now() < until => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                Ok(None) if !last => return true,
+                Ok(None) | Err(_) => {
+                    tracing::error!(
+                        rank = *rank,
+                        pid = c.id(),
+                        "rank {rank} (pid {}) was killed but has not ended within {REAP:?}: left running (look for it with ps; it may be stuck in the GPU driver)",
+                        c.id()
+                    );
+                    return false;
+                }
             }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        });
+    };
+    if signal != Signal::KILL {
+        signal_groups(children.iter().map(|(_, c)| c.id()), signal);
+        reap(children, Instant::now() + GRACE, false);
     }
+    signal_groups(children.iter().map(|(_, c)| c.id()), Signal::KILL);
+    reap(children, Instant::now() + REAP, true);
     children.clear();
+    first
 }
 
 #[cfg(test)]
@@ -233,6 +399,123 @@ mod tests {
         assert!(
             start.elapsed() < Duration::from_secs(10),
             "the sleepers were not stopped"
+        );
+    }
+
+    /// Whether process `pid` is running (a zombie, ended and not yet reaped, is not).
+    fn running(pid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| {
+                let state = stat
+                    .rsplit_once(')')?
+                    .1
+                    .split_whitespace()
+                    .next()?
+                    .to_string();
+                Some(state != "Z" && state != "X")
+            })
+            .unwrap_or(false)
+    }
+
+    /// The pids that the ranks' scripts wrote into `dir` (one file a rank).
+    fn written_pids(dir: &std::path::Path, ranks: usize) -> Vec<u32> {
+        (0..ranks)
+            .map(|r| {
+                let text = std::fs::read_to_string(dir.join(format!("{r}.pid"))).expect("a pid");
+                text.trim().parse().expect("a number")
+            })
+            .collect()
+    }
+
+    fn scratch(what: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("p2p-launch-{what}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        dir
+    }
+
+    /// A rank whose wrapper starts its program without `exec` (a shell that waits for it): the
+    /// stop after another rank's failure ends the program too, not only the wrapper.
+    #[test]
+    fn a_wrapper_that_does_not_exec_is_stopped_with_its_program() {
+        let dir = scratch("wrapper");
+        let script = format!(
+            "if [ \"$RANK\" = 1 ]; then echo $$ > {d}/1.pid; sleep 0.5; exit 3; fi; sleep 30 & echo $! > {d}/$RANK.pid; wait",
+            d = dir.display()
+        );
+        let out = launch(2, "sh", &["-c".into(), script]).expect("launch");
+        assert_eq!((out.failed_rank, out.status.code()), (Some(1), Some(3)));
+        let pids = written_pids(&dir, 2);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            !running(pids[0]),
+            "rank 0's program (pid {}) outlived the job",
+            pids[0]
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// What a rank leaves running in its group after a clean exit is stopped when the job ends.
+    #[test]
+    fn what_a_rank_leaves_behind_is_stopped_when_the_job_ends() {
+        let dir = scratch("leftover");
+        let script = format!("sleep 30 & echo $! > {}/$RANK.pid; exit 0", dir.display());
+        let out = launch(2, "sh", &["-c".into(), script]).expect("launch");
+        assert!(out.status.success(), "{out:?}");
+        std::thread::sleep(Duration::from_millis(100));
+        for pid in written_pids(&dir, 2) {
+            assert!(
+                !running(pid),
+                "a rank's background process (pid {pid}) outlived the job"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The stop flag (a signal, in p2p-bench) ends every rank: SIGTERM first, SIGKILL for one
+    /// that ignores it, [`GRACE`] later; the outcome says why.
+    #[test]
+    fn a_stop_flag_ends_every_rank_even_one_that_ignores_sigterm() {
+        let flag = Arc::new(AtomicBool::new(false));
+        let opts = LaunchOptions {
+            stop: Some(flag.clone()),
+            ..LaunchOptions::default()
+        };
+        let script = "if [ \"$RANK\" = 0 ]; then trap '' TERM; fi; sleep 30; exit 0".to_string();
+        let setter = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            flag.store(true, Ordering::Relaxed);
+        });
+        let t = Instant::now();
+        let out = launch_with(2, "sh", &["-c".into(), script], &opts).expect("launch");
+        setter.join().expect("the setter");
+        assert_eq!(
+            (out.stopped, out.killed, out.failed_rank),
+            (Some(Stopped::Asked), 2, None)
+        );
+        assert!(!out.status.success(), "{out:?}");
+        let took = t.elapsed();
+        assert!(took < GRACE + Duration::from_secs(4), "took {took:?}");
+        assert!(took >= GRACE, "SIGKILL came before the grace: {took:?}");
+    }
+
+    /// A job past its time limit is stopped, and the outcome says so.
+    #[test]
+    fn a_job_past_its_time_limit_is_stopped() {
+        let limit = Duration::from_millis(300);
+        let opts = LaunchOptions {
+            time_limit: Some(limit),
+            ..LaunchOptions::default()
+        };
+        let t = Instant::now();
+        let out =
+            launch_with(2, "sh", &["-c".into(), "exec sleep 30".into()], &opts).expect("launch");
+        assert_eq!(out.stopped, Some(Stopped::TimeLimit(limit)), "{out:?}");
+        assert_eq!(out.killed, 2);
+        assert!(
+            t.elapsed() < Duration::from_secs(3),
+            "took {:?}",
+            t.elapsed()
         );
     }
 

@@ -315,6 +315,10 @@ enum Command {
         /// (MultiHostCommunicator) on one machine.
         #[arg(long, default_value_t = 1)]
         hosts: usize,
+        /// Stop the job (every rank's process group: SIGTERM, SIGKILL 3 s later) once it has
+        /// run this long, e.g. `90s`, `20m`, `2h`; exit status 124.
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        time_limit: Option<std::time::Duration>,
         /// The command and its arguments (after `--`).
         #[arg(trailing_var_arg = true, required = true)]
         command: Vec<String>,
@@ -640,8 +644,9 @@ fn main() -> ExitCode {
         Command::Launch {
             nprocs,
             hosts,
+            time_limit,
             command,
-        } => launch_cmd(nprocs, hosts, &command),
+        } => launch_cmd(nprocs, hosts, time_limit, &command),
         Command::Render { json } => render_cmd(&json),
         Command::Hosts {
             out,
@@ -1100,7 +1105,15 @@ fn parse_ops(tool: &str, names: &[String]) -> Result<Vec<Op>, ExitCode> {
         .collect()
 }
 
-fn launch_cmd(n: usize, hosts: usize, command: &[String]) -> ExitCode {
+/// `p2p-bench launch`: SIGINT, SIGTERM and SIGHUP stop every rank (their process groups) and
+/// exit 130; past `--time-limit` the same, exit 124; otherwise the first failing rank's status.
+fn launch_cmd(
+    n: usize,
+    hosts: usize,
+    time_limit: Option<std::time::Duration>,
+    command: &[String],
+) -> ExitCode {
+    use p2p_collective::launch::{LaunchOptions, Stopped, GRACE};
     let Some((program, args)) = command.split_first() else {
         eprintln!("p2p-bench launch: no command given (p2p-bench launch -n 2 -- CMD ARGS)");
         return ExitCode::from(exit::USAGE);
@@ -1109,18 +1122,46 @@ fn launch_cmd(n: usize, hosts: usize, command: &[String]) -> ExitCode {
         eprintln!("p2p-bench launch: -n must be at least 1");
         return ExitCode::from(exit::USAGE);
     }
-    match p2p_collective::launch::launch_hosts(n, hosts, program, args) {
-        Ok(out) if out.status.success() => ExitCode::SUCCESS,
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for signal in [
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ] {
+        if let Err(e) = signal_hook::flag::register(signal, stop.clone()) {
+            eprintln!("p2p-bench launch: cannot watch signal {signal}: {e}");
+            return ExitCode::from(exit::FAILED);
+        }
+    }
+    let opts = LaunchOptions {
+        hosts,
+        time_limit,
+        stop: Some(stop),
+    };
+    match p2p_collective::launch::launch_with(n, program, args, &opts) {
+        Ok(out) if out.status.success() && out.stopped.is_none() => ExitCode::SUCCESS,
         Ok(out) => {
+            let k = out.killed;
+            match out.stopped {
+                Some(Stopped::Asked) => {
+                    eprintln!("p2p-bench launch: stopped by a signal: {k} rank(s) stopped");
+                    return ExitCode::from(exit::SIGNALLED);
+                }
+                Some(Stopped::TimeLimit(limit)) => {
+                    eprintln!(
+                        "p2p-bench launch: the job ran past its time limit ({}): {k} rank(s) stopped",
+                        humantime::format_duration(limit)
+                    );
+                    return ExitCode::from(exit::TIME_LIMIT);
+                }
+                None => {}
+            }
             let rank = out
                 .failed_rank
                 .map_or("a rank".to_string(), |r| format!("rank {r}"));
-            let killed = match out.killed {
+            let killed = match k {
                 0 => String::new(),
-                k => format!(
-                    "; {k} other rank(s) still ran {:?} later and were killed",
-                    p2p_collective::launch::GRACE
-                ),
+                k => format!("; {k} other rank(s) still ran {GRACE:?} later and were killed"),
             };
             eprintln!("p2p-bench launch: {rank} failed ({}){killed}", out.status);
             ExitCode::from(out.status.code().map_or(1, |c| c.clamp(1, 255) as u8))

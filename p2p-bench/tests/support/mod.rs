@@ -2,12 +2,17 @@
 
 use std::process::Command;
 
-/// Runs `p2p-bench` with `args` and extra environment: (exit code, stdout, stderr).
-pub fn p2p_bench(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+/// The `p2p-bench` executable, as a command to add arguments to.
+pub fn command() -> Command {
     // The bundle's run.sh points this at its own copy (no build tree on GPU machines).
     let exe = std::env::var("P2PTEST_BENCH_EXE")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_p2p-bench").into());
-    let mut cmd = Command::new(exe);
+    Command::new(exe)
+}
+
+/// Runs `p2p-bench` with `args` and extra environment: (exit code, stdout, stderr).
+pub fn p2p_bench(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut cmd = command();
     cmd.args(args);
     for (k, v) in env {
         cmd.env(k, v);
