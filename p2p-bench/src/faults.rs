@@ -740,21 +740,7 @@ pub fn run_trial(
     while let Ok(e) = rx.try_recv() {
         events.push(e);
     }
-    let of = |r: usize, name: &str| -> Vec<&Value> {
-        events
-            .iter()
-            .filter(|(q, v)| *q == r && v["event"] == name)
-            .map(|(_, v)| v)
-            .collect()
-    };
-    let died_at = of(victim, "dying").first().and_then(|v| v["t"].as_u64());
-    let phase = if of(victim, "init-done").is_empty() {
-        "before init returned"
-    } else {
-        "after init"
-    }
-    .to_string();
-    let mut t = Trial {
+    let t = Trial {
         kind,
         world,
         victim,
@@ -763,17 +749,49 @@ pub fn run_trial(
         hang,
         wrong: 0,
         foreign_accepted: 0,
-        // A process fault counts once the victim said it was injecting it.
-        faults: u64::from(died_at.is_some()),
+        faults: 0,
         fd_leak: 0,
         held_in_process: Some(0),
         held_after_exit,
         return_ms,
-        phase,
+        phase: String::new(),
         clean_exit,
         drop_ms: 0.0,
         init_ms: 0.0,
     };
+    from_events(t, &events)
+}
+
+/// `t` (the trial's shape and what the suite measured) completed from what its processes
+/// reported: each rank's events, by rank (the stranger's as rank `world`).
+fn from_events(mut t: Trial, events: &[(usize, Value)]) -> Trial {
+    let (kind, world, victim) = (t.kind, t.world, t.victim);
+    let of = |r: usize, name: &str| -> Vec<&Value> {
+        events
+            .iter()
+            .filter(|(q, v)| *q == r && v["event"] == name)
+            .map(|(_, v)| v)
+            .collect()
+    };
+    let died_at = of(victim, "dying").first().and_then(|v| v["t"].as_u64());
+    // A victim that had finished its own calls before its fault (a kill timed for init that
+    // landed after the calls, a kill in the drop): the survivors' calls needed nothing more of
+    // it, so a survivor that finished them had nothing to find.
+    let victim_done_first = of(victim, "calls-done")
+        .first()
+        .and_then(|v| v["t"].as_u64())
+        .zip(died_at)
+        .is_some_and(|(done, died)| done < died);
+    t.phase = if of(victim, "init-done").is_empty() {
+        "before init returned"
+    } else if victim_done_first {
+        "after its calls"
+    } else {
+        "after init"
+    }
+    .to_string();
+    // A process fault counts once the victim said it was injecting it.
+    t.faults = u64::from(died_at.is_some());
     for r in 0..world {
         for v in of(r, "init-done") {
             t.init_ms = t.init_ms.max(v["ms"].as_f64().unwrap_or(0.0));
@@ -804,7 +822,8 @@ pub fn run_trial(
         } else if let Some(done) = of(r, "calls-done").first() {
             // A survivor that finished every call before the victim's fault had nothing left
             // to find.
-            let before = matches!((done["t"].as_u64(), died_at), (Some(d), Some(f)) if d < f);
+            let before = victim_done_first
+                || matches!((done["t"].as_u64(), died_at), (Some(d), Some(f)) if d < f);
             let what = if before { FINISHED_FIRST } else { "" };
             t.survivors.push((r, None, what.to_string(), false));
         }
@@ -834,6 +853,8 @@ pub struct SuiteOptions {
     pub world: usize,
     /// Stop once this many process faults and this many stranger attempts were injected.
     pub faults: u64,
+    /// ... and at least this many trials had a stranger at the job's door.
+    pub stranger_trials: usize,
     /// At most this many trials.
     pub trials: usize,
     /// Stop starting trials after this long.
@@ -900,16 +921,20 @@ pub fn run_suite(exe: &str, o: &SuiteOptions) -> (Value, String) {
         start.elapsed().as_secs_f64()
     );
     let mut all: Vec<Trial> = Vec::new();
-    let (mut process_faults, mut attempts) = (0u64, 0u64);
+    let (mut process_faults, mut attempts, mut stranger_trials) = (0u64, 0u64, 0usize);
     let mut i = 0;
     while i < o.trials
         && start.elapsed() < o.budget
-        && (process_faults < o.faults || attempts < o.faults)
+        && (process_faults < o.faults || attempts < o.faults || stranger_trials < o.stranger_trials)
     {
         let mut kind = Kind::ALL[i % Kind::ALL.len()];
-        // Once enough strangers came, their turns go to process faults.
-        if kind == Kind::Strangers && attempts >= o.faults {
+        let strangers_done = attempts >= o.faults && stranger_trials >= o.stranger_trials;
+        // Once enough strangers came, their turns go to process faults, and once enough
+        // process faults were injected, theirs go to strangers.
+        if kind == Kind::Strangers && strangers_done {
             kind = Kind::KillMidCollective;
+        } else if kind != Kind::Strangers && process_faults >= o.faults && !strangers_done {
+            kind = Kind::Strangers;
         }
         let victim = (rand() % world as u64) as usize;
         let delay_us = match kind {
@@ -939,6 +964,7 @@ pub fn run_suite(exe: &str, o: &SuiteOptions) -> (Value, String) {
             process_faults += t.faults;
         } else {
             attempts += t.faults;
+            stranger_trials += usize::from(kind == Kind::Strangers);
         }
         eprintln!(
             "[{i:>3}] {:<24} victim {} delay {:>6} us: {}{}{}{}({:.0} s; {process_faults} process faults, {attempts} stranger attempts)",
@@ -1059,7 +1085,21 @@ fn summarize(
             percentile(&mut ms, 1.0),
         );
         let f = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.1}"));
-        let expects_detection = !matches!(k, Kind::Strangers | Kind::KillInDrop);
+        let expects_detection = k.dies() || matches!(k, Kind::Stall | Kind::AbortFromThread);
+        // Where nothing dies (strangers at the door, no fault), any error of a rank is a fault
+        // of ours: a stranger that disrupts the job is a denial of service.
+        let disrupted = if expects_detection {
+            0
+        } else {
+            ts.iter()
+                .filter(|t| {
+                    t.survivors
+                        .iter()
+                        .any(|s| !s.2.is_empty() && !finished_first(s))
+                })
+                .count()
+        };
+        totals.disrupted += disrupted;
         let of = |n: usize| {
             if expects_detection {
                 format!("{n}/{}", to_find.len())
@@ -1123,11 +1163,13 @@ fn summarize(
     );
     let f = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.1}"));
     md.push_str(&format!(
-        "\nTotal: {} trials, {} process faults and {} stranger attempts; {} faults not found by every survivor still calling; dead peer (process ended after it joined) found at p99 {} ms, max {} ms; {} hangs, {} wrong elements, {} foreign joins, {} fds leaked in the ranks.\n",
+        "\nTotal: {} trials ({} with a stranger at the door), {} process faults and {} stranger attempts; {} faults not found by every survivor still calling; {} trials without a death where a rank failed anyway; dead peer (process ended after it joined) found at p99 {} ms, max {} ms; {} hangs, {} wrong elements, {} foreign joins, {} fds leaked in the ranks.\n",
         all.len(),
+        all.iter().filter(|t| t.kind == Kind::Strangers).count(),
         totals.process_faults,
         totals.attempts,
         totals.undetected,
+        totals.disrupted,
         f(p99),
         f(max),
         totals.hangs,
@@ -1160,7 +1202,8 @@ fn summarize(
         "world": world, "trials": all.len(),
         "process_faults": totals.process_faults, "stranger_attempts": totals.attempts,
         "dead_peer_detection_ms": {"p99": p99, "max": max},
-        "undetected": totals.undetected,
+        "undetected": totals.undetected, "disrupted": totals.disrupted,
+        "stranger_trials": all.iter().filter(|t| t.kind == Kind::Strangers).count(),
         "hangs": totals.hangs, "wrong": totals.wrong, "foreign_joins": totals.foreign,
         "fds_leaked": totals.fds,
         "gpu_bytes_held_after_exit": totals.after_exit,
@@ -1171,11 +1214,53 @@ fn summarize(
     (summary, md)
 }
 
+/// What in a suite's results (`summarize`'s JSON) fails it, each in words; empty: it passed.
+/// Whatever was not measured fails too.
+pub fn verdict(json: &Value) -> Vec<String> {
+    let count = |k: &str| json[k].as_i64().unwrap_or(1);
+    let mut failed = Vec::new();
+    for (key, what) in [
+        ("hangs", "hangs"),
+        ("wrong", "wrong elements"),
+        ("foreign_joins", "foreign joins"),
+        ("undetected", "faults not found by every survivor"),
+        ("disrupted", "trials without a death where a rank failed"),
+        ("fds_leaked", "fds left open in the ranks after their drop"),
+        (
+            "gpu_bytes_held_after_exit",
+            "GPU bytes not back after a trial's processes exited",
+        ),
+    ] {
+        let n = count(key);
+        if n != 0 {
+            failed.push(format!("{n} {what}"));
+        }
+    }
+    let outside = &json["outside_after_suite"];
+    let held = outside["gpu_bytes_held"].as_i64().unwrap_or(1);
+    if held != 0 {
+        failed.push(format!(
+            "{held} GPU bytes below the baseline after the suite"
+        ));
+    }
+    let fds = outside["fds_held"].as_i64().unwrap_or(1);
+    if fds != 0 {
+        failed.push(format!(
+            "the suite's own fds {fds:+} against before the first job"
+        ));
+    }
+    if json["warm_up_ok"].as_bool() != Some(true) {
+        failed.push("the warm-up job failed".into());
+    }
+    failed
+}
+
 /// The suite's totals over every kind.
 #[derive(Debug)]
 struct Totals {
     process_faults: u64,
     undetected: usize,
+    disrupted: usize,
     attempts: u64,
     hangs: usize,
     wrong: usize,
@@ -1189,6 +1274,7 @@ impl Default for Totals {
         Totals {
             process_faults: 0,
             undetected: 0,
+            disrupted: 0,
             attempts: 0,
             hangs: 0,
             wrong: 0,
@@ -1311,5 +1397,83 @@ mod tests {
         let (json, _) = summarize(2, &[before], true, 2000, &CLEAN, Duration::ZERO);
         assert!(json["dead_peer_detection_ms"]["p99"].is_null(), "{json}");
         assert_eq!(json["rows"][0]["by_launcher"], 1);
+    }
+
+    fn event(name: &str, t: u64) -> Value {
+        json!({"event": name, "t": t, "wrong": 0, "ms": 1.0})
+    }
+
+    /// A kill timed for init that landed after the victim's calls: the survivor that finished
+    /// its calls after the death had nothing to find (the victim's part was in), and the trial
+    /// is not counted undetected; one whose victim died mid-calls is.
+    #[test]
+    fn a_survivor_of_a_victim_that_had_finished_its_calls_had_nothing_to_find() {
+        let base = || {
+            let mut t = trial(Kind::KillDuringInit, Some(0), 0);
+            t.survivors.clear();
+            t
+        };
+        let late = [
+            (1, event("init-done", 10)),
+            (1, event("calls-done", 20)),
+            (1, event("dying", 30)),
+            (0, event("init-done", 10)),
+            (0, event("calls-done", 35)),
+        ];
+        let t = from_events(base(), &late);
+        assert_eq!((t.faults, t.phase.as_str()), (1, "after its calls"));
+        assert!(finished_first(&t.survivors[0]), "{:?}", t.survivors);
+        let mid = [
+            (1, event("init-done", 10)),
+            (1, event("dying", 30)),
+            (0, event("init-done", 10)),
+            (0, event("calls-done", 35)),
+        ];
+        let u = from_events(base(), &mid);
+        assert_eq!(u.phase, "after init");
+        let (json, _) = summarize(2, &[t, u], true, 2000, &CLEAN, Duration::ZERO);
+        assert_eq!(json["undetected"], 1, "{json}");
+    }
+
+    /// The verdict fails on everything the suite measured wrong, each named: a stranger trial
+    /// in which a rank failed, a kill in the drop that a survivor still calling missed, fds the
+    /// suite itself kept; a clean run passes.
+    #[test]
+    fn the_verdict_names_every_failure_and_passes_a_clean_run() {
+        let clean = [
+            trial(Kind::KillMidCollective, Some(0), 1),
+            trial(Kind::Strangers, Some(0), 40),
+        ];
+        let mut clean = clean.to_vec();
+        clean[1].survivors = vec![
+            (0, None, String::new(), false),
+            (1, None, String::new(), false),
+        ];
+        let (json, _) = summarize(2, &clean, true, 2000, &CLEAN, Duration::ZERO);
+        assert!(verdict(&json).is_empty(), "{:?} {json}", verdict(&json));
+        let mut dos = trial(Kind::Strangers, Some(0), 40);
+        dos.survivors = vec![(0, None, "rank 0: the handshake queue is full".into(), false)];
+        let mut drop_miss = trial(Kind::KillInDrop, Some(0), 1);
+        drop_miss.survivors = vec![(0, None, String::new(), false)];
+        let fds = Outside {
+            gpu_bytes_held: Some(0),
+            fds_held: 3,
+        };
+        let (json, md) = summarize(2, &[dos, drop_miss], true, 2000, &fds, Duration::ZERO);
+        let failed = verdict(&json).join("; ");
+        assert!(
+            failed.contains("1 trials without a death where a rank failed"),
+            "{failed}"
+        );
+        assert!(
+            failed.contains("1 faults not found by every survivor"),
+            "{failed}"
+        );
+        assert!(failed.contains("the suite's own fds +3"), "{failed}");
+        assert!(md.contains("(1 with a stranger at the door)"), "{md}");
+        assert!(
+            md.contains("1 trials without a death where a rank failed anyway"),
+            "{md}"
+        );
     }
 }

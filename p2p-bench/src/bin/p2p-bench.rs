@@ -190,6 +190,9 @@ enum Command {
         /// aborted) and this many stranger attempts were injected.
         #[arg(long, default_value_t = 200)]
         faults: u64,
+        /// ... and at least this many trials with a stranger at the job's door.
+        #[arg(long, default_value_t = 50)]
+        stranger_trials: usize,
         /// At most this many trials (every fault kind in turn).
         #[arg(long, default_value_t = 2000)]
         trials: usize,
@@ -691,6 +694,7 @@ fn main() -> ExitCode {
         Command::Faults {
             ranks,
             faults,
+            stranger_trials,
             trials,
             seconds,
             timeout_ms,
@@ -699,6 +703,7 @@ fn main() -> ExitCode {
             &p2p_bench::faults::SuiteOptions {
                 world: ranks,
                 faults,
+                stranger_trials,
                 trials,
                 budget: std::time::Duration::from_secs(seconds),
                 timeout_ms,
@@ -1005,16 +1010,12 @@ fn faults_cmd(options: &p2p_bench::faults::SuiteOptions, out: &std::path::Path) 
     match written {
         Ok(()) => {
             eprintln!("wrote {}.{{json,md}}", stem.display());
-            let bad = json["hangs"].as_u64().unwrap_or(1) > 0
-                || json["wrong"].as_u64().unwrap_or(1) > 0
-                || json["foreign_joins"].as_u64().unwrap_or(1) > 0
-                || json["undetected"].as_u64().unwrap_or(1) > 0
-                // Not measured is not clean.
-                || json["gpu_bytes_held_after_exit"].as_i64().unwrap_or(1) > 0;
-            if bad {
-                ExitCode::from(exit::FAILED)
-            } else {
+            let failed = p2p_bench::faults::verdict(&json);
+            if failed.is_empty() {
                 ExitCode::SUCCESS
+            } else {
+                eprintln!("p2p-bench faults: FAILED: {}", failed.join("; "));
+                ExitCode::from(exit::FAILED)
             }
         }
         Err(e) => {
