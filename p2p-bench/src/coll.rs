@@ -590,7 +590,7 @@ pub fn run(opts: &Options) -> Result<Value, String> {
     let driver = p2p_sys::driver_version().unwrap_or(0);
     let mut results = json!({
         "benchmark": "coll",
-        "date": p2p_transport::utc_now(),
+        "date": crate::utc_now(),
         "commit": env!("P2PBUILD_COMMIT"),
         "host": p2p_transport::hostname(),
         "gpus": devices.iter().map(|d| json!({"ordinal": d.ordinal(), "name": d.name(), "pci_bus_id": d.pci_bus_id()})).collect::<Vec<_>>(),

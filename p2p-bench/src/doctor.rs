@@ -618,11 +618,7 @@ fn bridges_between(a: &topo::Gpu, b: &topo::Gpu) -> Vec<(String, Option<u16>)> {
 /// Runs every check on the live machine, including the functional test when `functional`.
 pub fn run(functional: bool) -> Report {
     let mut findings = Vec::new();
-    let source = format!(
-        "p2p {} at {}",
-        env!("CARGO_PKG_VERSION"),
-        p2p_transport::utc_now()
-    );
+    let source = format!("p2p {} at {}", env!("CARGO_PKG_VERSION"), crate::utc_now());
     match p2p_sys::driver_version() {
         Ok(v) => {
             let f = check_driver(v);

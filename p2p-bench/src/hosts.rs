@@ -89,14 +89,14 @@ pub fn run(opts: &Options) -> Result<Option<Value>, String> {
     let gpu = comm.device().name().to_lowercase().replace(' ', "-");
     let results = json!({
         "benchmark": "hosts",
-        "date": p2p_transport::utc_now(),
+        "date": crate::utc_now(),
         "layout": {"world": w, "hosts": layout.hosts, "per_host": layout.local_world},
         "gpu": comm.device().name(),
         "method": "host wall clock around `iters` calls and a synchronize, median of `samples` runs, on rank 0; f32 sum; the size is the all-reduce's, broadcast's and reduce's buffer, the all-gather's output, the reduce-scatter's and all-to-all's input; NCCL: its own communicator over every rank with the same host ids (MultiHostCommunicator::nccl_all); #wrong: one call on exact inputs, rank 0's output checked (every rank checks its own and fails on a wrong element)",
         "nccl_env": {"NCCL_HOSTID": std::env::var("NCCL_HOSTID").ok()},
         "rows": rows,
     });
-    let date: String = p2p_transport::utc_now().chars().take(10).collect();
+    let date: String = crate::utc_now().chars().take(10).collect();
     let stem = format!("hosts-{date}-{w}x{gpu}");
     std::fs::create_dir_all(&opts.out).map_err(|e| format!("{}: {e}", opts.out.display()))?;
     let json_path = opts.out.join(format!("{stem}.json"));

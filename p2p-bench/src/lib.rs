@@ -81,6 +81,11 @@ impl GpuInfo {
     }
 }
 
+/// The current UTC time as `YYYY-MM-DDTHH:MM:SSZ` (RFC 3339), as the results record it.
+pub fn utc_now() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+}
+
 /// The distinct kernel targets (`sm_90`, ...) of `devices`, sorted.
 pub fn gpu_archs(devices: &[Device]) -> Vec<String> {
     let mut archs: Vec<String> = devices.iter().map(p2p_mem::kernel::arch_for).collect();
@@ -149,6 +154,16 @@ pub fn gpu_slug(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_results_date_is_rfc3339_utc_to_the_second() {
+        let t = utc_now();
+        let shape: String = t
+            .chars()
+            .map(|c| if c.is_ascii_digit() { '9' } else { c })
+            .collect();
+        assert_eq!(shape, "9999-99-99T99:99:99Z", "{t}");
+    }
 
     #[test]
     fn the_table_has_a_row_per_gpu() {

@@ -392,7 +392,7 @@ pub fn run(opts: &Options) -> Result<Value, String> {
     });
     std::fs::create_dir_all(&opts.out)
         .map_err(|e| format!("creating {}: {e}", opts.out.display()))?;
-    let date: String = p2p_transport::utc_now().chars().take(10).collect();
+    let date: String = crate::utc_now().chars().take(10).collect();
     let slug = crate::gpu_slug(devices[0].name());
     let stem = match opts.pattern {
         Pattern::Ring => format!("sendrecv-{date}-{n}x{slug}"),

@@ -60,7 +60,7 @@ pub use error::{Error, PeerFailure, Result};
 /// that name `tracing` differently or not at all.
 #[doc(hidden)]
 pub use tracing as __tracing;
-pub use util::{hostname, utc_from_unix, utc_now};
+pub use util::hostname;
 
 /// The longest time limit any wait of the transport accepts, and of the layers above (one day):
 /// a connection's `timeout` (feature `conn`), a [`rendezvous::Rendezvous`]'s `timeout`

@@ -27,8 +27,9 @@
 #                      (docs/performance.md, "The first compile and the kernel cache"). ~1 min
 #                      a round.
 #   extra              the examples with 2 ranks on the one GPU (p2p-bench launch, torchrun
-#                      with 2 and 4), and the fault-injection suite with 2 ranks
-#                      (FAULT_SECONDS, default 90). ~4 min.
+#                      with 2 and 4), and the fault-injection suite with 2 ranks: FAULT_COUNT
+#                      process faults (default 40) and STRANGER_TRIALS trials with a stranger
+#                      (default 50), for at most FAULT_SECONDS (default 300). ~7-8 min.
 source "$(dirname "$0")/common.sh"
 REST=diag
 if [ "$n" -lt 1 ]; then echo "one-gpu.sh: no GPU found" >&2; exit 1; fi
@@ -134,7 +135,10 @@ phase_extra() {
     note "torchrun is not installed here: not run"
   fi
   pack
-  timeout 150 "$here/p2p-bench" faults -n 2 --seconds "${FAULT_SECONDS:-90}" --out "$res" >"$res/faults.log" 2>&1
+  # Process faults first, then the strangers' turns (at least 50 trials of them).
+  local secs=${FAULT_SECONDS:-300}
+  timeout $((secs + 90)) "$here/p2p-bench" faults -n 2 --faults "${FAULT_COUNT:-40}" \
+    --stranger-trials "${STRANGER_TRIALS:-50}" --seconds "$secs" --out "$res" >"$res/faults.log" 2>&1
   note "faults -n 2 on one GPU: exit $?: $(tail -n 3 "$res/faults.log" | tr '\n' ' ')"
 }
 

@@ -995,7 +995,7 @@ fn faults_cmd(options: &p2p_bench::faults::SuiteOptions, out: &std::path::Path) 
         }
     };
     let (json, md) = p2p_bench::faults::run_suite(&exe, options);
-    let date: String = p2p_transport::utc_now().chars().take(10).collect();
+    let date: String = p2p_bench::utc_now().chars().take(10).collect();
     let gpus = p2p_mem::Device::count().unwrap_or(0);
     let stem = out.join(format!("faults-{date}-{ranks}ranks-{gpus}xgpu"));
     let written = std::fs::create_dir_all(out)

@@ -129,7 +129,7 @@ pub fn discover() -> Result<Topology, p2p_mem::Error> {
             "recorded by p2p-bench {} on {} at {}",
             env!("CARGO_PKG_VERSION"),
             crate::hostname(),
-            crate::util::utc_now()
+            humantime::format_rfc3339_seconds(std::time::SystemTime::now())
         ),
         gpus,
         pairs,
