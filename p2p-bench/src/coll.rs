@@ -1230,29 +1230,42 @@ pub fn render(r: &Value) -> String {
     s
 }
 
-/// busbw against size, ours beside NCCL's, one panel per collective and type, as SVG.
+/// busbw against size, ours beside NCCL's, one panel per collective and type, as SVG (drawn by
+/// plotters; a drawing error, which only a malformed result could cause, is logged and the
+/// plot left as far as it got).
 pub fn svg(r: &Value) -> String {
+    let mut out = String::new();
+    if let Err(e) = draw_svg(r, &mut out) {
+        tracing::error!("drawing the busbw plot: {e}");
+    }
+    out
+}
+
+fn draw_svg(r: &Value, out: &mut String) -> Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
     let rows = r["rows"].as_array().cloned().unwrap_or_default();
     let groups = groups(&rows);
-    let (pw, ph, cols) = (420.0, 260.0, 2usize);
-    let nrows = groups.len().div_ceil(cols);
-    let (w, hgt) = (pw * cols as f64, ph * nrows as f64 + 40.0);
-    let mut s = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{hgt}\" font-family=\"sans-serif\" font-size=\"11\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"10\" y=\"20\" font-size=\"12\">busbw (GB/s), eager, out of place: p2p (blue), p2p registered (green), NCCL {} best mode (orange), NCCL plain (grey); {} x {}, commit {}, {}</text>\n",
+    let (pw, ph, cols) = (420u32, 260u32, 2usize);
+    let nrows = groups.len().div_ceil(cols).max(1);
+    let size = (pw * cols as u32, ph * nrows as u32 + 40);
+    let root = SVGBackend::with_string(out, size).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (top, body) = root.split_vertically(40);
+    let title = format!(
+        "busbw (GB/s), eager, out of place: p2p (blue), p2p registered (green), NCCL {} best mode (orange), NCCL plain (grey); {} x {}, commit {}, {}",
         r["nccl_version"].as_str().unwrap_or("?"),
         r["world"],
         r["gpus"][0]["name"].as_str().unwrap_or("?"),
         r["commit"].as_str().unwrap_or("?"),
         r["date"].as_str().unwrap_or("?").chars().take(10).collect::<String>(),
     );
-    for (gi, (op, ty)) in groups.iter().enumerate() {
-        let (ox, oy) = ((gi % cols) as f64 * pw, (gi / cols) as f64 * ph + 40.0);
+    top.draw(&Text::new(title, (10, 14), ("sans-serif", 12).into_font()))?;
+    let panels = body.split_evenly((nrows, cols));
+    for (panel, (op, ty)) in panels.iter().zip(&groups) {
         let pts_of = |f: &dyn Fn(&Value) -> &Value| -> Vec<(f64, f64)> {
             rows.iter()
                 .filter(|x| x["op"] == op.as_str() && x["type"] == ty.as_str())
-                .filter_map(|x| Some(((x["bytes"].as_f64()?).log2(), f(x)["busbw"].as_f64()?)))
+                .filter_map(|x| Some((x["bytes"].as_f64()?, f(x)["busbw"].as_f64()?)))
                 .collect()
         };
         let ours = pts_of(&|x| &x["ours"]["out_of_place"]["eager"]);
@@ -1260,67 +1273,33 @@ pub fn svg(r: &Value) -> String {
         let plain = pts_of(&|x| &x["nccl"]["plain"]["out_of_place"]["eager"]);
         let registered = pts_of(&|x| &x["ours_registered"]["out_of_place"]["eager"]);
         let all: Vec<&(f64, f64)> = ours.iter().chain(&theirs).chain(&registered).collect();
-        let xmin = all.iter().map(|p| p.0).fold(f64::MAX, f64::min);
-        let xmax = all.iter().map(|p| p.0).fold(f64::MIN, f64::max);
+        let xmin = all.iter().map(|p| p.0).fold(f64::MAX, f64::min).max(1.0);
+        let xmax = all.iter().map(|p| p.0).fold(1.0, f64::max).max(xmin * 2.0);
         let ymax = all.iter().map(|p| p.1).fold(1.0, f64::max) * 1.1;
-        let (l, t, pwid, phei) = (ox + 50.0, oy + 20.0, pw - 70.0, ph - 60.0);
-        let map = |p: &(f64, f64)| {
-            (
-                l + (p.0 - xmin) / (xmax - xmin).max(1.0) * pwid,
-                t + phei - p.1 / ymax * phei,
-            )
-        };
-        s += &format!(
-            "<text x=\"{}\" y=\"{}\" font-size=\"12\">{op} {ty}</text>\n",
-            l,
-            oy + 14.0
-        );
-        s += &format!("<rect x=\"{l}\" y=\"{t}\" width=\"{pwid}\" height=\"{phei}\" fill=\"none\" stroke=\"#999\"/>\n");
-        for k in 0..=4 {
-            let y = ymax * k as f64 / 4.0;
-            let py = t + phei - phei * k as f64 / 4.0;
-            s += &format!(
-                "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.0}</text>\n",
-                l - 4.0,
-                py + 4.0,
-                y
-            );
-        }
-        let mut x = xmin.ceil();
-        while x <= xmax {
-            if (x as i64) % 4 == 3 || x == xmin.ceil() {
-                let px = map(&(x, 0.0)).0;
-                s += &format!(
-                    "<text x=\"{px}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
-                    t + phei + 14.0,
-                    size_name(2f64.powf(x) as usize).replace(' ', "")
-                );
-            }
-            x += 1.0;
-        }
+        let mut chart = ChartBuilder::on(panel)
+            .caption(format!("{op} {ty}"), ("sans-serif", 12))
+            .margin(8)
+            .x_label_area_size(20)
+            .y_label_area_size(40)
+            .build_cartesian_2d((xmin..xmax).log_scale(), 0.0..ymax)?;
+        chart
+            .configure_mesh()
+            .x_label_formatter(&|x| size_name(*x as usize).replace(' ', ""))
+            .y_labels(5)
+            .draw()?;
         for (p, color) in [
-            (&plain, "#bbbbbb"),
-            (&ours, "#1f77b4"),
-            (&registered, "#2ca02c"),
-            (&theirs, "#ff7f0e"),
+            (plain, RGBColor(0xbb, 0xbb, 0xbb)),
+            (ours, RGBColor(0x1f, 0x77, 0xb4)),
+            (registered, RGBColor(0x2c, 0xa0, 0x2c)),
+            (theirs, RGBColor(0xff, 0x7f, 0x0e)),
         ] {
-            if p.is_empty() {
-                continue;
+            if !p.is_empty() {
+                chart.draw_series(LineSeries::new(p, color.stroke_width(2)))?;
             }
-            let d: Vec<String> = p
-                .iter()
-                .map(|q| {
-                    let (a, b) = map(q);
-                    format!("{a:.1},{b:.1}")
-                })
-                .collect();
-            s += &format!(
-                "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2\" points=\"{}\"/>\n",
-                d.join(" ")
-            );
         }
     }
-    s + "</svg>\n"
+    root.present()?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -1329,6 +1308,28 @@ mod tests {
 
     fn fig(us: f64) -> Value {
         json!({"us": us, "busbw": 100.0 / us})
+    }
+
+    /// The plot has a panel per collective and type, with a line for each series measured.
+    #[test]
+    fn the_plot_draws_a_panel_per_group_and_a_line_per_series() {
+        let row = |op: &str, bytes: u64, bw: f64| {
+            let mut r = json!({"op": op, "type": "float", "bytes": bytes});
+            r["ours"]["out_of_place"]["eager"] = json!({"busbw": bw});
+            r["nccl_best"]["out_of_place"]["eager"] = json!({"busbw": bw * 0.9});
+            r
+        };
+        let results = json!({"world": 4, "commit": "abc", "rows": [
+            row("all_reduce", 8192, 10.0), row("all_reduce", 1 << 20, 200.0),
+            row("all_gather", 8192, 12.0), row("all_gather", 1 << 20, 220.0),
+        ]});
+        let svg = svg(&results);
+        assert!(svg.starts_with("<svg"), "{svg}");
+        assert!(svg.contains("all_reduce float") && svg.contains("all_gather float"));
+        // p2p in blue, NCCL in orange, in each of the two panels.
+        assert_eq!(svg.matches("stroke=\"#1F77B4\"").count(), 2, "{svg}");
+        assert_eq!(svg.matches("stroke=\"#FF7F0E\"").count(), 2, "{svg}");
+        assert!(svg.contains("commit abc"));
     }
 
     #[test]
