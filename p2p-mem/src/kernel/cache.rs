@@ -197,7 +197,7 @@ pub(super) fn cached_compile(
         (Some(d), false) => {
             let set: Vec<[u8; 8]> = missing.iter().map(|&i| keys[i].0.to_le_bytes()).collect();
             let set: Vec<&[u8]> = set.iter().map(|k| &k[..]).collect();
-            compile_lock(d, fnv1a(&set), COMPILE_WAIT)
+            compile_lock(d, digest64(&set), COMPILE_WAIT)
         }
         _ => None,
     };
@@ -370,7 +370,7 @@ pub fn cache_dir() -> Option<std::path::PathBuf> {
 
 /// Changed by hand whenever a cached cubin could differ for another reason than the key's
 /// other parts (the code, the target, the NVRTC release, the options and the macros).
-pub(super) const CACHE_FORMAT: &str = "p2p-kernel-cache-2";
+pub(super) const CACHE_FORMAT: &str = "p2p-kernel-cache-3";
 
 /// The cache key of a compile: a hash of the code, the target, the compiler (NVRTC's version
 /// and its library's build ID), the options and the macros.
@@ -389,7 +389,7 @@ pub(super) fn cache_key(source: &Source, arch: &str, compiler: &Compiler) -> u64
     ];
     parts.extend(options.iter().map(|o| o.as_bytes()));
     parts.extend(source.defines.iter().map(|d| d.as_bytes()));
-    fnv1a(&parts)
+    digest64(&parts)
 }
 
 pub(super) fn cache_name(source: &Source, arch: &str, key: u64) -> String {
@@ -608,13 +608,17 @@ pub(super) fn compile_lock(
     }
 }
 
-pub(super) fn fnv1a(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+/// A 64-bit key of `parts`: the first 8 bytes of SHA-256 over each part with its length
+/// before it (so that no two lists of parts share a key by where their bytes split).
+pub(super) fn digest64(parts: &[&[u8]]) -> u64 {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
     for p in parts {
-        for &b in *p {
-            h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
-        }
-        h = (h ^ 0xff).wrapping_mul(0x100_0000_01b3);
+        h.update((p.len() as u64).to_le_bytes());
+        h.update(p);
     }
-    h
+    let d = h.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&d[..8]);
+    u64::from_le_bytes(first)
 }

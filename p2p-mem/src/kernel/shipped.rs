@@ -14,11 +14,11 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::{fnv1a, options, Source};
+use super::{digest64, options, Source};
 
 const MAGIC: &[u8; 8] = b"P2PKERN1";
 /// Part of every key: a change of the key's recipe invalidates every archive.
-const KEY_FORMAT: &str = "p2p-shipped-1";
+const KEY_FORMAT: &str = "p2p-shipped-2";
 /// The targets every archive holds (what `cargo xtask kernels` compiles, and CI checks).
 pub const ARCHS: [&str; 2] = ["sm_80", "sm_90"];
 
@@ -33,7 +33,7 @@ pub fn key(source: &Source, arch: &str) -> u64 {
     ];
     parts.extend(options.iter().map(|o| o.as_bytes()));
     parts.extend(source.defines.iter().map(|d| d.as_bytes()));
-    fnv1a(&parts)
+    digest64(&parts)
 }
 
 /// One compiled image, as [`write()`] takes it.
