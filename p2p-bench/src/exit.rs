@@ -11,7 +11,8 @@ pub const FAILED: u8 = 1;
 /// setting (clap's own usage errors exit with 2 too).
 pub const USAGE: u8 = 2;
 
-/// `coll` ended early (a deadline, a fatal error): the results so far are written.
+/// `coll` ended early (a deadline, a fatal error), or `faults` ran out of time before its targets
+/// with nothing failed: the results so far are written.
 pub const INCOMPLETE: u8 = 3;
 
 /// `launch`: the job was stopped by a signal (SIGINT, SIGTERM, SIGHUP), every rank with it.
@@ -26,7 +27,8 @@ Exit status (the same in every command):
   0  done (doctor: no check failed)
   1  could not do it: no GPU or no CUDA driver, a failed check or run, a file not read or written
   2  usage: an unknown argument or value, or a bad P2P_* setting (the message names it)
-  3  coll: the run ended early; the results so far are written
+  3  coll: the run ended early; faults: nothing failed but the budget ended it before its
+     targets; the results so far are written
   launch exits with the status of the rank that failed first; 124 past --time-limit, 130 when
   stopped by a signal (every rank's process group stopped).";
 

@@ -1002,14 +1002,46 @@ pub fn run_suite(exe: &str, o: &SuiteOptions) -> (Value, String) {
         gpu_bytes_held: held_end,
         fds_held: open_fds() as i64 - fds0 as i64,
     };
-    summarize(
+    let (mut json, mut md) = summarize(
         world,
         &all,
         warm.verdict() == "ok",
         o.timeout_ms,
         &outside,
         start.elapsed(),
-    )
+    );
+    json["targets"] = json!({
+        "process_faults": o.faults, "stranger_attempts": o.faults,
+        "stranger_trials": o.stranger_trials,
+    });
+    let short = short_of_targets(&json);
+    if !short.is_empty() {
+        md.push_str(&format!(
+            "\nThe run ended (its budget or trial limit) before its targets: {}.\n",
+            short.join("; ")
+        ));
+    }
+    (json, md)
+}
+
+/// Which of the suite's targets (`json["targets"]`, set by [`run_suite`]) its results fall short
+/// of, each in words; empty: all reached.
+pub fn short_of_targets(json: &Value) -> Vec<String> {
+    let mut short = Vec::new();
+    for (key, what) in [
+        ("process_faults", "process faults"),
+        ("stranger_attempts", "stranger attempts"),
+        ("stranger_trials", "trials with a stranger"),
+    ] {
+        let (got, want) = (
+            json[key].as_u64().unwrap_or(0),
+            json["targets"][key].as_u64(),
+        );
+        if let Some(want) = want.filter(|&w| got < w) {
+            short.push(format!("{got} of {want} {what}"));
+        }
+    }
+    short
 }
 
 /// What the suite measured itself after its last job.
@@ -1433,6 +1465,17 @@ mod tests {
         assert_eq!(u.phase, "after init");
         let (json, _) = summarize(2, &[t, u], true, 2000, &CLEAN, Duration::ZERO);
         assert_eq!(json["undetected"], 1, "{json}");
+    }
+
+    #[test]
+    fn a_run_short_of_its_targets_says_by_how_much() {
+        let mut json =
+            json!({"process_faults": 40, "stranger_attempts": 6693, "stranger_trials": 37});
+        json["targets"] =
+            json!({"process_faults": 40, "stranger_attempts": 40, "stranger_trials": 50});
+        assert_eq!(short_of_targets(&json), ["37 of 50 trials with a stranger"]);
+        json["stranger_trials"] = json!(50);
+        assert!(short_of_targets(&json).is_empty());
     }
 
     /// The verdict fails on everything the suite measured wrong, each named: a stranger trial

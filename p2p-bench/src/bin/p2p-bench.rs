@@ -1011,11 +1011,18 @@ fn faults_cmd(options: &p2p_bench::faults::SuiteOptions, out: &std::path::Path) 
         Ok(()) => {
             eprintln!("wrote {}.{{json,md}}", stem.display());
             let failed = p2p_bench::faults::verdict(&json);
-            if failed.is_empty() {
-                ExitCode::SUCCESS
-            } else {
+            let short = p2p_bench::faults::short_of_targets(&json);
+            if !failed.is_empty() {
                 eprintln!("p2p-bench faults: FAILED: {}", failed.join("; "));
                 ExitCode::from(exit::FAILED)
+            } else if !short.is_empty() {
+                eprintln!(
+                    "p2p-bench faults: nothing failed, but the run ended before its targets: {} (give it more --seconds)",
+                    short.join("; ")
+                );
+                ExitCode::from(exit::INCOMPLETE)
+            } else {
+                ExitCode::SUCCESS
             }
         }
         Err(e) => {
