@@ -50,16 +50,25 @@ pub(crate) struct Slot(Mutex<Option<Copier>>);
 
 impl Slot {
     /// Frees the copier, if any, in the device's context `ctx` (made current here), when the
-    /// device goes. Its stream is idle: a copier whose copy ran past its limit was given up.
+    /// device goes: only if its stream is idle (a copier whose copy ran past its limit was
+    /// given up already; one still busy here is leaked, never waited on).
     pub(crate) fn release(&mut self, ctx: cuda::CUcontext, ordinal: i32) {
         let slot = self.0.get_mut().unwrap_or_else(|e| e.into_inner());
         let Some(c) = slot.take() else { return };
-        // SAFETY: the context is still retained (the device releases it after this), the
-        // stream and the staging memory were made in it and are freed once; nothing is queued.
+        // SAFETY: the context is still retained (the device releases it after this) and the
+        // stream was made in it; the query only reads its state.
+        let idle = unsafe { cu!(cuCtxSetCurrent(ctx)).and_then(|()| cu!(cuStreamQuery(c.stream))) };
+        if let Err(e) = idle {
+            // cuMemFreeHost would wait, unbounded, for a copy still using the staging memory.
+            tracing::error!(
+                device = ordinal,
+                "the synchronous copier's stream is not idle at the device's end ({e}): leaking its {STAGING} bytes of staging memory"
+            );
+            return;
+        }
+        // SAFETY: as above; the stream is idle, and it and the staging memory are freed once.
         let freed = unsafe {
-            cu!(cuCtxSetCurrent(ctx))
-                .and_then(|()| cu!(cuStreamDestroy_v2(c.stream)))
-                .and_then(|()| cu!(cuMemFreeHost(c.staging.cast())))
+            cu!(cuStreamDestroy_v2(c.stream)).and_then(|()| cu!(cuMemFreeHost(c.staging.cast())))
         };
         if let Err(e) = freed {
             tracing::error!(device = ordinal, "freeing the synchronous copier: {e}");
