@@ -484,17 +484,47 @@ fn launch_stopped_by_a_signal_stops_every_rank() {
     std::thread::sleep(std::time::Duration::from_millis(100));
     for r in 0..2 {
         let pid = std::fs::read_to_string(pid_file(r)).expect("a pid");
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()));
-        let running = stat.is_ok_and(|s| {
-            s.rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().next())
-                .is_some_and(|state| state != "Z" && state != "X")
-        });
+        let pid: u32 = pid.trim().parse().expect("a number");
         assert!(
-            !running,
-            "rank {r}'s program (pid {}) outlived the launcher",
-            pid.trim()
+            !p2p_testkit::running(pid),
+            "rank {r}'s program (pid {pid}) outlived the launcher"
         );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A launcher killed outright (SIGKILL: no handler runs) takes its ranks with it.
+#[test]
+fn launch_killed_outright_takes_its_ranks_with_it() {
+    let dir = std::env::temp_dir().join(format!("p2p-cli-pdeath-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let script = format!("echo $$ > {}/$RANK.pid; exec sleep 30", dir.display());
+    let mut child = command()
+        .args(["launch", "-n", "2", "--", "sh", "-c", &script])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run p2p-bench launch");
+    let pid_file = |r: usize| dir.join(format!("{r}.pid"));
+    let t = std::time::Instant::now();
+    while !(pid_file(0).exists() && pid_file(1).exists()) {
+        assert!(t.elapsed().as_secs() < 10, "the ranks did not start");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().expect("SIGKILL the launcher");
+    child.wait().expect("reap the launcher");
+    let pids: Vec<u32> = (0..2)
+        .map(|r| {
+            let pid = std::fs::read_to_string(pid_file(r)).expect("a pid");
+            pid.trim().parse().expect("a number")
+        })
+        .collect();
+    let t = std::time::Instant::now();
+    while pids.iter().any(|&p| p2p_testkit::running(p)) {
+        assert!(
+            t.elapsed().as_secs() < 5,
+            "a rank outlived its launcher: {pids:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -354,6 +354,7 @@ fn stop(children: &mut Vec<(usize, Child)>, signal: Signal) -> Option<ExitStatus
 #[cfg(test)]
 mod tests {
     use super::*;
+    use p2p_testkit::running;
 
     #[test]
     fn every_rank_gets_the_launcher_environment_and_one_job_secret() {
@@ -400,22 +401,6 @@ mod tests {
             start.elapsed() < Duration::from_secs(10),
             "the sleepers were not stopped"
         );
-    }
-
-    /// Whether process `pid` is running (a zombie, ended and not yet reaped, is not).
-    fn running(pid: u32) -> bool {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|stat| {
-                let state = stat
-                    .rsplit_once(')')?
-                    .1
-                    .split_whitespace()
-                    .next()?
-                    .to_string();
-                Some(state != "Z" && state != "X")
-            })
-            .unwrap_or(false)
     }
 
     /// The pids that the ranks' scripts wrote into `dir` (one file a rank).

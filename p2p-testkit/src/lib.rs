@@ -369,3 +369,19 @@ macro_rules! fuzz_tests {
         )+
     };
 }
+
+/// Whether process `pid` is running: it exists and is not a zombie (ended, not yet reaped).
+pub fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .next()?
+                .to_string();
+            Some(state != "Z" && state != "X")
+        })
+        .unwrap_or(false)
+}
