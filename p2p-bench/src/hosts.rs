@@ -15,7 +15,7 @@ use p2p_collective::verify::{compare, expected, input};
 use p2p_collective::{Call, Collectives, DataType, MultiHostCommunicator, Op, RedOp};
 use p2p_mem::{DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
 use p2p_sys::nccl_rt::{ncclDataType_t, ncclRedOp_t};
-use p2p_transport::nccl;
+use p2p_transport::nccl::{self, Collective};
 use serde_json::{json, Value};
 
 /// What to run.
@@ -183,13 +183,18 @@ fn nccl_call(
         ncclDataType_t::ncclFloat32,
         ncclRedOp_t::ncclSum,
     );
-    let res = match call.op {
-        Op::AllReduce => all.all_reduce(send, recv, n, t, sum, stream),
-        Op::AllGather => all.all_gather(send, recv, n, t, stream),
-        Op::ReduceScatter => all.reduce_scatter(send, recv, n, t, sum, stream),
-        Op::Broadcast => all.broadcast(send, recv, n, t, call.root, stream),
-        Op::Reduce => all.reduce(send, recv, n, t, sum, call.root, stream),
-        Op::AllToAll => {
+    let root = call.root;
+    let which = match call.op {
+        Op::AllReduce => Some(Collective::AllReduce(sum)),
+        Op::AllGather => Some(Collective::AllGather),
+        Op::ReduceScatter => Some(Collective::ReduceScatter(sum)),
+        Op::Broadcast => Some(Collective::Broadcast { root }),
+        Op::Reduce => Some(Collective::Reduce { red: sum, root }),
+        Op::AllToAll => None,
+    };
+    let res = match which {
+        Some(which) => all.collective(which, send, recv, n, t, stream),
+        None => {
             let (bytes, world) = (n * 4, comm.world_size());
             nccl::group(std::slice::from_ref(all), || {
                 for peer in 0..world {

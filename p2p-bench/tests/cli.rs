@@ -454,24 +454,66 @@ fn launch_stops_a_job_past_its_time_limit() {
     assert!(t.elapsed().as_secs() < 5, "took {:?}", t.elapsed());
 }
 
+/// `p2p-bench launch -n 2 -- sh -c SCRIPT`, started and left running until each rank has written
+/// the pid of its program to `DIR/RANK.pid` (`script(DIR)` gives the script).
+struct TwoRanks {
+    launcher: std::process::Child,
+    dir: std::path::PathBuf,
+    /// Each rank's program's pid, by rank.
+    pids: Vec<u32>,
+}
+
+impl TwoRanks {
+    fn start(tag: &str, script: impl Fn(&str) -> String, stderr: std::process::Stdio) -> TwoRanks {
+        let dir = std::env::temp_dir().join(format!("p2p-cli-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let launcher = command()
+            .args([
+                "launch",
+                "-n",
+                "2",
+                "--",
+                "sh",
+                "-c",
+                &script(&dir.display().to_string()),
+            ])
+            .stderr(stderr)
+            .spawn()
+            .expect("run p2p-bench launch");
+        let pid_file = |r: usize| dir.join(format!("{r}.pid"));
+        let t = std::time::Instant::now();
+        let read = |r: usize| -> Option<u32> {
+            std::fs::read_to_string(pid_file(r))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()
+        };
+        let pids = loop {
+            if let (Some(a), Some(b)) = (read(0), read(1)) {
+                break vec![a, b];
+            }
+            assert!(t.elapsed().as_secs() < 10, "the ranks did not start");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        TwoRanks {
+            launcher,
+            dir,
+            pids,
+        }
+    }
+}
+
 /// SIGTERM (or Ctrl-C's SIGINT) to the launcher stops every rank, process group and all,
 /// and the launcher exits 130: no rank is left running.
 #[test]
 fn launch_stopped_by_a_signal_stops_every_rank() {
-    let dir = std::env::temp_dir().join(format!("p2p-cli-signal-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let script = format!("sleep 30 & echo $! > {}/$RANK.pid; wait", dir.display());
-    let child = command()
-        .args(["launch", "-n", "2", "--", "sh", "-c", &script])
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run p2p-bench launch");
-    let pid_file = |r: usize| dir.join(format!("{r}.pid"));
-    let t = std::time::Instant::now();
-    while !(pid_file(0).exists() && pid_file(1).exists()) {
-        assert!(t.elapsed().as_secs() < 10, "the ranks did not start");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let script = |dir: &str| format!("sleep 30 & echo $! > {dir}/$RANK.pid; wait");
+    let TwoRanks {
+        launcher: child,
+        dir,
+        pids,
+    } = TwoRanks::start("signal", script, std::process::Stdio::piped());
     let launcher = rustix::process::Pid::from_child(&child);
     rustix::process::kill_process(launcher, rustix::process::Signal::TERM).expect("SIGTERM");
     let out = child.wait_with_output().expect("the launcher ends");
@@ -482,9 +524,7 @@ fn launch_stopped_by_a_signal_stops_every_rank() {
         "{err}"
     );
     std::thread::sleep(std::time::Duration::from_millis(100));
-    for r in 0..2 {
-        let pid = std::fs::read_to_string(pid_file(r)).expect("a pid");
-        let pid: u32 = pid.trim().parse().expect("a number");
+    for (r, pid) in pids.into_iter().enumerate() {
         assert!(
             !p2p_testkit::running(pid),
             "rank {r}'s program (pid {pid}) outlived the launcher"
@@ -496,28 +536,14 @@ fn launch_stopped_by_a_signal_stops_every_rank() {
 /// A launcher killed outright (SIGKILL: no handler runs) takes its ranks with it.
 #[test]
 fn launch_killed_outright_takes_its_ranks_with_it() {
-    let dir = std::env::temp_dir().join(format!("p2p-cli-pdeath-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let script = format!("echo $$ > {}/$RANK.pid; exec sleep 30", dir.display());
-    let mut child = command()
-        .args(["launch", "-n", "2", "--", "sh", "-c", &script])
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("run p2p-bench launch");
-    let pid_file = |r: usize| dir.join(format!("{r}.pid"));
-    let t = std::time::Instant::now();
-    while !(pid_file(0).exists() && pid_file(1).exists()) {
-        assert!(t.elapsed().as_secs() < 10, "the ranks did not start");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    let script = |dir: &str| format!("echo $$ > {dir}/$RANK.pid; exec sleep 30");
+    let TwoRanks {
+        launcher: mut child,
+        dir,
+        pids,
+    } = TwoRanks::start("pdeath", script, std::process::Stdio::null());
     child.kill().expect("SIGKILL the launcher");
     child.wait().expect("reap the launcher");
-    let pids: Vec<u32> = (0..2)
-        .map(|r| {
-            let pid = std::fs::read_to_string(pid_file(r)).expect("a pid");
-            pid.trim().parse().expect("a number")
-        })
-        .collect();
     let t = std::time::Instant::now();
     while pids.iter().any(|&p| p2p_testkit::running(p)) {
         assert!(

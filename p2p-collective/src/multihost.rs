@@ -416,8 +416,9 @@ impl MultiHostCommunicator {
             self.local
                 .reduce_scatter(&body, &mut mine, shard, c.dtype, c.redop, stream)?;
             let shard_in = part(&mine, 0, shard * es)?;
+            let sum = nccl::Collective::AllReduce(op);
             self.rail
-                .all_reduce(&shard_in, &mut mine, shard, c.dtype.nccl(), op, stream)?;
+                .collective(sum, &shard_in, &mut mine, shard, c.dtype.nccl(), stream)?;
             let mut out = part(recv, 0, shard * local * es)?;
             self.local
                 .all_gather(&mine, &mut out, shard, c.dtype, stream)?;
@@ -426,8 +427,10 @@ impl MultiHostCommunicator {
             let at = shard * local * es;
             let mut out = part(recv, at, tail * es)?;
             let t = c.dtype.nccl();
+            let sum = nccl::Collective::AllReduce(op);
+            let tail_in = part(send, at, tail * es)?;
             self.all
-                .all_reduce(&part(send, at, tail * es)?, &mut out, tail, t, op, stream)?;
+                .collective(sum, &tail_in, &mut out, tail, t, stream)?;
         }
         Ok(())
     }
@@ -440,8 +443,15 @@ impl MultiHostCommunicator {
         let (hosts, local) = (self.layout.hosts, self.layout.local_world);
         let (_scratch, mut gathered) = self.scratch_part(hosts * n * es)?;
         let t = c.dtype.nccl();
-        self.rail
-            .all_gather(&part(send, 0, n * es)?, &mut gathered, n, t, stream)?;
+        let mine = part(send, 0, n * es)?;
+        self.rail.collective(
+            nccl::Collective::AllGather,
+            &mine,
+            &mut gathered,
+            n,
+            t,
+            stream,
+        )?;
         for h in 0..hosts {
             let mine = part(&gathered, h * n * es, n * es)?;
             let mut block = part(recv, h * local * n * es, local * n * es)?;
@@ -465,8 +475,9 @@ impl MultiHostCommunicator {
                 .reduce_scatter(&block, &mut mine, n, c.dtype, c.redop, stream)?;
         }
         let mut out = part(recv, 0, n * es)?;
+        let scatter = nccl::Collective::ReduceScatter(op);
         self.rail
-            .reduce_scatter(&reduced, &mut out, n, c.dtype.nccl(), op, stream)?;
+            .collective(scatter, &reduced, &mut out, n, c.dtype.nccl(), stream)?;
         Ok(())
     }
 
@@ -486,8 +497,8 @@ impl MultiHostCommunicator {
                 part(&out, 0, n * es)?
             };
             let t = c.dtype.nccl();
-            self.rail
-                .broadcast(&src, &mut out, n, t, root_host, stream)?;
+            let root = nccl::Collective::Broadcast { root: root_host };
+            self.rail.collective(root, &src, &mut out, n, t, stream)?;
         }
         self.local
             .broadcast_in_place(&mut out, n, c.dtype, root_local, stream)?;
@@ -520,8 +531,12 @@ impl MultiHostCommunicator {
                 part(&host_sum, 0, n * es)?
             };
             let t = c.dtype.nccl();
+            let root = nccl::Collective::Reduce {
+                red: op,
+                root: root_host,
+            };
             self.rail
-                .reduce(&host_sum, &mut out, n, t, op, root_host, stream)?;
+                .collective(root, &host_sum, &mut out, n, t, stream)?;
         }
         Ok(())
     }

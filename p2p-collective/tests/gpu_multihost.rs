@@ -236,6 +236,7 @@ fn time_us(
 fn gpu2_time_beside_nccl_on_the_same_hosts() {
     launch_or_run("gpu2_time_beside_nccl_on_the_same_hosts", |comm, stream| {
         use p2p_sys::nccl_rt::{ncclDataType_t, ncclRedOp_t};
+        use p2p_transport::nccl::Collective;
         let (w, r) = (comm.world_size(), comm.rank());
         let nccl = comm.nccl_all();
         let f32t = ncclDataType_t::ncclFloat32;
@@ -253,33 +254,24 @@ fn gpu2_time_beside_nccl_on_the_same_hosts() {
                     );
                 }
             };
-            let ours = time_us(&comm, &stream, iters, || {
-                comm.all_reduce(&send, &mut recv, n, DataType::F32, RedOp::Sum, &stream)
-                    .expect("all_reduce")
-            });
-            let theirs = time_us(&comm, &stream, iters, || {
-                nccl.all_reduce(&send, &mut recv, n, f32t, ncclRedOp_t::ncclSum, &stream)
-                    .expect("ncclAllReduce")
-            });
-            row("all_reduce", ours, theirs);
-            let ours = time_us(&comm, &stream, iters, || {
-                comm.all_gather(&send, &mut recv, n / w, DataType::F32, &stream)
-                    .expect("all_gather")
-            });
-            let theirs = time_us(&comm, &stream, iters, || {
-                nccl.all_gather(&send, &mut recv, n / w, f32t, &stream)
-                    .expect("ncclAllGather")
-            });
-            row("all_gather", ours, theirs);
-            let ours = time_us(&comm, &stream, iters, || {
-                comm.reduce_scatter(&send, &mut recv, n / w, DataType::F32, RedOp::Sum, &stream)
-                    .expect("reduce_scatter")
-            });
-            let theirs = time_us(&comm, &stream, iters, || {
-                nccl.reduce_scatter(&send, &mut recv, n / w, f32t, ncclRedOp_t::ncclSum, &stream)
-                    .expect("ncclReduceScatter")
-            });
-            row("reduce_scatter", ours, theirs);
+            let sum = ncclRedOp_t::ncclSum;
+            let cases = [
+                (Op::AllReduce, n, Collective::AllReduce(sum)),
+                (Op::AllGather, n / w, Collective::AllGather),
+                (Op::ReduceScatter, n / w, Collective::ReduceScatter(sum)),
+            ];
+            for (op, count, theirs) in cases {
+                let call = Call::new(op, DataType::F32, count).redop(RedOp::Sum);
+                let ours = time_us(&comm, &stream, iters, || {
+                    comm.call(&call, &send, &mut recv, &stream)
+                        .unwrap_or_else(|e| panic!("{}: {e}", op.name()))
+                });
+                let theirs = time_us(&comm, &stream, iters, || {
+                    nccl.collective(theirs, &send, &mut recv, count, f32t, &stream)
+                        .unwrap_or_else(|e| panic!("{}: {e}", theirs.name()))
+                });
+                row(op.name(), ours, theirs);
+            }
         }
     });
 }

@@ -61,6 +61,45 @@ impl UniqueId {
     }
 }
 
+/// One of NCCL's collectives, with what it needs beyond its buffers
+/// ([`NcclComm::collective`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Collective {
+    /// `ncclAllReduce`: every rank gets the reduction of every rank's `send`.
+    AllReduce(ncclRedOp_t),
+    /// `ncclAllGather`: every rank's `count` elements into `recv` (`world * count`), in rank
+    /// order.
+    AllGather,
+    /// `ncclReduceScatter`: the reduction of every rank's `send` (`world * count`), rank r
+    /// getting part r (`count`).
+    ReduceScatter(ncclRedOp_t),
+    /// `ncclBroadcast`: `root`'s `send` into every rank's `recv`.
+    Broadcast {
+        /// The rank whose buffer is sent.
+        root: usize,
+    },
+    /// `ncclReduce`: the reduction of every rank's `send` into `root`'s `recv`.
+    Reduce {
+        /// The reduction.
+        red: ncclRedOp_t,
+        /// The rank that gets the result.
+        root: usize,
+    },
+}
+
+impl Collective {
+    /// NCCL's name of the call, as errors say it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduce(_) => "ncclAllReduce",
+            Collective::AllGather => "ncclAllGather",
+            Collective::ReduceScatter(_) => "ncclReduceScatter",
+            Collective::Broadcast { .. } => "ncclBroadcast",
+            Collective::Reduce { .. } => "ncclReduce",
+        }
+    }
+}
+
 /// One rank's NCCL communicator on one GPU. Freed on `Drop` (finalized within its time limit,
 /// else aborted).
 pub struct NcclComm {
@@ -328,27 +367,48 @@ impl NcclComm {
         Ok(())
     }
 
-    /// Issues one operation on `send` (`send_count` elements) into `recv` (`recv_count`), both
-    /// checked to hold that many elements of `dtype` on this GPU and `stream` to be on it; its
-    /// result may be `ncclInProgress`, then waited for. `call` gets the two addresses, the
-    /// communicator and the stream, which it passes to NCCL (its `unsafe` rests on these
-    /// checks and on the `DeviceMemory` contract: the buffers stay allocated while the stream
-    /// runs).
-    #[allow(clippy::too_many_arguments)]
-    fn issue(
+    /// Issues `which` of `count` elements of `dtype` (`count` as NCCL counts it: per rank for
+    /// all-gather and reduce-scatter, the whole buffer otherwise) from `send` into `recv` on
+    /// `stream`. Both buffers are checked to hold what NCCL will touch on this GPU (the root's
+    /// buffer of a broadcast or reduce only on the root: elsewhere it may be any buffer of this
+    /// GPU, however small), and `stream` to be on it; a result of `ncclInProgress` is waited
+    /// for.
+    ///
+    /// ```no_run
+    /// # fn demo(nccl: &p2p_transport::nccl::NcclComm, send: &p2p_mem::DeviceBuffer<f32>,
+    /// #         recv: &mut p2p_mem::DeviceBuffer<f32>, stream: &p2p_mem::Stream)
+    /// #         -> p2p_transport::Result<()> {
+    /// use p2p_sys::nccl_rt::{ncclDataType_t, ncclRedOp_t};
+    /// use p2p_transport::nccl::Collective;
+    /// let sum = Collective::AllReduce(ncclRedOp_t::ncclSum);
+    /// nccl.collective(sum, send, recv, send.len(), ncclDataType_t::ncclFloat32, stream)
+    /// # }
+    /// ```
+    pub fn collective(
         &self,
-        op: &'static str,
-        (send, send_count): (&impl DeviceMemory, usize),
-        (recv, recv_count): (&mut impl DeviceMemoryMut, usize),
+        which: Collective,
+        send: &impl DeviceMemory,
+        recv: &mut impl DeviceMemoryMut,
+        count: usize,
         dtype: ncclDataType_t,
         stream: &Stream,
-        call: impl FnOnce(
-            *const c_void,
-            *mut c_void,
-            nccl::ncclComm_t,
-            nccl::cudaStream_t,
-        ) -> ncclResult_t,
     ) -> Result<()> {
+        let op = which.name();
+        let all = count.saturating_mul(self.world);
+        let on_root = |root: usize| if self.rank == root { count } else { 0 };
+        let (send_count, recv_count) = match which {
+            Collective::AllReduce(_) => (count, count),
+            Collective::AllGather => (count, all),
+            Collective::ReduceScatter(_) => (all, count),
+            Collective::Broadcast { root } => {
+                self.check_peer(op, root)?;
+                (on_root(root), count)
+            }
+            Collective::Reduce { root, .. } => {
+                self.check_peer(op, root)?;
+                (count, on_root(root))
+            }
+        };
         self.ready_to_issue(op, stream)?;
         self.fits(op, "send", send, send_count, dtype)?;
         self.fits(op, "recv", recv, recv_count, dtype)?;
@@ -357,7 +417,28 @@ impl NcclComm {
             send.device_ptr() as *const c_void,
             recv.device_ptr() as *mut c_void,
         );
-        let result = call(s, r, self.raw, stream.cu_stream());
+        let (comm, st) = (self.raw, stream.cu_stream());
+        // SAFETY: both buffers were checked above to hold what NCCL touches on this GPU, the
+        // stream to be on it and the communicator to be live (not aborted); the roots are
+        // ranks of the communicator; the `DeviceMemory` contract keeps the buffers allocated
+        // while the stream runs.
+        let result = unsafe {
+            match which {
+                Collective::AllReduce(red) => {
+                    nccl::ncclAllReduce(s, r, count, dtype, red, comm, st)
+                }
+                Collective::AllGather => nccl::ncclAllGather(s, r, count, dtype, comm, st),
+                Collective::ReduceScatter(red) => {
+                    nccl::ncclReduceScatter(s, r, count, dtype, red, comm, st)
+                }
+                Collective::Broadcast { root } => {
+                    nccl::ncclBroadcast(s, r, count, dtype, root as i32, comm, st)
+                }
+                Collective::Reduce { red, root } => {
+                    nccl::ncclReduce(s, r, count, dtype, red, root as i32, comm, st)
+                }
+            }
+        };
         self.issued(op, result)
     }
 
@@ -382,132 +463,6 @@ impl NcclComm {
             r if r == ncclResult_t::ncclInProgress => self.wait(op),
             r => p2p_sys::check_nccl_rt(op, r).map_err(|e| self.failed(op, e.to_string())),
         }
-    }
-
-    /// All-reduce `count` elements of `send` into `recv` on `stream` (`ncclAllReduce`).
-    pub fn all_reduce(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: ncclDataType_t,
-        op: ncclRedOp_t,
-        stream: &Stream,
-    ) -> Result<()> {
-        self.issue(
-            "ncclAllReduce",
-            (send, count),
-            (recv, count),
-            dtype,
-            stream,
-            |s, r, comm, st| {
-                // SAFETY: as `issue` says: checked buffers, stream and communicator.
-                unsafe { nccl::ncclAllReduce(s, r, count, dtype, op, comm, st) }
-            },
-        )
-    }
-
-    /// Gathers every rank's `count` elements into `recv` (`world * count`), in rank order
-    /// (`ncclAllGather`).
-    pub fn all_gather(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: ncclDataType_t,
-        stream: &Stream,
-    ) -> Result<()> {
-        let all = count.saturating_mul(self.world);
-        self.issue(
-            "ncclAllGather",
-            (send, count),
-            (recv, all),
-            dtype,
-            stream,
-            |s, r, comm, st| {
-                // SAFETY: as `issue` says: checked buffers, stream and communicator.
-                unsafe { nccl::ncclAllGather(s, r, count, dtype, comm, st) }
-            },
-        )
-    }
-
-    /// Reduces every rank's `send` (`world * count`) and gives rank r part r (`count`) in
-    /// `recv` (`ncclReduceScatter`).
-    pub fn reduce_scatter(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: ncclDataType_t,
-        op: ncclRedOp_t,
-        stream: &Stream,
-    ) -> Result<()> {
-        let all = count.saturating_mul(self.world);
-        self.issue(
-            "ncclReduceScatter",
-            (send, all),
-            (recv, count),
-            dtype,
-            stream,
-            |s, r, comm, st| {
-                // SAFETY: as `issue` says: checked buffers, stream and communicator.
-                unsafe { nccl::ncclReduceScatter(s, r, count, dtype, op, comm, st) }
-            },
-        )
-    }
-
-    /// Broadcasts `count` elements from `root`'s `send` into every rank's `recv`
-    /// (`ncclBroadcast`). `send` is read on `root` only: on the other ranks it may be any
-    /// buffer of this GPU, however small.
-    pub fn broadcast(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: ncclDataType_t,
-        root: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        self.check_peer("broadcast", root)?;
-        self.issue(
-            "ncclBroadcast",
-            (send, self.on_root(root, count)),
-            (recv, count),
-            dtype,
-            stream,
-            |s, r, comm, st| {
-                // SAFETY: as `issue` says; `root` is a rank of the communicator.
-                unsafe { nccl::ncclBroadcast(s, r, count, dtype, root as i32, comm, st) }
-            },
-        )
-    }
-
-    /// Reduces `count` elements of every rank's `send` into `root`'s `recv` (`ncclReduce`).
-    /// `recv` is written on `root` only: on the other ranks it may be any buffer of this GPU,
-    /// however small.
-    #[allow(clippy::too_many_arguments)]
-    pub fn reduce(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: ncclDataType_t,
-        op: ncclRedOp_t,
-        root: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        self.check_peer("reduce", root)?;
-        self.issue(
-            "ncclReduce",
-            (send, count),
-            (recv, self.on_root(root, count)),
-            dtype,
-            stream,
-            |s, r, comm, st| {
-                // SAFETY: as `issue` says; `root` is a rank of the communicator.
-                unsafe { nccl::ncclReduce(s, r, count, dtype, op, root as i32, comm, st) }
-            },
-        )
     }
 
     /// Sends `count` elements of `send` to rank `peer` (`ncclSend`), which receives them with
@@ -545,21 +500,14 @@ impl NcclComm {
         })
     }
 
-    /// `count` on `root`, 0 elsewhere: the elements a buffer only the root uses must hold.
-    fn on_root(&self, root: usize, count: usize) -> usize {
-        if self.rank == root {
-            count
-        } else {
-            0
-        }
-    }
-
     /// An error unless `peer` is a rank of this communicator.
     fn check_peer(&self, op: &str, peer: usize) -> Result<()> {
         check_rank(op, peer, self.world)
     }
 
-    /// [`issue`](Self::issue) for a call on one buffer (send or receive).
+    /// Issues a call on one buffer (send or receive), checked as
+    /// [`collective`](Self::collective) checks its buffers; `call` gets the address, the
+    /// communicator and the stream, which it passes to NCCL (its `unsafe` rests on these checks).
     fn issue_one(
         &self,
         op: &'static str,

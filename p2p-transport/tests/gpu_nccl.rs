@@ -7,7 +7,7 @@ use std::time::Duration;
 use p2p_mem::{DeviceBuffer, DeviceMemory, Stream};
 use p2p_sys::nccl_rt::{ncclDataType_t, ncclRedOp_t};
 use p2p_testkit::gpus;
-use p2p_transport::nccl::{self, NcclComm};
+use p2p_transport::nccl::{self, Collective, NcclComm};
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -63,21 +63,20 @@ fn every_collective(n: usize) {
         .expect("the group")
     };
 
-    group(&mut |r| {
-        comms[r]
-            .all_reduce(&send[r], &mut recv[r], count, f32t, sum, &streams[r])
-            .expect("all_reduce")
-    });
+    // Rank r's part of `which` on `count` elements, failing the test with NCCL's name of it.
+    let issue =
+        |r: usize, which: Collective, from: &DeviceBuffer<f32>, into: &mut DeviceBuffer<f32>| {
+            comms[r]
+                .collective(which, from, into, count, f32t, &streams[r])
+                .unwrap_or_else(|e| panic!("{}: {e}", which.name()))
+        };
+    group(&mut |r| issue(r, Collective::AllReduce(sum), &send[r], &mut recv[r]));
     let want: Vec<f32> = (0..count)
         .map(|i| (0..n).map(|r| mine(r)[i]).sum())
         .collect();
     check(&streams, &recv, "all_reduce", count, |_| want.clone());
 
-    group(&mut |r| {
-        comms[r]
-            .all_gather(&send[r], &mut recv[r], count, f32t, &streams[r])
-            .expect("all_gather")
-    });
+    group(&mut |r| issue(r, Collective::AllGather, &send[r], &mut recv[r]));
     let gathered: Vec<f32> = (0..n).flat_map(mine).collect();
     check(&streams, &recv, "all_gather", count * n, |_| {
         gathered.clone()
@@ -87,11 +86,7 @@ fn every_collective(n: usize) {
     let inputs: Vec<DeviceBuffer<f32>> = (0..n)
         .map(|r| DeviceBuffer::from_host(&devices[r], &gathered).expect("upload"))
         .collect();
-    group(&mut |r| {
-        comms[r]
-            .reduce_scatter(&inputs[r], &mut recv[r], count, f32t, sum, &streams[r])
-            .expect("reduce_scatter")
-    });
+    group(&mut |r| issue(r, Collective::ReduceScatter(sum), &inputs[r], &mut recv[r]));
     check(&streams, &recv, "reduce_scatter", count, |r| {
         mine(r).iter().map(|x| x * n as f32).collect()
     });
@@ -104,9 +99,7 @@ fn every_collective(n: usize) {
         .collect();
     group(&mut |r| {
         let from = if r == root { &send[r] } else { &tiny[r] };
-        comms[r]
-            .broadcast(from, &mut recv[r], count, f32t, root, &streams[r])
-            .expect("broadcast")
+        issue(r, Collective::Broadcast { root }, from, &mut recv[r])
     });
     check(&streams, &recv, "broadcast", count, |_| mine(root));
 
@@ -117,9 +110,7 @@ fn every_collective(n: usize) {
         } else {
             &mut tiny[r]
         };
-        comms[r]
-            .reduce(&send[r], into, count, f32t, sum, root, &streams[r])
-            .expect("reduce")
+        issue(r, Collective::Reduce { red: sum, root }, &send[r], into)
     });
     streams.iter().for_each(|s| s.synchronize().expect("sync"));
     check(&streams[root..], &recv[root..], "reduce", count, |_| {
@@ -151,23 +142,23 @@ fn gpu1_nccl_refuses_buffers_too_small_or_on_another_gpu() {
     let small = DeviceBuffer::<f32>::zeroed(&devices[0], 10).expect("alloc");
     let mut out = DeviceBuffer::<f32>::zeroed(&devices[0], 100).expect("alloc");
     let e = comms[0]
-        .all_reduce(
+        .collective(
+            Collective::AllReduce(ncclRedOp_t::ncclSum),
             &small,
             &mut out,
             100,
             ncclDataType_t::ncclFloat32,
-            ncclRedOp_t::ncclSum,
             &stream,
         )
         .expect_err("10 elements cannot send 100");
     assert!(e.to_string().contains("must hold 400 bytes"), "{e}");
     let e = comms[0]
-        .broadcast(
+        .collective(
+            Collective::Broadcast { root: 1 },
             &small,
             &mut out,
             10,
             ncclDataType_t::ncclFloat32,
-            1,
             &stream,
         )
         .expect_err("root 1 of 1");
