@@ -88,15 +88,21 @@ impl Report {
     /// A readable report: one line per finding, its fix beneath, and a summary.
     pub fn render(&self) -> String {
         let mut out = format!("p2p doctor ({})\n\n", self.source);
+        let mut rows = Vec::new();
         for f in &self.findings {
-            out += &format!(
-                "[{:<4}] {:<14} {:<22} {}\n",
-                f.status, f.scope, f.check, f.evidence
-            );
+            let status = format!("[{}]", f.status);
+            rows.push(vec![
+                status,
+                f.scope.clone(),
+                f.check.clone(),
+                f.evidence.clone(),
+            ]);
             if !f.fix.is_empty() {
-                out += &format!("       {:<14} {:<22} fix: {}\n", "", "", f.fix);
+                let fix = format!("fix: {}", f.fix);
+                rows.push(vec![String::new(), String::new(), String::new(), fix]);
             }
         }
+        out += &p2p_transport::text_columns(rows, &[]);
         let count = |s| self.findings.iter().filter(|f| f.status == s).count();
         out += &format!(
             "\n{} ok, {} warn, {} fail\n",
@@ -1105,7 +1111,7 @@ mod tests {
         };
         assert_eq!(r.worst(), Status::Fail);
         let text = r.render();
-        assert!(text.contains("[FAIL] GPU0 -> GPU1"), "{text}");
+        assert!(text.contains("[FAIL]  GPU0 -> GPU1"), "{text}");
         assert!(text.contains("fix: fix it"));
         assert!(text.trim_end().ends_with("1 ok, 0 warn, 1 fail"));
     }

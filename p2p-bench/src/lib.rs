@@ -133,17 +133,19 @@ pub fn libraries() -> Vec<(Library, Result<String, String>)> {
 
 /// Renders GPUs as an aligned text table.
 pub fn gpu_table(gpus: &[GpuInfo]) -> String {
-    let mut out = format!(
-        "{:<4} {:<24} {:<5} {:<14} {:>4} {:>9}  {}\n",
-        "GPU", "name", "cc", "PCI bus", "SMs", "MiB", "UUID"
-    );
-    for g in gpus {
-        out += &format!(
-            "{:<4} {:<24} {:<5} {:<14} {:>4} {:>9}  {}\n",
-            g.ordinal, g.name, g.compute_capability, g.pci_bus_id, g.sm_count, g.memory_mib, g.uuid
-        );
-    }
-    out
+    let head = ["GPU", "name", "cc", "PCI bus", "SMs", "MiB", "UUID"].map(String::from);
+    let rows = std::iter::once(head.to_vec()).chain(gpus.iter().map(|g| {
+        vec![
+            g.ordinal.to_string(),
+            g.name.clone(),
+            g.compute_capability.clone(),
+            g.pci_bus_id.clone(),
+            g.sm_count.to_string(),
+            g.memory_mib.to_string(),
+            g.uuid.clone(),
+        ]
+    }));
+    p2p_transport::text_columns(rows.collect(), &[4, 5])
 }
 
 /// A GPU's name as the benchmarks' result files carry it: "NVIDIA H200" -> "h200".

@@ -84,7 +84,7 @@ fn topo_loads_a_saved_topology() {
     let fixture = &format!("{dir}/a100-pcie-4gpu-2socket.json");
     let (code, out, err) = p2p_bench(&["topo", "--load", fixture], &[]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("GPU0     X      PIX     SYS     SYS"), "{out}");
+    assert!(out.contains("GPU0  X     PIX   SYS   SYS"), "{out}");
     assert!(out.contains("cuDeviceCanAccessPeer (CUDA)"));
     let (code, json, _) = p2p_bench(&["topo", "--load", fixture, "--json"], &[]);
     assert_eq!(code, 0);

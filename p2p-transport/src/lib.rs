@@ -60,7 +60,7 @@ pub use error::{Error, PeerFailure, Result};
 /// that name `tracing` differently or not at all.
 #[doc(hidden)]
 pub use tracing as __tracing;
-pub use util::hostname;
+pub use util::{hostname, text_columns};
 
 /// The longest time limit any wait of the transport accepts, and of the layers above (one day):
 /// a connection's `timeout` (feature `conn`), a [`rendezvous::Rendezvous`]'s `timeout`

@@ -178,7 +178,7 @@ fn nvlink_ring_relays_opposite_gpus_through_the_widest_neighbour() {
     let text = render_paths(&t);
     assert!(
         text.contains(
-            "GPU0 -> GPU2   SYS       2      150.0           150.0  no          GPU1   cuDeviceCanAccessPeer = 0"
+            "GPU0 -> GPU2  SYS       2      150.0           150.0  no          GPU1  cuDeviceCanAccessPeer = 0"
         ),
         "{text}"
     );

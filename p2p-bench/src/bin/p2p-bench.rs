@@ -1242,12 +1242,11 @@ fn list(json: bool) -> ExitCode {
         outln!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
     } else {
         outln!("libraries:");
-        for (lib, r) in &libs {
-            match r {
-                Ok(file) => outln!("  {:<13} {file}", lib.name()),
-                Err(_) => outln!("  {:<13} not found", lib.name()),
-            }
-        }
+        let rows = libs.iter().map(|(lib, r)| {
+            let file = r.clone().unwrap_or_else(|_| "not found".into());
+            vec![format!("  {}", lib.name()), file]
+        });
+        out!("{}", p2p_transport::text_columns(rows.collect(), &[]));
         if missing.is_none() {
             outln!("\n{} GPU(s):", gpus.len());
             out!("{}", gpu_table(&gpus));
@@ -1274,15 +1273,13 @@ fn print_peer_matrix() {
         return;
     }
     outln!("\npeer access (rank; '-' = none):");
-    out!("     ");
-    for d in &devs {
-        out!("GPU{:<3}", d.ordinal());
-    }
-    outln!();
+    let head =
+        std::iter::once(String::new()).chain(devs.iter().map(|d| format!("GPU{}", d.ordinal())));
+    let mut rows = vec![head.collect::<Vec<_>>()];
     for a in &devs {
-        out!("GPU{:<2}", a.ordinal());
+        let mut row = vec![format!("GPU{}", a.ordinal())];
         for b in &devs {
-            let cell = if a == b {
+            row.push(if a == b {
                 "X".to_string()
             } else {
                 match (a.can_access_peer(b), a.p2p_attributes(b)) {
@@ -1290,11 +1287,11 @@ fn print_peer_matrix() {
                     (Ok(false), _) => "-".into(),
                     (Err(e), _) | (_, Err(e)) => format!("err: {e}"),
                 }
-            };
-            out!("{cell:<6}");
+            });
         }
-        outln!();
+        rows.push(row);
     }
+    out!("{}", p2p_transport::text_columns(rows, &[]));
 }
 
 /// The topology saved in `path` (`topo --json`), or why it could not be read.

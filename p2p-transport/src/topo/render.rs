@@ -1,6 +1,14 @@
 //! Text views of a [`Topology`], shaped like `nvidia-smi topo -m` and `nvidia-smi topo -p2p`.
 
 use super::{nvlink_gbps, Connection, Remote, Topology};
+use crate::util::text_columns as columns;
+
+/// The header row of a GPU-by-GPU matrix: a blank corner, then `GPU0`, `GPU1`, ...
+fn header(t: &Topology) -> Vec<String> {
+    std::iter::once(String::new())
+        .chain(t.gpus.iter().map(|g| format!("GPU{}", g.index)))
+        .collect()
+}
 
 /// Which P2P capability a matrix shows, as `nvidia-smi topo -p2p r|w|n|a` and CUDA name them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,38 +38,32 @@ impl P2pMatrix {
     }
 }
 
-fn header(t: &Topology) -> String {
-    let mut s = format!("{:<8}", "");
-    for g in &t.gpus {
-        s += &format!("{:<8}", format!("GPU{}", g.index));
-    }
-    s
-}
-
 /// The connection matrix: `X`, `NV#`, or the PCIe class, plus CPU and NUMA affinity.
 pub fn render_matrix(t: &Topology) -> String {
-    let mut out = format!("{}{:<16}{}\n", header(t), "CPU Affinity", "NUMA Affinity");
+    let mut top = header(t);
+    top.extend(["CPU Affinity".to_string(), "NUMA Affinity".to_string()]);
+    let mut rows = vec![top];
     for a in 0..t.gpus.len() {
-        out += &format!("{:<8}", format!("GPU{a}"));
+        let mut row = vec![format!("GPU{a}")];
         for b in 0..t.gpus.len() {
-            let cell = match t.connection(a, b) {
-                Connection::Same => " X".to_string(),
+            row.push(match t.connection(a, b) {
+                Connection::Same => "X".to_string(),
                 Connection::NvLink { links, .. } | Connection::NvSwitch { links, .. } => {
                     format!("NV{links}")
                 }
                 Connection::Pcie(level) => level.to_string(),
-            };
-            out += &format!("{cell:<8}");
+            });
         }
         let g = &t.gpus[a];
-        out += &format!(
-            "{:<16}{}\n",
-            g.cpu_affinity.as_deref().unwrap_or("N/A"),
+        row.push(g.cpu_affinity.clone().unwrap_or_else(|| "N/A".into()));
+        row.push(
             g.numa_node
                 .map(|n| n.to_string())
-                .unwrap_or_else(|| "N/A".into())
+                .unwrap_or_else(|| "N/A".into()),
         );
+        rows.push(row);
     }
+    let mut out = columns(rows, &[]);
     out += "\nLegend: X = self; NV# = # bonded NVLinks (directly or through NVSwitch); PIX = at most one\n\
             PCIe bridge; PXB = several PCIe bridges; PHB = through a PCIe host bridge; NODE = between\n\
             host bridges of one NUMA node; SYS = across NUMA nodes.\n";
@@ -70,12 +72,12 @@ pub fn render_matrix(t: &Topology) -> String {
 
 /// One P2P capability matrix.
 pub fn render_p2p_matrix(t: &Topology, which: P2pMatrix) -> String {
-    let mut out = format!("{}\n{}\n", which.title(), header(t));
+    let mut rows = vec![header(t)];
     for a in 0..t.gpus.len() {
-        out += &format!("{:<8}", format!("GPU{a}"));
+        let mut row = vec![format!("GPU{a}")];
         for b in 0..t.gpus.len() {
-            let cell = if a == b {
-                " X".to_string()
+            row.push(if a == b {
+                "X".to_string()
             } else {
                 match (t.pair(a, b), which) {
                     (None, _) => "-".into(),
@@ -93,17 +95,20 @@ pub fn render_p2p_matrix(t: &Topology, which: P2pMatrix) -> String {
                         })
                         .unwrap_or_else(|| "-".into()),
                 }
-            };
-            out += &format!("{cell:<8}");
+            });
         }
-        out += "\n";
+        rows.push(row);
     }
-    out
+    format!("{}\n{}", which.title(), columns(rows, &[]))
 }
 
 /// Each GPU's links: PCIe generation and width, and NVLinks grouped by what they reach.
 pub fn render_links(t: &Topology) -> String {
-    let mut out = String::from("GPU   PCIe (cur/max)      NVLinks\n");
+    let mut rows = vec![vec![
+        "GPU".into(),
+        "PCIe (cur/max)".into(),
+        "NVLinks".into(),
+    ]];
     for g in &t.gpus {
         let pcie = g
             .pcie
@@ -160,9 +165,9 @@ pub fn render_links(t: &Topology) -> String {
                 .collect::<Vec<_>>()
                 .join("; ")
         };
-        out += &format!("GPU{:<3} {pcie:<19} {links}\n", g.index);
+        rows.push(vec![format!("GPU{}", g.index), pcie, links]);
     }
-    out
+    columns(rows, &[])
 }
 
 /// `GPUb` for every other GPU b whose connection from `a` satisfies `keep`.
@@ -176,19 +181,7 @@ fn peers_where(t: &Topology, a: usize, keep: impl Fn(Connection) -> bool) -> Vec
 /// The path model as a table. `est. GB/s` is one peer alone; `all peers` is each peer's share
 /// while the source sends to every peer that shares its links (a switch's or PCIe's).
 pub fn render_paths(t: &Topology) -> String {
-    let row = |path: &str,
-               class: &str,
-               hops: &str,
-               bw: &str,
-               shared: &str,
-               p2p: &str,
-               via: &str,
-               reason: &str| {
-        format!(
-            "{path:<15}{class:<7}{hops:>4}  {bw:>9}  {shared:>14}  {p2p:<10}  {via:<6} {reason}\n"
-        )
-    };
-    let mut out = row(
+    let mut rows = vec![[
         "path",
         "class",
         "hops",
@@ -197,24 +190,26 @@ pub fn render_paths(t: &Topology) -> String {
         "direct P2P",
         "via",
         "reason",
-    );
+    ]
+    .map(String::from)
+    .to_vec()];
     for p in t.paths() {
-        out += &row(
-            &format!("GPU{} -> GPU{}", p.from, p.to),
-            p.level.name(),
-            &p.hops.to_string(),
-            &format!("{:.1}", p.bandwidth_gbps),
-            &if p.shared_by > 1 {
+        rows.push(vec![
+            format!("GPU{} -> GPU{}", p.from, p.to),
+            p.level.name().to_string(),
+            p.hops.to_string(),
+            format!("{:.1}", p.bandwidth_gbps),
+            if p.shared_by > 1 {
                 format!("{:.1} (1/{})", p.concurrent_gbps, p.shared_by)
             } else {
                 format!("{:.1}", p.concurrent_gbps)
             },
-            if p.p2p { "yes" } else { "no" },
-            &p.via
+            (if p.p2p { "yes" } else { "no" }).to_string(),
+            p.via
                 .map(|v| format!("GPU{v}"))
                 .unwrap_or_else(|| "-".into()),
-            &p.reason,
-        );
+            p.reason.clone(),
+        ]);
     }
-    out
+    columns(rows, &[2, 3, 4])
 }
