@@ -21,6 +21,7 @@ use p2p_collective::{Collectives, Communicator, DataType, RedOp};
 use p2p_mem::{DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
 use p2p_transport::rendezvous::{testing, Rendezvous, Secret};
 use serde_json::{json, Value};
+use statrs::statistics::{Data, OrderStatistics};
 
 /// What a trial injects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -837,13 +838,10 @@ fn from_events(mut t: Trial, events: &[(usize, Value)]) -> Trial {
     t
 }
 
-fn percentile(v: &mut [f64], p: f64) -> Option<f64> {
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
-    Some(v[i.min(v.len() - 1)])
+/// The `q`-th quantile of `v` (statrs's estimator, the median-unbiased R-8), or `None` for no
+/// samples.
+fn percentile(v: &[f64], q: f64) -> Option<f64> {
+    (!v.is_empty()).then(|| Data::new(v.to_vec()).quantile(q))
 }
 
 /// How a suite is run.
@@ -1077,7 +1075,7 @@ fn summarize(
             continue;
         }
         let faults: u64 = ts.iter().map(|t| t.faults).sum();
-        let mut ms: Vec<f64> = ts
+        let ms: Vec<f64> = ts
             .iter()
             .flat_map(|t| t.survivors.iter().filter_map(|s| s.1))
             .collect();
@@ -1112,9 +1110,9 @@ fn summarize(
             );
         }
         let (p50, p99, max) = (
-            percentile(&mut ms, 0.5),
-            percentile(&mut ms, 0.99),
-            percentile(&mut ms, 1.0),
+            percentile(&ms, 0.5),
+            percentile(&ms, 0.99),
+            percentile(&ms, 1.0),
         );
         let f = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.1}"));
         let expects_detection = k.dies() || matches!(k, Kind::Stall | Kind::AbortFromThread);
@@ -1189,10 +1187,7 @@ fn summarize(
             })).collect::<Vec<_>>(),
         }));
     }
-    let (p99, max) = (
-        percentile(&mut dead_ms.clone(), 0.99),
-        percentile(&mut dead_ms, 1.0),
-    );
+    let (p99, max) = (percentile(&dead_ms, 0.99), percentile(&dead_ms, 1.0));
     let f = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.1}"));
     md.push_str(&format!(
         "\nTotal: {} trials ({} with a stranger at the door), {} process faults and {} stranger attempts; {} faults not found by every survivor still calling; {} trials without a death where a rank failed anyway; dead peer (process ended after it joined) found at p99 {} ms, max {} ms; {} hangs, {} wrong elements, {} foreign joins, {} fds leaked in the ranks.\n",
@@ -1347,6 +1342,16 @@ mod tests {
         gpu_bytes_held: Some(0),
         fds_held: 0,
     };
+
+    #[test]
+    fn percentiles_of_detection_times() {
+        assert_eq!(percentile(&[], 0.5), None);
+        assert_eq!(percentile(&[3.0, 1.0, 2.0], 0.5), Some(2.0));
+        assert_eq!(percentile(&[3.0, 1.0, 2.0], 1.0), Some(3.0));
+        let ms: Vec<f64> = (1..=100).map(f64::from).collect();
+        let p99 = percentile(&ms, 0.99).expect("samples");
+        assert!((99.0..=100.0).contains(&p99), "{p99}");
+    }
 
     #[test]
     fn memory_held_after_exit_adds_up_and_an_unmeasured_trial_is_reported_as_such() {

@@ -17,6 +17,7 @@ use p2p_mem::{DeviceBuffer, Stream};
 use serde_json::{json, Value};
 
 use crate::floor::{EmptyKernel, Launch};
+use crate::p2p::Stat;
 
 /// What to measure.
 #[derive(Debug, Clone)]
@@ -249,13 +250,13 @@ pub fn run(opts: &Options) -> Result<Value, String> {
         .into_iter()
         .zip(&mut times)
         .map(|(v, t)| {
-            t.sort_by(f64::total_cmp);
+            let s = Stat::of(std::mem::take(t));
             json!({
                 "variant": v.name(),
                 "what": v.what(),
-                "us_median": t[t.len() / 2],
-                "us_min": t[0],
-                "us_max": t[t.len() - 1],
+                "us_median": s.median,
+                "us_min": s.min,
+                "us_max": s.max,
             })
         })
         .collect();

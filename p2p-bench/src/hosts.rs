@@ -18,6 +18,8 @@ use p2p_sys::nccl_rt::{ncclDataType_t, ncclRedOp_t};
 use p2p_transport::nccl::{self, Collective};
 use serde_json::{json, Value};
 
+use crate::p2p::Stat;
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -231,8 +233,7 @@ fn time_us(
         comm.synchronize(stream).map_err(|e| e.to_string())?;
         runs.push(t.elapsed().as_secs_f64() * 1e6 / iters as f64);
     }
-    runs.sort_by(f64::total_cmp);
-    Ok(runs[runs.len() / 2])
+    Ok(Stat::of(runs).median)
 }
 
 /// The table of a `hosts` result.

@@ -18,6 +18,7 @@ use p2p_transport::copy::{Path, SmGrid};
 use p2p_transport::mode::Engine;
 use p2p_transport::Transport;
 use serde_json::{json, Value};
+use statrs::statistics::{Data, Max, Min, OrderStatistics};
 
 /// SM kernel launch shapes tried by the grid sweep: (blocks per SM, threads per block).
 pub const SM_GRIDS: [(u32, u32); 9] = [
@@ -116,21 +117,21 @@ pub struct Stat {
 }
 
 impl Stat {
-    /// Summarises samples (which must not be empty).
-    pub fn of(mut v: Vec<f64>) -> Stat {
-        v.sort_by(|a, b| a.total_cmp(b));
-        let n = v.len();
-        let median = if n == 0 {
-            0.0
-        } else if n % 2 == 1 {
-            v[n / 2]
-        } else {
-            (v[n / 2 - 1] + v[n / 2]) / 2.0
-        };
+    /// Summarises samples (all zero if there are none). The order statistics are statrs's
+    /// (the median of an even count is the mean of the middle two).
+    pub fn of(v: Vec<f64>) -> Stat {
+        if v.is_empty() {
+            return Stat {
+                median: 0.0,
+                min: 0.0,
+                max: 0.0,
+            };
+        }
+        let mut d = Data::new(v);
         Stat {
-            median,
-            min: v.first().copied().unwrap_or(0.0),
-            max: v.last().copied().unwrap_or(0.0),
+            median: d.median(),
+            min: d.min(),
+            max: d.max(),
         }
     }
 
