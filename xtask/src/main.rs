@@ -15,26 +15,67 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+use clap::Parser;
+
 mod bindgen;
 mod kernels;
 mod readme;
 
 type Result<T> = std::result::Result<T, String>;
 
+/// The project's chores.
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    bin_name = "cargo xtask",
+    about = "The p2p workspace's chores",
+    version
+)]
+enum Task {
+    /// Build and run the release p2p-bench with ARGS (default: `list`, the GPUs found).
+    #[command(disable_help_flag = true)]
+    Bench {
+        /// p2p-bench's own arguments, as `p2p-bench --help` lists them.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// p2p-bench topo: how the GPUs are joined (--json, --load FILE).
+    #[command(disable_help_flag = true)]
+    Topo {
+        /// p2p-bench topo's arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// p2p-bench doctor: does P2P work between each pair, why not, what to do.
+    #[command(disable_help_flag = true)]
+    Doctor {
+        /// p2p-bench doctor's arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Build the tests and p2p-bench into target/bundle with run.sh, for a GPU machine.
+    Bundle,
+    /// Compile the README's Rust programs as new crates (CI runs this).
+    Readme,
+    /// Regenerate p2p-sys's CUDA bindings from pinned headers (needs bindgen-cli, libclang,
+    /// pip).
+    Bindgen,
+    /// Compile every kernel for sm_80 and sm_90 with NVRTC 12.4 into the crates' shipped
+    /// archives (needs pip, zstd).
+    Kernels,
+}
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.first().map(String::as_str) {
-        Some("bench") => bench(&args[1..]),
-        Some(cmd @ ("topo" | "doctor")) => bench(&[&[cmd.to_string()], &args[1..]].concat()),
-        Some("bundle") => bundle(),
-        Some("bindgen") => bindgen::bindgen(&root()),
-        Some("kernels") => kernels::kernels(&root()),
-        Some("readme") => readme::check(&root(), &cargo()),
-        Some("-h") | Some("--help") | None => {
-            println!("{}", usage());
-            Ok(())
-        }
-        Some(other) => Err(format!("unknown task `{other}`\n\n{}", usage())),
+    // The alias (`.cargo/config.toml`) runs `cargo run -p xtask --`: the arguments start
+    // with the task.
+    let result = match Task::parse() {
+        Task::Bench { args } => bench(&args),
+        Task::Topo { args } => bench(&[&["topo".to_string()], &args[..]].concat()),
+        Task::Doctor { args } => bench(&[&["doctor".to_string()], &args[..]].concat()),
+        Task::Bundle => bundle(),
+        Task::Bindgen => bindgen::bindgen(&root()),
+        Task::Kernels => kernels::kernels(&root()),
+        Task::Readme => readme::check(&root(), &cargo()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -43,18 +84,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn usage() -> &'static str {
-    "usage: cargo xtask <task>\n\n\
-     tasks:\n  \
-     bench [ARGS]  build and run the release p2p-bench (default: `list`, the GPUs found)\n  \
-     topo [ARGS]   p2p-bench topo: how the GPUs are joined (--json, --load FILE)\n  \
-     doctor [ARGS] p2p-bench doctor: does P2P work between each pair, why not, what to do\n  \
-     bundle        build tests and p2p-bench into target/bundle with run.sh, for a GPU machine\n  \
-     readme        compile the README's Rust programs as new crates (CI runs this)\n  \
-     bindgen       regenerate p2p-sys's CUDA bindings from pinned headers (needs bindgen-cli, libclang, pip)\n  \
-     kernels       compile every kernel for sm_80 and sm_90 with NVRTC 12.4 into the crates' shipped archives (needs pip, zstd)"
 }
 
 fn root() -> PathBuf {
