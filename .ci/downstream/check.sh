@@ -8,7 +8,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 mode="${1:-check}"
 out="${2:-}"
-for features in cuda-12040 cuda-12080 cuda-13000 candle; do
+for features in cuda-12040 cuda-12080 cuda-13000 candle cudarc-0-18 cudarc-0-17; do
   echo "== downstream: cudarc with feature set '$features'"
   target="$here/../../target/downstream-$features"
   env=()

@@ -412,9 +412,10 @@ pub struct Stream {
     raw: cuda::CUstream,
     /// Whether `Drop` destroys the stream (false for a borrowed one).
     owned: bool,
-    /// The cudarc stream this one borrows, kept alive for as long as this value.
-    #[cfg(feature = "cudarc")]
-    pub(crate) cudarc: Option<std::sync::Arc<cudarc::driver::CudaStream>>,
+    /// The cudarc stream this one borrows (an `Arc<CudaStream>` of whichever cudarc version
+    /// made it), kept alive for as long as this value.
+    #[cfg(any(feature = "cudarc", feature = "cudarc-0-18", feature = "cudarc-0-17"))]
+    pub(crate) cudarc: Option<std::sync::Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 // SAFETY: a CUstream may be used from any thread; every use binds its device's context first.
@@ -434,7 +435,7 @@ impl Stream {
             device: device.clone(),
             raw,
             owned: true,
-            #[cfg(feature = "cudarc")]
+            #[cfg(any(feature = "cudarc", feature = "cudarc-0-18", feature = "cudarc-0-17"))]
             cudarc: None,
         })
     }
@@ -455,7 +456,7 @@ impl Stream {
             device: device.clone(),
             raw,
             owned: false,
-            #[cfg(feature = "cudarc")]
+            #[cfg(any(feature = "cudarc", feature = "cudarc-0-18", feature = "cudarc-0-17"))]
             cudarc: None,
         }
     }

@@ -40,8 +40,14 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod abort;
+#[cfg(feature = "cudarc-0-17")]
+pub mod cudarc_0_17;
+#[cfg(feature = "cudarc-0-18")]
+pub mod cudarc_0_18;
 #[cfg(feature = "cudarc")]
 pub mod cudarc_interop;
+#[cfg(any(feature = "cudarc", feature = "cudarc-0-18", feature = "cudarc-0-17"))]
+mod cudarc_views;
 mod device;
 mod error;
 mod event;

@@ -17,9 +17,10 @@
 #   examples      the example programs on every GPU: one process, `p2p-bench launch`, torchrun
 #                 (run.sh examples, 150 s).
 #   downstream    the downstream programs the bundle carries (.ci/downstream/cudarc-app against
-#                 cudarc's CUDA 12.4, 12.8 and 13.0 bindings, and candle-core 0.11's cudarc
-#                 features) on every GPU, cold (an empty kernel cache), twice each: init time,
-#                 and whether libnvrtc was ever loaded (the kernels ship compiled). ~1 min.
+#                 cudarc 0.19's CUDA 12.4, 12.8 and 13.0 bindings, candle-core 0.11's cudarc
+#                 features, and cudarc 0.18 and 0.17) on every GPU, cold (an empty kernel
+#                 cache), twice each: init time, and whether libnvrtc was ever loaded (the
+#                 kernels ship compiled). ~1.5 min.
 #   sys           a cold start's compile as it was (p2p-bench kernels: NVRTC into an empty
 #                 cache), the doctor (driver version, shipped kernels), then p2p-sys's GPU tests
 #                 (every driver and NVRTC entry point resolves; the checkpoint API). ~1-2 min.
@@ -105,7 +106,7 @@ phase_downstream() {
   local v round cache out
   { nvidia-smi; ldconfig -p | grep -E 'libnvrtc|libcuda\.' ; } >"$res/machine.txt" 2>&1
   note "GPUs: $n; driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n1)"
-  for v in cuda-12040 cuda-12080 cuda-13000 candle; do
+  for v in cuda-12040 cuda-12080 cuda-13000 candle cudarc-0-18 cudarc-0-17; do
     for round in 1 2; do
       cache=$(mktemp -d)
       out=$(XDG_CACHE_HOME=$cache timeout 120 "$here/downstream/p2p-downstream-$v" 2>&1)

@@ -1,11 +1,19 @@
 //! All-reduce and broadcast over cudarc slices on every visible GPU, one process, with the
 //! cudarc configuration this build chose; checks every element and prints the cold start.
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{CudaContext, CudaSlice};
-use p2p_collective::p2p_mem::cudarc_interop::view_mut;
-use p2p_collective::p2p_mem::{Device, Stream};
+// The cudarc this build has, and p2p's module for it.
+#[cfg(feature = "cudarc-0-17")]
+use {cudarc_0_17 as cudarc, p2p_collective::p2p_mem::cudarc_0_17 as interop};
+#[cfg(feature = "cudarc-0-18")]
+use {cudarc_0_18 as cudarc, p2p_collective::p2p_mem::cudarc_0_18 as interop};
+#[cfg(feature = "v0-19")]
+use {cudarc, p2p_collective::p2p_mem::cudarc_interop as interop};
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use interop::view_mut;
 use p2p_collective::{Collectives, Communicator, DataType, RedOp};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -30,12 +38,12 @@ fn run() -> Result<(), BoxError> {
         .collect::<Result<Vec<_>, _>>()?;
     let devices = ctxs
         .iter()
-        .map(|c| Device::from_cudarc(c))
+        .map(|c| interop::device(c))
         .collect::<Result<Vec<_>, _>>()?;
     let streams = devices
         .iter()
         .zip(&cu_streams)
-        .map(|(d, s)| Stream::from_cudarc(d, s))
+        .map(|(d, s)| interop::stream(d, s))
         .collect::<Result<Vec<_>, _>>()?;
     let t = Instant::now();
     let comms = Communicator::init_all(&devices)?;
@@ -45,7 +53,7 @@ fn run() -> Result<(), BoxError> {
         .enumerate()
         .map(|(r, s)| {
             let host: Vec<f32> = (0..COUNT).map(|i| ((r + 1) * (i % 97)) as f32).collect();
-            s.clone_htod(&host)
+            upload(s, &host)
         })
         .collect::<Result<_, _>>()?;
     let t = Instant::now();
@@ -71,7 +79,7 @@ fn run() -> Result<(), BoxError> {
     let ranks_sum: usize = (1..=n).sum();
     let mut wrong = 0;
     for (r, s) in cu_streams.iter().enumerate() {
-        let got: Vec<f32> = s.clone_dtoh(&bufs[r])?;
+        let got: Vec<f32> = download(s, &bufs[r])?;
         wrong += got
             .iter()
             .enumerate()
@@ -85,4 +93,23 @@ fn run() -> Result<(), BoxError> {
         return Err(format!("{wrong} wrong elements").into());
     }
     Ok(())
+}
+
+/// `host` copied into a new slice on `stream`'s GPU (`memcpy_stod`, named `clone_htod` from
+/// cudarc 0.18).
+fn upload(
+    stream: &Arc<CudaStream>,
+    host: &[f32],
+) -> Result<CudaSlice<f32>, cudarc::driver::DriverError> {
+    #[allow(deprecated)]
+    stream.memcpy_stod(host)
+}
+
+/// `slice` copied back to the host (`memcpy_dtov`, named `clone_dtoh` from cudarc 0.18).
+fn download(
+    stream: &Arc<CudaStream>,
+    slice: &CudaSlice<f32>,
+) -> Result<Vec<f32>, cudarc::driver::DriverError> {
+    #[allow(deprecated)]
+    stream.memcpy_dtov(slice)
 }
