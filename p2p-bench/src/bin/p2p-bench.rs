@@ -202,6 +202,15 @@ enum Command {
         /// The collectives' time limit in the jobs (P2P_TIMEOUT_MS): what finds a stalled rank.
         #[arg(long, default_value_t = 2000)]
         timeout_ms: u64,
+        /// Every trial makes the same call, a 4 MiB f32 sum all-reduce, instead of one drawn by
+        /// the fault matrix (operation, type, size, forced algorithm, in place or not, graph
+        /// replay, registered buffers, a split communicator).
+        #[arg(long)]
+        classic: bool,
+        /// The largest size the matrix draws, MiB (log-uniform from 8 B; a rank's part for
+        /// all-gather, reduce-scatter and all-to-all).
+        #[arg(long, default_value_t = 256)]
+        max_mib: u64,
         /// Directory for the results (created if missing). Default: p2p/results in the user's
         /// data folder, outside any source tree.
         #[arg(long, default_value_os_t = default_results())]
@@ -698,6 +707,8 @@ fn main() -> ExitCode {
             trials,
             seconds,
             timeout_ms,
+            classic,
+            max_mib,
             out,
         } => faults_cmd(
             &p2p_bench::faults::SuiteOptions {
@@ -707,6 +718,7 @@ fn main() -> ExitCode {
                 trials,
                 budget: std::time::Duration::from_secs(seconds),
                 timeout_ms,
+                matrix: (!classic).then_some(max_mib.clamp(1, 256) << 20),
             },
             &out,
         ),

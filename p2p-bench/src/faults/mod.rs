@@ -4,7 +4,8 @@
 //!
 //! The orchestrator starts every rank of a trial as `p2p-bench fault-worker` with the
 //! rendezvous environment (a fresh job id and secret per trial) and a plan in `FAULT_*`
-//! variables. Workers run all-reduces on 4 MiB of f32 and check every element; the victim
+//! variables. Workers make the trial's call (drawn per trial by the fault matrix, [`Shape`]:
+//! every operation, type, size, algorithm and buffer placement) and check every element; the victim
 //! injects its fault and says when (`dying`, a wall-clock time in ns, printed just before).
 //! Survivors report when their call failed and with what error, then drop the communicator and
 //! report their open fds and free GPU memory against the baseline taken before init. Each
@@ -13,15 +14,19 @@
 //! Detection time = the survivor's error time - the victim's fault time (one host, one clock).
 //! A trial that is still running 30 s after its start is a hang: its processes are killed.
 
+mod shape;
+
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use p2p_collective::{Collectives, Communicator, DataType, RedOp};
-use p2p_mem::{DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
+use p2p_collective::Communicator;
+use p2p_mem::Stream;
 use p2p_transport::rendezvous::{testing, Rendezvous, Secret};
 use serde_json::{json, Value};
 use statrs::statistics::{Data, OrderStatistics};
+
+pub use shape::{Calls, Shape};
 
 /// What a trial injects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -186,13 +191,15 @@ fn run_rank(
         .ok()
         .and_then(|w| w.parse().ok())
         .unwrap_or(1);
+    let shape = match std::env::var("FAULT_CALL") {
+        Ok(words) => Shape::parse(&words)?,
+        Err(_) => Shape::classic(),
+    };
     let count = p2p_mem::Device::count().map_err(|e| e.to_string())? as usize;
     let device = p2p_mem::Device::new((rank % count.max(1)) as i32).map_err(|e| e.to_string())?;
     let stream = Stream::new(&device).map_err(|e| e.to_string())?;
-    // The baseline: after the context exists, before the communicator.
-    let n = 1 << 20;
-    let mut send = DeviceBuffer::<f32>::zeroed(&device, n).map_err(|e| e.to_string())?;
-    let mut recv = DeviceBuffer::<f32>::zeroed(&device, n).map_err(|e| e.to_string())?;
+    // The baseline: after the context and the call's buffers exist, before the communicator.
+    let mut bufs = shape.buffers(&device, world, rank)?;
     stream.synchronize().map_err(|e| e.to_string())?;
     let fds0 = open_fds();
     let free0 = device.memory_info().map_err(|e| e.to_string())?.0;
@@ -212,14 +219,86 @@ fn run_rank(
             emit(
                 json!({"event": "error", "phase": "init", "t": now_ns() as u64, "error": e.to_string()}),
             );
-            return leak_report(&device, fds0, free0, None, world > count);
+            return leak_report(&device, fds0, free0, Vec::new(), world > count);
         }
     };
     emit(json!({"event": "init-done", "ms": t_init.elapsed().as_secs_f64() * 1e3}));
-    let expected_base = (world * (world + 1) / 2) as f32;
-    let mut host = vec![0f32; n];
+    let call_error = |i: usize, e: &dyn std::fmt::Display| {
+        emit(
+            json!({"event": "error", "phase": "call", "iter": i, "t": now_ns() as u64, "error": e.to_string()}),
+        );
+    };
+    // A split communicator keeps every rank in its order, so that errors name the same ranks.
+    let sub = if shape.split {
+        match comm.split(Some(0), rank as i32) {
+            Ok(sub) => sub,
+            Err(e) => {
+                call_error(0, &e);
+                emit(
+                    json!({"event": "calls-done", "t": now_ns() as u64, "wrong": 0, "failed": true}),
+                );
+                return leak_report(&device, fds0, free0, vec![comm], world > count);
+            }
+        }
+    } else {
+        None
+    };
+    let (wrong, failed) = {
+        let on = sub.as_ref().unwrap_or(&comm);
+        make_calls(
+            kind,
+            rank,
+            victim,
+            delay,
+            iters,
+            shape,
+            on,
+            &stream,
+            &mut bufs,
+            &call_error,
+        )
+    };
+    emit(json!({"event": "calls-done", "t": now_ns() as u64, "wrong": wrong, "failed": failed}));
+    if victim && kind == Kind::KillInDrop {
+        std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            die(kind);
+        });
+    }
+    let comms = sub.into_iter().chain(std::iter::once(comm)).collect();
+    leak_report(&device, fds0, free0, comms, world > count)
+}
+
+/// The trial's calls on `comm`: `iters` rounds of `shape`'s call, each checked, with the
+/// victim's fault in the middle round (which, for the faults that land inside a call, queues
+/// many calls so that the fault finds one running). Returns the wrong elements seen and
+/// whether a call failed (reported through `call_error`).
+#[allow(clippy::too_many_arguments)]
+fn make_calls(
+    kind: Kind,
+    rank: usize,
+    victim: bool,
+    delay: Duration,
+    iters: usize,
+    shape: Shape,
+    comm: &Communicator,
+    stream: &Stream,
+    bufs: &mut shape::Buffers,
+    call_error: &dyn Fn(usize, &dyn std::fmt::Display),
+) -> (usize, bool) {
+    let mut calls = match Calls::new(shape, comm, stream, bufs) {
+        Ok(c) => c,
+        Err(e) => {
+            call_error(0, &e);
+            return (0, true);
+        }
+    };
+    let bytes = shape
+        .call
+        .count
+        .saturating_mul(shape.call.dtype.size())
+        .max(1);
     let mut wrong = 0usize;
-    let mut failed = None;
     for i in 0..iters {
         let fault_here = victim && i == iters / 2;
         if fault_here && matches!(kind, Kind::KillBetweenCalls | Kind::ExitBetweenCalls) {
@@ -234,24 +313,19 @@ fn run_rank(
                 rustix::process::Signal::STOP,
             );
         }
-        let v = (rank + 1) as f32 + i as f32;
-        send.copy_from_host(&vec![v; n])
-            .map_err(|e| e.to_string())?;
-        // Every rank makes the same calls: the fault iteration is long on all of them, and the
-        // victim's fault lands somewhere inside it.
+        // Every rank makes the same calls: the fault round is long on all of them (about
+        // 1 GiB of calls, 4 to 256 of them), and the victim's fault lands somewhere inside it.
         let heavy = i == iters / 2
             && matches!(
                 kind,
                 Kind::KillMidCollective | Kind::SegfaultMidCollective | Kind::AbortFromThread
             );
-        let calls = if heavy { 256 } else { 1 };
-        let mut result = Ok(());
-        for _ in 0..calls {
-            result = comm.all_reduce(&send, &mut recv, n, DataType::F32, RedOp::Sum, &stream);
-            if result.is_err() {
-                break;
-            }
-        }
+        let times = if heavy {
+            ((1 << 30) / bytes).clamp(4, 256)
+        } else {
+            1
+        };
+        let result = calls.queue(times);
         if heavy && victim {
             let handle = comm.abort_handle();
             std::thread::spawn(move || {
@@ -267,31 +341,22 @@ fn run_rank(
                 }
             });
         }
-        let result = result.and_then(|()| comm.synchronize(&stream));
-        if let Err(e) = result {
-            emit(
-                json!({"event": "error", "phase": "call", "iter": i, "t": now_ns() as u64, "error": e.to_string()}),
-            );
-            failed = Some(e.to_string());
-            break;
+        if let Err(e) = result.and_then(|()| comm.synchronize(stream)) {
+            call_error(i, &e);
+            return (wrong, true);
         }
-        recv.copy_to_host(&mut host).map_err(|e| e.to_string())?;
-        let want = expected_base + (world * i) as f32;
-        wrong += host.iter().filter(|&&x| x != want).count();
+        match calls.wrong() {
+            Ok(w) => wrong += w,
+            Err(e) => {
+                call_error(i, &e);
+                return (wrong, true);
+            }
+        }
     }
-    emit(
-        json!({"event": "calls-done", "t": now_ns() as u64, "wrong": wrong, "failed": failed.is_some()}),
-    );
-    if victim && kind == Kind::KillInDrop {
-        std::thread::spawn(move || {
-            std::thread::sleep(delay);
-            die(kind);
-        });
-    }
-    leak_report(&device, fds0, free0, Some(comm), world > count)
+    (wrong, false)
 }
 
-/// Drops the communicator and reports the time, and the fds and GPU memory this process still
+/// Drops the communicators (a split one first) and reports the time, and the fds and GPU memory this process still
 /// holds (whether memory comes back once the job's processes have exited is measured outside,
 /// by the suite: see [`GpuWatch`]). Where ranks share a GPU (`shared`) the GPU's free memory
 /// also moves with the other ranks' processes, so no GPU figure is reported (null).
@@ -299,11 +364,11 @@ fn leak_report(
     device: &p2p_mem::Device,
     fds0: usize,
     free0: usize,
-    comm: Option<Communicator>,
+    comms: Vec<Communicator>,
     shared: bool,
 ) -> Result<(), String> {
     let t = Instant::now();
-    drop(comm);
+    drop(comms);
     let drop_ms = t.elapsed().as_secs_f64() * 1e3;
     // This rank's workspace is also held by the peers' mappings of it (cuMem) until they drop
     // theirs or their process ends: wait up to 200 ms for the device's free memory to come
@@ -455,6 +520,8 @@ fn workspace_sockets() -> Vec<std::path::PathBuf> {
 pub struct Trial {
     /// What was injected.
     pub kind: Kind,
+    /// The call every rank made.
+    pub shape: Shape,
     /// The ranks.
     pub world: usize,
     /// The rank that misbehaved.
@@ -599,6 +666,7 @@ impl GpuWatch {
 pub fn run_trial(
     exe: &str,
     kind: Kind,
+    shape: Shape,
     world: usize,
     victim: usize,
     delay_us: u64,
@@ -642,6 +710,8 @@ pub fn run_trial(
                 if warm_up { "200000" } else { "3000" },
             )
             .env("FAULT_KIND", kind.name())
+            .env("FAULT_CALL", shape.to_words())
+            .env("P2P_ALGO", shape.algo.map_or("auto", |a| a.name()))
             .env("FAULT_VICTIM", victim.to_string())
             .env("FAULT_DELAY_US", delay_us.to_string())
             .env("FAULT_STRANGER", if stranger { "1" } else { "0" })
@@ -743,6 +813,7 @@ pub fn run_trial(
     }
     let t = Trial {
         kind,
+        shape,
         world,
         victim,
         delay_us,
@@ -859,6 +930,9 @@ pub struct SuiteOptions {
     pub budget: Duration,
     /// The collectives' time limit in the jobs (`P2P_TIMEOUT_MS`).
     pub timeout_ms: u64,
+    /// Each trial's call drawn by the fault matrix ([`Shape::draw`]) up to this many bytes;
+    /// `None`: every trial makes [`Shape::classic`]'s.
+    pub matrix: Option<u64>,
 }
 
 /// Runs the suite: trials of every kind round robin until `faults` process faults and stranger
@@ -889,6 +963,7 @@ pub fn run_suite(exe: &str, o: &SuiteOptions) -> (Value, String) {
     let compile = run_trial(
         exe,
         Kind::None,
+        Shape::classic(),
         world,
         0,
         0,
@@ -904,6 +979,7 @@ pub fn run_suite(exe: &str, o: &SuiteOptions) -> (Value, String) {
     let warm = run_trial(
         exe,
         Kind::None,
+        Shape::classic(),
         world,
         0,
         0,
@@ -944,9 +1020,14 @@ pub fn run_suite(exe: &str, o: &SuiteOptions) -> (Value, String) {
             Kind::KillInDrop => rand() % 2_000,
             _ => rand() % 50_000,
         };
+        let shape = match o.matrix {
+            Some(max_bytes) => Shape::draw(&mut rand, world, max_bytes),
+            None => Shape::classic(),
+        };
         let t = run_trial(
             exe,
             kind,
+            shape,
             world,
             victim,
             delay_us,
@@ -965,10 +1046,11 @@ pub fn run_suite(exe: &str, o: &SuiteOptions) -> (Value, String) {
             stranger_trials += usize::from(kind == Kind::Strangers);
         }
         eprintln!(
-            "[{i:>3}] {:<24} victim {} delay {:>6} us: {}{}{}{}({:.0} s; {process_faults} process faults, {attempts} stranger attempts)",
+            "[{i:>3}] {:<24} victim {} delay {:>6} us, {}: {}{}{}{}({:.0} s; {process_faults} process faults, {attempts} stranger attempts)",
             kind.name(),
             t.victim,
             t.delay_us,
+            t.shape.to_words(),
             t.survivors
                 .iter()
                 .map(|s| format!(
@@ -1179,7 +1261,8 @@ fn summarize(
             "fds_leaked": fds, "gpu_bytes_held_after_exit": after_exit,
             "gpu_bytes_held_in_process_max": in_process,
             "trials_detail": ts.iter().map(|t| json!({
-                "victim": t.victim, "delay_us": t.delay_us, "hang": t.hang, "phase": t.phase,
+                "victim": t.victim, "delay_us": t.delay_us, "call": t.shape.to_words(),
+                "hang": t.hang, "phase": t.phase,
                 "clean_exit": t.clean_exit, "drop_ms": t.drop_ms,
                 "held_after_exit": t.held_after_exit, "return_ms": t.return_ms,
                 "held_in_process": t.held_in_process,
@@ -1225,8 +1308,11 @@ fn summarize(
             n => format!("{n:+} against"),
         },
     ));
+    let shapes: Vec<Shape> = all.iter().map(|t| t.shape).collect();
+    let (matrix, matrix_md) = shape::tally(&shapes);
+    md.push_str(&matrix_md);
     let summary = json!({
-        "world": world, "trials": all.len(),
+        "world": world, "trials": all.len(), "matrix": matrix,
         "process_faults": totals.process_faults, "stranger_attempts": totals.attempts,
         "dead_peer_detection_ms": {"p99": p99, "max": max},
         "undetected": totals.undetected, "disrupted": totals.disrupted,
@@ -1319,6 +1405,7 @@ mod tests {
     fn trial(kind: Kind, held_after_exit: Option<i64>, faults: u64) -> Trial {
         Trial {
             kind,
+            shape: Shape::classic(),
             world: 2,
             victim: 1,
             delay_us: 0,
