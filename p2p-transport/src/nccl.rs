@@ -620,7 +620,7 @@ fn non_blocking_config() -> nccl::ncclConfig_t {
 /// reduce) or peer (send, recv).
 fn check_rank(op: &str, peer: usize, world: usize) -> Result<()> {
     if peer >= world {
-        let role = if matches!(op, "broadcast" | "reduce") {
+        let role = if matches!(op, "broadcast" | "reduce" | "ncclBroadcast" | "ncclReduce") {
             "root"
         } else {
             "peer"
@@ -686,6 +686,16 @@ mod tests {
             e.contains("NCCL broadcast: root 1 is not one of the 1 ranks"),
             "{e}"
         );
+        let e = check_rank(
+            Collective::Reduce {
+                red: ncclRedOp_t::ncclSum,
+                root: 2,
+            }
+            .name(),
+            2,
+            2,
+        );
+        assert!(e.is_err_and(|e| e.to_string().contains("root 2")));
         let e = check_rank("send", 4, 4).expect_err("refused").to_string();
         assert!(e.contains("peer 4"), "{e}");
     }

@@ -158,7 +158,12 @@ impl Shape {
         let c = &self.call;
         let e = |e: p2p_mem::Error| e.to_string();
         let size = c.dtype.size();
-        let (in_len, out_len) = c.op.buffer_lens(c.count, world, rank, c.root);
+        // Every rank's buffers as large as any rank's (a broadcast's send, a reduce's recv are
+        // used on the root only), so that registered buffers have one size on every rank, as
+        // registration asks.
+        let (in_len, out_len) = (0..world.max(1))
+            .map(|r| c.op.buffer_lens(c.count, world, r, c.root))
+            .fold((0, 0), |(i, o), (ri, ro)| (i.max(ri), o.max(ro)));
         let out_bytes = (in_len.max(out_len) * size).max(1);
         let input = input(c, world, rank, in_len.max(1));
         let send = if self.in_place {
