@@ -14,7 +14,7 @@
 //! Detection time = the survivor's error time - the victim's fault time (one host, one clock).
 //! A trial that is still running 30 s after its start is a hang: its processes are killed.
 
-mod shape;
+pub mod shape;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
