@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Packs the raw text logs of results folders into one file each (run from anywhere in the
-repository: `python3 scripts/pack-results.py docs/results/FOLDER [...]`, `--dry-run` to list).
+repository: `python3 scripts/pack-results.py FOLDER [...]`, each FOLDER a results folder, `--dry-run` to list).
 
 A run leaves a log or summary per test and per phase; a folder keeps them as one `logs.txt`,
 each under a line `===== PATH =====` (its path inside the folder), so the evidence stays
