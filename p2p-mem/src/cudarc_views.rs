@@ -191,45 +191,36 @@ macro_rules! interop {
             })
         }
 
-        // SAFETY: the memory is the borrowed cudarc slice's, live for the view's lifetime.
-        unsafe impl DeviceMemory for CudarcView<'_> {
-            fn device(&self) -> &Device {
-                self.0.memory.device()
-            }
-            fn device_ptr(&self) -> cuda::CUdeviceptr {
-                self.0.memory.device_ptr()
-            }
-            fn byte_len(&self) -> usize {
-                self.0.memory.byte_len()
-            }
-            fn bound_stream(&self) -> Option<cuda::CUstream> {
-                Some(self.0.stream)
-            }
-            fn element_type(&self) -> Option<ElementType> {
-                Some(self.0.element)
-            }
-        }
-
-        // SAFETY: as for the read-only view: the memory of the view's borrowed slice.
-        unsafe impl DeviceMemory for CudarcViewMut<'_> {
-            fn device(&self) -> &Device {
-                self.0.memory.device()
-            }
-            fn device_ptr(&self) -> cuda::CUdeviceptr {
-                self.0.memory.device_ptr()
-            }
-            fn byte_len(&self) -> usize {
-                self.0.memory.byte_len()
-            }
-            fn bound_stream(&self) -> Option<cuda::CUstream> {
-                Some(self.0.stream)
-            }
-            fn element_type(&self) -> Option<ElementType> {
-                Some(self.0.element)
-            }
-        }
+        crate::cudarc_views::delegate_memory!(CudarcView);
+        crate::cudarc_views::delegate_memory!(CudarcViewMut);
         // SAFETY: the view borrows its slice mutably, so p2p may write it.
         unsafe impl DeviceMemoryMut for CudarcViewMut<'_> {}
     };
 }
 pub(crate) use interop;
+
+/// `DeviceMemory` for a view type of an `interop!` module (a tuple struct over `Viewed`): the
+/// borrowed slice's memory, bound to the view's stream.
+macro_rules! delegate_memory {
+    ($view:ident) => {
+        // SAFETY: the memory is the borrowed cudarc slice's, live for the view's lifetime.
+        unsafe impl DeviceMemory for $view<'_> {
+            fn device(&self) -> &Device {
+                self.0.memory.device()
+            }
+            fn device_ptr(&self) -> cuda::CUdeviceptr {
+                self.0.memory.device_ptr()
+            }
+            fn byte_len(&self) -> usize {
+                self.0.memory.byte_len()
+            }
+            fn bound_stream(&self) -> Option<cuda::CUstream> {
+                Some(self.0.stream)
+            }
+            fn element_type(&self) -> Option<ElementType> {
+                Some(self.0.element)
+            }
+        }
+    };
+}
+pub(crate) use delegate_memory;

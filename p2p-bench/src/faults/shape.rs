@@ -119,20 +119,10 @@ impl Shape {
                 _ => Err(bad()),
             };
             match key {
-                "op" => op = *Op::ALL.iter().find(|o| o.name() == value).ok_or_else(bad)?,
-                "type" => {
-                    dtype = *DataType::ALL
-                        .iter()
-                        .find(|t| t.name() == value)
-                        .ok_or_else(bad)?
-                }
+                "op" => op = named(&Op::ALL, Op::name, value).ok_or_else(bad)?,
+                "type" => dtype = named(&DataType::ALL, DataType::name, value).ok_or_else(bad)?,
                 "count" => count = value.parse().map_err(|_| bad())?,
-                "redop" => {
-                    redop = *RedOp::ALL
-                        .iter()
-                        .find(|r| r.name() == value)
-                        .ok_or_else(bad)?
-                }
+                "redop" => redop = named(&RedOp::ALL, RedOp::name, value).ok_or_else(bad)?,
                 "root" => root = value.parse().map_err(|_| bad())?,
                 "algo" if value == "auto" => s.algo = None,
                 "algo" => s.algo = Some(Algo::from_name(value).ok_or_else(bad)?),
@@ -177,6 +167,11 @@ impl Shape {
         let recv = DeviceBuffer::<u8>::zeroed(device, out_bytes).map_err(e)?;
         Ok(Buffers { send, recv, input })
     }
+}
+
+/// The member of `all` whose `name` is `value`.
+fn named<T: Copy>(all: &[T], name: fn(T) -> &'static str, value: &str) -> Option<T> {
+    all.iter().copied().find(|&x| name(x) == value)
 }
 
 /// One rank's buffers for a [`Shape`]'s call, and its exact input on the host.
