@@ -67,5 +67,5 @@ for top in folders:
             text = open(f, encoding="utf-8", errors="replace").read()
             o.write(f"\n===== {os.path.relpath(f, top)} =====\n")
             o.write(text if not text or text.endswith("\n") else text + "\n")
-    subprocess.run(["git", "rm", "-q", *pack], check=True)
+    subprocess.run(["git", "rm", "-qf", *pack], check=True)  # -f: new, staged logs too
     subprocess.run(["git", "add", out], check=True)
