@@ -381,8 +381,15 @@ impl Harness<'_> {
         let issue = |h: &mut Self| h.issue(imp, call, in_place);
         match how {
             Timing::Eager => timing::eager(self, iters, samples, issue),
-            Timing::Graph => timing::graph(self, iters, samples, true, issue),
-            Timing::GraphUngated => timing::graph(self, iters, samples, false, issue),
+            Timing::Graph | Timing::GraphUngated => {
+                let gated = how == Timing::Graph;
+                let how = timing::Sampling {
+                    iters,
+                    samples,
+                    gated,
+                };
+                timing::graph(self, how, issue)
+            }
         }
     }
 
@@ -853,7 +860,7 @@ pub fn run(opts: &Options) -> Result<Value, String> {
 }
 
 /// How `coll` times a figure, as `Harness::time` runs it.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Timing {
     Eager,
     /// Graph replays behind the gate.

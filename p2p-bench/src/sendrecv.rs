@@ -348,10 +348,12 @@ pub fn run(opts: &Options) -> Result<Value, String> {
             // Microseconds per exchange: the slowest rank, median over samples; eager, then
             // `iters` exchanges captured in one CUDA graph per rank.
             let eager = timing::eager(&mut h, iters, opts.samples, |h| h.issue(imp, bytes))?.median;
-            let graph = timing::graph(&mut h, iters, opts.samples.min(10), true, |h| {
-                h.issue(imp, bytes)
-            })?
-            .median;
+            let replays = timing::Sampling {
+                iters,
+                samples: opts.samples.min(10),
+                gated: true,
+            };
+            let graph = timing::graph(&mut h, replays, |h| h.issue(imp, bytes))?.median;
             row[name] = json!({
                 "wrong": wrong,
                 "eager_us": eager,

@@ -144,17 +144,31 @@ fn list(ranks: &[usize]) -> String {
         .join(", ")
 }
 
-/// `samples` times: events around `body` (which queues `iters` calls) on every rank; each
-/// sample is the slowest rank's microseconds per call. `gated` (and a harness with a
-/// [`Gate`]): the gate holds every stream until `body` has queued everything, so the figure
-/// holds the GPUs' time without the host's cost of queueing it.
+/// How a figure is sampled: `samples` samples of `iters` calls each, behind the harness's
+/// [`Gate`] or not.
+#[derive(Clone, Copy, Debug)]
+pub struct Sampling {
+    /// Calls a sample.
+    pub iters: usize,
+    /// Samples a figure.
+    pub samples: usize,
+    /// Whether the gate (where the harness has one) holds every stream until a sample's calls
+    /// are queued, so that the figure holds the GPUs' time without the host's cost of queueing.
+    pub gated: bool,
+}
+
+/// `how.samples` times: events around `body` (which queues `how.iters` calls) on every rank;
+/// each sample is the slowest rank's microseconds per call.
 pub fn sample<H: Ranks>(
     h: &mut H,
-    iters: usize,
-    samples: usize,
-    gated: bool,
+    how: Sampling,
     mut body: impl FnMut(&mut H) -> Result<(), String>,
 ) -> Result<Stat, String> {
+    let Sampling {
+        iters,
+        samples,
+        gated,
+    } = how;
     if samples == 0 || iters == 0 {
         return Err("no samples to take".into());
     }
@@ -209,7 +223,12 @@ pub fn eager<H: Ranks>(
         issue(h)?;
     }
     h.sync()?;
-    sample(h, iters, samples, false, |h| {
+    let how = Sampling {
+        iters,
+        samples,
+        gated: false,
+    };
+    sample(h, how, |h| {
         for _ in 0..iters {
             issue(h)?;
         }
@@ -217,22 +236,20 @@ pub fn eager<H: Ranks>(
     })
 }
 
-/// Captures `iters` calls of `issue` in one CUDA graph per rank, replays it once, then times
-/// `samples` replays with [`sample`]: `gated`, behind the harness's [`Gate`] (the GPUs' time,
+/// Captures `how.iters` calls of `issue` in one CUDA graph per rank, replays it once, then times
+/// `how.samples` replays with [`sample`]: gated, behind the harness's [`Gate`] (the GPUs' time,
 /// as nccl-tests `-G` measures it once its back-to-back launches hide their cost), or not (each
 /// sample then also holds the host's cost of launching every rank's graph in turn).
 pub fn graph<H: Ranks>(
     h: &mut H,
-    iters: usize,
-    samples: usize,
-    gated: bool,
+    how: Sampling,
     mut issue: impl FnMut(&mut H) -> Result<(), String>,
 ) -> Result<Stat, String> {
     for t in h.timers() {
         t.stream.begin_capture().map_err(|e| e.to_string())?;
     }
     let mut issued = Ok(());
-    for _ in 0..iters {
+    for _ in 0..how.iters {
         issued = issue(h);
         if issued.is_err() {
             break;
@@ -263,5 +280,5 @@ pub fn graph<H: Ranks>(
     };
     launch(h)?;
     h.sync()?;
-    sample(h, iters, samples, gated, launch)
+    sample(h, how, launch)
 }

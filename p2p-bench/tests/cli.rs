@@ -1,7 +1,8 @@
 //! The command-line tool as a user runs it: no GPU needed.
 
 mod support;
-use support::{assert_fails, command, p2p_bench};
+use p2p_mem::fdpass::PrivateDir;
+use support::{assert_fails, command, p2p_bench, p2p_bench_line};
 
 #[test]
 fn a_bad_configuration_value_exits_2_naming_the_variable() {
@@ -187,32 +188,16 @@ fn a_bad_collective_setting_exits_2_naming_it() {
     }
 }
 
-/// A temporary folder of this test's own, removed when dropped.
-struct TempDir(std::path::PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!("p2p-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("create a temporary folder");
-        TempDir(dir)
-    }
-
-    fn file(&self, name: &str, text: &str) -> String {
-        let path = self.0.join(name);
-        std::fs::write(&path, text).expect("write a temporary file");
-        path.to_str().expect("a UTF-8 temporary path").to_string()
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// Writes `text` to `name` in `dir`: its path.
+fn file_in(dir: &PrivateDir, name: &str, text: &str) -> String {
+    let path = dir.path().join(name);
+    std::fs::write(&path, text).expect("write a temporary file");
+    path.to_str().expect("a UTF-8 temporary path").to_string()
 }
 
 #[test]
 fn render_refuses_what_is_not_a_coll_results_file_and_writes_nothing() {
-    let dir = TempDir::new("render-refuses");
+    let dir = PrivateDir::new("render-refuses").expect("a temporary folder");
     for (name, text, lacks) in [
         ("empty.json", "{}", "missing field `benchmark`"),
         ("list.json", "[1,2]", "it is an array, not a JSON object"),
@@ -222,7 +207,7 @@ fn render_refuses_what_is_not_a_coll_results_file_and_writes_nothing() {
             "unknown variant `hosts`",
         ),
     ] {
-        let path = dir.file(name, text);
+        let path = file_in(&dir, name, text);
         assert_fails(&["render", &path], &[], 1, lacks);
         assert_fails(&["render", &path], &[], 1, &path);
         for ext in ["md", "svg"] {
@@ -236,7 +221,7 @@ fn render_refuses_what_is_not_a_coll_results_file_and_writes_nothing() {
 /// `complete` mark), as `docs/results` holds them.
 #[test]
 fn render_draws_a_coll_results_file() {
-    let dir = TempDir::new("render-draws");
+    let dir = PrivateDir::new("render-draws").expect("a temporary folder");
     for (name, text) in [
         (
             "old.json",
@@ -249,7 +234,7 @@ fn render_draws_a_coll_results_file() {
             ),
         ),
     ] {
-        let path = dir.file(name, text);
+        let path = file_in(&dir, name, text);
         let (code, _, err) = p2p_bench(&["render", &path], &[]);
         assert_eq!(code, 0, "{name}: {err}");
         let md = std::fs::read_to_string(std::path::Path::new(&path).with_extension("md"))
@@ -310,16 +295,7 @@ fn launch_writes_no_colour_into_a_pipe() {
 
 #[test]
 fn plan_shows_a_reference_machine_with_its_measured_figures() {
-    let (code, out, err) = p2p_bench(
-        &[
-            "plan",
-            "--machine",
-            "h200x4-nvswitch",
-            "--ops",
-            "all_reduce",
-        ],
-        &[],
-    );
+    let (code, out, err) = p2p_bench_line("plan --machine h200x4-nvswitch --ops all_reduce", &[]);
     assert_eq!(code, 0, "{err}");
     assert!(out.starts_with("# p2p plan: h200x4-nvswitch"), "{out}");
     assert!(
@@ -435,20 +411,7 @@ fn a_bad_rendezvous_setting_exits_2_before_any_job_starts() {
 #[test]
 fn launch_stops_a_job_past_its_time_limit() {
     let t = std::time::Instant::now();
-    let (code, _, err) = p2p_bench(
-        &[
-            "launch",
-            "-n",
-            "2",
-            "--time-limit",
-            "300ms",
-            "--",
-            "sh",
-            "-c",
-            "exec sleep 30",
-        ],
-        &[],
-    );
+    let (code, _, err) = p2p_bench_line("launch -n 2 --time-limit 300ms -- sleep 30", &[]);
     assert_eq!(code, 124, "{err}");
     assert!(err.contains("ran past its time limit (300ms)"), "{err}");
     assert!(t.elapsed().as_secs() < 5, "took {:?}", t.elapsed());

@@ -3,7 +3,7 @@
 //! libnvrtc but no GPU: CI installs it from PyPI and runs this with `--ignored`.
 
 mod support;
-use support::{assert_fails, p2p_bench};
+use support::{assert_fails, p2p_bench_line};
 
 #[test]
 #[ignore = "needs libnvrtc (CI installs it from PyPI)"]
@@ -28,7 +28,7 @@ fn p2p_bench_kernels_fills_the_cache_once_and_names_a_bad_target() {
     let cache = std::env::temp_dir().join(format!("p2p-kernels-cli-{}", std::process::id()));
     let xdg = cache.to_str().expect("a UTF-8 temporary path");
     let env = [("XDG_CACHE_HOME", xdg), ("CUDA_CACHE_DISABLE", "1")];
-    let (code, out, err) = p2p_bench(&["kernels", "--arch", "sm_90"], &env);
+    let (code, out, err) = p2p_bench_line("kernels --arch sm_90", &env);
     assert_eq!(code, 0, "{out}{err}");
     assert!(
         out.contains("sm_90: compiled 8 of the 8 parts of the collective kernels in"),
@@ -43,7 +43,7 @@ fn p2p_bench_kernels_fills_the_cache_once_and_names_a_bad_target() {
         })
         .count();
     assert_eq!(cubins, 8, "one cubin per part");
-    let (code, out, err) = p2p_bench(&["kernels", "--arch", "sm_90"], &env);
+    let (code, out, err) = p2p_bench_line("kernels --arch sm_90", &env);
     assert_eq!(code, 0, "{out}{err}");
     assert!(
         out.contains("sm_90: the 8 parts of the collective kernels were cached already"),

@@ -41,6 +41,34 @@ impl CallBuffers<'_> {
     }
 }
 
+/// Writes a named call and its in-place form as [`Collectives::all_reduce`] and
+/// [`Collectives::all_reduce_in_place`] are written out: from the two names, the [`Op`] with the
+/// arguments it takes beyond `count` and `dtype`, and how they set the [`Call`].
+macro_rules! named_calls {
+    ($(
+        $(#[$doc:meta])* $name:ident,
+        $(#[$doc_in_place:meta])* $in_place:ident,
+        $op:ident($($arg:ident: $ty:ty),*) $(.$set:ident($val:ident))*;
+    )*) => {$(
+        $(#[$doc])*
+        #[allow(clippy::too_many_arguments)]
+        fn $name(&self, send: &impl DeviceMemory, recv: &mut impl DeviceMemoryMut, count: usize,
+            dtype: DataType, $($arg: $ty,)* stream: &Stream) -> Result<()> {
+            self.call(&Call::new(Op::$op, dtype, count)$(.$set($val))*, send, recv, stream)
+        }
+
+        named_calls!(@in_place $(#[$doc_in_place])* $in_place, $op($($arg: $ty),*) $(.$set($val))*);
+    )*};
+    (@in_place $(#[$doc:meta])* $in_place:ident,
+        $op:ident($($arg:ident: $ty:ty),*) $(.$set:ident($val:ident))*) => {
+        $(#[$doc])*
+        fn $in_place(&self, buf: &mut impl DeviceMemoryMut, count: usize, dtype: DataType,
+            $($arg: $ty,)* stream: &Stream) -> Result<()> {
+            self.call_in_place(&Call::new(Op::$op, dtype, count)$(.$set($val))*, buf, stream)
+        }
+    };
+}
+
 /// NCCL's collectives on a communicator, each asynchronous on the stream it is given.
 ///
 /// `count` follows NCCL ([`Op::buffer_lens`]): the whole buffer for all-reduce, broadcast and
@@ -73,7 +101,8 @@ pub trait Collectives {
         recv: &mut dyn DeviceMemoryMut,
         stream: &Stream,
     ) -> Result<()> {
-        self.queue(call, CallBuffers::Apart { send, recv }, stream)
+        let comm = self;
+        comm.queue(call, CallBuffers::Apart { send, recv }, stream)
     }
 
     /// Runs `call` in place in `buf` ([`CallBuffers::InPlace`]).
@@ -83,7 +112,8 @@ pub trait Collectives {
         buf: &mut dyn DeviceMemoryMut,
         stream: &Stream,
     ) -> Result<()> {
-        self.queue(call, CallBuffers::InPlace(buf), stream)
+        let comm = self;
+        comm.queue(call, CallBuffers::InPlace(buf), stream)
     }
 
     /// All-reduce `count` elements of `send` into `recv` on every rank.
@@ -106,224 +136,43 @@ pub trait Collectives {
         self.call(&call, send, recv, stream)
     }
 
-    /// All-reduce in place.
-    fn all_reduce_in_place(
-        &self,
-        buf: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        redop: RedOp,
-        stream: &Stream,
-    ) -> Result<()> {
-        self.call_in_place(
-            &Call {
-                op: Op::AllReduce,
-                dtype,
-                count,
-                redop,
-                root: 0,
-            },
-            buf,
-            stream,
-        )
-    }
+    named_calls!(@in_place
+        /// All-reduce in place.
+        all_reduce_in_place, AllReduce(redop: RedOp).redop(redop));
 
-    /// Broadcast `count` elements from `root`'s `send` into every rank's `recv`.
-    fn broadcast(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        root: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::Broadcast,
-            dtype,
-            count,
-            redop: RedOp::Sum,
-            root,
-        };
-        self.call(&call, send, recv, stream)
-    }
+    // The other named calls are the same two functions, each pair from one line.
+    named_calls! {
+        /// Broadcast `count` elements from `root`'s `send` into every rank's `recv`.
+        broadcast,
+        /// Broadcast in place: `root`'s `buf` into every rank's `buf`.
+        broadcast_in_place,
+        Broadcast(root: usize).root(root);
 
-    /// Broadcast in place: `root`'s `buf` into every rank's `buf`.
-    fn broadcast_in_place(
-        &self,
-        buf: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        root: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        self.call_in_place(
-            &Call {
-                op: Op::Broadcast,
-                dtype,
-                count,
-                redop: RedOp::Sum,
-                root,
-            },
-            buf,
-            stream,
-        )
-    }
+        /// Reduce every rank's `send` into `root`'s `recv`.
+        reduce,
+        /// Reduce in place into `root`'s `buf`.
+        reduce_in_place,
+        Reduce(redop: RedOp, root: usize).redop(redop).root(root);
 
-    /// Reduce every rank's `send` into `root`'s `recv`.
-    #[allow(clippy::too_many_arguments)]
-    fn reduce(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        redop: RedOp,
-        root: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::Reduce,
-            dtype,
-            count,
-            redop,
-            root,
-        };
-        self.call(&call, send, recv, stream)
-    }
+        /// Gather every rank's `count` elements into every rank's `recv` (`world * count`), in
+        /// rank order.
+        all_gather,
+        /// All-gather in place: this rank's input is `buf[rank * count..][..count]`.
+        all_gather_in_place,
+        AllGather();
 
-    /// Reduce in place into `root`'s `buf`.
-    fn reduce_in_place(
-        &self,
-        buf: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        redop: RedOp,
-        root: usize,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::Reduce,
-            dtype,
-            count,
-            redop,
-            root,
-        };
-        self.call_in_place(&call, buf, stream)
-    }
+        /// Reduce every rank's `send` (`world * count`) and give rank r part r (`count`) in
+        /// `recv`.
+        reduce_scatter,
+        /// Reduce-scatter in place: the result lands in `buf[rank * count..][..count]`.
+        reduce_scatter_in_place,
+        ReduceScatter(redop: RedOp).redop(redop);
 
-    /// Gather every rank's `count` elements into every rank's `recv` (`world * count`), in
-    /// rank order.
-    fn all_gather(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::AllGather,
-            dtype,
-            count,
-            redop: RedOp::Sum,
-            root: 0,
-        };
-        self.call(&call, send, recv, stream)
-    }
-
-    /// All-gather in place: this rank's input is `buf[rank * count..][..count]`.
-    fn all_gather_in_place(
-        &self,
-        buf: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::AllGather,
-            dtype,
-            count,
-            redop: RedOp::Sum,
-            root: 0,
-        };
-        self.call_in_place(&call, buf, stream)
-    }
-
-    /// Reduce every rank's `send` (`world * count`) and give rank r part r (`count`) in `recv`.
-    fn reduce_scatter(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        redop: RedOp,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::ReduceScatter,
-            dtype,
-            count,
-            redop,
-            root: 0,
-        };
-        self.call(&call, send, recv, stream)
-    }
-
-    /// Reduce-scatter in place: the result lands in `buf[rank * count..][..count]`.
-    fn reduce_scatter_in_place(
-        &self,
-        buf: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        redop: RedOp,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::ReduceScatter,
-            dtype,
-            count,
-            redop,
-            root: 0,
-        };
-        self.call_in_place(&call, buf, stream)
-    }
-
-    /// Send part q (`count` elements) of `send` to rank q; receive rank p's part r into part p
-    /// of `recv`.
-    fn all_to_all(
-        &self,
-        send: &impl DeviceMemory,
-        recv: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::AllToAll,
-            dtype,
-            count,
-            redop: RedOp::Sum,
-            root: 0,
-        };
-        self.call(&call, send, recv, stream)
-    }
-
-    /// All-to-all in place (the communicator copies `buf` aside first).
-    fn all_to_all_in_place(
-        &self,
-        buf: &mut impl DeviceMemoryMut,
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<()> {
-        let call = Call {
-            op: Op::AllToAll,
-            dtype,
-            count,
-            redop: RedOp::Sum,
-            root: 0,
-        };
-        self.call_in_place(&call, buf, stream)
+        /// Send part q (`count` elements) of `send` to rank q; receive rank p's part r into part
+        /// p of `recv`.
+        all_to_all,
+        /// All-to-all in place (the communicator copies `buf` aside first).
+        all_to_all_in_place,
+        AllToAll();
     }
 }

@@ -183,6 +183,24 @@ fn owned(ptr: *const std::ffi::c_char) -> Option<String> {
 
 const NOT_LOADED: &str = "no message: the library is not loaded";
 
+/// [`Error::Call`]: `call` of `api` returned `code`, called `name`, with the library's `message`
+/// for it (none where the library is not loaded).
+fn call_failed(
+    api: Api,
+    call: &'static str,
+    code: i64,
+    name: String,
+    message: Option<String>,
+) -> Error {
+    Error::Call {
+        api,
+        call,
+        code,
+        name,
+        message: message.unwrap_or_else(|| NOT_LOADED.into()),
+    }
+}
+
 /// An entry point the loaded `library` lacks, as [`Error::MissingEntryPoints`].
 fn missing(library: Library, call: &'static str) -> Error {
     Error::MissingEntryPoints {
@@ -222,13 +240,13 @@ pub fn check_cu(call: &'static str, result: cuda::CUresult) -> Result<(), Error>
             }
         }
     }
-    Err(Error::Call {
-        api: Api::Driver,
+    Err(call_failed(
+        Api::Driver,
         call,
-        code: i64::from(result.0),
-        name: name.unwrap_or_else(|| format!("CUresult {}", result.0)),
-        message: message.unwrap_or_else(|| NOT_LOADED.into()),
-    })
+        i64::from(result.0),
+        name.unwrap_or_else(|| format!("CUresult {}", result.0)),
+        message,
+    ))
 }
 
 /// Turns a runtime result into `Ok(())` or [`Error::Call`] naming `call` (feature `tools`).
@@ -237,73 +255,55 @@ pub fn check_cudart(call: &'static str, result: cudart::cudaError_t) -> Result<(
     if result == cudart::cudaError_t::cudaSuccess {
         return Ok(());
     }
-    let message = if probe::is_loaded(Library::Cudart) {
-        // SAFETY: libcudart is loaded (probed); the returned string is static.
-        owned(unsafe { cudart::cudaGetErrorString(result) })
-    } else {
-        None
-    };
-    Err(Error::Call {
-        api: Api::Runtime,
+    // SAFETY: libcudart is loaded (probed); the returned string is static.
+    let message = probe::is_loaded(Library::Cudart)
+        .then(|| owned(unsafe { cudart::cudaGetErrorString(result) }));
+    let (code, name) = (result as u32 as i64, format!("{result:?}"));
+    Err(call_failed(
+        Api::Runtime,
         call,
-        code: result as u32 as i64,
-        name: format!("{result:?}"),
-        message: message.unwrap_or_else(|| NOT_LOADED.into()),
-    })
+        code,
+        name,
+        message.flatten(),
+    ))
 }
 
-/// Turns an NVRTC result into `Ok(())` or [`Error::Call`] naming `call` (or
-/// [`Error::MissingEntryPoints`] where the loaded NVRTC lacks `call`).
-pub fn check_nvrtc(call: &'static str, result: nvrtc::nvrtcResult) -> Result<(), Error> {
-    if result == nvrtc::nvrtcResult::NVRTC_SUCCESS {
-        return Ok(());
-    }
-    if probe::is_loaded(Library::Nvrtc) && nvrtc::ENTRY_POINTS.contains(&call) && !nvrtc::has(call)
-    {
-        return Err(missing(Library::Nvrtc, call));
-    }
-    let message = if probe::is_loaded(Library::Nvrtc) {
-        // SAFETY: libnvrtc is loaded (probed); the returned string is static (null if the
-        // library lacks the function).
-        owned(unsafe { nvrtc::nvrtcGetErrorString(result) })
-    } else {
-        None
+/// Writes the check of a library that p2p loads at run time with a table of entry points
+/// (`crate::table`): `Ok(())` on `$ok`, [`Error::MissingEntryPoints`] where the loaded library
+/// lacks the call, else [`Error::Call`] with the code's name and the library's message for it.
+macro_rules! check_loaded {
+    ($(#[$doc:meta])* $check:ident: $module:ident::$result:ident, $ok:ident, $library:ident, $message:ident) => {
+        $(#[$doc])*
+        pub fn $check(call: &'static str, result: $module::$result) -> Result<(), Error> {
+            if result == $module::$result::$ok {
+                return Ok(());
+            }
+            let loaded = probe::is_loaded(Library::$library);
+            if loaded && $module::ENTRY_POINTS.contains(&call) && !$module::has(call) {
+                return Err(missing(Library::$library, call));
+            }
+            // SAFETY: the library is loaded (probed); the returned string is static (null if
+            // the library lacks the function).
+            let message = loaded.then(|| owned(unsafe { $module::$message(result) }));
+            let name = result.name().map(str::to_string);
+            let name = name.unwrap_or_else(|| format!("{} {}", stringify!($result), result.0));
+            Err(call_failed(Api::$library, call, i64::from(result.0), name, message.flatten()))
+        }
     };
-    Err(Error::Call {
-        api: Api::Nvrtc,
-        call,
-        code: i64::from(result.0),
-        name: result
-            .name()
-            .map_or_else(|| format!("nvrtcResult {}", result.0), str::to_string),
-        message: message.unwrap_or_else(|| NOT_LOADED.into()),
-    })
 }
 
-/// Turns a result of the NCCL that p2p loads at run time ([`crate::nccl_rt`]) into `Ok(())` or
-/// [`Error::Call`] naming `call` (or [`Error::MissingEntryPoints`] where the loaded NCCL lacks
-/// `call`).
-pub fn check_nccl_rt(call: &'static str, result: nccl_rt::ncclResult_t) -> Result<(), Error> {
-    if result == nccl_rt::ncclResult_t::ncclSuccess {
-        return Ok(());
-    }
-    let loaded = probe::is_loaded(Library::Nccl);
-    if loaded && nccl_rt::ENTRY_POINTS.contains(&call) && !nccl_rt::has(call) {
-        return Err(missing(Library::Nccl, call));
-    }
-    // SAFETY: libnccl is loaded (probed); the returned string is static (null if the library
-    // lacks the function).
-    let message = loaded.then(|| owned(unsafe { nccl_rt::ncclGetErrorString(result) }));
-    Err(Error::Call {
-        api: Api::Nccl,
-        call,
-        code: i64::from(result.0),
-        name: result
-            .name()
-            .map_or_else(|| format!("ncclResult_t {}", result.0), str::to_string),
-        message: message.flatten().unwrap_or_else(|| NOT_LOADED.into()),
-    })
-}
+check_loaded!(
+    /// Turns an NVRTC result into `Ok(())` or [`Error::Call`] naming `call` (or
+    /// [`Error::MissingEntryPoints`] where the loaded NVRTC lacks `call`).
+    check_nvrtc: nvrtc::nvrtcResult, NVRTC_SUCCESS, Nvrtc, nvrtcGetErrorString
+);
+
+check_loaded!(
+    /// Turns a result of the NCCL that p2p loads at run time ([`crate::nccl_rt`]) into `Ok(())`
+    /// or [`Error::Call`] naming `call` (or [`Error::MissingEntryPoints`] where the loaded NCCL
+    /// lacks `call`).
+    check_nccl_rt: nccl_rt::ncclResult_t, ncclSuccess, Nccl, ncclGetErrorString
+);
 
 /// Turns an NCCL result of cudarc's bindings into `Ok(())` or [`Error::Call`] naming `call`
 /// (feature `tools`): the same library and codes as [`check_nccl_rt`], which reads it.
@@ -315,6 +315,13 @@ pub fn check_nccl(call: &'static str, result: nccl::ncclResult_t) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Asserts that `err`'s message starts with `start` and holds `also`.
+    fn says(err: &Error, start: &str, also: &str) {
+        let text = err.to_string();
+        assert!(text.starts_with(start), "{text}");
+        assert!(text.contains(also), "{text}");
+    }
 
     #[test]
     fn an_nccl_failure_names_the_call_and_the_code_loaded_or_not() {
@@ -387,14 +394,11 @@ mod tests {
             needed: crate::MIN_DRIVER_VERSION,
             file: "libcuda.so.1".into(),
         };
-        let text = err.to_string();
-        assert!(
-            text.starts_with(
-                "the NVIDIA driver (libcuda.so.1) supports CUDA 12.2 but p2p needs CUDA 12.4 or newer"
-            ),
-            "{text}"
+        says(
+            &err,
+            "the NVIDIA driver (libcuda.so.1) supports CUDA 12.2 but p2p needs CUDA 12.4 or newer",
+            "update the NVIDIA driver",
         );
-        assert!(text.contains("update the NVIDIA driver"), "{text}");
     }
 
     #[test]
@@ -408,14 +412,7 @@ mod tests {
             ],
         };
         assert_eq!(err.call(), None);
-        let text = err.to_string();
-        assert!(
-            text.starts_with(
-                "libcuda (checkpoint API) (libcuda.so.1) lacks cuCheckpointProcessLock, cuCheckpointProcessUnlock:"
-            ),
-            "{text}"
-        );
-        assert!(text.contains("update the NVIDIA driver"), "{text}");
+        says(&err, "libcuda (checkpoint API) (libcuda.so.1) lacks cuCheckpointProcessLock, cuCheckpointProcessUnlock:", "update the NVIDIA driver");
     }
 
     #[test]
@@ -437,12 +434,11 @@ mod tests {
         assert_eq!(*api, Api::Driver);
         assert_eq!(*code, 711);
         assert_eq!(name, "CUDA_ERROR_TOO_MANY_PEERS");
-        let text = err.to_string();
-        assert!(
-            text.starts_with("cuCtxEnablePeerAccess failed: CUDA_ERROR_TOO_MANY_PEERS"),
-            "{text}"
+        says(
+            &err,
+            "cuCtxEnablePeerAccess failed: CUDA_ERROR_TOO_MANY_PEERS",
+            "at most 8",
         );
-        assert!(text.contains("at most 8"), "{text}");
         // A cubin the driver cannot run: no retry helps, the hint says what does.
         let err = check_cu(
             "cuModuleLoadData",
@@ -458,11 +454,8 @@ mod tests {
 
     #[test]
     fn nvrtc_codes_keep_their_names() {
-        let e = check_nvrtc(
-            "nvrtcCompileProgram",
-            nvrtc::nvrtcResult::NVRTC_ERROR_COMPILATION,
-        )
-        .expect_err("error");
+        let code = nvrtc::nvrtcResult::NVRTC_ERROR_COMPILATION;
+        let e = check_nvrtc("nvrtcCompileProgram", code).expect_err("error");
         assert!(
             matches!(&e, Error::Call { api: Api::Nvrtc, code: 6, name, .. } if name == "NVRTC_ERROR_COMPILATION")
         );

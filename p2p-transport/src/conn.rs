@@ -568,53 +568,63 @@ fn import(chan: &FdChannel, device: &Device, sharing: Sharing, peer_rank: usize)
     )?))
 }
 
+/// One end of a connection between processes, as [`connect_sender`] and [`connect_receiver`]
+/// take it: where the connection lives and how its memory is shared.
+#[derive(Clone, Copy)]
+pub struct Link<'a> {
+    /// The transport that runs the connection's copies.
+    pub transport: &'a Transport,
+    /// This end's GPU.
+    pub device: &'a Device,
+    /// The channel to the peer's process that the handles travel over.
+    pub chan: &'a FdChannel,
+    /// How the ring and the flags are shared (both ends give the same).
+    pub sharing: Sharing,
+    /// This rank and the peer's.
+    pub ranks: (usize, usize),
+}
+
+impl Link<'_> {
+    /// The options both ends agree on for this sharing, checked.
+    fn options(&self, opts: ConnOptions) -> Result<ConnOptions> {
+        let opts = self.sharing.adjust(opts);
+        opts.check()?;
+        Ok(opts)
+    }
+
+    /// The connection's side at this end, over `ring` and `flags`.
+    fn side(&self, opts: ConnOptions, ring: Shared, flags: Shared, role: &str) -> Result<Side> {
+        let (rank, peer) = self.ranks;
+        tracing::debug!(rank, peer, sharing = ?self.sharing, "{role} connected");
+        Side::new(self.transport, self.device, self.ranks, opts, ring, flags)
+    }
+}
+
 /// The receiving side of a connection between processes: allocates the ring, sends its handle,
 /// maps the sender's flags.
-pub fn connect_receiver(
-    t: &Transport,
-    device: &Device,
-    chan: &FdChannel,
-    sharing: Sharing,
-    ranks: (usize, usize),
-    opts: ConnOptions,
-) -> Result<RecvConn> {
-    let opts = sharing.adjust(opts);
-    opts.check()?;
+pub fn connect_receiver(link: Link<'_>, opts: ConnOptions) -> Result<RecvConn> {
+    let (device, chan, sharing, peer) = (link.device, link.chan, link.sharing, link.ranks.1);
+    let opts = link.options(opts)?;
     chan.send_msg(&hello(&opts, sharing))?;
     let ring = export(chan, device, opts.recv_region_bytes(), sharing)?;
-    let flags = import(chan, device, sharing, ranks.1)?;
-    tracing::debug!(
-        rank = ranks.0,
-        peer = ranks.1,
-        ?sharing,
-        "receiver connected"
-    );
+    let flags = import(chan, device, sharing, peer)?;
     Ok(RecvConn {
-        side: Side::new(t, device, ranks, opts, ring, flags)?,
+        side: link.side(opts, ring, flags, "receiver")?,
     })
 }
 
 /// The sending side of a connection between processes: checks the receiver's shape, maps its
 /// ring, sends the handle of its own flags.
-pub fn connect_sender(
-    t: &Transport,
-    device: &Device,
-    chan: &FdChannel,
-    sharing: Sharing,
-    ranks: (usize, usize),
-    opts: ConnOptions,
-) -> Result<SendConn> {
-    let opts = sharing.adjust(opts);
-    opts.check()?;
-    let theirs = chan.recv_msg()?;
-    if theirs != hello(&opts, sharing) {
-        return Err(Error::Handshake { peer: ranks.1, why: format!("the receiver's connection shape or sharing differs from ours ({opts:?}, {sharing:?})") });
+pub fn connect_sender(link: Link<'_>, opts: ConnOptions) -> Result<SendConn> {
+    let (device, chan, sharing, peer) = (link.device, link.chan, link.sharing, link.ranks.1);
+    let opts = link.options(opts)?;
+    if chan.recv_msg()? != hello(&opts, sharing) {
+        return Err(Error::Handshake { peer, why: format!("the receiver's connection shape or sharing differs from ours ({opts:?}, {sharing:?})") });
     }
-    let ring = import(chan, device, sharing, ranks.1)?;
+    let ring = import(chan, device, sharing, peer)?;
     let flags = export(chan, device, opts.send_region_bytes(), sharing)?;
-    tracing::debug!(rank = ranks.0, peer = ranks.1, ?sharing, "sender connected");
     Ok(SendConn {
-        side: Side::new(t, device, ranks, opts, ring, flags)?,
+        side: link.side(opts, ring, flags, "sender")?,
     })
 }
 

@@ -24,6 +24,11 @@ fn load(name: &str) -> Topology {
     t
 }
 
+/// A direct NVLink connection of `links` links of `generation`.
+fn nvlink(links: u32, generation: u32) -> Connection {
+    Connection::NvLink { links, generation }
+}
+
 #[test]
 fn h200_pair_recorded_on_the_machine() {
     let t = load("h200x2-nv18.json");
@@ -35,14 +40,7 @@ fn h200_pair_recorded_on_the_machine() {
     );
     for (a, b) in [(0, 1), (1, 0)] {
         let p = t.path(a, b);
-        assert_eq!(
-            p.connection,
-            Connection::NvLink {
-                links: 18,
-                generation: 4
-            },
-            "{a} -> {b}"
-        );
+        assert_eq!(p.connection, nvlink(18, 4), "{a} -> {b}");
         assert_eq!(
             (p.level, p.hops, p.p2p, p.via),
             (PathLevel::Nvl, 1, true, None)
@@ -145,25 +143,9 @@ fn a100_pcie_p2p_within_a_socket_only() {
 fn nvlink_ring_relays_opposite_gpus_through_the_widest_neighbour() {
     let t = load("ring-4gpu-nvlink.json");
     let p = t.path(0, 1);
-    assert_eq!(
-        (p.connection, p.hops, p.p2p),
-        (
-            Connection::NvLink {
-                links: 6,
-                generation: 3
-            },
-            1,
-            true
-        )
-    );
+    assert_eq!((p.connection, p.hops, p.p2p), (nvlink(6, 3), 1, true));
     assert_eq!(p.bandwidth_gbps, 150.0);
-    assert_eq!(
-        t.path(3, 0).connection,
-        Connection::NvLink {
-            links: 4,
-            generation: 3
-        }
-    );
+    assert_eq!(t.path(3, 0).connection, nvlink(4, 3));
     // 0 and 2 share no link: via 1 (6 + 6 links) beats via 3 (4 + 4 links).
     let p = t.path(0, 2);
     assert_eq!(
@@ -269,20 +251,8 @@ fn unreported_nvlink_ends_are_inferred_from_nvml() {
             l.remote_bus_id = "ffffffff:ff:ff.0".into();
         }
     }
-    assert_eq!(
-        t.connection(0, 1),
-        Connection::NvLink {
-            links: 5,
-            generation: 3
-        }
-    );
-    assert_eq!(
-        t.connection(0, 3),
-        Connection::NvLink {
-            links: 5,
-            generation: 3
-        }
-    );
+    assert_eq!(t.connection(0, 1), nvlink(5, 3));
+    assert_eq!(t.connection(0, 3), nvlink(5, 3));
     // NVML reports no NVLink P2P between opposite GPUs: still PCIe, still relayed.
     assert_eq!(t.connection(0, 2), Connection::Pcie(PathLevel::Sys));
     assert_eq!(t.path(0, 2).via, Some(1));

@@ -14,12 +14,29 @@ use std::time::{Duration, Instant};
 use p2p_mem::fdpass::{FdChannel, FdListener, PrivateDir};
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Stream};
 use p2p_transport::conn::{
-    connect_in_process, connect_receiver, connect_sender, ConnOptions, RecvConn, Sharing,
+    connect_in_process, connect_receiver, connect_sender, ConnOptions, Link, RecvConn, Sharing,
 };
 use p2p_transport::mode::{Direction, Engine};
 use p2p_transport::rendezvous::{Group, Rendezvous, Secret};
 use p2p_transport::Error;
 use p2p_transport::Transport;
+
+/// One end of a connection between processes.
+fn link<'a>(
+    transport: &'a Transport,
+    device: &'a Device,
+    chan: &'a FdChannel,
+    sharing: Sharing,
+    ranks: (usize, usize),
+) -> Link<'a> {
+    Link {
+        transport,
+        device,
+        chan,
+        sharing,
+        ranks,
+    }
+}
 
 const SIZES: [usize; 4] = [1, 4095, (1 << 20) + 3, 256 << 20];
 
@@ -219,11 +236,7 @@ fn sender_parent(test: &str, sharing: &str, child_gpu: i32, engine: &str) {
     ];
     let (_listener, mut child, chan) = spawn_connected(test, "receiver", &dir, &env, ACCEPT_LIMIT);
     let mut tx = connect_sender(
-        &t,
-        &g[0],
-        &chan,
-        sharing_from(sharing),
-        (0, 1),
+        link(&t, &g[0], &chan, sharing_from(sharing), (0, 1)),
         options_for(engine),
     )
     .expect("connect");
@@ -247,11 +260,7 @@ fn receiver_child() {
     let t = Transport::new(vec![d.clone()]);
     let chan = parent_channel();
     let mut rx = connect_receiver(
-        &t,
-        &d,
-        &chan,
-        sharing_from(&env("P2PTEST_SHARING")),
-        (1, 0),
+        link(&t, &d, &chan, sharing_from(&env("P2PTEST_SHARING")), (1, 0)),
         options_for(&env("P2PTEST_ENGINE")),
     )
     .expect("connect");
@@ -394,21 +403,13 @@ fn gpu1_fabric_sharing_connects_or_is_refused_cleanly() {
     let (t2, d2) = (t.clone(), g[0].clone());
     let sender = std::thread::spawn(move || {
         connect_sender(
-            &t2,
-            &d2,
-            &client,
-            Sharing::Fabric,
-            (0, 1),
+            link(&t2, &d2, &client, Sharing::Fabric, (0, 1)),
             ConnOptions::default(),
         )
         .map(|_| ())
     });
     let received = connect_receiver(
-        &t,
-        &g[0],
-        &server,
-        Sharing::Fabric,
-        (1, 0),
+        link(&t, &g[0], &server, Sharing::Fabric, (1, 0)),
         ConnOptions::default(),
     );
     drop(server); // a refused receiver closes its end, so the sender's wait ends at once
@@ -467,11 +468,7 @@ fn gpu1_a_killed_peer_ends_a_watched_connection_wait() {
     ];
     let (_listener, mut child, chan) = spawn_connected(TEST, "doomed", &dir, &env, ACCEPT_LIMIT);
     let mut rx = connect_receiver(
-        &t,
-        &g[0],
-        &chan,
-        Sharing::LegacyIpc,
-        (0, 1),
+        link(&t, &g[0], &chan, Sharing::LegacyIpc, (0, 1)),
         ConnOptions::default(),
     )
     .expect("connect");
@@ -512,11 +509,7 @@ fn doomed_sender() {
     let t = Transport::new(vec![d.clone()]);
     let chan = parent_channel();
     let _tx = connect_sender(
-        &t,
-        &d,
-        &chan,
-        Sharing::LegacyIpc,
-        (1, 0),
+        link(&t, &d, &chan, Sharing::LegacyIpc, (1, 0)),
         ConnOptions::default(),
     )
     .expect("connect");

@@ -470,13 +470,10 @@ fn main() -> ExitCode {
             } else {
                 arch
             };
-            match p2p_bench::ship::ship(&dir, &archs) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("p2p-bench kernels --ship: {e}");
-                    ExitCode::from(exit::FAILED)
-                }
-            }
+            finished(
+                "p2p-bench kernels --ship",
+                p2p_bench::ship::ship(&dir, &archs),
+            )
         }
         Command::Kernels { arch, ship: None } => kernels_cmd(arch),
         Command::Host {
@@ -542,13 +539,7 @@ fn main() -> ExitCode {
                 nccl: !no_nccl,
                 out,
             };
-            match p2p_bench::sendrecv::run(&opts) {
-                Ok(_) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("p2p-bench sendrecv: {e}");
-                    ExitCode::from(exit::FAILED)
-                }
-            }
+            finished("p2p-bench sendrecv", p2p_bench::sendrecv::run(&opts))
         }
         Command::Coll {
             out,
@@ -680,26 +671,17 @@ fn main() -> ExitCode {
                 samples,
                 out,
             };
-            match p2p_bench::hosts::run(&opts) {
-                Ok(_) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("p2p-bench hosts: {e}");
-                    ExitCode::from(exit::FAILED)
-                }
-            }
+            finished("p2p-bench hosts", p2p_bench::hosts::run(&opts))
         }
         Command::FaultWorker => ExitCode::from(p2p_bench::faults::worker() as u8),
         Command::HeldMemory {
             cycles,
             local,
             parts,
-        } => match p2p_bench::held::run(cycles, local, parts) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("p2p-bench held-memory: {e}");
-                ExitCode::from(exit::FAILED)
-            }
-        },
+        } => finished(
+            "p2p-bench held-memory",
+            p2p_bench::held::run(cycles, local, parts),
+        ),
         Command::Faults {
             ranks,
             faults,
@@ -947,6 +929,18 @@ fn report_and_write<E: std::fmt::Display>(
         }
     }
     Some(results)
+}
+
+/// A subcommand's exit code from its run: success, or the error printed after the command's name
+/// and [`exit::FAILED`].
+fn finished<T>(command: &str, run: Result<T, impl std::fmt::Display>) -> ExitCode {
+    match run {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{command}: {e}");
+            ExitCode::from(exit::FAILED)
+        }
+    }
 }
 
 fn coll_cmd(out: PathBuf, opts: &p2p_bench::coll::Options) -> ExitCode {

@@ -25,6 +25,11 @@ pub fn p2p_bench(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     )
 }
 
+/// [`p2p_bench`] with the arguments of `line`, split at white space.
+pub fn p2p_bench_line(line: &str, env: &[(&str, &str)]) -> (i32, String, String) {
+    p2p_bench(&line.split_whitespace().collect::<Vec<_>>(), env)
+}
+
 /// Runs `p2p-bench` and checks that it exits with `code`, its stderr containing `text`.
 pub fn assert_fails(args: &[&str], env: &[(&str, &str)], code: i32, text: &str) {
     let (got, out, err) = p2p_bench(args, env);

@@ -45,6 +45,19 @@ fn plan_with(
     planner.plan(&Call::new(op, dtype, count), access)
 }
 
+/// The plan of an f32 call with nothing forced.
+fn auto_f32(op: Op, count: usize, world: usize, tuning: &Tuning, access: Access) -> Plan {
+    plan_with(
+        op,
+        DataType::F32,
+        count,
+        world,
+        Forced::AUTO,
+        tuning,
+        access,
+    )
+}
+
 fn t() -> Tuning {
     Tuning::for_device(132, 1)
 }
@@ -175,15 +188,7 @@ fn the_planner_never_overflows_on_extreme_counts_or_tunings() {
     for world in [1, 2, 3, 8] {
         for op in Op::ALL {
             for count in [1024, 1 << 40, usize::MAX] {
-                let p = plan_with(
-                    op,
-                    DataType::F32,
-                    count,
-                    world,
-                    Forced::AUTO,
-                    &t,
-                    registered,
-                );
+                let p = auto_f32(op, count, world, &t, registered);
                 // (All-reduce has thresholds of its own.)
                 if matches!(op, Op::AllGather | Op::ReduceScatter | Op::AllToAll) {
                     assert!(
@@ -539,29 +544,20 @@ fn the_own_part_goes_to_the_copy_engine_only_out_of_place_through_the_scratch() 
     let registered = access(true, true, false);
     // 32 MiB per part on 2 ranks: 64 MiB in all.
     let count = 8 << 20;
-    let own = |op, tuning: &Tuning, access| {
-        plan_with(op, DataType::F32, count, 2, Forced::AUTO, tuning, access).own_by_copy_engine
-    };
+    let own =
+        |op, tuning: &Tuning, access| auto_f32(op, count, 2, tuning, access).own_by_copy_engine;
     for op in [Op::AllGather, Op::AllToAll] {
         assert!(!own(op, &default, out_of_place), "{op}");
         assert!(own(op, &on, out_of_place), "{op}");
         assert!(!own(op, &on, in_place), "{op}");
         // Registered: the direct kinds (all-gather), which copy the own part their way; an
         // all-to-all on two ranks stays on the scratch below the copy engines' size.
-        let r = plan_with(op, DataType::F32, count, 2, Forced::AUTO, &on, registered);
+        let r = auto_f32(op, count, 2, &on, registered);
         assert_eq!(r.own_by_copy_engine, r.path() == ONESHOT, "{op}: {r:?}");
         // Below the knob (all parts together), and LL-sized calls.
-        let small = plan_with(
-            op,
-            DataType::F32,
-            count / 2 - 4,
-            2,
-            Forced::AUTO,
-            &on,
-            out_of_place,
-        );
+        let small = auto_f32(op, count / 2 - 4, 2, &on, out_of_place);
         assert!(!small.own_by_copy_engine, "{op}");
-        let ll = plan_with(op, DataType::F32, 16, 2, Forced::AUTO, &on, out_of_place);
+        let ll = auto_f32(op, 16, 2, &on, out_of_place);
         assert!(ll.proto == Proto::Ll && !ll.own_by_copy_engine, "{op}");
     }
     for op in [Op::AllReduce, Op::Broadcast, Op::Reduce, Op::ReduceScatter] {
@@ -640,7 +636,7 @@ fn registered_buffers_go_direct_where_the_kernel_can_reach_them() {
     let tuning = t();
     let big = 1 << 24; // 64 MiB of f32
     let both = access(true, true, false);
-    let f = |op, access| plan_with(op, DataType::F32, big, 4, Forced::AUTO, &tuning, access);
+    let f = |op, access| auto_f32(op, big, 4, &tuning, access);
     assert_eq!(f(Op::AllReduce, both).path(), DIRECT);
     assert_eq!(f(Op::AllGather, both).path(), DIRECT);
     assert_eq!(f(Op::ReduceScatter, both).path(), DIRECT);
@@ -658,64 +654,25 @@ fn registered_buffers_go_direct_where_the_kernel_can_reach_them() {
     assert_eq!(f(Op::AllReduce, in_place).path(), DIRECT);
     // Below the direct threshold, with parts not 16-byte aligned, and on two ranks for
     // all-reduce and all-to-all, the scratch path (measured faster there).
-    let small = plan_with(
-        Op::AllGather,
-        DataType::F32,
-        1 << 19,
-        4,
-        Forced::AUTO,
-        &tuning,
-        both,
-    );
+    let small = auto_f32(Op::AllGather, 1 << 19, 4, &tuning, both);
     assert_eq!(small.path(), ONESHOT);
-    let odd = plan_with(
-        Op::AllGather,
-        DataType::F32,
-        (1 << 22) + 1,
-        4,
-        Forced::AUTO,
-        &tuning,
-        both,
-    );
+    let odd = auto_f32(Op::AllGather, (1 << 22) + 1, 4, &tuning, both);
     assert_eq!(odd.path(), ONESHOT);
-    let two = |op| plan_with(op, DataType::F32, big, 2, Forced::AUTO, &tuning, both).path();
+    let two = |op| auto_f32(op, big, 2, &tuning, both).path();
     assert_eq!(two(Op::AllReduce), ONESHOT);
     assert_eq!(two(Op::AllToAll), ONESHOT);
     assert_eq!(two(Op::AllGather), DIRECT);
     assert_eq!(two(Op::ReduceScatter), DIRECT);
     // Reduce-scatter on two ranks reads directly only below RS_DIRECT_MAX_BYTES_TWO_RANKS
     // (all parts); on more ranks at any size.
-    let rs = |count, world| {
-        plan_with(
-            Op::ReduceScatter,
-            DataType::F32,
-            count,
-            world,
-            Forced::AUTO,
-            &tuning,
-            both,
-        )
-        .path()
-    };
+    let rs = |count, world| auto_f32(Op::ReduceScatter, count, world, &tuning, both).path();
     let under = (RS_DIRECT_MAX_BYTES_TWO_RANKS - 16 * 2) / 4 / 2;
     let at = RS_DIRECT_MAX_BYTES_TWO_RANKS / 4 / 2;
     assert_eq!(rs(under, 2), DIRECT);
     assert_eq!(rs(at, 2), ONESHOT);
     assert_eq!(rs(at, 4), DIRECT);
     // Small calls still run LL; a forced algorithm wins over registration.
-    assert!(
-        plan_with(
-            Op::AllReduce,
-            DataType::F32,
-            16,
-            4,
-            Forced::AUTO,
-            &tuning,
-            both
-        )
-        .proto
-            == Proto::Ll
-    );
+    assert!(auto_f32(Op::AllReduce, 16, 4, &tuning, both).proto == Proto::Ll);
     assert_eq!(
         plan_with(
             Op::AllReduce,
@@ -852,41 +809,14 @@ fn copy_engines_for_large_registered_calls_on_two_ranks_and_more_when_asked() {
     // The all-reduce has its own threshold: not with ce_min_bytes alone.
     let whole = (64 << 20) / 4;
     tuning.ce_min_bytes = 64 << 20;
-    let p = plan_with(
-        Op::AllReduce,
-        DataType::F32,
-        whole,
-        2,
-        Forced::AUTO,
-        &tuning,
-        out_only,
-    );
+    let p = auto_f32(Op::AllReduce, whole, 2, &tuning, out_only);
     assert_eq!(p.path(), ONESHOT);
     tuning.ce_all_reduce_min_bytes = 64 << 20;
     for world in [2, 3, 4] {
         let two = world == 2;
         let count = (64 << 20) / 4 / world;
-        let kind = |op, count, access| {
-            plan_with(
-                op,
-                DataType::F32,
-                count,
-                world,
-                Forced::AUTO,
-                &tuning,
-                access,
-            )
-            .path()
-        };
-        let p = plan_with(
-            Op::AllGather,
-            DataType::F32,
-            count,
-            world,
-            Forced::AUTO,
-            &tuning,
-            in_place,
-        );
+        let kind = |op, count, access| auto_f32(op, count, world, &tuning, access).path();
+        let p = auto_f32(Op::AllGather, count, world, &tuning, in_place);
         if two {
             assert_eq!((p.path(), p.grid, p.threads), (CE, 1, THREADS));
             assert_eq!((p.proto, p.op), (Proto::CopyEngine, Op::AllGather));
@@ -903,15 +833,7 @@ fn copy_engines_for_large_registered_calls_on_two_ranks_and_more_when_asked() {
         assert_eq!(a2a == CE, two, "{a2a:?}");
         assert_ne!(kind(Op::AllToAll, count, in_place), CE);
         let whole = count * world; // an all-reduce's count is the whole buffer
-        let ar = plan_with(
-            Op::AllReduce,
-            DataType::F32,
-            whole,
-            world,
-            Forced::AUTO,
-            &tuning,
-            out_only,
-        );
+        let ar = auto_f32(Op::AllReduce, whole, world, &tuning, out_only);
         assert_eq!(ar.path() == CE, two, "{ar:?}");
         if two {
             assert_eq!(
@@ -947,15 +869,7 @@ fn copy_engines_for_large_registered_calls_on_two_ranks_and_more_when_asked() {
         }
     }
     // Small calls stay LL.
-    let p = plan_with(
-        Op::AllGather,
-        DataType::F32,
-        16,
-        2,
-        Forced::AUTO,
-        &tuning,
-        in_place,
-    );
+    let p = auto_f32(Op::AllGather, 16, 2, &tuning, in_place);
     assert_eq!(p.path(), LL);
 
     // More ranks with their own threshold: all-gather and all-to-all (the all-reduce by the
@@ -968,9 +882,7 @@ fn copy_engines_for_large_registered_calls_on_two_ranks_and_more_when_asked() {
     };
     for world in [2, 3, 4, 8] {
         let count = (64usize << 20).div_ceil(4 * world);
-        let kind = |op, count, access| {
-            plan_with(op, DataType::F32, count, world, Forced::AUTO, &more, access).path()
-        };
+        let kind = |op, count, access| auto_f32(op, count, world, &more, access).path();
         for access in [in_place, out, out_only] {
             let k = kind(Op::AllGather, count, access);
             assert_eq!(k == CE, world > 2, "{world} {k:?}");
@@ -983,15 +895,7 @@ fn copy_engines_for_large_registered_calls_on_two_ranks_and_more_when_asked() {
         let ar = kind(Op::AllReduce, count * world, out_only);
         assert_eq!(ar == CE, world == 2, "{world} {ar:?}");
         if world > 2 {
-            let p = plan_with(
-                Op::AllGather,
-                DataType::F32,
-                count,
-                world,
-                Forced::AUTO,
-                &more,
-                out,
-            );
+            let p = auto_f32(Op::AllGather, count, world, &more, out);
             assert_eq!(
                 (p.grid, p.threads, p.kernel_type),
                 (1, THREADS, DataType::U8)

@@ -115,13 +115,7 @@ impl Shared {
         for a in self.aborts.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             a.abort_because(rank, why.clone());
         }
-        let msg = wire::encode_message(
-            FAIL,
-            &Writer::new()
-                .u32(rank as u32)
-                .text_within(&why, WHY_MAX)
-                .finish(),
-        );
+        let msg = failure_report(rank, &why);
         for (r, link) in self.links.iter().enumerate() {
             if Some(r) == relay_except {
                 continue;
@@ -306,13 +300,7 @@ impl Group {
                     // Rank r left after it joined. The ranks told before it are in the group
                     // now: a failure report names r to them; the others are refused, naming r.
                     let why = format!("rank {r} (pid {}) left after joining: {e}", pids[r]);
-                    let report = wire::encode_message(
-                        FAIL,
-                        &Writer::new()
-                            .u32(r as u32)
-                            .text_within(&why, WHY_MAX)
-                            .finish(),
-                    );
+                    let report = failure_report(r, &why);
                     for told in links[..r].iter().flatten() {
                         let _ = told.send_msg(&report);
                     }
@@ -796,6 +784,15 @@ pub(super) fn dispatch(sh: &Shared, from: usize, bytes: &[u8]) {
         }
         Incoming::Malformed(why) => sh.fail(from, why, None),
     }
+}
+
+/// The message that tells a rank of the group that rank `rank` failed, and why.
+fn failure_report(rank: usize, why: &str) -> Vec<u8> {
+    let body = Writer::new()
+        .u32(rank as u32)
+        .text_within(why, WHY_MAX)
+        .finish();
+    wire::encode_message(FAIL, &body)
 }
 
 #[cfg(test)]

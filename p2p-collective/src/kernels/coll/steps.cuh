@@ -3,6 +3,8 @@
 // and the chunk loops of the stepped algorithms: chunk by chunk (`run_stepped`), or stage by
 // stage with the chunks' steps overlapped (`run_staged`).
 #pragma once
+#include "copy.cuh"
+#include "reduce.cuh"
 #include "sync.cuh"
 
 // This block's regions of the ranks' scratch: `slot(r, par, src)` is its region of rank r's
@@ -19,6 +21,52 @@ struct Slots {
         return a.scratch[r] + ((u64)par * n + src) * a.slot_bytes + (u64)b * a.stride;
     }
 };
+
+// The names every algorithm over the scratch works under, declared first in its body: the
+// world `N`, this rank `me`, `E` bytes an element, the typed buffers `in` and `out`, and this
+// block's scratch regions `slot`.
+#define SCRATCH_NAMES(T, a)                  \
+    const int N = (a).nranks, me = (a).rank; \
+    const u64 E = sizeof(T);                 \
+    const T* in = (const T*)(a).input;       \
+    T* out = (T*)(a).output;                 \
+    const Slots slot(a)
+
+// Elements in each of `N` parts of `n`, rounded up to whole 16-byte vectors (the last part is the
+// shorter one): how the two-shot kinds and the ring split a piece among the ranks.
+template <typename T> __device__ __forceinline__ u64 vector_parts(u64 n, int N) {
+    constexpr u64 vecs = 16 / sizeof(T);
+    return ((n + N - 1) / N + vecs - 1) / vecs * vecs;
+}
+
+// The first step of the two-shot kinds, a reduce-scatter by pushes: part q (of `sub` elements)
+// of the `n` elements at `src` into rank q's slot of parity `par` from this rank, every peer q.
+template <typename T>
+__device__ __forceinline__ void push_parts(const Slots& slot, int par, int me, int N, const T* src, u64 sub, u64 n) {
+    for (int q = 0; q < N; ++q) {
+        u64 qlo, qhi;
+        part_of(q, sub, n, qlo, qhi);
+        if (q != me) copy_bytes(slot(q, par, me) + qlo * sizeof(T), (const unsigned char*)(src + qlo), (qhi - qlo) * sizeof(T));
+    }
+}
+
+// The second step of the two-shot kinds: this rank's part of the `n` elements of a piece (its
+// input `in`, its output `out`), reduced over its input and what each peer pushed into its slots
+// of parity `par`, written to `out` and to `dst(q, lo)` for each peer q, `lo` the part's first
+// element.
+template <typename T, typename Dst>
+__device__ __forceinline__ void reduce_own_part(const CollArgs& a, const Slots& slot, int par, int me, int N, const T* in,
+                                                T* out, u64 sub, u64 n, Dst dst) {
+    unsigned char* dsts[MAX_RANKS];
+    const T* srcs[MAX_RANKS];
+    u64 lo, hi;
+    part_of(me, sub, n, lo, hi);
+    int nd = 0;
+    for (int q = 0; q < N; ++q)
+        if (q != me) dsts[nd++] = dst(q, lo);
+    for (int r = 0; r < N; ++r) srcs[r] = r == me ? in + lo : (const T*)(slot(me, par, r) + lo * sizeof(T));
+    reduce_into<T>(out + lo, dsts, nd, srcs, N, hi - lo, a.redop, N);
+}
 
 // body(base, err) for this block, `base` its step counter and `*err` a word the block shares
 // (the first failure it meets), unless an earlier call failed: the communicator is then

@@ -24,11 +24,7 @@
 
 template <typename T, bool SH>
 __device__ void run_oneshot(const CollArgs& a) {
-    const int N = a.nranks, me = a.rank;
-    const u64 E = sizeof(T);
-    const T* in = (const T*)a.input;
-    T* out = (T*)a.output;
-    const Slots slot(a);
+    SCRATCH_NAMES(T, a);
     run_stepped(a, [&](u64 lo, u64 n, u64& step, int* err) -> int {
         unsigned char* dsts[MAX_RANKS];
         const T* srcs[MAX_RANKS];
@@ -134,11 +130,7 @@ __device__ void run_oneshot(const CollArgs& a) {
 template <typename T>
 __device__ void run_oneshot_overlapped(const CollArgs& a) {
     if (a.op != OP_ALLGATHER && a.op != OP_REDUCESCATTER && a.op != OP_ALLTOALL) return;  // never planned
-    const int N = a.nranks, me = a.rank;
-    const u64 E = sizeof(T);
-    const T* in = (const T*)a.input;
-    T* out = (T*)a.output;
-    const Slots slot(a);
+    SCRATCH_NAMES(T, a);
     run_staged<2>(a, [&](int k, u64 lo, u64 n, u64, int wpar, int rpar) {
         unsigned char* dsts[MAX_RANKS];
         const T* srcs[MAX_RANKS];

@@ -17,32 +17,15 @@
 template <typename T>
 __device__ void run_push(const CollArgs& a) {
     if (a.op != OP_ALLREDUCE) return;  // never planned
-    const int N = a.nranks, me = a.rank;
-    const u64 E = sizeof(T);
-    const T* in = (const T*)a.input;
-    T* out = (T*)a.output;
-    const Slots slot(a);
+    SCRATCH_NAMES(T, a);
     run_staged<2, true>(a, [&](int k, u64 lo, u64 n, u64 whole, int wpar, int rpar) {
-        const u64 vecs = 16 / E;
-        const u64 sub = ((whole + N - 1) / N + vecs - 1) / vecs * vecs;
+        const u64 sub = vector_parts<T>(whole, N);
         if (k == 0) {
-            for (int q = 0; q < N; ++q) {
-                u64 qlo, qhi;
-                part_of(q, sub, n, qlo, qhi);
-                if (q != me) copy_bytes(slot(q, wpar, me) + qlo * E, (const unsigned char*)(in + lo + qlo), (qhi - qlo) * E);
-            }
+            push_parts<T>(slot, wpar, me, N, in + lo, sub, n);
             return;
         }
-        unsigned char* dsts[MAX_RANKS];
-        const T* srcs[MAX_RANKS];
-        u64 mlo, mhi;
-        part_of(me, sub, n, mlo, mhi);
-        int nd = 0;
-        for (int q = 0; q < N; ++q)
-            if (q != me) dsts[nd++] = a.peer_out[q] + (lo + mlo) * E;
-        for (int r = 0; r < N; ++r)
-            srcs[r] = r == me ? in + lo + mlo : (const T*)(slot(me, rpar, r) + mlo * E);
-        reduce_into<T>(out + lo + mlo, dsts, nd, srcs, N, mhi - mlo, a.redop, N);
+        reduce_own_part<T>(a, slot, rpar, me, N, in + lo, out + lo, sub, n,
+                           [&](int q, u64 mlo) { return a.peer_out[q] + (lo + mlo) * E; });
     });
 }
 

@@ -12,16 +12,11 @@
 template <typename T>
 __device__ void run_ring(const CollArgs& a) {
     if (a.op != OP_ALLREDUCE) return;  // never planned
-    const int N = a.nranks, me = a.rank;
-    const u64 E = sizeof(T);
-    const T* in = (const T*)a.input;
-    T* out = (T*)a.output;
-    const Slots slot(a);
+    SCRATCH_NAMES(T, a);
     run_stepped(a, [&](u64 lo, u64 n, u64& step, int* err) -> int {
         unsigned char* dsts[MAX_RANKS];
         const T* srcs[MAX_RANKS];
-        const u64 vecs = 16 / E;
-        const u64 sub = ((n + N - 1) / N + vecs - 1) / vecs * vecs;
+        const u64 sub = vector_parts<T>(n, N);
         const int next = (me + 1) % N, prev = (me + N - 1) % N;
         for (int s = 0; s < 2 * (N - 1); ++s) {
             const int par = (int)((step + 1) & 1), ppar = (int)(step & 1);

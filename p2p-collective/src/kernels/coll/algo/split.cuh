@@ -21,11 +21,7 @@
 template <typename T>
 __device__ void run_split(const CollArgs& a) {
     if (a.op != OP_BROADCAST && a.op != OP_REDUCE) return;  // never planned
-    const int N = a.nranks, me = a.rank;
-    const u64 E = sizeof(T);
-    const T* in = (const T*)a.input;
-    T* out = (T*)a.output;
-    const Slots slot(a);
+    SCRATCH_NAMES(T, a);
     const bool root = me == a.root;
     run_staged<3>(a, [&](int k, u64 lo, u64 n, u64 whole, int wpar, int rpar) {
         const u64 vecs = 16 / E;
