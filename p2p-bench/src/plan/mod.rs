@@ -17,6 +17,7 @@
 //! ```
 
 mod measured;
+pub mod model;
 mod table;
 #[cfg(test)]
 mod tests;
@@ -84,8 +85,9 @@ pub struct Options {
     pub gpus: Option<usize>,
     /// The collectives (default: all six).
     pub ops: Vec<Op>,
-    /// Sizes from this many bytes (per rank's part for all-gather, reduce-scatter and
-    /// all-to-all, as `p2p-bench coll` counts them)...
+    /// Sizes from this many bytes (the whole buffer, as `p2p-bench coll` and nccl-tests count
+    /// them: all-gather, reduce-scatter and all-to-all split it into the ranks' parts; a size
+    /// too small for one element a part gives no row)...
     pub min_bytes: usize,
     /// ... to this many...
     pub max_bytes: usize,
@@ -187,6 +189,9 @@ pub struct Row {
     pub reason: &'static str,
     /// Where a forced algorithm or protocol could not run the call: why.
     pub refused: Option<&'static str>,
+    /// The cost model's microseconds for this plan on this machine ([`model::modelled_us`]);
+    /// `None` with one rank.
+    pub model_us: Option<f64>,
     /// What was measured for this call on this machine, where the tool has it.
     pub measured: Option<Measured>,
 }
@@ -212,6 +217,8 @@ pub struct Report {
     pub links: Vec<(String, usize)>,
     /// The planner's knobs in use.
     pub tuning: String,
+    /// The rates the cost model used (`None` with one rank).
+    pub model: Option<model::Rates>,
     /// Every call planned.
     pub rows: Vec<Row>,
 }
@@ -242,6 +249,7 @@ pub fn run(opts: &Options) -> Result<Report, PlanError> {
     tuning.validate(tuning.max_blocks, world)?;
     let planner = Planner::new(world, opts.forced, opts.check, tuning);
     let links = links(t, world, &opts.transport)?;
+    let rates = model::Rates::of(t, world);
     // Measured figures belong to the machine's defaults: with other knobs, a forced path or
     // checking mode, or fewer ranks, they would stand beside a different plan.
     let measured = opts
@@ -251,7 +259,15 @@ pub fn run(opts: &Options) -> Result<Report, PlanError> {
     let mut rows = Vec::new();
     for &op in &opts.ops {
         for &bytes in &sizes {
-            let count = bytes / DataType::F32.size();
+            // As `p2p-bench coll` (and nccl-tests) count a size: the whole buffer, split into
+            // the ranks' parts where the call takes one part a rank.
+            let elems = bytes / DataType::F32.size();
+            let parts = matches!(op, Op::AllGather | Op::ReduceScatter | Op::AllToAll);
+            let count = if parts { elems / world } else { elems };
+            if count == 0 {
+                continue;
+            }
+            let bytes = if parts { count * world } else { count } * DataType::F32.size();
             let call = Call::new(op, DataType::F32, count);
             let access = Access {
                 input: opts.registered,
@@ -277,6 +293,7 @@ pub fn run(opts: &Options) -> Result<Report, PlanError> {
                 steps: plan.steps(world),
                 reason: plan.reason,
                 refused: plan.refused,
+                model_us: rates.map(|r| model::modelled_us(&plan, bytes, r)),
                 measured: measured.and_then(|m| measured::find(m, op.name(), bytes)),
             });
         }
@@ -291,6 +308,7 @@ pub fn run(opts: &Options) -> Result<Report, PlanError> {
         in_place: opts.in_place,
         links,
         tuning: format!("{tuning:?}"),
+        model: rates,
         rows,
     })
 }

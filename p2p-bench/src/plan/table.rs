@@ -2,12 +2,12 @@
 
 use comfy_table::{presets::ASCII_MARKDOWN, Table};
 
-use super::{Report, Row};
+use super::{model, Report, Row};
 use crate::p2p::size_name;
 
 /// The report as Markdown: the machine, how its GPUs are reached, then a table per collective
-/// (size, algorithm/protocol, what moves the bytes, blocks, chunks, barrier steps, the measured
-/// figures where the tool has them, and the planner's reason).
+/// (size, algorithm/protocol, what moves the bytes, blocks, chunks, barrier steps, the cost
+/// model's time, the measured figures where the tool has them, and the planner's reason).
 pub fn render(r: &Report) -> String {
     let mut out = format!(
         "# p2p plan: {} ({})\n\n{} rank(s), one per GPU ({}, {} SMs); {} buffers, {}; f32.\n\n",
@@ -35,6 +35,18 @@ pub fn render(r: &Report) -> String {
         }
         out.push('\n');
     }
+    if let Some(m) = r.model {
+        out.push_str(&format!(
+            "Model: {:.0} GB/s from each GPU to its peers at once, {:.0} GB/s in its own memory, \
+             {:.1} us a barrier step, {:.1} us to start a kernel ({:.0} us for the copy engines); \
+             docs/performance.md, \"The plan view's model\".\n\n",
+            m.links_gbps,
+            model::LOCAL_GBPS,
+            model::barrier_us(m.world),
+            model::START_US,
+            model::COPY_ENGINE_US,
+        ));
+    }
     let measured = r.rows.iter().any(|row| row.measured.is_some());
     if measured {
         out.push_str(
@@ -49,7 +61,15 @@ pub fn render(r: &Report) -> String {
         out.push_str(&format!("## {op}\n\n"));
         let mut t = Table::new();
         t.load_preset(ASCII_MARKDOWN);
-        let mut header = vec!["size", "algorithm", "moved by", "blocks", "chunks", "steps"];
+        let mut header = vec![
+            "size",
+            "algorithm",
+            "moved by",
+            "blocks",
+            "chunks",
+            "steps",
+            "model us",
+        ];
         if measured {
             header.extend(["p2p us", "registered us", "NCCL best us"]);
         }
@@ -76,6 +96,8 @@ fn cells(row: &Row, measured: bool) -> Vec<String> {
         row.blocks.to_string(),
         row.chunks.to_string(),
         row.steps.to_string(),
+        row.model_us
+            .map_or_else(|| "-".to_string(), |us| format!("{us:.1}")),
     ];
     if measured {
         match row.measured {
