@@ -323,6 +323,16 @@ impl Communicator {
                         p.display()
                     ))
                 })?;
+                // Only rank q's process may receive this rank's memory: the socket's listener
+                // (its pid, from the kernel) must be the process that authenticated as rank q
+                // at the rendezvous, not one of the same user that put its own socket there.
+                let (listener_pid, _) = chan.peer_cred().map_err(|e| {
+                    fail(format!(
+                        "reading who holds rank {q}'s socket {}: {e}",
+                        p.display()
+                    ))
+                })?;
+                listener_is_rank(q, listener_pid, group.pids()[q], p).map_err(fail)?;
                 peer::send(&chan, rank, &exported)?;
                 sent.push(chan);
             }
@@ -604,4 +614,40 @@ pub(crate) fn local_device(rank: usize, local_rank: usize) -> Result<Device> {
         });
     }
     Ok(Device::new(ordinal as i32)?)
+}
+
+/// Whether the process listening on rank `q`'s workspace socket `path` (`listener_pid`) is rank
+/// q's (`rank_pid`, as the rendezvous authenticated it); if not, why this rank refuses to send
+/// it its memory.
+fn listener_is_rank(
+    q: usize,
+    listener_pid: u32,
+    rank_pid: u32,
+    path: &std::path::Path,
+) -> std::result::Result<(), String> {
+    if listener_pid == rank_pid {
+        return Ok(());
+    }
+    Err(format!(
+        "rank {q}'s socket {} is held by pid {listener_pid}, not by rank {q}'s process (pid \
+         {rank_pid}): this rank's memory is not sent to it; another process of this user replaced \
+         the socket, or rank {q} restarted",
+        path.display()
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_goes_only_to_the_process_that_authenticated_as_the_rank() {
+        let path = std::path::Path::new("/run/p2p/ws-1");
+        assert_eq!(listener_is_rank(1, 4242, 4242, path), Ok(()));
+        let why = listener_is_rank(1, 999, 4242, path).expect_err("a stranger's socket");
+        assert!(
+            why.contains("held by pid 999") && why.contains("(pid 4242)") && why.contains("ws-1"),
+            "{why}"
+        );
+    }
 }
