@@ -432,7 +432,8 @@ fn auto_picks_ll_up_to_the_tuned_size_and_only_where_the_grid_fits() {
 
 #[test]
 fn two_ranks_pipeline_all_reduces_from_ll_up_to_one_round_of_the_scratch() {
-    // Off by default until measured (perf-notes §33).
+    // Off by default until measured across GPUs (docs/performance.md, "The pipelined one-shot
+    // all-reduce").
     let default = Tuning::for_device(132, 2);
     assert_eq!(default.pipe_max_bytes, 0);
     let p = plan(
