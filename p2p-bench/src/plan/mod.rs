@@ -179,6 +179,9 @@ pub struct Row {
     pub engine: &'static str,
     /// Blocks in the grid.
     pub blocks: u32,
+    /// SMs the call's kernel occupies while it runs (its blocks at the tuning's blocks per SM);
+    /// the rest of the GPU's SMs stay free for the caller's kernels.
+    pub sms: u32,
     /// Rounds over the data.
     pub chunks: u64,
     /// Whether the chunks' steps overlap.
@@ -248,6 +251,7 @@ pub fn run(opts: &Options) -> Result<Report, PlanError> {
         .unwrap_or_else(|| Tuning::for_device(sm_count, 2));
     tuning.validate(tuning.max_blocks, world)?;
     let planner = Planner::new(world, opts.forced, opts.check, tuning);
+    let blocks_per_sm = tuning.max_blocks.div_ceil(sm_count.max(1) as u32).max(1);
     let links = links(t, world, &opts.transport)?;
     let rates = model::Rates::of(t, world);
     // Measured figures belong to the machine's defaults: with other knobs, a forced path or
@@ -288,6 +292,10 @@ pub fn run(opts: &Options) -> Result<Report, PlanError> {
                     "SMs"
                 },
                 blocks: plan.grid,
+                sms: plan
+                    .grid
+                    .div_ceil(blocks_per_sm)
+                    .min(sm_count.max(1) as u32),
                 chunks: plan.chunks,
                 overlap: plan.overlap,
                 steps: plan.steps(world),

@@ -6,7 +6,8 @@ use super::{model, Report, Row};
 use crate::p2p::size_name;
 
 /// The report as Markdown: the machine, how its GPUs are reached, then a table per collective
-/// (size, algorithm/protocol, what moves the bytes, blocks, chunks, barrier steps, the cost
+/// (size, algorithm/protocol, what moves the bytes, blocks and the SMs they occupy, chunks,
+/// barrier steps, the cost
 /// model's time, the measured figures where the tool has them, and the planner's reason).
 pub fn render(r: &Report) -> String {
     let mut out = format!(
@@ -66,6 +67,7 @@ pub fn render(r: &Report) -> String {
             "algorithm",
             "moved by",
             "blocks",
+            "SMs busy",
             "chunks",
             "steps",
             "model us",
@@ -76,7 +78,7 @@ pub fn render(r: &Report) -> String {
         header.push("why");
         t.set_header(header);
         for row in r.rows.iter().filter(|row| row.op == op) {
-            t.add_row(cells(row, measured));
+            t.add_row(cells(row, measured, r.sm_count));
         }
         out.push_str(&format!("{t}\n\n"));
     }
@@ -84,7 +86,7 @@ pub fn render(r: &Report) -> String {
 }
 
 /// One row's cells.
-fn cells(row: &Row, measured: bool) -> Vec<String> {
+fn cells(row: &Row, measured: bool, sm_count: i32) -> Vec<String> {
     let mut c = vec![
         size_name(row.bytes),
         if row.overlap {
@@ -94,6 +96,7 @@ fn cells(row: &Row, measured: bool) -> Vec<String> {
         },
         row.engine.to_string(),
         row.blocks.to_string(),
+        format!("{} of {sm_count}", row.sms),
         row.chunks.to_string(),
         row.steps.to_string(),
         row.model_us

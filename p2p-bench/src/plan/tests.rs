@@ -198,3 +198,32 @@ fn the_model_prices_the_bytes_and_the_steps_of_each_plan() {
     .expect("plans");
     assert!(one.model.is_none() && one.rows.iter().all(|row| row.model_us.is_none()));
 }
+
+#[test]
+fn each_plan_says_how_many_sms_it_keeps_from_the_callers_kernels() {
+    let r = run(&reference()).expect("plans");
+    let row = |op: &str, bytes: usize| {
+        r.rows
+            .iter()
+            .find(|row| row.op == op && row.bytes == bytes)
+            .expect("planned")
+    };
+    // 256 blocks at two a SM: 128 of the 132 SMs; one LL block: one.
+    assert_eq!(row("all_reduce", 16 << 20).sms, 128);
+    assert_eq!(row("all_reduce", 8).sms, 1);
+    // The copy engines move the bytes: a barrier block on one SM.
+    let ce = run(&Options {
+        forced: Forced {
+            proto: Some(Proto::CopyEngine),
+            ..Forced::AUTO
+        },
+        registered: true,
+        ops: vec![Op::AllGather],
+        min_bytes: 1 << 30,
+        ..reference()
+    })
+    .expect("plans");
+    assert_eq!(ce.rows[0].engine, "copy engines", "{:?}", ce.rows[0]);
+    assert_eq!(ce.rows[0].sms, 1);
+    assert!(render(&ce).contains("| 1 of 132 "), "{}", render(&ce));
+}
