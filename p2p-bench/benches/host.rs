@@ -1,6 +1,6 @@
 //! Host-side costs that sit on every call's path, measured with criterion (no GPU needed):
 //! the collective planner, and encoding and decoding a handle and a message in the `wire`
-//! formats, and the correctness checker's input building and comparison. Run: `cargo bench -p p2p-bench --bench host`. The GPU-side enqueue cost of a call
+//! formats, and the correctness checker's input building and comparison. Run: `cargo bench -p p2p-bench --bench host --features bench`. The GPU-side enqueue cost of a call
 //! (planner plus launch) is measured by `p2p-bench coll` ("host cost of issuing one call").
 
 // criterion_group! makes an undocumented `pub fn benches`.

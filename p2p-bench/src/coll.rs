@@ -11,7 +11,6 @@
 //! `nccl_check_max_bytes`).
 
 use p2p_collective::Collectives;
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -27,6 +26,7 @@ use serde_json::{json, Value};
 use crate::gate::Gate;
 use crate::nccl::{Borrowed, Bufs, NcclGroup, NcclMode, P2P_SET};
 use crate::p2p::{size_name, Stat};
+use crate::progress::Progress;
 use crate::timing;
 use crate::watchdog::{OnFire, Watchdog};
 
@@ -647,39 +647,26 @@ pub fn run(opts: &Options) -> Result<Value, String> {
     }
     let sizes = sizes(opts.min_bytes, opts.max_bytes, opts.factor);
     let total = jobs.len() * sizes.len();
-    let tty = std::io::stderr().is_terminal();
     // On a terminal a progress bar (with the last row beside it); in a log one line per row.
-    let bar = if tty {
-        let style = indicatif::ProgressStyle::with_template(
-            "{elapsed_precise} [{bar:30}] {pos}/{len} eta {eta} {msg}",
-        )
-        .map(|s| s.progress_chars("=> "))
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
-        indicatif::ProgressBar::new(total as u64).with_style(style)
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
-    let say = |line: String| {
-        if tty {
-            bar.println(line);
-        } else {
-            eprintln!("{line}");
-        }
-    };
-    let started = Instant::now();
+    let progress = Progress::new(total);
+    let say = |line: String| progress.say(&line);
     let mut rows = Vec::new();
-    let mut done = 0;
     // Why an implementation is skipped from here on: it was aborted (ours, or NCCL's mode).
     let mut dead: Vec<(Imp, String)> = Vec::new();
     let mut ended: Option<String> = None;
     'jobs: for &(op, dtype) in &jobs {
         let per_rank_parts = matches!(op, Op::AllGather | Op::ReduceScatter | Op::AllToAll);
         for &size_asked in &sizes {
-            done += 1;
             // As nccl-tests: per-rank parts round down, so 3 ranks move a little less than asked.
             let elems = size_asked / dtype.size();
             let count = if per_rank_parts { elems / n } else { elems };
             if count == 0 {
+                progress.step(&format!(
+                    "{} {} {}: less than one element a rank, skipped",
+                    op.name(),
+                    dtype,
+                    size_name(size_asked)
+                ));
                 continue;
             }
             let elems = if per_rank_parts { count * n } else { count };
@@ -773,23 +760,18 @@ pub fn run(opts: &Options) -> Result<Value, String> {
                 }
             }
             add_best(&mut row, &modes);
-            let line = format!(
-                "[{done:>3}/{total}] {:>6.1}s {} {} {}: ours {} us, registered {} us, NCCL best {} us ({})",
-                started.elapsed().as_secs_f64(),
+            progress.step(&format!(
+                "{} {} {}: ours {} us, registered {} us, NCCL best {} us ({})",
                 op.name(),
                 dtype,
                 size_name(bytes),
                 fmt_us(&row["ours"]["out_of_place"]["eager"]),
                 fmt_us(&row["ours_registered"]["out_of_place"]["eager"]),
                 fmt_us(&row["nccl_best"]["out_of_place"]["eager"]),
-                row["nccl_best"]["out_of_place"]["eager"]["mode"].as_str().unwrap_or("-"),
-            );
-            if tty {
-                bar.set_message(line);
-                bar.inc(1);
-            } else {
-                eprintln!("{line}");
-            }
+                row["nccl_best"]["out_of_place"]["eager"]["mode"]
+                    .as_str()
+                    .unwrap_or("-"),
+            ));
             rows.push(row);
             results["rows"] = json!(rows);
             write_partial(opts, &results, &say);
@@ -798,7 +780,7 @@ pub fn run(opts: &Options) -> Result<Value, String> {
             }
         }
     }
-    bar.finish_and_clear();
+    progress.finish();
     if let Some(why) = ended {
         // Work is still queued on some stream and may use any of the buffers, communicators
         // and windows: leak them all rather than free memory a kernel may still touch.

@@ -26,6 +26,7 @@ pub mod nccl;
 pub mod out;
 pub mod p2p;
 pub mod plan;
+pub mod progress;
 pub mod render;
 pub mod sendrecv;
 pub mod settings;

@@ -9,8 +9,9 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::io::{IsTerminal, Write};
 use std::time::Instant;
+
+use crate::progress::Progress;
 
 use p2p_mem::{Device, DeviceBuffer, DeviceMemory, DeviceMemoryMut, Event, Stream};
 use p2p_transport::conn::{connect_in_process, ConnOptions, RecvConn, SendConn};
@@ -137,49 +138,6 @@ impl Stat {
 
     fn json(&self) -> Value {
         json!({"median": self.median, "min": self.min, "max": self.max})
-    }
-}
-
-/// Prints progress on one line when stderr is a terminal, else one line per step.
-pub struct Progress {
-    done: usize,
-    total: usize,
-    tty: bool,
-    started: Instant,
-}
-
-impl Progress {
-    /// A bar for `total` steps.
-    pub fn new(total: usize) -> Progress {
-        Progress {
-            done: 0,
-            total,
-            tty: std::io::stderr().is_terminal(),
-            started: Instant::now(),
-        }
-    }
-    /// Marks one step done, labelled `what`.
-    pub fn step(&mut self, what: &str) {
-        self.done += 1;
-        let width = 30;
-        let filled = width * self.done / self.total.max(1);
-        let line = format!(
-            "[{}{}] {:>4}/{} {:>5.1}s {what}",
-            "#".repeat(filled),
-            " ".repeat(width - filled),
-            self.done,
-            self.total,
-            self.started.elapsed().as_secs_f64()
-        );
-        let mut err = std::io::stderr();
-        if self.tty {
-            let _ = write!(err, "\r{line:<110}");
-            if self.done == self.total {
-                let _ = writeln!(err);
-            }
-        } else {
-            let _ = writeln!(err, "{line}");
-        }
     }
 }
 
@@ -465,7 +423,7 @@ pub fn run(opts: &Options) -> p2p_transport::Result<Value> {
         + (Method::ALL.len() - 1) * pairs.len()
         + 2 * pairs.len()
         + Method::ALL.len() * sizes.len() * pairs.len();
-    let mut progress = Progress::new(total);
+    let progress = Progress::new(total);
 
     // The SM kernel's launch shape, on the first pair, before the matrices use the default.
     let mut grid_sweep = Vec::new();
