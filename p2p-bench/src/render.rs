@@ -1,6 +1,9 @@
 //! `p2p-bench render`: a `coll` results file read as one ([`CollFile`]), its Markdown table and
-//! SVG plot written again beside it. Anything else (`{}`, `[1, 2]`, another benchmark's
+//! SVG plot written again beside it, or printed as nccl-tests prints its results
+//! ([`nccl_tests`]). Anything else (`{}`, `[1, 2]`, another benchmark's
 //! results, a run without rows) is refused with what it lacks, and nothing is written.
+
+pub mod nccl_tests;
 
 use std::path::{Path, PathBuf};
 
@@ -95,6 +98,14 @@ pub fn read(text: &str) -> Result<serde_json::Value, String> {
         );
     }
     Ok(value)
+}
+
+/// Reads the `coll` results file `json` ([`read`]) and gives it as nccl-tests prints its
+/// results ([`nccl_tests::text`]).
+pub fn nccl_tests_file(json: &Path, timing: nccl_tests::Timing) -> Result<String, String> {
+    let text = std::fs::read_to_string(json).map_err(|e| format!("{}: {e}", json.display()))?;
+    let results = read(&text).map_err(|e| format!("{}: {e}", json.display()))?;
+    Ok(nccl_tests::text(&results, timing))
 }
 
 /// Reads the `coll` results file `json` ([`read`]) and writes its table and plot beside it

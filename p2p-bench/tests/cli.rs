@@ -247,6 +247,48 @@ fn render_draws_a_coll_results_file() {
     }
 }
 
+/// `render --nccl-tests` prints p2p's figures in nccl-tests' columns, for scripts that parse
+/// nccl-tests, and writes nothing.
+#[test]
+fn render_prints_nccl_tests_columns_and_writes_nothing() {
+    let dir = PrivateDir::new("render-nccl-tests").expect("a temporary folder");
+    let path = file_in(
+        &dir,
+        "ring.json",
+        include_str!("../../docs/results/2026-11-22-4xh200-sweeps/baseline/sweep-ring-w2.json"),
+    );
+    for (flags, timing) in [
+        (&["--nccl-tests"][..], "eager"),
+        (&["--nccl-tests", "--graph"][..], "graph"),
+    ] {
+        let mut args = vec!["render"];
+        args.extend(flags);
+        args.push(&path);
+        let (code, out, err) = p2p_bench(&args, &[]);
+        assert_eq!(code, 0, "{err}");
+        assert!(out.contains(&format!("p2p's figures ({timing})")), "{out}");
+        assert!(out.contains("# Collective: all_reduce\n"), "{out}");
+        // The 64 KiB row: size, count, type, redop, root and two sides of four.
+        let row = out
+            .lines()
+            .find(|l| l.trim_start().starts_with("65536 "))
+            .expect("the 64 KiB row");
+        let fields: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(fields.len(), 13, "{row}");
+        assert_eq!(
+            &fields[..5],
+            ["65536", "16384", "float", "sum", "-1"],
+            "{row}"
+        );
+        assert!(fields[5].parse::<f64>().is_ok_and(|us| us > 0.0), "{row}");
+    }
+    let written = std::fs::read_dir(dir.path()).expect("the folder").count();
+    assert_eq!(written, 1, "only the results file");
+    // --graph alone is a usage error.
+    let (code, _, err) = p2p_bench(&["render", "--graph", &path], &[]);
+    assert_eq!(code, 2, "{err}");
+}
+
 /// A reader that goes away (`p2p-bench topo --load F | head -1`) ends no command with a
 /// panic: the command stops writing and exits with its own status. Its standard output is a
 /// socket whose other end is closed before it starts, so every write meets `EPIPE`.

@@ -176,6 +176,13 @@ enum Command {
     Render {
         /// The results JSON written by `p2p-bench coll`.
         json: PathBuf,
+        /// Print p2p's figures on stdout in nccl-tests' text columns instead (for scripts that
+        /// parse nccl-tests' output); nothing is written.
+        #[arg(long)]
+        nccl_tests: bool,
+        /// With --nccl-tests: the graph replay's figures (nccl-tests' -G) instead of eager.
+        #[arg(long, requires = "nccl_tests")]
+        graph: bool,
     },
     /// The fault-injection suite: jobs of N ranks in which one rank is killed, crashes, exits,
     /// stalls or aborts at a random point, or strangers try to join, until --faults of each
@@ -650,7 +657,25 @@ fn main() -> ExitCode {
             time_limit,
             command,
         } => launch_cmd(nprocs, hosts, time_limit, &command),
-        Command::Render { json } => render_cmd(&json),
+        Command::Render {
+            json,
+            nccl_tests: false,
+            ..
+        } => render_cmd(&json),
+        Command::Render { json, graph, .. } => {
+            use p2p_bench::render::{nccl_tests::Timing, nccl_tests_file};
+            let timing = if graph { Timing::Graph } else { Timing::Eager };
+            match nccl_tests_file(&json, timing) {
+                Ok(text) => {
+                    outln!("{text}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("p2p-bench render: {e}");
+                    ExitCode::from(exit::FAILED)
+                }
+            }
+        }
         Command::Hosts {
             out,
             ops,
