@@ -655,12 +655,13 @@ pub fn run(opts: &Options) -> Result<Value, String> {
     let mut dead: Vec<(Imp, String)> = Vec::new();
     let mut ended: Option<String> = None;
     'jobs: for &(op, dtype) in &jobs {
-        let per_rank_parts = matches!(op, Op::AllGather | Op::ReduceScatter | Op::AllToAll);
         for &size_asked in &sizes {
-            // As nccl-tests: per-rank parts round down, so 3 ranks move a little less than asked.
-            let elems = size_asked / dtype.size();
-            let count = if per_rank_parts { elems / n } else { elems };
-            if count == 0 {
+            let Some(SizedCall {
+                count,
+                elems,
+                bytes,
+            }) = sized(op, dtype, size_asked, n)
+            else {
                 progress.step(&format!(
                     "{} {} {}: less than one element a rank, skipped",
                     op.name(),
@@ -668,9 +669,7 @@ pub fn run(opts: &Options) -> Result<Value, String> {
                     size_name(size_asked)
                 ));
                 continue;
-            }
-            let elems = if per_rank_parts { count * n } else { count };
-            let bytes = elems * dtype.size();
+            };
             let call = Call::new(op, dtype, count);
             let iters = timing::iters_for(bytes);
             let mut row = json!({
@@ -958,6 +957,31 @@ fn write_partial(opts: &Options, results: &Value, say: &impl Fn(String)) {
             path.display()
         ));
     }
+}
+
+/// A call of one size as `coll` (and nccl-tests) count sizes: the whole buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SizedCall {
+    /// The call's count: a rank's part for all-gather, reduce-scatter and all-to-all.
+    pub count: usize,
+    /// Elements of the whole buffer that count moves.
+    pub elems: usize,
+    /// Its bytes.
+    pub bytes: usize,
+}
+
+/// `op` of `dtype` at `bytes` on `world` ranks; `None` where that is less than one element a
+/// rank's part. As nccl-tests, the parts round down: 3 ranks move a little less than asked.
+pub fn sized(op: Op, dtype: DataType, bytes: usize, world: usize) -> Option<SizedCall> {
+    let elems = bytes / dtype.size();
+    let parts = matches!(op, Op::AllGather | Op::ReduceScatter | Op::AllToAll);
+    let count = if parts { elems / world.max(1) } else { elems };
+    let elems = if parts { count * world } else { count };
+    (count > 0).then_some(SizedCall {
+        count,
+        elems,
+        bytes: elems * dtype.size(),
+    })
 }
 
 /// Where `imp`'s figures for `place` go in a row.

@@ -59,13 +59,10 @@ pub fn run(opts: &Options) -> Result<Option<Value>, String> {
     for &op in &opts.ops {
         for bytes in crate::sendrecv::sizes(opts.min_bytes, opts.max_bytes, opts.factor) {
             // F32 counts: per rank as the op defines `count` (NCCL's convention).
-            let per_rank = match op {
-                Op::AllGather | Op::ReduceScatter | Op::AllToAll => bytes / 4 / w,
-                _ => bytes / 4,
-            };
-            if per_rank == 0 {
+            let Some(sized) = crate::coll::sized(op, DataType::F32, bytes, w) else {
                 continue;
-            }
+            };
+            let per_rank = sized.count;
             let call = Call::new(op, DataType::F32, per_rank)
                 .redop(RedOp::Sum)
                 .root(0);

@@ -1,57 +1,47 @@
 //! Progress of a long run on stderr: on a terminal a bar (indicatif) with the last step beside
 //! it, in a log one line a step, each `[done/total] seconds what`.
 
-use std::cell::Cell;
 use std::io::IsTerminal;
-use std::time::Instant;
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// A run of `total` steps, shown as it goes.
 pub struct Progress {
+    /// Counts the steps and the time on a terminal and in a log alike (hidden in a log).
     bar: ProgressBar,
     tty: bool,
-    done: Cell<u64>,
-    total: u64,
-    started: Instant,
 }
 
 impl Progress {
     /// A run of `total` steps: a bar where stderr is a terminal, lines where it is not.
     pub fn new(total: usize) -> Progress {
         let tty = std::io::stderr().is_terminal();
-        let bar = if tty {
+        let bar = ProgressBar::new(total as u64);
+        if tty {
             let style = ProgressStyle::with_template(
                 "{elapsed_precise} [{bar:30}] {pos}/{len} eta {eta} {msg}",
             )
             .map(|s| s.progress_chars("=> "))
             .unwrap_or_else(|_| ProgressStyle::default_bar());
-            ProgressBar::new(total as u64).with_style(style)
+            bar.set_style(style);
         } else {
-            ProgressBar::hidden()
-        };
-        Progress {
-            bar,
-            tty,
-            done: Cell::new(0),
-            total: total as u64,
-            started: Instant::now(),
+            bar.set_draw_target(ProgressDrawTarget::hidden());
         }
+        Progress { bar, tty }
     }
 
     /// One step done, `what` saying which.
     pub fn step(&self, what: &str) {
-        let done = self.done.get() + 1;
-        self.done.set(done);
+        self.bar.inc(1);
+        let done = self.bar.position();
         let line = format!(
             "[{done:>3}/{}] {:>6.1}s {what}",
-            self.total,
-            self.started.elapsed().as_secs_f64()
+            self.bar.length().unwrap_or(done),
+            self.bar.elapsed().as_secs_f64()
         );
         if self.tty {
             self.bar.set_message(line);
-            self.bar.inc(1);
-            if done == self.total {
+            if Some(done) == self.bar.length() {
                 self.bar.finish();
             }
         } else {

@@ -659,22 +659,18 @@ fn main() -> ExitCode {
         } => launch_cmd(nprocs, hosts, time_limit, &command),
         Command::Render {
             json,
-            nccl_tests: false,
-            ..
-        } => render_cmd(&json),
-        Command::Render { json, graph, .. } => {
+            nccl_tests,
+            graph,
+        } => {
             use p2p_bench::render::{nccl_tests::Timing, nccl_tests_file};
-            let timing = if graph { Timing::Graph } else { Timing::Eager };
-            match nccl_tests_file(&json, timing) {
-                Ok(text) => {
-                    outln!("{text}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("p2p-bench render: {e}");
-                    ExitCode::from(exit::FAILED)
-                }
+            if !nccl_tests {
+                return render_cmd(&json);
             }
+            let timing = if graph { Timing::Graph } else { Timing::Eager };
+            finished(
+                "p2p-bench render",
+                nccl_tests_file(&json, timing).map(|text| outln!("{text}")),
+            )
         }
         Command::Hosts {
             out,

@@ -265,13 +265,11 @@ pub fn run(opts: &Options) -> Result<Report, PlanError> {
         for &bytes in &sizes {
             // As `p2p-bench coll` (and nccl-tests) count a size: the whole buffer, split into
             // the ranks' parts where the call takes one part a rank.
-            let elems = bytes / DataType::F32.size();
-            let parts = matches!(op, Op::AllGather | Op::ReduceScatter | Op::AllToAll);
-            let count = if parts { elems / world } else { elems };
-            if count == 0 {
+            let Some(crate::coll::SizedCall { count, bytes, .. }) =
+                crate::coll::sized(op, DataType::F32, bytes, world)
+            else {
                 continue;
-            }
-            let bytes = if parts { count * world } else { count } * DataType::F32.size();
+            };
             let call = Call::new(op, DataType::F32, count);
             let access = Access {
                 input: opts.registered,
