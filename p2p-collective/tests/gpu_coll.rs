@@ -1318,7 +1318,8 @@ fn gpu2_registered_buffers_matrix() {
         without_ll(|t| t.direct_min_bytes = 0),
         &Op::ALL,
         |op, plan, _| {
-            let direct = n > 2 || matches!(op, Op::AllGather | Op::ReduceScatter);
+            // Broadcast and reduce have no direct kind.
+            let direct = !op.rooted() && (n > 2 || matches!(op, Op::AllGather | Op::ReduceScatter));
             assert_eq!(plan.algo == Algo::Direct, direct, "{op}: {plan:?}");
         },
     );
@@ -1348,6 +1349,47 @@ fn gpu2_push_all_reduce_registered_matrix() {
                 assert!(p.uses_windows(), "{p:?}");
             }
         });
+    }
+}
+
+/// The split broadcast and reduce into registered outputs (forced): every count, type,
+/// reduction and root, in and out of place, with its steps in turn and then overlapped (pieces
+/// of 1 KiB, at least three chunks). On two ranks it cannot run (a split needs a non-root to
+/// forward to): the calls run as planned and are checked all the same.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_split_into_outputs_registered_matrix() {
+    let more = world() > 2;
+    for overlap in [false, true] {
+        let tuned = without_ll(|t| {
+            if overlap {
+                t.overlap_min_bytes = 0;
+                t.overlap_chunks = 3;
+                t.piece_bytes = 1 << 10;
+            }
+        });
+        let options = Options {
+            forced: Forced::algo(Algo::SplitOut),
+            ..tuned
+        };
+        registered_matrix(
+            options,
+            &[Op::Broadcast, Op::Reduce],
+            |op, plan, in_place| {
+                for p in [plan, in_place] {
+                    if more {
+                        assert_eq!(
+                            (p.algo, p.overlap),
+                            (Algo::SplitOut, overlap),
+                            "{op}: {p:?}"
+                        );
+                        assert!(p.uses_windows(), "{p:?}");
+                    } else {
+                        assert_ne!(p.algo, Algo::SplitOut, "{op}: {p:?}");
+                    }
+                }
+            },
+        );
     }
 }
 
@@ -1431,9 +1473,6 @@ fn registered_matrix(
     };
     let n = ls.len();
     for &op in ops {
-        if op.rooted() {
-            continue;
-        }
         let call = Call::new(op, DataType::F32, 4096);
         let in_place = Access {
             in_place: true,

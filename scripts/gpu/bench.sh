@@ -34,6 +34,12 @@
 #                 (the direct all-reduce on registered buffers), f32, 2 MiB - 1 GiB by 8,
 #                 beside NCCL's plain and symmetric modes, two rounds, the order alternating
 #                 (80 s a run). ~7 min at 4 ranks.
+#   splitout [W [ROUND]]
+#                 the split into outputs (docs/performance.md, "The split into outputs") at W
+#                 ranks (default every GPU): P2P_ALGO=splitout and P2P_ALGO=split, each in turn
+#                 and overlapped, reduce and broadcast, f32, 2 MiB - 1 GiB by 8, beside NCCL's
+#                 plain and symmetric modes; ROUND 1 (default) in that order, 2 the reverse
+#                 (90 s a run). ~6 min at 4 ranks a round.
 #   host          `p2p-bench host` on 2, 3 and every GPU (those the machine has), two rounds: the
 #                 host's cost of one call, split (docs/performance.md, "Host cost of a call"; no
 #                 NCCL). ~2 min.
@@ -159,6 +165,23 @@ phase_push() {
         defaults) coll_run "push-w$w-$v-r$round" 80 --gpus "$w" --ops all_reduce --types float --min-bytes 2097152 --max-mib 1024 --factor 8 --samples 10 --nccl-modes plain,symmetric ;;
       esac
     done
+  done
+}
+
+phase_splitout() {
+  local w=${1:-$n} round=${2:-1} v
+  local -a order=(splitout splitout-overlap split-overlap split)
+  need "$w" || exit 0
+  same_nccl
+  [ "$round" = 2 ] && order=(split split-overlap splitout-overlap splitout)
+  for v in "${order[@]}"; do
+    # Only registered outputs can take the split into outputs: the plain rows of its runs are
+    # planned as usual (the split), with the reason logged ("... it needs the output registered").
+    local -a flags=()
+    [ "${v%-overlap}" != "$v" ] && flags=(--overlap-min-kib 0)
+    P2P_ALGO=${v%-overlap} coll_run "splitout-w$w-$v-r$round" 90 --gpus "$w" --ops reduce,broadcast \
+      --types float --min-bytes 2097152 --max-mib 1024 --factor 8 --samples 10 \
+      --nccl-modes plain,symmetric "${flags[@]}"
   done
 }
 

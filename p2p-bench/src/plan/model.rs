@@ -88,6 +88,8 @@ pub fn traffic(plan: &Plan, bytes: usize, world: usize) -> Traffic {
         (Op::AllReduce, Algo::Push | Algo::Direct) => (2.0 * f * s, (n + 1.0) * s / n),
         // The root's links carry the whole buffer to (or from) every peer.
         (Op::Broadcast | Op::Reduce, Algo::OneShot | Algo::Direct) => ((n - 1.0) * s, 2.0 * s),
+        // As the split, with no copy out of the scratch: the parts land in the outputs.
+        (Op::Broadcast | Op::Reduce, Algo::SplitOut) => (2.0 * s, s),
         // The root sends each part once; the non-roots forward; the root copies out.
         (Op::Broadcast | Op::Reduce, _) => (2.0 * s, 2.0 * s),
         // Each rank's part to every peer (or part q to rank q), then copied out or reduced.

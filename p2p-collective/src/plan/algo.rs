@@ -41,6 +41,12 @@ pub enum Algo {
     /// writes the sum straight into every rank's output, with no copy out of the scratch.
     /// Forced only (`P2P_ALGO=push`) until measured across GPUs.
     Push,
+    /// The split broadcast and reduce of [`Split`](Self::Split) landing in registered outputs,
+    /// with no copy out of the scratch: the root writes part j straight into the j-th
+    /// non-root's output, which forwards it from there into the other non-roots' outputs
+    /// (broadcast); each non-root reduces its part over every rank straight into the root's
+    /// output (reduce). Forced only (`P2P_ALGO=splitout`) until measured across GPUs.
+    SplitOut,
 }
 
 /// How each move of a call is carried and signalled.
@@ -59,7 +65,7 @@ pub enum Proto {
 
 impl Algo {
     /// Every algorithm, in code order.
-    pub const ALL: [Algo; 7] = [
+    pub const ALL: [Algo; 8] = [
         Algo::OneShot,
         Algo::TwoShot,
         Algo::Ring,
@@ -67,10 +73,11 @@ impl Algo {
         Algo::Direct,
         Algo::Pipe,
         Algo::Push,
+        Algo::SplitOut,
     ];
 
     /// The name `P2P_ALGO` and the logs use, which is also its kernel's (`coll_<type>_<name>`):
-    /// `oneshot`, `twoshot`, `ring`, `split`, `direct`, `pipe`, `push`.
+    /// `oneshot`, `twoshot`, `ring`, `split`, `direct`, `pipe`, `push`, `splitout`.
     pub fn name(self) -> &'static str {
         match self {
             Algo::OneShot => "oneshot",
@@ -80,6 +87,7 @@ impl Algo {
             Algo::Direct => "direct",
             Algo::Pipe => "pipe",
             Algo::Push => "push",
+            Algo::SplitOut => "splitout",
         }
     }
 
@@ -99,7 +107,7 @@ impl Algo {
         match self {
             Algo::OneShot => true,
             Algo::TwoShot | Algo::Ring | Algo::Pipe | Algo::Push => op == Op::AllReduce,
-            Algo::Split => matches!(op, Op::Broadcast | Op::Reduce),
+            Algo::Split | Algo::SplitOut => matches!(op, Op::Broadcast | Op::Reduce),
             Algo::Direct => matches!(
                 op,
                 Op::AllReduce | Op::AllGather | Op::ReduceScatter | Op::AllToAll
@@ -117,8 +125,9 @@ impl Algo {
             // (its reduce kernel waits for flags, not steps).
             (_, Proto::CopyEngine) => 4,
             (_, Proto::Ll) => 1,
-            // (The push all-reduce adds one closing barrier a call: `Plan::steps`.)
-            (Algo::OneShot | Algo::Push, Proto::Simple) => 1,
+            // (The push all-reduce and the split into outputs add one closing barrier a call:
+            // `Plan::steps`.)
+            (Algo::OneShot | Algo::Push | Algo::SplitOut, Proto::Simple) => 1,
             (Algo::TwoShot | Algo::Split | Algo::Direct, Proto::Simple) => 2,
             (Algo::Ring, Proto::Simple) => (world as u64).saturating_sub(1).saturating_mul(2),
             (Algo::Pipe, Proto::Simple) => piece.div_ceil(sub.max(1)) | 1,
@@ -208,9 +217,12 @@ pub(super) fn fits(algo: Algo, proto: Proto, need: Need, tuning: &Tuning) -> Opt
         // The ring's steps are 2(n-1): on one rank none, and its last copy would read a slot
         // that nothing wrote.
         (Algo::Ring, Proto::Simple) if world < 2 => Some("a ring of one rank has no steps"),
-        (Algo::Split, Proto::Simple) if world <= 2 => {
+        (Algo::Split | Algo::SplitOut, Proto::Simple) if world <= 2 => {
             Some("a split needs more than two ranks (one non-root has nobody to forward to)")
         }
+        (Algo::SplitOut, Proto::Simple) if !access.output => Some(
+            "the split into outputs writes into the peers' outputs: it needs the output registered",
+        ),
         (Algo::Direct, Proto::Simple) => {
             let reach = match op {
                 Op::AllReduce => access.input && access.output,
@@ -232,7 +244,10 @@ pub(super) fn fits(algo: Algo, proto: Proto, need: Need, tuning: &Tuning) -> Opt
         (Algo::Push, Proto::Simple) if !access.output => {
             Some("the push all-reduce writes into every rank's output: it needs the output registered")
         }
-        (Algo::TwoShot | Algo::Ring | Algo::Split | Algo::Pipe | Algo::Push, Proto::Simple) => None,
+        (
+            Algo::TwoShot | Algo::Ring | Algo::Split | Algo::Pipe | Algo::Push | Algo::SplitOut,
+            Proto::Simple,
+        ) => None,
     }
 }
 

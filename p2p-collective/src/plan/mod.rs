@@ -127,8 +127,8 @@ pub struct Plan {
     pub own_by_copy_engine: bool,
     /// Rounds over the data.
     pub chunks: u64,
-    /// A two-shot all-reduce, split broadcast or reduce, or one-shot all-gather, reduce-scatter
-    /// or all-to-all whose chunks' steps overlap: at step t stage k of chunk t - k, one barrier
+    /// A two-shot or push all-reduce, split broadcast or reduce (either kind), or one-shot
+    /// all-gather, reduce-scatter or all-to-all whose chunks' steps overlap: at step t stage k of chunk t - k, one barrier
     /// a step ([`Tuning::overlap_min_bytes`]).
     pub overlap: bool,
     /// Why this algorithm and protocol, for the log.
@@ -148,8 +148,9 @@ impl Plan {
         let per_chunk = self
             .algo
             .steps_per_chunk(self.proto, world, self.piece, self.sub);
-        // The push all-reduce closes with one barrier more (its peers' writes have landed).
-        let closing = u64::from(self.algo == Algo::Push);
+        // The kinds that write into the peers' outputs close with one barrier more (their
+        // peers' writes have landed).
+        let closing = u64::from(matches!(self.algo, Algo::Push | Algo::SplitOut));
         let stepped = if self.overlap {
             // chunks + stages - 1 steps, a barrier between each two.
             self.chunks.saturating_add(per_chunk).saturating_sub(1)
@@ -162,7 +163,8 @@ impl Plan {
     /// Whether it reads or writes the peers' registered buffers (what
     /// [`Communicator::deregister`](crate::Communicator::deregister) waits for).
     pub fn uses_windows(&self) -> bool {
-        matches!(self.algo, Algo::Direct | Algo::Push) || self.proto == Proto::CopyEngine
+        matches!(self.algo, Algo::Direct | Algo::Push | Algo::SplitOut)
+            || self.proto == Proto::CopyEngine
     }
 
     /// The algorithm and protocol.
@@ -263,10 +265,11 @@ fn plan_call(call: &Call, world: usize, forced: Forced, tuning: &Tuning, access:
         Op::AllGather | Op::ReduceScatter | Op::AllToAll => seg_bytes.saturating_mul(world),
         _ => seg_bytes,
     };
-    // Stages to overlap: two-shot's and the split's three, the push all-reduce's two; one-shot's
-    // two for the collectives that combine parts (aligned: the realigning kernel runs in turn).
+    // Stages to overlap: two-shot's and the split's three, the push all-reduce's and the split
+    // into outputs' two; one-shot's two for the collectives that combine parts (aligned: the
+    // realigning kernel runs in turn).
     let staged = match algo {
-        Algo::TwoShot | Algo::Split | Algo::Push => true,
+        Algo::TwoShot | Algo::Split | Algo::Push | Algo::SplitOut => true,
         Algo::OneShot => {
             matches!(op, Op::AllGather | Op::ReduceScatter | Op::AllToAll) && !access.unaligned
         }

@@ -362,6 +362,51 @@ fn the_push_all_reduce_runs_forced_on_a_registered_output_only() {
 }
 
 #[test]
+fn the_split_into_outputs_runs_forced_on_more_than_two_ranks_with_registered_outputs() {
+    let out = access(false, true, false);
+    let split_out = Forced::algo(Algo::SplitOut);
+    for op in [Op::Broadcast, Op::Reduce] {
+        let dtype = DataType::F32;
+        let p = plan_with(op, dtype, 1 << 22, 4, split_out, &t(), out);
+        assert_eq!(p.path(), (Algo::SplitOut, Proto::Simple), "{op}");
+        assert_eq!(p.entry, Entry::Algo(Algo::SplitOut));
+        assert!(p.uses_windows());
+        // Not overlapped: one barrier a chunk between its two stages, and one closing the call.
+        assert!(!p.overlap);
+        assert_eq!(p.steps(4), p.chunks + 1, "{p:?}");
+        // Plain buffers, or two ranks: planned as usual, the reason logged.
+        let plain = plan(op, dtype, 1 << 22, 4, split_out, &t());
+        assert_eq!(plain.path(), SPLIT);
+        assert!(plain.refused.unwrap_or_default().contains("registered"));
+        let two = plan_with(op, dtype, 1 << 22, 2, split_out, &t(), out);
+        assert_eq!(two.path(), ONESHOT);
+        assert!(two.refused.unwrap_or_default().contains("more than two"));
+        // It runs no other collective.
+        let ar = plan_with(Op::AllReduce, dtype, 1 << 22, 4, split_out, &t(), out);
+        assert_ne!(ar.algo, Algo::SplitOut);
+        assert!(ar.refused.is_some());
+        // Nothing picks it unforced.
+        for world in [3, 4, 8] {
+            for count in [1 << 10, 1 << 22, 1 << 28] {
+                let auto = plan_with(op, dtype, count, world, Forced::default(), &t(), out);
+                assert_ne!(auto.algo, Algo::SplitOut, "{op}, {world} ranks, {count}");
+            }
+        }
+        // Overlapped: two stages, chunks + 1 steps with the closing one.
+        let tuning = Tuning {
+            overlap_min_bytes: 0,
+            ..t()
+        };
+        let o = plan_with(op, dtype, 1 << 22, 4, split_out, &tuning, out);
+        assert!(
+            o.overlap && o.chunks >= tuning.overlap_chunks as u64,
+            "{o:?}"
+        );
+        assert_eq!(o.steps(4), o.chunks + 1);
+    }
+}
+
+#[test]
 fn tuning_round_trips_through_words() {
     let t = Tuning {
         ll_max_bytes: 12345,
