@@ -817,10 +817,49 @@ fn gpu2_abort_from_another_thread_ends_a_stuck_call() {
     }
 }
 
-/// In checking mode, ranks that disagree on the count fail with both calls named.
+/// In checking mode, ranks that disagree on the call fail with both calls named: the count (two
+/// small calls, one of 4 KiB against one of 4 MiB, two large ones), the operation and the root.
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_checking_mode_names_mismatched_calls() {
+    let all_reduce = |count: usize| Mismatched::AllReduce(count);
+    for (calls, words) in [
+        (
+            [all_reduce(1024), all_reduce(1000)],
+            ["count 1024", "count 1000"],
+        ),
+        (
+            [all_reduce(1024), all_reduce(1 << 20)],
+            ["count 1024", "count 1048576"],
+        ),
+        (
+            [all_reduce(1 << 20), all_reduce(1 << 19)],
+            ["count 1048576", "count 524288"],
+        ),
+        (
+            [all_reduce(4096), Mismatched::Broadcast(4096, 0)],
+            ["all_reduce", "broadcast"],
+        ),
+        (
+            [Mismatched::Broadcast(256, 0), Mismatched::Broadcast(256, 1)],
+            ["root 0", "root 1"],
+        ),
+    ] {
+        mismatched_calls_are_named(calls, words);
+    }
+}
+
+/// One rank's call in `gpu2_checking_mode_names_mismatched_calls`: an f32 all-reduce of a count,
+/// or a broadcast of a count from a root, in place.
+#[derive(Debug, Clone, Copy)]
+enum Mismatched {
+    AllReduce(usize),
+    Broadcast(usize, usize),
+}
+
+/// Ranks 0 and 1 of a fresh communicator in checking mode make `calls`; each fails with
+/// `Error::Mismatch` whose text holds both `words`, and is unusable after.
+fn mismatched_calls_are_named(calls: [Mismatched; 2], words: [&str; 2]) {
     let devices = gpus(2);
     let options = Options {
         check: true,
@@ -830,22 +869,30 @@ fn gpu2_checking_mode_names_mismatched_calls() {
     let streams = new_streams(&devices[..2]);
     let mut bufs: Vec<DeviceBuffer<f32>> = devices[..2]
         .iter()
-        .map(|d| DeviceBuffer::zeroed(d, 1024).expect("buf"))
+        .map(|d| DeviceBuffer::zeroed(d, 1 << 20).expect("buf"))
         .collect();
-    for (r, count) in [(0usize, 1024usize), (1, 1000)] {
-        comms[r]
-            .all_reduce_in_place(&mut bufs[r], count, DataType::F32, RedOp::Sum, &streams[r])
-            .expect("enqueue");
+    for (r, call) in calls.into_iter().enumerate() {
+        let (buf, s) = (&mut bufs[r], &streams[r]);
+        match call {
+            Mismatched::AllReduce(n) => {
+                comms[r].all_reduce_in_place(buf, n, DataType::F32, RedOp::Sum, s)
+            }
+            Mismatched::Broadcast(n, root) => {
+                comms[r].broadcast_in_place(buf, n, DataType::F32, root, s)
+            }
+        }
+        .expect("enqueue");
     }
     for r in 0..2 {
         let e = comms[r].synchronize(&streams[r]).expect_err("mismatch");
-        eprintln!("rank {r}: {e}");
-        assert!(matches!(e, Error::Mismatch { .. }), "{e:?}");
+        eprintln!("{calls:?}, rank {r}: {e}");
+        assert!(matches!(e, Error::Mismatch { .. }), "{calls:?}: {e:?}");
         let text = e.to_string();
         assert!(
-            text.contains("count 1024") && text.contains("count 1000"),
-            "{text}"
+            text.contains(words[0]) && text.contains(words[1]),
+            "{calls:?}: {text}"
         );
+        assert_unusable(&comms[r]);
     }
 }
 

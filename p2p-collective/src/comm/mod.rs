@@ -67,9 +67,13 @@ pub struct Options {
     /// An algorithm, a protocol or both forced (`P2P_ALGO`, `P2P_PROTO`): every call they can
     /// run runs with them; the others as planned, with the reason logged ([`Forced`]).
     pub forced: Forced,
-    /// Check on the GPU that every rank made the same call (operation, type, reduction,
-    /// root, count); a mismatch fails with [`Error::Mismatch`]. Costs one extra store per
-    /// peer per block per call; turns LL and the copy engines off ([`Planner::new`]).
+    /// Check on the GPU that every rank made the same call (operation, algorithm, protocol,
+    /// type, reduction, root, count); a mismatch fails with [`Error::Mismatch`] on every rank,
+    /// naming both calls. The stepped kernels and the copy engines' barrier carry 16 bits of
+    /// the call's signature in each step signal and the whole one in a store beside it; LL's
+    /// lines carry none, so it turns LL off ([`Planner::new`]). Every rank must agree on it.
+    /// (Where the copy engines run, a mismatch found at their first barrier still lets the
+    /// queued copies run, inside the registered buffers.)
     pub check: bool,
     /// How long a kernel waits for a peer before giving up.
     pub timeout: Duration,

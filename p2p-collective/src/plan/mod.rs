@@ -200,9 +200,10 @@ pub struct Planner {
 
 impl Planner {
     /// The planner of a communicator of `world` ranks with `forced` and `tuning`; `check`
-    /// (checking mode) turns LL and the copy engines off: LL carries no call signature, and the
-    /// copy engines' copies are queued whatever the first barrier finds, so a mismatch found
-    /// there could not stop them. A forced LL or copy-engine protocol then runs `Simple`.
+    /// (checking mode) turns LL off, since LL's lines carry no call signature (a forced LL then
+    /// runs `Simple`). The stepped kernels carry it in their step signals, and the copy
+    /// engines' plans in their barrier kernel's (a mismatch found there still lets the queued
+    /// copies run, inside the registered buffers, as after any failed call).
     pub fn new(world: usize, forced: Forced, check: bool, tuning: Tuning) -> Planner {
         if !check {
             return Planner {
@@ -211,21 +212,17 @@ impl Planner {
                 tuning,
             };
         }
-        let tuning = Tuning {
-            ll_max_bytes: 0,
-            ce_min_bytes: usize::MAX,
-            ce_min_bytes_more_ranks: usize::MAX,
-            ce_all_reduce_min_bytes: usize::MAX,
-            ..tuning
-        };
         let proto = match forced.proto {
-            Some(Proto::Ll | Proto::CopyEngine) => Some(Proto::Simple),
+            Some(Proto::Ll) => Some(Proto::Simple),
             p => p,
         };
         Planner {
             world,
             forced: Forced { proto, ..forced },
-            tuning,
+            tuning: Tuning {
+                ll_max_bytes: 0,
+                ..tuning
+            },
         }
     }
 

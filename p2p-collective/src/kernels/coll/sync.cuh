@@ -38,42 +38,60 @@ struct Limits {
     }
 };
 
-// Waits until *flag >= want. The flag (local memory) is polled every round.
-__device__ int wait_ge(const CollArgs& a, volatile u64* flag, u64 want) {
+// A step signal's word: the step in its low STEP_BITS bits and, in checking mode, 16 bits of the
+// call's signature above them (sig16; 0 without), so that a waiter compares the signature with
+// the word it polled, at no extra load.
+#define STEP_BITS 48
+#define STEP_MASK ((1ull << STEP_BITS) - 1ull)
+__device__ __forceinline__ u64 sig16(const CollArgs& a) {
+    return a.check ? (a.sig * 0x9e3779b97f4a7c15ull) >> 48 : 0ull;
+}
+
+// Waits until the step of *flag (its low STEP_BITS bits) reaches `want`, and gives the word it
+// saw in *seen (where given). The flag (local memory) is polled every round.
+__device__ int wait_ge(const CollArgs& a, volatile u64* flag, u64 want, u64* seen = nullptr) {
     Limits lim;
     volatile u64* fail = a.sync[a.rank] + FAIL_OFF;
-    while (*flag < want) {
+    u64 w;
+    while (((w = *flag) & STEP_MASK) < want) {
         if (const int e = lim.check(a, fail)) return e;
     }
+    if (seen) *seen = w;
     return 0;
 }
 
 // One peer's half of a step: signal_one gives peer p this block's step (after a release fence,
 // so that the block's pushes that happened before it are visible first); wait_one waits for
 // peer p's signal of `step` and acquires its pushes. wait_one returns the failure (recorded,
-// unless it happened elsewhere) or 0. In checking mode the signature travels in the slot of
-// parity `par`: the step's parity for the stepped algorithms (a peer gives step s + 2 only after
-// this rank gave s + 1, so the two slots are enough); one slot for a whole pipelined call.
+// unless it happened elsewhere) or 0. In checking mode 16 bits of the signature travel in the
+// signal's word (sig16), compared where the word holds exactly the step waited for: a peer that
+// is further on had compared this rank's word of that step with its own (every stepped
+// algorithm signals step s + 1 only after its wait for s, which saw this rank's word of s, as
+// this rank is still waiting there), so the calls agree. The pipelined one-shot's pushers signal
+// without waiting, so it gives `last`, its call's last step: a word up to it belongs to the
+// peer's call of the same counter and is compared too. The whole signature, for the error, is
+// stored before the same fence into the slot of parity `par`: the step's parity for the stepped
+// algorithms (a peer gives step s + 2 only after this rank gave s + 1, so the two slots are
+// enough); one slot for a whole pipelined call.
 __device__ __forceinline__ void signal_one(const CollArgs& a, int p, u64 step, int par) {
     const int b = blockIdx.x;
+    if (a.check) a.sync[p][SIGS_OFF + (par * MAX_BLOCKS + b) * MAX_RANKS + a.rank] = a.sig;
     fence_sys();
-    if (a.check) {
-        a.sync[p][SIGS_OFF + (par * MAX_BLOCKS + b) * MAX_RANKS + a.rank] = a.sig;
-        fence_sys();
-    }
-    ((volatile u64*)a.sync[p])[FLAGS_OFF + b * MAX_RANKS + a.rank] = step;
+    ((volatile u64*)a.sync[p])[FLAGS_OFF + b * MAX_RANKS + a.rank] = step | (sig16(a) << STEP_BITS);
 }
 
-__device__ __forceinline__ int wait_one(const CollArgs& a, int p, u64 step, int par) {
+__device__ __forceinline__ int wait_one(const CollArgs& a, int p, u64 step, int par, u64 last = 0) {
     const int b = blockIdx.x;
     volatile u64* mine = a.sync[a.rank];
-    int e = wait_ge(a, mine + FLAGS_OFF + b * MAX_RANKS + p, step);
+    u64 seen = 0;
+    int e = wait_ge(a, mine + FLAGS_OFF + b * MAX_RANKS + p, step, &seen);
     fence_sys();  // acquire: the peer's pushes are visible after its signal
     u64 peer_sig = 0;
-    if (!e && a.check) {
-        peer_sig = mine[SIGS_OFF + (par * MAX_BLOCKS + b) * MAX_RANKS + p];
-        if (peer_sig != a.sig) e = F_MISMATCH;
+    if (a.check && !e) {
+        const u64 at = seen & STEP_MASK;
+        if ((at == step || at <= last) && (seen >> STEP_BITS) != sig16(a)) e = F_MISMATCH;
     }
+    if (e == F_MISMATCH) peer_sig = mine[SIGS_OFF + (par * MAX_BLOCKS + b) * MAX_RANKS + p];
     if (e && e != F_ELSEWHERE) record_failure(a, e, p, peer_sig);
     return e;
 }

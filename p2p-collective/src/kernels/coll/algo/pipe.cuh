@@ -74,7 +74,7 @@ __device__ void run_pipe(const CollArgs& a, u64 base, int* err) {
         for (u64 s = 0; s < S; ++s) {
             int e = 0;
             if (rt < (unsigned)N && rt != (unsigned)me) {
-                e = wait_one(a, (int)rt, base + s + 1, par);
+                e = wait_one(a, (int)rt, base + s + 1, par, base + (S | 1));
                 if (e) *err = e;  // read only after the final __syncthreads
             }
             if (in_place && rt == R - 1) {
