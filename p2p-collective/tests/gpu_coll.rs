@@ -1378,35 +1378,22 @@ fn gpu2_registered_buffers_matrix() {
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_push_all_reduce_registered_matrix() {
-    for overlap in [false, true] {
-        let tuned = without_ll(|t| {
-            if overlap {
-                t.overlap_min_bytes = 0;
-                t.overlap_chunks = 3;
-                t.piece_bytes = 1 << 10;
-            }
-        });
-        let options = Options {
-            forced: Forced::algo(Algo::Push),
-            ..tuned
-        };
-        registered_matrix(options, &[Op::AllReduce], |op, plan, in_place| {
-            for p in [plan, in_place] {
-                assert_eq!((p.algo, p.overlap), (Algo::Push, overlap), "{op}: {p:?}");
-                assert!(p.uses_windows(), "{p:?}");
-            }
-        });
-    }
+    forced_registered_matrix(Algo::Push, &[Op::AllReduce], true);
 }
 
-/// The split broadcast and reduce into registered outputs (forced): every count, type,
-/// reduction and root, in and out of place, with its steps in turn and then overlapped (pieces
-/// of 1 KiB, at least three chunks). On two ranks it cannot run (a split needs a non-root to
-/// forward to): the calls run as planned and are checked all the same.
+/// The split broadcast and reduce into registered outputs (forced), as the push all-reduce
+/// above, every root too. On two ranks it cannot run (a split needs a non-root to forward to):
+/// the calls run as planned and are checked all the same.
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_split_into_outputs_registered_matrix() {
-    let more = world() > 2;
+    forced_registered_matrix(Algo::SplitOut, &[Op::Broadcast, Op::Reduce], world() > 2);
+}
+
+/// `ops` on buffers registered on every rank with `algo` forced (`registered_matrix`), its steps
+/// in turn and then overlapped (pieces of 1 KiB, at least three chunks); `runs`: whether `algo`
+/// can run them at this world size (the plans are checked to be its, else not its).
+fn forced_registered_matrix(algo: Algo, ops: &[Op], runs: bool) {
     for overlap in [false, true] {
         let tuned = without_ll(|t| {
             if overlap {
@@ -1416,27 +1403,19 @@ fn gpu2_split_into_outputs_registered_matrix() {
             }
         });
         let options = Options {
-            forced: Forced::algo(Algo::SplitOut),
+            forced: Forced::algo(algo),
             ..tuned
         };
-        registered_matrix(
-            options,
-            &[Op::Broadcast, Op::Reduce],
-            |op, plan, in_place| {
-                for p in [plan, in_place] {
-                    if more {
-                        assert_eq!(
-                            (p.algo, p.overlap),
-                            (Algo::SplitOut, overlap),
-                            "{op}: {p:?}"
-                        );
-                        assert!(p.uses_windows(), "{p:?}");
-                    } else {
-                        assert_ne!(p.algo, Algo::SplitOut, "{op}: {p:?}");
-                    }
+        registered_matrix(options, ops, |op, plan, in_place| {
+            for p in [plan, in_place] {
+                if runs {
+                    assert_eq!((p.algo, p.overlap), (algo, overlap), "{op}: {p:?}");
+                    assert!(p.uses_windows(), "{p:?}");
+                } else {
+                    assert_ne!(p.algo, algo, "{op}: {p:?}");
                 }
-            },
-        );
+            }
+        });
     }
 }
 
