@@ -128,8 +128,8 @@ pub struct Plan {
     /// Rounds over the data.
     pub chunks: u64,
     /// A two-shot or push all-reduce, split broadcast or reduce (either kind), or one-shot
-    /// all-gather, reduce-scatter or all-to-all whose chunks' steps overlap: at step t stage k of chunk t - k, one barrier
-    /// a step ([`Tuning::overlap_min_bytes`]).
+    /// all-gather, reduce-scatter or all-to-all whose chunks' steps overlap: at step t stage k
+    /// of chunk t - k, one barrier a step ([`Tuning::overlap_min_bytes`]).
     pub overlap: bool,
     /// Why this algorithm and protocol, for the log.
     pub reason: &'static str,
