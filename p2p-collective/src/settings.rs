@@ -3,7 +3,7 @@
 //!
 //! | variable | values | default | effect |
 //! | --- | --- | --- | --- |
-//! | `P2P_ALGO` | `auto` or an algorithm's name ([`Algo::name`]: `oneshot`, `twoshot`, `ring`, `split`, `direct`, `pipe`, `push`, `splitout`) | `auto` | run every call that algorithm can run with it |
+//! | `P2P_ALGO` | `auto` or an algorithm's name ([`Algo::name`]: `oneshot`, `twoshot`, `ring`, `split`, `direct`, `pipe`, `push`, `splitout`, `relay`) | `auto` | run every call that algorithm can run with it |
 //! | `P2P_PROTO` | `auto` or a protocol's name ([`Proto::name`]: `ll`, `simple`, `ce`) | `auto` | run every call that protocol can carry with it |
 //! | `P2P_CHECK` | boolean | `0` | compare every call's operation, type, reduction, root and count across ranks on the GPU and fail on a mismatch |
 //! | `P2P_TIMEOUT_MS` | milliseconds, 1 to 86400000 (one day) | `30000` | how long a collective's kernel waits for a peer before it gives up with an error |

@@ -40,6 +40,12 @@
 #                 and overlapped, reduce and broadcast, f32, 2 MiB - 1 GiB by 8, beside NCCL's
 #                 plain and symmetric modes; ROUND 1 (default) in that order, 2 the reverse
 #                 (90 s a run). ~6 min at 4 ranks a round.
+#   relay [W [ROUND]]
+#                 the relayed broadcast (docs/performance.md, "The relayed broadcast") at W ranks
+#                 (default every GPU): P2P_ALGO=relay cut into at least 4, 8 and 16 chunks, and
+#                 P2P_ALGO=splitout overlapped, broadcast, f32, 2 MiB - 1 GiB by 8, beside NCCL's
+#                 plain and symmetric modes; ROUND 1 (default) in that order, 2 the reverse
+#                 (80 s a run). ~6 min at 4 ranks a round.
 #   host          `p2p-bench host` on 2, 3 and every GPU (those the machine has), two rounds: the
 #                 host's cost of one call, split (docs/performance.md, "Host cost of a call"; no
 #                 NCCL). ~2 min.
@@ -180,6 +186,23 @@ phase_splitout() {
     local -a flags=()
     [ "${v%-overlap}" != "$v" ] && flags=(--overlap-min-kib 0)
     P2P_ALGO=${v%-overlap} coll_run "splitout-w$w-$v-r$round" 90 --gpus "$w" --ops reduce,broadcast \
+      --types float --min-bytes 2097152 --max-mib 1024 --factor 8 --samples 10 \
+      --nccl-modes plain,symmetric "${flags[@]}"
+  done
+}
+
+phase_relay() {
+  local w=${1:-$n} round=${2:-1} v
+  local -a order=(relay-c4 relay-c8 relay-c16 splitout-overlap)
+  need "$w" || exit 0
+  same_nccl
+  [ "$round" = 2 ] && order=(splitout-overlap relay-c16 relay-c8 relay-c4)
+  for v in "${order[@]}"; do
+    # Only registered outputs can take the relay: the plain rows of its runs are planned as
+    # usual (the split), with the reason logged ("... they need the output registered").
+    local -a flags=(--overlap-chunks "${v#relay-c}")
+    [ "$v" = splitout-overlap ] && flags=(--overlap-min-kib 0)
+    P2P_ALGO=${v%%-*} coll_run "relay-w$w-$v-r$round" 80 --gpus "$w" --ops broadcast \
       --types float --min-bytes 2097152 --max-mib 1024 --factor 8 --samples 10 \
       --nccl-modes plain,symmetric "${flags[@]}"
   done

@@ -800,7 +800,8 @@ struct TuningArgs {
     /// chunks' steps (default: never; 0: at every size).
     #[arg(long)]
     overlap_min_kib: Option<usize>,
-    /// Planner: the fewest chunks an overlapped call is cut into, 1 to 64 (default 4).
+    /// Planner: the fewest chunks an overlapped call, and every relayed broadcast
+    /// (`P2P_ALGO=relay`), is cut into, 1 to 64 (default 4).
     #[arg(long)]
     overlap_chunks: Option<usize>,
 }

@@ -47,6 +47,13 @@ pub enum Algo {
     /// (broadcast); each non-root reduces its part over every rank straight into the root's
     /// output (reduce). Forced only (`P2P_ALGO=splitout`) until measured across GPUs.
     SplitOut,
+    /// The broadcast of [`SplitOut`](Self::SplitOut) with a ready flag per chunk instead of a
+    /// barrier over every peer between chunks: the root writes part j of each chunk straight
+    /// into the j-th non-root's output and flags it without waiting; each non-root forwards its
+    /// part as its flag lands, so the root's next chunk travels while the non-roots forward
+    /// this one. Cut into at least [`Tuning::overlap_chunks`](super::Tuning::overlap_chunks)
+    /// chunks. Forced only (`P2P_ALGO=relay`) until measured across GPUs.
+    Relay,
 }
 
 /// How each move of a call is carried and signalled.
@@ -65,7 +72,7 @@ pub enum Proto {
 
 impl Algo {
     /// Every algorithm, in code order.
-    pub const ALL: [Algo; 8] = [
+    pub const ALL: [Algo; 9] = [
         Algo::OneShot,
         Algo::TwoShot,
         Algo::Ring,
@@ -74,10 +81,11 @@ impl Algo {
         Algo::Pipe,
         Algo::Push,
         Algo::SplitOut,
+        Algo::Relay,
     ];
 
     /// The name `P2P_ALGO` and the logs use, which is also its kernel's (`coll_<type>_<name>`):
-    /// `oneshot`, `twoshot`, `ring`, `split`, `direct`, `pipe`, `push`, `splitout`.
+    /// `oneshot`, `twoshot`, `ring`, `split`, `direct`, `pipe`, `push`, `splitout`, `relay`.
     pub fn name(self) -> &'static str {
         match self {
             Algo::OneShot => "oneshot",
@@ -88,6 +96,7 @@ impl Algo {
             Algo::Pipe => "pipe",
             Algo::Push => "push",
             Algo::SplitOut => "splitout",
+            Algo::Relay => "relay",
         }
     }
 
@@ -108,6 +117,7 @@ impl Algo {
             Algo::OneShot => true,
             Algo::TwoShot | Algo::Ring | Algo::Pipe | Algo::Push => op == Op::AllReduce,
             Algo::Split | Algo::SplitOut => matches!(op, Op::Broadcast | Op::Reduce),
+            Algo::Relay => op == Op::Broadcast,
             Algo::Direct => matches!(
                 op,
                 Op::AllReduce | Op::AllGather | Op::ReduceScatter | Op::AllToAll
@@ -125,9 +135,10 @@ impl Algo {
             // (its reduce kernel waits for flags, not steps).
             (_, Proto::CopyEngine) => 4,
             (_, Proto::Ll) => 1,
-            // (The push all-reduce and the split into outputs add one closing barrier a call:
-            // `Plan::steps`.)
-            (Algo::OneShot | Algo::Push | Algo::SplitOut, Proto::Simple) => 1,
+            // (The push all-reduce and the split into outputs add one closing barrier a call,
+            // the split broadcast into outputs and the relay one opening barrier: `Plan::steps`.
+            // The relay's step a chunk is the root's flag, not a barrier.)
+            (Algo::OneShot | Algo::Push | Algo::SplitOut | Algo::Relay, Proto::Simple) => 1,
             (Algo::TwoShot | Algo::Split | Algo::Direct, Proto::Simple) => 2,
             (Algo::Ring, Proto::Simple) => (world as u64).saturating_sub(1).saturating_mul(2),
             (Algo::Pipe, Proto::Simple) => piece.div_ceil(sub.max(1)) | 1,
@@ -217,11 +228,11 @@ pub(super) fn fits(algo: Algo, proto: Proto, need: Need, tuning: &Tuning) -> Opt
         // The ring's steps are 2(n-1): on one rank none, and its last copy would read a slot
         // that nothing wrote.
         (Algo::Ring, Proto::Simple) if world < 2 => Some("a ring of one rank has no steps"),
-        (Algo::Split | Algo::SplitOut, Proto::Simple) if world <= 2 => {
+        (Algo::Split | Algo::SplitOut | Algo::Relay, Proto::Simple) if world <= 2 => {
             Some("a split needs more than two ranks (one non-root has nobody to forward to)")
         }
-        (Algo::SplitOut, Proto::Simple) if !access.output => Some(
-            "the split into outputs writes into the peers' outputs: it needs the output registered",
+        (Algo::SplitOut | Algo::Relay, Proto::Simple) if !access.output => Some(
+            "the split into outputs and the relay write into the peers' outputs: they need the output registered",
         ),
         (Algo::Direct, Proto::Simple) => {
             let reach = match op {
@@ -245,7 +256,13 @@ pub(super) fn fits(algo: Algo, proto: Proto, need: Need, tuning: &Tuning) -> Opt
             Some("the push all-reduce writes into every rank's output: it needs the output registered")
         }
         (
-            Algo::TwoShot | Algo::Ring | Algo::Split | Algo::Pipe | Algo::Push | Algo::SplitOut,
+            Algo::TwoShot
+            | Algo::Ring
+            | Algo::Split
+            | Algo::Pipe
+            | Algo::Push
+            | Algo::SplitOut
+            | Algo::Relay,
             Proto::Simple,
         ) => None,
     }

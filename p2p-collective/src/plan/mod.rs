@@ -149,22 +149,29 @@ impl Plan {
             .algo
             .steps_per_chunk(self.proto, world, self.piece, self.sub);
         // The kinds that write into the peers' outputs close with one barrier more (their
-        // peers' writes have landed).
+        // peers' writes have landed); the broadcasts into them open with one (every peer's
+        // output is free). The relay's last step a chunk is the non-roots' flags to each
+        // other, which stand for its close.
         let closing = u64::from(matches!(self.algo, Algo::Push | Algo::SplitOut));
+        let opening = u64::from(
+            self.algo == Algo::Relay || (self.algo, self.op) == (Algo::SplitOut, Op::Broadcast),
+        );
         let stepped = if self.overlap {
             // chunks + stages - 1 steps, a barrier between each two.
             self.chunks.saturating_add(per_chunk).saturating_sub(1)
         } else {
             self.chunks.saturating_mul(per_chunk)
         };
-        stepped.saturating_add(closing)
+        stepped.saturating_add(closing).saturating_add(opening)
     }
 
     /// Whether it reads or writes the peers' registered buffers (what
     /// [`Communicator::deregister`](crate::Communicator::deregister) waits for).
     pub fn uses_windows(&self) -> bool {
-        matches!(self.algo, Algo::Direct | Algo::Push | Algo::SplitOut)
-            || self.proto == Proto::CopyEngine
+        matches!(
+            self.algo,
+            Algo::Direct | Algo::Push | Algo::SplitOut | Algo::Relay
+        ) || self.proto == Proto::CopyEngine
     }
 
     /// The algorithm and protocol.
@@ -273,9 +280,11 @@ fn plan_call(call: &Call, world: usize, forced: Forced, tuning: &Tuning, access:
         _ => false,
     };
     let overlap = staged && proto == Proto::Simple && seg_bytes >= tuning.overlap_min_bytes;
+    // The relay's chunks pipeline through its flags, whatever the size: always cut into
+    // `overlap_chunks` chunks at least (it has no stages to overlap).
     let s = shape::shape(
         op,
-        (algo, proto, overlap),
+        (algo, proto, overlap || algo == Algo::Relay),
         (seg_bytes, bytes),
         units,
         elem,

@@ -97,8 +97,9 @@ pub struct Tuning {
     /// chunk c + 1 travels while chunk c is reduced or copied out, one barrier a step. Default `usize::MAX` (off): correct with ranks sharing
     /// one GPU, not yet measured across GPUs (docs/performance.md, "Overlapped steps").
     pub overlap_min_bytes: usize,
-    /// The fewest chunks an overlapped call is cut into (more where a block's piece would pass
-    /// `piece_bytes`). 1 to [`MAX_OVERLAP_CHUNKS`].
+    /// The fewest chunks an overlapped call, and every relayed broadcast ([`Algo::Relay`]), is
+    /// cut into (more where a block's piece would pass `piece_bytes`). 1 to
+    /// [`MAX_OVERLAP_CHUNKS`].
     pub overlap_chunks: usize,
 }
 

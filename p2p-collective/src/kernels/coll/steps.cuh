@@ -124,11 +124,14 @@ template <typename Chunk> __device__ __forceinline__ void run_stepped(const Coll
 //     two barriers later, after every peer has read it.
 // (docs/performance.md, "Overlapped steps".)
 // With CLOSE, one barrier more after the last stage: what the peers wrote straight into this
-// rank's own buffers (its registered output) has landed before the kernel ends.
+// rank's own buffers (its registered output) has landed before the kernel ends. With `open`,
+// one barrier before the first stage: every peer has entered the call, so that its registered
+// output is free before the first stage writes into it.
 template <int STAGES, bool CLOSE = false, typename Stage>
-__device__ __forceinline__ void run_staged(const CollArgs& a, Stage stage) {
+__device__ __forceinline__ void run_staged(const CollArgs& a, Stage stage, bool open = false) {
     with_counter(a, [&](u64 base, int* err) {
         u64 step = base;
+        if (open && barrier(a, ++step, err)) return;
         const u64 span = a.piece * (u64)gridDim.x;
         const u64 chunks = (a.count + span - 1) / span;
         const auto run = [&](int k, u64 c) {

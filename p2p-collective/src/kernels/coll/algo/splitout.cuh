@@ -8,8 +8,10 @@
 //   reduce     stage 0: every rank pushes part j of its input into its owner's scratch; stage 1:
 //              each owner reduces its part over every rank, in rank order, straight into the
 //              root's output
-// A closing barrier then tells every rank that the writes into its output have landed
-// (docs/performance.md, "The split into outputs"). Two stages a chunk (steps.cuh, run_staged).
+// The broadcast opens with a barrier (every peer has entered the call: its output is free before
+// the root's first writes); a closing barrier then tells every rank that the writes into its
+// output have landed (docs/performance.md, "The split into outputs"). Two stages a chunk
+// (steps.cuh, run_staged).
 // Overlapped, stage 0 of chunk c + 1 and stage 1 of chunk c write different chunks of the
 // outputs, and only stage 0 writes the scratch (reduce), so nothing written in one step is read
 // in it. In place: the broadcast root's input is its output, which nothing else writes; the
@@ -65,7 +67,7 @@ __device__ void run_splitout(const CollArgs& a) {
                 srcs[r] = r == me ? in + lo + mlo : (const T*)(slot(me, rpar, r) + mlo * E);
             reduce_into<T>((T*)(a.peer_out[a.root] + (lo + mlo) * E), dsts, 0, srcs, N, mhi - mlo, a.redop, N);
         }
-    });
+    }, a.op == OP_BROADCAST);
 }
 
 COLL_ENTRY(splitout, run_splitout)
