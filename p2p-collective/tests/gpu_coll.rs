@@ -1390,13 +1390,98 @@ fn gpu2_split_into_outputs_registered_matrix() {
     forced_registered_matrix(Algo::SplitOut, &[Op::Broadcast, Op::Reduce], world() > 2);
 }
 
-/// The relayed broadcast into registered outputs (forced), as the split into outputs above: cut
-/// into four chunks at least, then into pieces of 1 KiB (at least three chunks), so that most
-/// counts run many chunks, each flagged on its own. On two ranks it cannot run.
+/// The relayed broadcast and reduce into registered outputs (forced), as the split into outputs
+/// above: cut into four chunks at least, then into pieces of 1 KiB (at least three chunks), so
+/// that most counts run many chunks, each flagged on its own. On two ranks it cannot run.
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
-fn gpu2_relay_broadcast_registered_matrix() {
-    forced_registered_matrix(Algo::Relay, &[Op::Broadcast], world() > 2);
+fn gpu2_relay_registered_matrix() {
+    forced_registered_matrix(Algo::Relay, &[Op::Broadcast, Op::Reduce], world() > 2);
+}
+
+/// The relayed broadcast and reduce (forced) captured in a CUDA graph on registered outputs and
+/// replayed with changing inputs: a broadcast from rank 1, then a sum reduce into rank 0 over
+/// the same outputs, cut into 1 KiB pieces (about 70 chunks a call), so that a replay's calls
+/// meet the flags the calls before them left. On two ranks it plans as usual, checked all the
+/// same.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_relay_graph_replay() {
+    let options = Options {
+        forced: Forced::algo(Algo::Relay),
+        ..without_ll(|t| {
+            t.piece_bytes = 1 << 10;
+            t.overlap_chunks = 3;
+        })
+    };
+    let (devices, comms) = world_comms(options);
+    let n = comms.len();
+    let count = 70_001;
+    let (streams, mut ins, mut outs) = streams_and_buffers(&devices, count);
+    let refs: Vec<&Communicator> = comms.iter().collect();
+    // SAFETY: `outs` outlive the registrations, deregistered below first.
+    let regs =
+        unsafe { Communicator::register_all(&refs, &as_memory(&outs)) }.expect("register_all");
+    let registered = Access {
+        output: true,
+        ..Access::NONE
+    };
+    for op in [Op::Broadcast, Op::Reduce] {
+        let p = comms[0].plan_with(&Call::new(op, DataType::F32, count), registered);
+        assert_eq!(p.algo == Algo::Relay, n > 2, "{op}: {p:?}");
+    }
+    let mut graphs = Vec::new();
+    for r in 0..n {
+        let graph = capture(&streams[r], || {
+            comms[r]
+                .broadcast(&ins[r], &mut outs[r], count, DataType::F32, 1, &streams[r])
+                .expect("capture broadcast");
+            comms[r]
+                .reduce(
+                    &ins[r],
+                    &mut outs[r],
+                    count,
+                    DataType::F32,
+                    RedOp::Sum,
+                    0,
+                    &streams[r],
+                )
+                .expect("capture reduce");
+        });
+        graphs.push(graph.instantiate().expect("instantiate"));
+    }
+    let value =
+        |i: usize, replay: u32, r: usize| ((i as u32 + replay * 7 + r as u32 * 3) % 50) as f32;
+    for replay in 0..20u32 {
+        for r in 0..n {
+            let host: Vec<f32> = (0..count).map(|i| value(i, replay, r)).collect();
+            ins[r].copy_from_host(&host).expect("input");
+            outs[r].memset_u8(0xff).expect("poison");
+        }
+        // SAFETY: the captured calls use `comms`, `ins` and `outs`, all alive until the end of
+        // the test, and synchronised below before the host touches them.
+        unsafe { launch_all(&streams, &graphs) };
+        for r in 0..n {
+            comms[r].synchronize(&streams[r]).expect("sync");
+            let out = outs[r].to_host_vec::<f32>().expect("read");
+            // Rank 0 holds the sum; every other rank what rank 1 broadcast.
+            let wrong = (0..count)
+                .filter(|&i| {
+                    let want = if r == 0 {
+                        (0..n).map(|p| value(i, replay, p)).sum()
+                    } else {
+                        value(i, replay, 1)
+                    };
+                    out[i] != want
+                })
+                .count();
+            assert_eq!(wrong, 0, "replay {replay}, rank {r}");
+        }
+    }
+    for (r, reg) in regs.into_iter().enumerate() {
+        comms[r].deregister(reg).expect("deregister");
+    }
+    eprintln!("20 replays of a relayed broadcast and reduce on {n} ranks: 0 wrong");
 }
 
 /// `ops` on buffers registered on every rank with `algo` forced (`registered_matrix`), its steps

@@ -41,11 +41,11 @@
 #                 plain and symmetric modes; ROUND 1 (default) in that order, 2 the reverse
 #                 (90 s a run). ~6 min at 4 ranks a round.
 #   relay [W [ROUND]]
-#                 the relayed broadcast (docs/performance.md, "The relayed broadcast") at W ranks
-#                 (default every GPU): P2P_ALGO=relay cut into at least 4, 8 and 16 chunks, and
-#                 P2P_ALGO=splitout overlapped, broadcast, f32, 2 MiB - 1 GiB by 8, beside NCCL's
-#                 plain and symmetric modes; ROUND 1 (default) in that order, 2 the reverse
-#                 (80 s a run). ~6 min at 4 ranks a round.
+#                 the relayed broadcast and reduce (docs/performance.md, "The relayed broadcast
+#                 and reduce") at W ranks (default every GPU): P2P_ALGO=relay cut into at least
+#                 4, 8 and 16 chunks, and P2P_ALGO=splitout overlapped, reduce and broadcast,
+#                 f32, 2 MiB - 1 GiB by 8, beside NCCL's plain and symmetric modes; ROUND 1
+#                 (default) in that order, 2 the reverse (90 s a run). ~6 min at 4 ranks a round.
 #   host          `p2p-bench host` on 2, 3 and every GPU (those the machine has), two rounds: the
 #                 host's cost of one call, split (docs/performance.md, "Host cost of a call"; no
 #                 NCCL). ~2 min.
@@ -202,7 +202,7 @@ phase_relay() {
     # usual (the split), with the reason logged ("... they need the output registered").
     local -a flags=(--overlap-chunks "${v#relay-c}")
     [ "$v" = splitout-overlap ] && flags=(--overlap-min-kib 0)
-    P2P_ALGO=${v%%-*} coll_run "relay-w$w-$v-r$round" 80 --gpus "$w" --ops broadcast \
+    P2P_ALGO=${v%%-*} coll_run "relay-w$w-$v-r$round" 90 --gpus "$w" --ops reduce,broadcast \
       --types float --min-bytes 2097152 --max-mib 1024 --factor 8 --samples 10 \
       --nccl-modes plain,symmetric "${flags[@]}"
   done

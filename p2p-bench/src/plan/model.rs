@@ -90,9 +90,12 @@ pub fn traffic(plan: &Plan, bytes: usize, world: usize) -> Traffic {
         (Op::Broadcast | Op::Reduce, Algo::OneShot | Algo::Direct) => ((n - 1.0) * s, 2.0 * s),
         // As the split, with no copy out of the scratch: the parts land in the outputs.
         (Op::Broadcast | Op::Reduce, Algo::SplitOut) => (2.0 * s, s),
-        // Every rank's links carry the buffer once each way, the non-roots' forwards of chunk c
-        // under the root's chunk c + 1: one chunk's forward is left in the open.
-        (Op::Broadcast, Algo::Relay) => ((1.0 + 1.0 / plan.chunks.max(1) as f64) * s, s),
+        // Every rank's links carry the buffer about once each way, the second hop of chunk c
+        // (the non-roots' forwards, or their reduced parts) under the first of chunk c + 1: one
+        // chunk's second hop is left in the open.
+        (Op::Broadcast | Op::Reduce, Algo::Relay) => {
+            ((1.0 + 1.0 / plan.chunks.max(1) as f64) * s, s)
+        }
         // The root sends each part once; the non-roots forward; the root copies out.
         (Op::Broadcast | Op::Reduce, _) => (2.0 * s, 2.0 * s),
         // Each rank's part to every peer (or part q to rank q), then copied out or reduced.
@@ -114,8 +117,8 @@ pub fn modelled_us(plan: &Plan, bytes: usize, rates: Rates) -> f64 {
     // GB/s is bytes per nanosecond: bytes / (GB/s) / 1000 is microseconds.
     let wire_us = wire / rates.links_gbps / 1000.0;
     let local_us = local / LOCAL_GBPS / 1000.0;
-    // The relay's flag a chunk travels under its data: only its opening barrier and the
-    // non-roots' closing flags are waited for in the open.
+    // The relay's flag a chunk travels under its data: only its first and last flags (the
+    // broadcast's opening barrier, its closing flags) are waited for in the open.
     let steps = if plan.algo == Algo::Relay {
         2.0
     } else {

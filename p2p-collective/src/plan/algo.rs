@@ -47,12 +47,15 @@ pub enum Algo {
     /// (broadcast); each non-root reduces its part over every rank straight into the root's
     /// output (reduce). Forced only (`P2P_ALGO=splitout`) until measured across GPUs.
     SplitOut,
-    /// The broadcast of [`SplitOut`](Self::SplitOut) with a ready flag per chunk instead of a
-    /// barrier over every peer between chunks: the root writes part j of each chunk straight
-    /// into the j-th non-root's output and flags it without waiting; each non-root forwards its
-    /// part as its flag lands, so the root's next chunk travels while the non-roots forward
-    /// this one. Cut into at least [`Tuning::overlap_chunks`](super::Tuning::overlap_chunks)
-    /// chunks. Forced only (`P2P_ALGO=relay`) until measured across GPUs.
+    /// The broadcast and reduce of [`SplitOut`](Self::SplitOut) with a ready flag per chunk
+    /// instead of a barrier over every peer between chunks. Broadcast: the root writes part j
+    /// of each chunk straight into the j-th non-root's output and flags it without waiting;
+    /// each non-root forwards its part as its flag lands, so the root's next chunk travels
+    /// while the non-roots forward this one. Reduce: every rank pushes part j of each chunk
+    /// into the j-th non-root's scratch and flags it; each non-root reduces its part as the
+    /// flags land, straight into the root's output, and flags the root. Cut into at least
+    /// [`Tuning::overlap_chunks`](super::Tuning::overlap_chunks) chunks. Forced only
+    /// (`P2P_ALGO=relay`) until measured across GPUs.
     Relay,
 }
 
@@ -116,8 +119,7 @@ impl Algo {
         match self {
             Algo::OneShot => true,
             Algo::TwoShot | Algo::Ring | Algo::Pipe | Algo::Push => op == Op::AllReduce,
-            Algo::Split | Algo::SplitOut => matches!(op, Op::Broadcast | Op::Reduce),
-            Algo::Relay => op == Op::Broadcast,
+            Algo::Split | Algo::SplitOut | Algo::Relay => matches!(op, Op::Broadcast | Op::Reduce),
             Algo::Direct => matches!(
                 op,
                 Op::AllReduce | Op::AllGather | Op::ReduceScatter | Op::AllToAll
@@ -137,7 +139,7 @@ impl Algo {
             (_, Proto::Ll) => 1,
             // (The push all-reduce and the split into outputs add one closing barrier a call,
             // the split broadcast into outputs and the relay one opening barrier: `Plan::steps`.
-            // The relay's step a chunk is the root's flag, not a barrier.)
+            // The relay's step a chunk is a flag, not a barrier.)
             (Algo::OneShot | Algo::Push | Algo::SplitOut | Algo::Relay, Proto::Simple) => 1,
             (Algo::TwoShot | Algo::Split | Algo::Direct, Proto::Simple) => 2,
             (Algo::Ring, Proto::Simple) => (world as u64).saturating_sub(1).saturating_mul(2),

@@ -150,11 +150,10 @@ impl Plan {
             .steps_per_chunk(self.proto, world, self.piece, self.sub);
         // The kinds that write into the peers' outputs close with one barrier more (their
         // peers' writes have landed); the broadcasts into them open with one (every peer's
-        // output is free). The relay's last step a chunk is the non-roots' flags to each
-        // other, which stand for its close.
+        // output is free). The relay's flags of its last chunk stand for its close.
         let closing = u64::from(matches!(self.algo, Algo::Push | Algo::SplitOut));
         let opening = u64::from(
-            self.algo == Algo::Relay || (self.algo, self.op) == (Algo::SplitOut, Op::Broadcast),
+            matches!(self.algo, Algo::SplitOut | Algo::Relay) && self.op == Op::Broadcast,
         );
         let stepped = if self.overlap {
             // chunks + stages - 1 steps, a barrier between each two.

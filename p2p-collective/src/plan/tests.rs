@@ -409,39 +409,48 @@ fn the_split_into_outputs_runs_forced_on_more_than_two_ranks_with_registered_out
 }
 
 #[test]
-fn the_relay_runs_forced_broadcasts_on_more_than_two_ranks_with_registered_outputs() {
+fn the_relay_runs_forced_broadcasts_and_reduces_on_more_than_two_ranks_with_registered_outputs() {
     let out = access(false, true, false);
     let relay = Forced::algo(Algo::Relay);
-    let dtype = DataType::F32;
-    for (count, chunks) in [(1 << 10, 4), (1 << 22, 4), (1 << 22, 16), (1 << 28, 4)] {
-        let tuning = Tuning {
-            overlap_chunks: chunks,
-            ..t()
-        };
-        let p = plan_with(Op::Broadcast, dtype, count, 4, relay, &tuning, out);
-        assert_eq!(p.path(), (Algo::Relay, Proto::Simple), "{count}");
-        assert_eq!(p.entry, Entry::Algo(Algo::Relay));
-        assert!(p.uses_windows());
-        // Always cut into `overlap_chunks` chunks at least (its flags pipeline them), with no
-        // stages to overlap; more where a piece would pass `piece_bytes`.
-        assert!(!p.overlap);
-        assert!(p.chunks >= chunks as u64, "{count}: {p:?}");
-        assert!(
-            p.piece as usize * p.kernel_type.size() <= tuning.piece_bytes,
-            "{p:?}"
-        );
-        // One opening barrier, then the root's flag a chunk (the last standing for the close).
-        assert_eq!(p.steps(4), p.chunks + 1, "{p:?}");
+    for op in [Op::Broadcast, Op::Reduce] {
+        let dtype = DataType::F32;
+        for (count, chunks) in [(1 << 10, 4), (1 << 22, 4), (1 << 22, 16), (1 << 28, 4)] {
+            let tuning = Tuning {
+                overlap_chunks: chunks,
+                ..t()
+            };
+            let p = plan_with(op, dtype, count, 4, relay, &tuning, out);
+            assert_eq!(p.path(), (Algo::Relay, Proto::Simple), "{op} {count}");
+            assert_eq!(p.entry, Entry::Algo(Algo::Relay));
+            assert!(p.uses_windows());
+            // Always cut into `overlap_chunks` chunks at least (its flags pipeline them), with
+            // no stages to overlap; more where a piece would pass `piece_bytes`.
+            assert!(!p.overlap);
+            assert!(p.chunks >= chunks as u64, "{op} {count}: {p:?}");
+            assert!(
+                p.piece as usize * p.kernel_type.size() <= tuning.piece_bytes,
+                "{p:?}"
+            );
+            // A flag a chunk (the last chunk's standing for the close), and for the broadcast
+            // one opening barrier.
+            let opening = u64::from(op == Op::Broadcast);
+            assert_eq!(p.steps(4), p.chunks + opening, "{p:?}");
+        }
+        // Plain buffers, two ranks, or another collective: planned as usual, the reason logged.
+        let plain = plan(op, dtype, 1 << 22, 4, relay, &t());
+        assert_eq!(plain.path(), SPLIT);
+        assert!(plain.refused.unwrap_or_default().contains("registered"));
+        let two = plan_with(op, dtype, 1 << 22, 2, relay, &t(), out);
+        assert_eq!(two.path(), ONESHOT);
+        assert!(two.refused.unwrap_or_default().contains("more than two"));
     }
-    // Plain buffers, two ranks, or another collective: planned as usual, the reason logged.
-    let plain = plan(Op::Broadcast, dtype, 1 << 22, 4, relay, &t());
-    assert_eq!(plain.path(), SPLIT);
-    assert!(plain.refused.unwrap_or_default().contains("registered"));
-    let two = plan_with(Op::Broadcast, dtype, 1 << 22, 2, relay, &t(), out);
-    assert_eq!(two.path(), ONESHOT);
-    assert!(two.refused.unwrap_or_default().contains("more than two"));
-    for op in [Op::Reduce, Op::AllReduce, Op::AllGather] {
-        let other = plan_with(op, dtype, 1 << 22, 4, relay, &t(), out);
+    for op in [
+        Op::AllReduce,
+        Op::AllGather,
+        Op::ReduceScatter,
+        Op::AllToAll,
+    ] {
+        let other = plan_with(op, DataType::F32, 1 << 22, 4, relay, &t(), out);
         assert_ne!(other.algo, Algo::Relay, "{op}");
         assert!(other.refused.is_some(), "{op}");
     }
@@ -449,7 +458,15 @@ fn the_relay_runs_forced_broadcasts_on_more_than_two_ranks_with_registered_outpu
     for op in Op::ALL {
         for world in [3, 4, 8] {
             for count in [1 << 10, 1 << 22, 1 << 28] {
-                let auto = plan_with(op, dtype, count, world, Forced::default(), &t(), out);
+                let auto = plan_with(
+                    op,
+                    DataType::F32,
+                    count,
+                    world,
+                    Forced::default(),
+                    &t(),
+                    out,
+                );
                 assert_ne!(auto.algo, Algo::Relay, "{op}, {world} ranks, {count}");
             }
         }
