@@ -1390,20 +1390,22 @@ fn gpu2_split_into_outputs_registered_matrix() {
     forced_registered_matrix(Algo::SplitOut, &[Op::Broadcast, Op::Reduce], world() > 2);
 }
 
-/// The relayed broadcast and reduce into registered outputs (forced), as the split into outputs
-/// above: cut into four chunks at least, then into pieces of 1 KiB (at least three chunks), so
-/// that most counts run many chunks, each flagged on its own. On two ranks it cannot run.
+/// The relayed broadcast, reduce and all-reduce into registered outputs (forced), as the split
+/// into outputs above: cut into four chunks at least, then into pieces of 1 KiB (at least three
+/// chunks), so that most counts run many chunks, each flagged on its own. On two ranks the
+/// broadcast and reduce cannot run (planned as usual, checked all the same).
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_relay_registered_matrix() {
+    forced_registered_matrix(Algo::Relay, &[Op::AllReduce], true);
     forced_registered_matrix(Algo::Relay, &[Op::Broadcast, Op::Reduce], world() > 2);
 }
 
-/// The relayed broadcast and reduce (forced) captured in a CUDA graph on registered outputs and
-/// replayed with changing inputs: a broadcast from rank 1, then a sum reduce into rank 0 over
-/// the same outputs, cut into 1 KiB pieces (about 70 chunks a call), so that a replay's calls
-/// meet the flags the calls before them left. On two ranks it plans as usual, checked all the
-/// same.
+/// The relayed collectives (forced) captured in a CUDA graph on registered outputs and replayed
+/// with changing inputs: a broadcast from rank 1, then a sum reduce into rank 0 over the same
+/// outputs, then a sum all-reduce into other outputs, cut into 1 KiB pieces (about 70 chunks a
+/// call), so that a replay's calls meet the flags the calls before them left. On two ranks the
+/// broadcast and reduce plan as usual, checked all the same.
 #[test]
 #[ignore = "needs 2 GPUs with P2P"]
 fn gpu2_relay_graph_replay() {
@@ -1418,17 +1420,21 @@ fn gpu2_relay_graph_replay() {
     let n = comms.len();
     let count = 70_001;
     let (streams, mut ins, mut outs) = streams_and_buffers(&devices, count);
+    let (_, _, mut sums) = streams_and_buffers(&devices, count);
     let refs: Vec<&Communicator> = comms.iter().collect();
-    // SAFETY: `outs` outlive the registrations, deregistered below first.
-    let regs =
-        unsafe { Communicator::register_all(&refs, &as_memory(&outs)) }.expect("register_all");
+    let mut regs = Vec::new();
+    for bufs in [as_memory(&outs), as_memory(&sums)] {
+        // SAFETY: `outs` and `sums` outlive the registrations, deregistered below first.
+        regs.extend(unsafe { Communicator::register_all(&refs, &bufs) }.expect("register_all"));
+    }
     let registered = Access {
         output: true,
         ..Access::NONE
     };
-    for op in [Op::Broadcast, Op::Reduce] {
+    for op in [Op::Broadcast, Op::Reduce, Op::AllReduce] {
         let p = comms[0].plan_with(&Call::new(op, DataType::F32, count), registered);
-        assert_eq!(p.algo == Algo::Relay, n > 2, "{op}: {p:?}");
+        let relayed = n > 2 || op == Op::AllReduce;
+        assert_eq!(p.algo == Algo::Relay, relayed, "{op}: {p:?}");
     }
     let mut graphs = Vec::new();
     for r in 0..n {
@@ -1447,6 +1453,16 @@ fn gpu2_relay_graph_replay() {
                     &streams[r],
                 )
                 .expect("capture reduce");
+            comms[r]
+                .all_reduce(
+                    &ins[r],
+                    &mut sums[r],
+                    count,
+                    DataType::F32,
+                    RedOp::Sum,
+                    &streams[r],
+                )
+                .expect("capture all_reduce");
         });
         graphs.push(graph.instantiate().expect("instantiate"));
     }
@@ -1457,31 +1473,32 @@ fn gpu2_relay_graph_replay() {
             let host: Vec<f32> = (0..count).map(|i| value(i, replay, r)).collect();
             ins[r].copy_from_host(&host).expect("input");
             outs[r].memset_u8(0xff).expect("poison");
+            sums[r].memset_u8(0xff).expect("poison");
         }
-        // SAFETY: the captured calls use `comms`, `ins` and `outs`, all alive until the end of
-        // the test, and synchronised below before the host touches them.
+        // SAFETY: the captured calls use `comms`, `ins`, `outs` and `sums`, all alive until the
+        // end of the test, and synchronised below before the host touches them.
         unsafe { launch_all(&streams, &graphs) };
         for r in 0..n {
             comms[r].synchronize(&streams[r]).expect("sync");
             let out = outs[r].to_host_vec::<f32>().expect("read");
-            // Rank 0 holds the sum; every other rank what rank 1 broadcast.
+            let sum = sums[r].to_host_vec::<f32>().expect("read");
+            // Rank 0's output holds the sum, every other rank's what rank 1 broadcast; every
+            // rank's `sums` the sum.
             let wrong = (0..count)
                 .filter(|&i| {
-                    let want = if r == 0 {
-                        (0..n).map(|p| value(i, replay, p)).sum()
-                    } else {
-                        value(i, replay, 1)
-                    };
-                    out[i] != want
+                    let total: f32 = (0..n).map(|p| value(i, replay, p)).sum();
+                    let want = if r == 0 { total } else { value(i, replay, 1) };
+                    out[i] != want || sum[i] != total
                 })
                 .count();
             assert_eq!(wrong, 0, "replay {replay}, rank {r}");
         }
     }
-    for (r, reg) in regs.into_iter().enumerate() {
-        comms[r].deregister(reg).expect("deregister");
+    // `register_all` gives one registration per rank, in rank order, per buffer set.
+    for (i, reg) in regs.into_iter().enumerate() {
+        comms[i % n].deregister(reg).expect("deregister");
     }
-    eprintln!("20 replays of a relayed broadcast and reduce on {n} ranks: 0 wrong");
+    eprintln!("20 replays of a relayed broadcast, reduce and all-reduce on {n} ranks: 0 wrong");
 }
 
 /// `ops` on buffers registered on every rank with `algo` forced (`registered_matrix`), its steps

@@ -41,11 +41,12 @@
 #                 plain and symmetric modes; ROUND 1 (default) in that order, 2 the reverse
 #                 (90 s a run). ~6 min at 4 ranks a round.
 #   relay [W [ROUND]]
-#                 the relayed broadcast and reduce (docs/performance.md, "The relayed broadcast
-#                 and reduce") at W ranks (default every GPU): P2P_ALGO=relay cut into at least
-#                 4, 8 and 16 chunks, and P2P_ALGO=splitout overlapped, reduce and broadcast,
-#                 f32, 2 MiB - 1 GiB by 8, beside NCCL's plain and symmetric modes; ROUND 1
-#                 (default) in that order, 2 the reverse (90 s a run). ~6 min at 4 ranks a round.
+#                 the relayed collectives (docs/performance.md, "The relayed collectives") at W
+#                 ranks (default every GPU): P2P_ALGO=relay cut into at least 4, 8 and 16
+#                 chunks, all-reduce, reduce and broadcast, and P2P_ALGO=splitout overlapped,
+#                 reduce and broadcast, f32, 2 MiB - 1 GiB by 8, beside NCCL's plain and
+#                 symmetric modes; ROUND 1 (default) in that order, 2 the reverse (120 s a run).
+#                 ~7 min at 4 ranks a round.
 #   host          `p2p-bench host` on 2, 3 and every GPU (those the machine has), two rounds: the
 #                 host's cost of one call, split (docs/performance.md, "Host cost of a call"; no
 #                 NCCL). ~2 min.
@@ -200,9 +201,9 @@ phase_relay() {
   for v in "${order[@]}"; do
     # Only registered outputs can take the relay: the plain rows of its runs are planned as
     # usual (the split), with the reason logged ("... they need the output registered").
-    local -a flags=(--overlap-chunks "${v#relay-c}")
-    [ "$v" = splitout-overlap ] && flags=(--overlap-min-kib 0)
-    P2P_ALGO=${v%%-*} coll_run "relay-w$w-$v-r$round" 90 --gpus "$w" --ops reduce,broadcast \
+    local -a flags=(--overlap-chunks "${v#relay-c}") ops=all_reduce,reduce,broadcast
+    [ "$v" = splitout-overlap ] && flags=(--overlap-min-kib 0) ops=reduce,broadcast
+    P2P_ALGO=${v%%-*} coll_run "relay-w$w-$v-r$round" 120 --gpus "$w" --ops "$ops" \
       --types float --min-bytes 2097152 --max-mib 1024 --factor 8 --samples 10 \
       --nccl-modes plain,symmetric "${flags[@]}"
   done

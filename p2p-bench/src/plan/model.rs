@@ -85,7 +85,9 @@ pub fn traffic(plan: &Plan, bytes: usize, world: usize) -> Traffic {
         (Op::AllReduce, Algo::TwoShot) => (2.0 * f * s, 2.0 * f * s + (n + 1.0) * s / n),
         (Op::AllReduce, Algo::Ring) => (2.0 * f * s, 3.0 * f * s),
         // Writes only, straight into the outputs: no copy out.
-        (Op::AllReduce, Algo::Push | Algo::Direct) => (2.0 * f * s, (n + 1.0) * s / n),
+        (Op::AllReduce, Algo::Push | Algo::Direct | Algo::Relay) => {
+            (2.0 * f * s, (n + 1.0) * s / n)
+        }
         // The root's links carry the whole buffer to (or from) every peer.
         (Op::Broadcast | Op::Reduce, Algo::OneShot | Algo::Direct) => ((n - 1.0) * s, 2.0 * s),
         // As the split, with no copy out of the scratch: the parts land in the outputs.
@@ -117,8 +119,8 @@ pub fn modelled_us(plan: &Plan, bytes: usize, rates: Rates) -> f64 {
     // GB/s is bytes per nanosecond: bytes / (GB/s) / 1000 is microseconds.
     let wire_us = wire / rates.links_gbps / 1000.0;
     let local_us = local / LOCAL_GBPS / 1000.0;
-    // The relay's flag a chunk travels under its data: only its first and last flags (the
-    // broadcast's opening barrier, its closing flags) are waited for in the open.
+    // The relay's flags travel under its data: only its first and last (the broadcast's
+    // opening barrier, the closing flags) are waited for in the open.
     let steps = if plan.algo == Algo::Relay {
         2.0
     } else {

@@ -47,13 +47,16 @@ pub enum Algo {
     /// (broadcast); each non-root reduces its part over every rank straight into the root's
     /// output (reduce). Forced only (`P2P_ALGO=splitout`) until measured across GPUs.
     SplitOut,
-    /// The broadcast and reduce of [`SplitOut`](Self::SplitOut) with a ready flag per chunk
-    /// instead of a barrier over every peer between chunks. Broadcast: the root writes part j
-    /// of each chunk straight into the j-th non-root's output and flags it without waiting;
-    /// each non-root forwards its part as its flag lands, so the root's next chunk travels
-    /// while the non-roots forward this one. Reduce: every rank pushes part j of each chunk
-    /// into the j-th non-root's scratch and flags it; each non-root reduces its part as the
-    /// flags land, straight into the root's output, and flags the root. Cut into at least
+    /// The broadcast and reduce of [`SplitOut`](Self::SplitOut) and the all-reduce of
+    /// [`Push`](Self::Push) with a ready flag per chunk instead of a barrier over every peer
+    /// between chunks. Broadcast: the root writes part j of each chunk straight into the j-th
+    /// non-root's output and flags it without waiting; each non-root forwards its part as its
+    /// flag lands, so the root's next chunk travels while the non-roots forward this one.
+    /// Reduce: every rank pushes part j of each chunk into the j-th non-root's scratch and
+    /// flags it; each non-root reduces its part as the flags land, straight into the root's
+    /// output, and flags the root. All-reduce: every rank pushes part q of each chunk into rank
+    /// q's scratch and flags it, reduces its own part as the flags land straight into every
+    /// rank's output, and flags each. Cut into at least
     /// [`Tuning::overlap_chunks`](super::Tuning::overlap_chunks) chunks. Forced only
     /// (`P2P_ALGO=relay`) until measured across GPUs.
     Relay,
@@ -119,7 +122,8 @@ impl Algo {
         match self {
             Algo::OneShot => true,
             Algo::TwoShot | Algo::Ring | Algo::Pipe | Algo::Push => op == Op::AllReduce,
-            Algo::Split | Algo::SplitOut | Algo::Relay => matches!(op, Op::Broadcast | Op::Reduce),
+            Algo::Split | Algo::SplitOut => matches!(op, Op::Broadcast | Op::Reduce),
+            Algo::Relay => matches!(op, Op::Broadcast | Op::Reduce | Op::AllReduce),
             Algo::Direct => matches!(
                 op,
                 Op::AllReduce | Op::AllGather | Op::ReduceScatter | Op::AllToAll
@@ -230,12 +234,18 @@ pub(super) fn fits(algo: Algo, proto: Proto, need: Need, tuning: &Tuning) -> Opt
         // The ring's steps are 2(n-1): on one rank none, and its last copy would read a slot
         // that nothing wrote.
         (Algo::Ring, Proto::Simple) if world < 2 => Some("a ring of one rank has no steps"),
-        (Algo::Split | Algo::SplitOut | Algo::Relay, Proto::Simple) if world <= 2 => {
+        (Algo::Split | Algo::SplitOut, Proto::Simple) if world <= 2 => {
+            Some("a split needs more than two ranks (one non-root has nobody to forward to)")
+        }
+        (Algo::Relay, Proto::Simple) if world <= 2 && op != Op::AllReduce => {
             Some("a split needs more than two ranks (one non-root has nobody to forward to)")
         }
         (Algo::SplitOut | Algo::Relay, Proto::Simple) if !access.output => Some(
             "the split into outputs and the relay write into the peers' outputs: they need the output registered",
         ),
+        (Algo::Relay, Proto::Simple) if world < 2 => {
+            Some("the relay moves data between ranks: one rank has none to move")
+        }
         (Algo::Direct, Proto::Simple) => {
             let reach = match op {
                 Op::AllReduce => access.input && access.output,

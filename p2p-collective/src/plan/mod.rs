@@ -150,11 +150,18 @@ impl Plan {
             .steps_per_chunk(self.proto, world, self.piece, self.sub);
         // The kinds that write into the peers' outputs close with one barrier more (their
         // peers' writes have landed); the broadcasts into them open with one (every peer's
-        // output is free). The relay's flags of its last chunk stand for its close.
+        // output is free). The relay's flags of its last chunk stand for its close; its
+        // reduce's counter passes two steps more (its non-roots' flags to the root run one
+        // ahead, and it ends on the last chunk's parity), its all-reduce's two a chunk
+        // (`kernels/coll/algo/relay.cuh`).
         let closing = u64::from(matches!(self.algo, Algo::Push | Algo::SplitOut));
-        let opening = u64::from(
-            matches!(self.algo, Algo::SplitOut | Algo::Relay) && self.op == Op::Broadcast,
-        );
+        let opening = match (self.algo, self.op) {
+            (Algo::SplitOut | Algo::Relay, Op::Broadcast) => 1,
+            // Two flags a chunk (pushed, then written into the outputs).
+            (Algo::Relay, Op::AllReduce) => self.chunks,
+            (Algo::Relay, _) => 2,
+            _ => 0,
+        };
         let stepped = if self.overlap {
             // chunks + stages - 1 steps, a barrier between each two.
             self.chunks.saturating_add(per_chunk).saturating_sub(1)

@@ -409,10 +409,10 @@ fn the_split_into_outputs_runs_forced_on_more_than_two_ranks_with_registered_out
 }
 
 #[test]
-fn the_relay_runs_forced_broadcasts_and_reduces_on_more_than_two_ranks_with_registered_outputs() {
+fn the_relay_runs_forced_with_registered_outputs_rooted_calls_on_more_than_two_ranks() {
     let out = access(false, true, false);
     let relay = Forced::algo(Algo::Relay);
-    for op in [Op::Broadcast, Op::Reduce] {
+    for op in [Op::Broadcast, Op::Reduce, Op::AllReduce] {
         let dtype = DataType::F32;
         for (count, chunks) in [(1 << 10, 4), (1 << 22, 4), (1 << 22, 16), (1 << 28, 4)] {
             let tuning = Tuning {
@@ -432,24 +432,29 @@ fn the_relay_runs_forced_broadcasts_and_reduces_on_more_than_two_ranks_with_regi
                 "{p:?}"
             );
             // A flag a chunk (the last chunk's standing for the close), and for the broadcast
-            // one opening barrier.
-            let opening = u64::from(op == Op::Broadcast);
-            assert_eq!(p.steps(4), p.chunks + opening, "{p:?}");
+            // one opening barrier; the reduce's counter passes two steps more; the
+            // all-reduce flags twice a chunk.
+            let steps = match op {
+                Op::Broadcast => p.chunks + 1,
+                Op::Reduce => p.chunks + 2,
+                _ => 2 * p.chunks,
+            };
+            assert_eq!(p.steps(4), steps, "{p:?}");
         }
-        // Plain buffers, two ranks, or another collective: planned as usual, the reason logged.
+        // Plain buffers: planned as usual, the reason logged.
         let plain = plan(op, dtype, 1 << 22, 4, relay, &t());
-        assert_eq!(plain.path(), SPLIT);
+        assert_ne!(plain.algo, Algo::Relay, "{op}");
         assert!(plain.refused.unwrap_or_default().contains("registered"));
+        // Two ranks: the all-reduce runs; broadcast and reduce are planned as usual.
         let two = plan_with(op, dtype, 1 << 22, 2, relay, &t(), out);
-        assert_eq!(two.path(), ONESHOT);
-        assert!(two.refused.unwrap_or_default().contains("more than two"));
+        if op == Op::AllReduce {
+            assert_eq!(two.path(), (Algo::Relay, Proto::Simple));
+        } else {
+            assert_eq!(two.path(), ONESHOT);
+            assert!(two.refused.unwrap_or_default().contains("more than two"));
+        }
     }
-    for op in [
-        Op::AllReduce,
-        Op::AllGather,
-        Op::ReduceScatter,
-        Op::AllToAll,
-    ] {
+    for op in [Op::AllGather, Op::ReduceScatter, Op::AllToAll] {
         let other = plan_with(op, DataType::F32, 1 << 22, 4, relay, &t(), out);
         assert_ne!(other.algo, Algo::Relay, "{op}");
         assert!(other.refused.is_some(), "{op}");
