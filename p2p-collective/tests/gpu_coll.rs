@@ -79,6 +79,42 @@ unsafe fn launch_all(streams: &[Stream], graphs: &[GraphExec]) {
     }
 }
 
+/// Element i of rank r's input in replay `replay` of the graph-replay tests: small integers, so
+/// that sums in any type are exact.
+fn input_value(i: usize, replay: u32, r: usize) -> f32 {
+    ((i as u32 + replay * 7 + r as u32 * 3) % 50) as f32
+}
+
+/// Replay `replay` of every rank's graph: rank r's input set to `input_value(_, replay, r)`,
+/// rank r's buffer of each set in `poisoned` filled with 0xff bytes, then every graph launched
+/// and waited for.
+///
+/// # Safety
+/// What the graphs use is alive until this returns.
+unsafe fn replay_all(
+    comms: &[Communicator],
+    streams: &[Stream],
+    graphs: &[GraphExec],
+    ins: &mut [DeviceBuffer<f32>],
+    poisoned: &mut [&mut Vec<DeviceBuffer<f32>>],
+    replay: u32,
+) {
+    for (r, input) in ins.iter_mut().enumerate() {
+        let host: Vec<f32> = (0..input.len())
+            .map(|i| input_value(i, replay, r))
+            .collect();
+        input.copy_from_host(&host).expect("input");
+        for set in poisoned.iter_mut() {
+            set[r].memset_u8(0xff).expect("poison");
+        }
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { launch_all(streams, graphs) };
+    for (comm, stream) in comms.iter().zip(streams) {
+        comm.synchronize(stream).expect("sync");
+    }
+}
+
 /// Waits for every rank's stream.
 fn synchronize_all(comms: &[Communicator], streams: &[Stream]) {
     for (c, s) in comms.iter().zip(streams) {
@@ -618,31 +654,27 @@ fn graph_replay_with_changing_inputs(options: Options, ce: bool) {
         graphs.push(graph.instantiate().expect("instantiate"));
     }
     for replay in 0..20u32 {
-        for r in 0..n {
-            let host: Vec<f32> = (0..count)
-                .map(|i| ((i as u32 + replay * 7 + r as u32 * 3) % 50) as f32)
-                .collect();
-            ins[r].copy_from_host(&host).expect("input");
-            outs[r].memset_u8(0xff).expect("poison");
-            gathered[r].memset_u8(0xff).expect("poison");
-        }
         // SAFETY: the captured calls use `comms`, `ins`, `outs` and `gathered`, all alive
-        // until the end of the test, and synchronised below before the host touches them.
-        unsafe { launch_all(&streams, &graphs) };
+        // until the end of the test.
+        unsafe {
+            replay_all(
+                &comms,
+                &streams,
+                &graphs,
+                &mut ins,
+                &mut [&mut outs, &mut gathered],
+                replay,
+            )
+        };
         for r in 0..n {
-            comms[r].synchronize(&streams[r]).expect("sync");
             let out = outs[r].to_host_vec::<f32>().expect("read");
             let g = gathered[r].to_host_vec::<f32>().expect("read");
             let mut wrong = 0;
             for i in 0..count {
-                let want: f32 = (0..n)
-                    .map(|p| ((i as u32 + replay * 7 + p as u32 * 3) % 50) as f32)
-                    .sum();
+                let want: f32 = (0..n).map(|p| input_value(i, replay, p)).sum();
                 wrong += (out[i] != want) as usize;
                 for p in 0..n {
-                    wrong += (g[p * count + i]
-                        != ((i as u32 + replay * 7 + p as u32 * 3) % 50) as f32)
-                        as usize;
+                    wrong += (g[p * count + i] != input_value(i, replay, p)) as usize;
                 }
             }
             assert_eq!(wrong, 0, "replay {replay}, rank {r}");
@@ -1466,28 +1498,32 @@ fn gpu2_relay_graph_replay() {
         });
         graphs.push(graph.instantiate().expect("instantiate"));
     }
-    let value =
-        |i: usize, replay: u32, r: usize| ((i as u32 + replay * 7 + r as u32 * 3) % 50) as f32;
     for replay in 0..20u32 {
-        for r in 0..n {
-            let host: Vec<f32> = (0..count).map(|i| value(i, replay, r)).collect();
-            ins[r].copy_from_host(&host).expect("input");
-            outs[r].memset_u8(0xff).expect("poison");
-            sums[r].memset_u8(0xff).expect("poison");
-        }
         // SAFETY: the captured calls use `comms`, `ins`, `outs` and `sums`, all alive until the
-        // end of the test, and synchronised below before the host touches them.
-        unsafe { launch_all(&streams, &graphs) };
+        // end of the test.
+        unsafe {
+            replay_all(
+                &comms,
+                &streams,
+                &graphs,
+                &mut ins,
+                &mut [&mut outs, &mut sums],
+                replay,
+            )
+        };
         for r in 0..n {
-            comms[r].synchronize(&streams[r]).expect("sync");
             let out = outs[r].to_host_vec::<f32>().expect("read");
             let sum = sums[r].to_host_vec::<f32>().expect("read");
             // Rank 0's output holds the sum, every other rank's what rank 1 broadcast; every
             // rank's `sums` the sum.
             let wrong = (0..count)
                 .filter(|&i| {
-                    let total: f32 = (0..n).map(|p| value(i, replay, p)).sum();
-                    let want = if r == 0 { total } else { value(i, replay, 1) };
+                    let total: f32 = (0..n).map(|p| input_value(i, replay, p)).sum();
+                    let want = if r == 0 {
+                        total
+                    } else {
+                        input_value(i, replay, 1)
+                    };
                     out[i] != want || sum[i] != total
                 })
                 .count();

@@ -333,21 +333,7 @@ fn the_push_all_reduce_runs_forced_on_a_registered_output_only() {
     let plain = plan(Op::AllReduce, DataType::F32, 1 << 22, 4, push, &t());
     assert_eq!(plain.path(), TWOSHOT);
     assert!(plain.refused.unwrap_or_default().contains("registered"));
-    // Nothing picks it unforced.
-    for world in [2, 4, 8] {
-        for count in [1 << 10, 1 << 22, 1 << 28] {
-            let auto = plan_with(
-                Op::AllReduce,
-                DataType::F32,
-                count,
-                world,
-                Forced::default(),
-                &t(),
-                out,
-            );
-            assert_ne!(auto.algo, Algo::Push, "{world} ranks, {count}");
-        }
-    }
+    assert_never_picked(Algo::Push, &[Op::AllReduce], &[2, 4, 8]);
     // Overlapped: two stages, chunks + 1 steps with the closing one.
     let tuning = Tuning {
         overlap_min_bytes: 0,
@@ -359,6 +345,28 @@ fn the_push_all_reduce_runs_forced_on_a_registered_output_only() {
         "{o:?}"
     );
     assert_eq!(o.steps(4), o.chunks + 1);
+}
+
+/// Asserts that the planner, with nothing forced and registered outputs, never picks `algo` for
+/// `ops` on `worlds` ranks at 1 Ki, 4 Mi and 256 Mi f32 elements.
+fn assert_never_picked(algo: Algo, ops: &[Op], worlds: &[usize]) {
+    let out = access(false, true, false);
+    for &op in ops {
+        for &world in worlds {
+            for count in [1 << 10, 1 << 22, 1 << 28] {
+                let auto = plan_with(
+                    op,
+                    DataType::F32,
+                    count,
+                    world,
+                    Forced::default(),
+                    &t(),
+                    out,
+                );
+                assert_ne!(auto.algo, algo, "{op}, {world} ranks, {count}");
+            }
+        }
+    }
 }
 
 #[test]
@@ -387,13 +395,7 @@ fn the_split_into_outputs_runs_forced_on_more_than_two_ranks_with_registered_out
         let ar = plan_with(Op::AllReduce, dtype, 1 << 22, 4, split_out, &t(), out);
         assert_ne!(ar.algo, Algo::SplitOut);
         assert!(ar.refused.is_some());
-        // Nothing picks it unforced.
-        for world in [3, 4, 8] {
-            for count in [1 << 10, 1 << 22, 1 << 28] {
-                let auto = plan_with(op, dtype, count, world, Forced::default(), &t(), out);
-                assert_ne!(auto.algo, Algo::SplitOut, "{op}, {world} ranks, {count}");
-            }
-        }
+        assert_never_picked(Algo::SplitOut, &[op], &[3, 4, 8]);
         // Overlapped: two stages, chunks + 1 steps with the closing one (and the opening one).
         let tuning = Tuning {
             overlap_min_bytes: 0,
@@ -459,23 +461,7 @@ fn the_relay_runs_forced_with_registered_outputs_rooted_calls_on_more_than_two_r
         assert_ne!(other.algo, Algo::Relay, "{op}");
         assert!(other.refused.is_some(), "{op}");
     }
-    // Nothing picks it unforced.
-    for op in Op::ALL {
-        for world in [3, 4, 8] {
-            for count in [1 << 10, 1 << 22, 1 << 28] {
-                let auto = plan_with(
-                    op,
-                    DataType::F32,
-                    count,
-                    world,
-                    Forced::default(),
-                    &t(),
-                    out,
-                );
-                assert_ne!(auto.algo, Algo::Relay, "{op}, {world} ranks, {count}");
-            }
-        }
-    }
+    assert_never_picked(Algo::Relay, &Op::ALL, &[2, 3, 4, 8]);
 }
 
 #[test]
