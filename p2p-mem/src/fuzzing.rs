@@ -1,7 +1,7 @@
 //! Entry points for fuzzing what this crate parses from another process's bytes: the handle
 //! envelope and the four handle payloads (`wire`, `ipc`, `vmm`), and the framed messages of the
 //! fd channel. Each takes any bytes, never panics on them, and checks what the format promises;
-//! a panic is a bug. `fuzz/` drives them with cargo-fuzz (libFuzzer), and `tests/fuzz.rs` for a
+//! a panic is a bug. `fuzz/` drives them with cargo-fuzz (libFuzzer), and `tests/fuzz/` for a
 //! fixed time on stable. Not an API for programs.
 
 use crate::ipc::{IpcEventHandle, IpcMemHandle};

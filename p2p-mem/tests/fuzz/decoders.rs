@@ -1,8 +1,8 @@
 //! Every handle decoder (`from_bytes` of the four handle kinds) under random mutation of valid
 //! handles: none panics, and every input one accepts re-encodes to exactly the same bytes, so
 //! no field is silently dropped and no two encodings stand for one handle. The header is
-//! fuzzed on its own in `wire`'s unit tests; this reaches the payload parsers behind it. Runs
-//! in CI (no GPU), in well under a second.
+//! fuzzed on its own in `wire`'s unit tests; this reaches the payload parsers behind it. In
+//! well under a second.
 
 use p2p_mem::ipc::{IpcEventHandle, IpcMemHandle};
 use p2p_mem::vmm::{FabricHandle, VmmHandle};

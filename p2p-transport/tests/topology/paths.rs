@@ -1,28 +1,12 @@
-//! The path model on every recorded or modelled machine in `fixtures/`. Runs in CI (no GPU).
+//! The path model on every recorded or modelled machine in `fixtures/`.
 
 use p2p_testkit::assert_contains;
+
+use super::load;
 use p2p_transport::topo::{
     render_matrix, render_p2p_matrix, render_paths, Connection, P2pMatrix, PathLevel, Topology,
     TopologyError,
 };
-
-fn load(name: &str) -> Topology {
-    // The bundle's run.sh points here at its copy of the fixtures (no source tree on GPU machines).
-    let dir = std::env::var("P2PTEST_FIXTURES")
-        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures").into());
-    let path = format!("{dir}/{name}");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let t = Topology::from_json(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
-    // Every fixture survives a round trip unchanged.
-    assert_eq!(
-        Topology::from_json(&t.to_json())
-            .map_err(|e| e.to_string())
-            .as_ref(),
-        Ok(&t),
-        "{name} round trip"
-    );
-    t
-}
 
 /// A direct NVLink connection of `links` links of `generation`.
 fn nvlink(links: u32, generation: u32) -> Connection {

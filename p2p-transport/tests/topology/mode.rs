@@ -1,18 +1,12 @@
-//! Mode selection on every topology fixture and every configuration override. Runs in CI.
+//! Mode selection on every topology fixture and every configuration override.
 
 use p2p_testkit::assert_contains;
 use p2p_transport::config::{Config, ForcedMode, PathLevel, Switch};
 use p2p_transport::mode::{
     one_process, process_per_gpu, select, Direction, Endpoint, Engine, Mode, ModeError, Route,
 };
-use p2p_transport::topo::Topology;
 
-fn load(name: &str) -> Topology {
-    let dir = std::env::var("P2PTEST_FIXTURES")
-        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures").into());
-    Topology::from_json(&std::fs::read_to_string(format!("{dir}/{name}")).expect("fixture"))
-        .expect("valid")
-}
+use super::load;
 
 fn route(routes: &[Route], from: usize, to: usize) -> &Route {
     routes

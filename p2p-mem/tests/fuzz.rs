@@ -1,5 +1,0 @@
-//! The fuzz targets of `p2p_mem::fuzzing`, each for a fixed time on stable (`P2PTEST_FUZZ_MS`,
-//! default 1 s; `P2PTEST_SEED` replays a run): what cargo-fuzz runs longer from `fuzz/`. Runs
-//! in CI (no GPU).
-
-p2p_testkit::fuzz_tests!(p2p_mem; handles, messages);
