@@ -1619,10 +1619,39 @@ fn registered_matrix(
     let mut counts = counts();
     counts.extend([4096, 65536]);
     let max = counts.iter().copied().max().unwrap_or(1);
-    let mut ls = locals(options, max);
+    let Some((mut ls, regs)) = registered_locals(options, max) else {
+        return;
+    };
+    let access = Access {
+        input: true,
+        output: true,
+        ..Access::NONE
+    };
+    for &op in ops {
+        let call = Call::new(op, DataType::F32, 4096);
+        let in_place = Access {
+            in_place: true,
+            ..access
+        };
+        expect(
+            op,
+            &ls[0].comm.plan_with(&call, access),
+            &ls[0].comm.plan_with(&call, in_place),
+        );
+    }
+    let s = run_matrix(&mut ls, ops, &counts);
+    deregister_locals(&ls, regs);
+    s.assert_exact("registered");
+}
+
+/// Communicators with `options` and buffers of `max` elements on every rank, each rank's input
+/// and output registered on every rank (inputs first); `None` where the communicators cannot
+/// register (host-staged, `P2P_DISABLE=1`), after checking that registration is refused.
+fn registered_locals(options: Options, max: usize) -> Option<(Vec<Local>, Vec<Registration>)> {
+    let ls = locals(options, max);
     if !ls[0].comm.sharing().is_p2p() {
         assert_registration_refused(&ls);
-        return;
+        return None;
     }
     let regs: Vec<_> = [0, 1]
         .iter()
@@ -1637,33 +1666,71 @@ fn registered_matrix(
                     }
                 })
                 .collect();
-            // SAFETY: the buffers live in `ls` and are deregistered below, before it drops.
+            // SAFETY: the buffers live in `ls`; the caller deregisters them
+            // (`deregister_locals`) before it drops `ls`.
             unsafe { register_locals(&ls, &bufs) }
         })
         .collect();
-    let access = Access {
+    Some((ls, regs))
+}
+
+/// Drops what `registered_locals` registered.
+fn deregister_locals(ls: &[Local], regs: Vec<Registration>) {
+    // `register_all` gives one registration per rank, in rank order, per buffer set.
+    for (i, reg) in regs.into_iter().enumerate() {
+        ls[i % ls.len()].comm.deregister(reg).expect("deregister");
+    }
+}
+
+/// The relayed all-reduce, reduce and broadcast (forced) on registered buffers at 64 Mi f32
+/// elements (256 MiB a buffer), in and out of place, sum, root 1, each against the host's
+/// reference: the size the matrices leave out. Broadcast and reduce run the relay on more than
+/// two ranks only.
+#[test]
+#[ignore = "needs 2 GPUs with P2P"]
+fn gpu2_relay_at_64_mi_elements() {
+    let count = 1 << 26;
+    let options = Options {
+        forced: Forced::algo(Algo::Relay),
+        ..without_ll(|_| {})
+    };
+    let Some((mut ls, regs)) = registered_locals(options, count) else {
+        return;
+    };
+    let n = ls.len();
+    let registered = Access {
         input: true,
         output: true,
         ..Access::NONE
     };
-    let n = ls.len();
-    for &op in ops {
-        let call = Call::new(op, DataType::F32, 4096);
-        let in_place = Access {
-            in_place: true,
-            ..access
-        };
-        expect(
-            op,
-            &ls[0].comm.plan_with(&call, access),
-            &ls[0].comm.plan_with(&call, in_place),
-        );
+    let mut sum = common::Summary::default();
+    for op in [Op::AllReduce, Op::Reduce, Op::Broadcast] {
+        for in_place in [false, true] {
+            let call = Call {
+                op,
+                dtype: DataType::F32,
+                count,
+                redop: RedOp::Sum,
+                root: 1 % n,
+            };
+            let access = Access {
+                in_place,
+                ..registered
+            };
+            let plan = ls[0].comm.plan_with(&call, access);
+            let relayed = n > 2 || op == Op::AllReduce;
+            assert_eq!(plan.algo == Algo::Relay, relayed, "{op}: {plan:?}");
+            let (wrong, detail) = run_case(&mut ls, &call, in_place);
+            sum.cases += 1;
+            sum.wrong += wrong;
+            if wrong > 0 {
+                sum.failures
+                    .push(format!("{op} in place {in_place}: {wrong} wrong {detail}"));
+            }
+        }
     }
-    let s = run_matrix(&mut ls, ops, &counts);
-    for (i, reg) in regs.into_iter().enumerate() {
-        ls[i % n].comm.deregister(reg).expect("deregister");
-    }
-    s.assert_exact("registered");
+    deregister_locals(&ls, regs);
+    sum.assert_exact("relay at 64 Mi elements");
 }
 
 /// `register_all` of the outputs of `ls`.
