@@ -85,33 +85,42 @@ fn input_value(i: usize, replay: u32, r: usize) -> f32 {
     ((i as u32 + replay * 7 + r as u32 * 3) % 50) as f32
 }
 
-/// Replay `replay` of every rank's graph: rank r's input set to `input_value(_, replay, r)`,
-/// rank r's buffer of each set in `poisoned` filled with 0xff bytes, then every graph launched
-/// and waited for.
+/// `replays` replays of every rank's graph, each checked: before each, rank r's input set to
+/// `input_value(_, replay, r)` and rank r's buffer of each set in `outputs` filled with 0xff
+/// bytes; after it, `wrong(replay, r, got)` counts the wrong elements of rank r, `got[k]` its
+/// buffer of set k read back, and the test fails unless every count is 0.
 ///
 /// # Safety
 /// What the graphs use is alive until this returns.
-unsafe fn replay_all(
+unsafe fn replay_checked(
     comms: &[Communicator],
     streams: &[Stream],
     graphs: &[GraphExec],
     ins: &mut [DeviceBuffer<f32>],
-    poisoned: &mut [&mut Vec<DeviceBuffer<f32>>],
-    replay: u32,
+    outputs: &mut [&mut Vec<DeviceBuffer<f32>>],
+    replays: u32,
+    wrong: impl Fn(u32, usize, &[Vec<f32>]) -> usize,
 ) {
-    for (r, input) in ins.iter_mut().enumerate() {
-        let host: Vec<f32> = (0..input.len())
-            .map(|i| input_value(i, replay, r))
-            .collect();
-        input.copy_from_host(&host).expect("input");
-        for set in poisoned.iter_mut() {
-            set[r].memset_u8(0xff).expect("poison");
+    for replay in 0..replays {
+        for (r, input) in ins.iter_mut().enumerate() {
+            let host: Vec<f32> = (0..input.len())
+                .map(|i| input_value(i, replay, r))
+                .collect();
+            input.copy_from_host(&host).expect("input");
+            for set in outputs.iter_mut() {
+                set[r].memset_u8(0xff).expect("poison");
+            }
         }
-    }
-    // SAFETY: forwarded from the caller.
-    unsafe { launch_all(streams, graphs) };
-    for (comm, stream) in comms.iter().zip(streams) {
-        comm.synchronize(stream).expect("sync");
+        // SAFETY: forwarded from the caller.
+        unsafe { launch_all(streams, graphs) };
+        for (r, (comm, stream)) in comms.iter().zip(streams).enumerate() {
+            comm.synchronize(stream).expect("sync");
+            let got: Vec<Vec<f32>> = outputs
+                .iter()
+                .map(|set| set[r].to_host_vec::<f32>().expect("read"))
+                .collect();
+            assert_eq!(wrong(replay, r, &got), 0, "replay {replay}, rank {r}");
+        }
     }
 }
 
@@ -653,33 +662,32 @@ fn graph_replay_with_changing_inputs(options: Options, ce: bool) {
         });
         graphs.push(graph.instantiate().expect("instantiate"));
     }
-    for replay in 0..20u32 {
-        // SAFETY: the captured calls use `comms`, `ins`, `outs` and `gathered`, all alive
-        // until the end of the test.
-        unsafe {
-            replay_all(
-                &comms,
-                &streams,
-                &graphs,
-                &mut ins,
-                &mut [&mut outs, &mut gathered],
-                replay,
-            )
-        };
-        for r in 0..n {
-            let out = outs[r].to_host_vec::<f32>().expect("read");
-            let g = gathered[r].to_host_vec::<f32>().expect("read");
-            let mut wrong = 0;
-            for i in 0..count {
+    // Every rank's output holds the sum, and its gathered buffer every rank's input in order.
+    let check = |replay, _r, got: &[Vec<f32>]| {
+        let (out, g) = (&got[0], &got[1]);
+        (0..count)
+            .map(|i| {
                 let want: f32 = (0..n).map(|p| input_value(i, replay, p)).sum();
-                wrong += (out[i] != want) as usize;
-                for p in 0..n {
-                    wrong += (g[p * count + i] != input_value(i, replay, p)) as usize;
-                }
-            }
-            assert_eq!(wrong, 0, "replay {replay}, rank {r}");
-        }
-    }
+                let parts = (0..n)
+                    .filter(|&p| g[p * count + i] != input_value(i, replay, p))
+                    .count();
+                usize::from(out[i] != want) + parts
+            })
+            .sum()
+    };
+    // SAFETY: the captured calls use `comms`, `ins`, `outs` and `gathered`, all alive until
+    // the end of the test.
+    unsafe {
+        replay_checked(
+            &comms,
+            &streams,
+            &graphs,
+            &mut ins,
+            &mut [&mut outs, &mut gathered],
+            20,
+            check,
+        )
+    };
     // `register_all` gives one registration per rank, in rank order, per buffer set.
     for (i, reg) in regs.into_iter().enumerate() {
         comms[i % n].deregister(reg).expect("deregister");
@@ -1498,38 +1506,35 @@ fn gpu2_relay_graph_replay() {
         });
         graphs.push(graph.instantiate().expect("instantiate"));
     }
-    for replay in 0..20u32 {
-        // SAFETY: the captured calls use `comms`, `ins`, `outs` and `sums`, all alive until the
-        // end of the test.
-        unsafe {
-            replay_all(
-                &comms,
-                &streams,
-                &graphs,
-                &mut ins,
-                &mut [&mut outs, &mut sums],
-                replay,
-            )
-        };
-        for r in 0..n {
-            let out = outs[r].to_host_vec::<f32>().expect("read");
-            let sum = sums[r].to_host_vec::<f32>().expect("read");
-            // Rank 0's output holds the sum, every other rank's what rank 1 broadcast; every
-            // rank's `sums` the sum.
-            let wrong = (0..count)
-                .filter(|&i| {
-                    let total: f32 = (0..n).map(|p| input_value(i, replay, p)).sum();
-                    let want = if r == 0 {
-                        total
-                    } else {
-                        input_value(i, replay, 1)
-                    };
-                    out[i] != want || sum[i] != total
-                })
-                .count();
-            assert_eq!(wrong, 0, "replay {replay}, rank {r}");
-        }
-    }
+    // Rank 0's output holds the sum, every other rank's what rank 1 broadcast; every rank's
+    // `sums` the sum.
+    let check = |replay, r, got: &[Vec<f32>]| {
+        let (out, sum) = (&got[0], &got[1]);
+        (0..count)
+            .filter(|&i| {
+                let total: f32 = (0..n).map(|p| input_value(i, replay, p)).sum();
+                let want = if r == 0 {
+                    total
+                } else {
+                    input_value(i, replay, 1)
+                };
+                out[i] != want || sum[i] != total
+            })
+            .count()
+    };
+    // SAFETY: the captured calls use `comms`, `ins`, `outs` and `sums`, all alive until the end
+    // of the test.
+    unsafe {
+        replay_checked(
+            &comms,
+            &streams,
+            &graphs,
+            &mut ins,
+            &mut [&mut outs, &mut sums],
+            20,
+            check,
+        )
+    };
     // `register_all` gives one registration per rank, in rank order, per buffer set.
     for (i, reg) in regs.into_iter().enumerate() {
         comms[i % n].deregister(reg).expect("deregister");
