@@ -237,9 +237,9 @@ pub(super) fn fits(algo: Algo, proto: Proto, need: Need, tuning: &Tuning) -> Opt
         (Algo::Split | Algo::SplitOut, Proto::Simple) if world <= 2 => {
             Some("a split needs more than two ranks (one non-root has nobody to forward to)")
         }
-        (Algo::Relay, Proto::Simple) if world <= 2 && op != Op::AllReduce => {
-            Some("a split needs more than two ranks (one non-root has nobody to forward to)")
-        }
+        (Algo::Relay, Proto::Simple) if world <= 2 && op != Op::AllReduce => Some(
+            "the relayed broadcast and reduce need more than two ranks (one non-root has nobody to forward to)",
+        ),
         (Algo::SplitOut | Algo::Relay, Proto::Simple) if !access.output => Some(
             "the split into outputs and the relay write into the peers' outputs: they need the output registered",
         ),

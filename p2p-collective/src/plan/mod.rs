@@ -155,7 +155,7 @@ impl Plan {
         // ahead, and it ends on the last chunk's parity), its all-reduce's two a chunk
         // (`kernels/coll/algo/relay.cuh`).
         let closing = u64::from(matches!(self.algo, Algo::Push | Algo::SplitOut));
-        let opening = match (self.algo, self.op) {
+        let extra = match (self.algo, self.op) {
             (Algo::SplitOut | Algo::Relay, Op::Broadcast) => 1,
             // Two flags a chunk (pushed, then written into the outputs).
             (Algo::Relay, Op::AllReduce) => self.chunks,
@@ -168,7 +168,7 @@ impl Plan {
         } else {
             self.chunks.saturating_mul(per_chunk)
         };
-        stepped.saturating_add(closing).saturating_add(opening)
+        stepped.saturating_add(closing).saturating_add(extra)
     }
 
     /// Whether it reads or writes the peers' registered buffers (what
