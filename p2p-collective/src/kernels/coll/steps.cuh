@@ -68,6 +68,20 @@ __device__ __forceinline__ void reduce_own_part(const CollArgs& a, const Slots& 
     reduce_into<T>(out + lo, dsts, nd, srcs, N, hi - lo, a.redop, N);
 }
 
+// The chunks of a call: rounds over the data in which block b takes the `piece` elements from
+// chunk * grid * piece + b * piece (fewer at the end).
+__device__ __forceinline__ u64 call_chunks(const CollArgs& a) {
+    const u64 span = a.piece * (u64)gridDim.x;
+    return (a.count + span - 1) / span;
+}
+
+// This block's piece of chunk c: elements [lo, lo + n) of the call (empty past its end).
+__device__ __forceinline__ void chunk_piece(const CollArgs& a, u64 c, u64& lo, u64& n) {
+    const u64 lo0 = c * a.piece * (u64)gridDim.x + (u64)blockIdx.x * a.piece;
+    lo = lo0 < a.count ? lo0 : a.count;
+    n = (lo + a.piece < a.count ? lo + a.piece : a.count) - lo;
+}
+
 // body(base, err) for this block, `base` its step counter and `*err` a word the block shares
 // (the first failure it meets), unless an earlier call failed: the communicator is then
 // unusable, and the kernel drains at once.
@@ -97,13 +111,11 @@ __device__ __forceinline__ void end_steps(const CollArgs& a, u64 step) {
 template <typename Chunk> __device__ __forceinline__ void run_stepped(const CollArgs& a, Chunk chunk) {
     with_counter(a, [&](u64 base, int* err) {
         u64 step = base;
-        const u64 span = a.piece * (u64)gridDim.x;
-        const u64 chunks = (a.count + span - 1) / span;
+        const u64 chunks = call_chunks(a);
         for (u64 c = 0; c < chunks; ++c) {
-            const u64 lo0 = c * span + (u64)blockIdx.x * a.piece;
-            const u64 lo = lo0 < a.count ? lo0 : a.count;
-            const u64 hi = lo + a.piece < a.count ? lo + a.piece : a.count;
-            if (chunk(lo, hi - lo, step, err)) return;
+            u64 lo, n;
+            chunk_piece(a, c, lo, n);
+            if (chunk(lo, n, step, err)) return;
         }
         end_steps(a, step);
     });
@@ -132,13 +144,11 @@ __device__ __forceinline__ void run_staged(const CollArgs& a, Stage stage, bool 
     with_counter(a, [&](u64 base, int* err) {
         u64 step = base;
         if (open && barrier(a, ++step, err)) return;
-        const u64 span = a.piece * (u64)gridDim.x;
-        const u64 chunks = (a.count + span - 1) / span;
+        const u64 chunks = call_chunks(a);
         const auto run = [&](int k, u64 c) {
-            const u64 lo0 = c * span + (u64)blockIdx.x * a.piece;
-            const u64 lo = lo0 < a.count ? lo0 : a.count;
-            const u64 hi = lo + a.piece < a.count ? lo + a.piece : a.count;
-            stage(k, lo, hi - lo, a.overlap ? a.piece : hi - lo, (int)((step + 1) & 1), (int)(step & 1));
+            u64 lo, n;
+            chunk_piece(a, c, lo, n);
+            stage(k, lo, n, a.overlap ? a.piece : n, (int)((step + 1) & 1), (int)(step & 1));
         };
         if (!a.overlap) {
             for (u64 c = 0; c < chunks; ++c) {

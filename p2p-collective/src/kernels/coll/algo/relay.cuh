@@ -54,19 +54,17 @@
 #include "../reduce.cuh"
 #include "../steps.cuh"
 
-// Block b's part of chunk c: elements [lo, lo + n) of the call, parts of `sub` elements.
+// Block b's piece of chunk c: elements [lo, lo + n) of the call (chunk_piece), split into
+// `parts` parts of `sub` elements: one a non-root (broadcast, reduce), one a rank (all-reduce).
 struct RelayChunk {
     u64 lo, n, sub;
 };
 
-template <typename T> __device__ __forceinline__ RelayChunk relay_chunk(const CollArgs& a, u64 c) {
-    const u64 span = a.piece * (u64)gridDim.x;
-    const u64 lo0 = c * span + (u64)blockIdx.x * a.piece;
-    const u64 lo = lo0 < a.count ? lo0 : a.count;
-    const u64 n = (lo + a.piece < a.count ? lo + a.piece : a.count) - lo;
-    const u64 vecs = 16 / sizeof(T);
-    const int N = a.nranks;
-    return RelayChunk{lo, n, ((n + N - 2) / (N - 1) + vecs - 1) / vecs * vecs};
+template <typename T> __device__ __forceinline__ RelayChunk relay_chunk(const CollArgs& a, u64 c, int parts) {
+    RelayChunk k;
+    chunk_piece(a, c, k.lo, k.n);
+    k.sub = vector_parts<T>(k.n, parts);
+    return k;
 }
 
 template <typename T>
@@ -75,12 +73,11 @@ __device__ void relay_reduce(const CollArgs& a) {
     (void)out;  // the root's output is written through `peer_out`, from every non-root
     const int root = a.root;
     with_counter(a, [&](u64 base, int* err) {
-        const u64 span = a.piece * (u64)gridDim.x;
         // Chunk c's pushes are flagged base + 1 + c (their slots' parity); a non-root's flags
         // to the root are base + 1 (entered) and base + 2 + c (chunk c reduced). The counter
         // ends at `end`, whose parity is that of the last chunk's slots: the next call's first
         // step writes the other parity (see the file comment).
-        const u64 chunks = (a.count + span - 1) / span, end = base + chunks + 2;
+        const u64 chunks = call_chunks(a), end = base + chunks + 2;
         const int p = threadIdx.x;
         const bool peer = p < N && p != me;
         if (me != root && chunks > 0) {
@@ -99,7 +96,7 @@ __device__ void relay_reduce(const CollArgs& a) {
                 __syncthreads();
                 if (*err) return;
             }
-            const RelayChunk k = relay_chunk<T>(a, c);
+            const RelayChunk k = relay_chunk<T>(a, c, N - 1);
             for (int j = 0; j < N - 1; ++j) {
                 const int q = nonroot_rank(j, root);
                 if (q == me) continue;
@@ -137,26 +134,17 @@ __device__ void relay_reduce(const CollArgs& a) {
     });
 }
 
-// Block b's part of chunk c of an all-reduce: elements [lo, lo + n) of the call, split into n
-// parts (part q rank q's) of `sub` elements.
-template <typename T> __device__ __forceinline__ RelayChunk relay_ar_chunk(const CollArgs& a, u64 c) {
-    RelayChunk k = relay_chunk<T>(a, c);
-    k.sub = vector_parts<T>(k.n, a.nranks);
-    return k;
-}
-
 template <typename T>
 __device__ void relay_all_reduce(const CollArgs& a) {
     SCRATCH_NAMES(T, a);
     with_counter(a, [&](u64 base, int* err) {
-        const u64 span = a.piece * (u64)gridDim.x;
-        const u64 chunks = (a.count + span - 1) / span, end = base + 2 * chunks;
+        const u64 chunks = call_chunks(a), end = base + 2 * chunks;
         const int p = threadIdx.x;
         const bool peer = p < N && p != me;
         for (u64 c = 0; c < chunks; ++c) {
             const u64 pushed = base + 1 + 2 * c, written = pushed + 1;
             const int par = (int)((base + 1 + c) & 1);
-            const RelayChunk k = relay_ar_chunk<T>(a, c);
+            const RelayChunk k = relay_chunk<T>(a, c, N);
             push_parts<T>(slot, par, me, N, in + k.lo, k.sub, k.n);
             __syncthreads();  // the block's pushes happen before thread p's release fence
             if (peer) signal_one(a, p, pushed, (int)(pushed & 1));
@@ -197,13 +185,12 @@ __device__ void run_relay(const CollArgs& a) {
     with_counter(a, [&](u64 base, int* err) {
         const u64 open = base + 1;
         if (barrier(a, open, err)) return;
-        const u64 span = a.piece * (u64)gridDim.x;
-        const u64 chunks = (a.count + span - 1) / span;
+        const u64 chunks = call_chunks(a);
         const int p = threadIdx.x;
         const bool peer = p < N && p != me;
         if (me == root) {
             for (u64 c = 0; c < chunks; ++c) {
-                const RelayChunk k = relay_chunk<T>(a, c);
+                const RelayChunk k = relay_chunk<T>(a, c, N - 1);
                 for (int j = 0; j < N - 1; ++j) {
                     u64 jlo, jhi;
                     part_of(j, k.sub, k.n, jlo, jhi);
@@ -221,7 +208,7 @@ __device__ void run_relay(const CollArgs& a) {
                 }
                 __syncthreads();
                 if (*err) return;
-                const RelayChunk k = relay_chunk<T>(a, c);
+                const RelayChunk k = relay_chunk<T>(a, c, N - 1);
                 unsigned char* dsts[MAX_RANKS];
                 u64 mlo, mhi;
                 part_of(mine, k.sub, k.n, mlo, mhi);
@@ -231,9 +218,8 @@ __device__ void run_relay(const CollArgs& a) {
                 copy_bytes_multi(dsts, nd, (const unsigned char*)(out + k.lo + mlo), (mhi - mlo) * E);
             }
             __syncthreads();  // the block's forwards happen before thread p's release fence
-            const bool other = peer && p != root;
-            if (chunks > 0 && other) signal_one(a, p, last, (int)(last & 1));
-            if (chunks > 0 && other) {
+            if (chunks > 0 && peer && p != root) {
+                signal_one(a, p, last, (int)(last & 1));
                 if (const int e = wait_one(a, p, last, (int)(last & 1), last)) *err = e;
             }
             __syncthreads();
